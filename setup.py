@@ -1,0 +1,43 @@
+"""Build of the compiled core. Metadata lives in pyproject.toml; this file declares only the
+extension and the Cython directives, in one place (a misspelled directive here is an error, a
+misspelled ``# cython:`` header comment would be silently ignored).
+
+STEPPLANNER_CYTHON_DEBUG=1 builds with bounds/initialisation checks, line tracing and the C
+macro STEPPLANNER_DEBUG, for running the test suite against a checked build.
+"""
+
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+DEBUG = os.environ.get("STEPPLANNER_CYTHON_DEBUG", "") not in ("", "0")
+
+directives = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": True,
+    "embedsignature": True,
+    "freethreading_compatible": True,
+    "linetrace": DEBUG,
+    "profile": False,
+}
+
+macros = [("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")]
+if DEBUG:
+    macros += [("STEPPLANNER_DEBUG", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+
+extensions = [
+    Extension(
+        "stepplanner._core",
+        ["src/stepplanner/_core.pyx"],
+        include_dirs=[numpy.get_include()],
+        define_macros=macros,
+        extra_compile_args=["-O0", "-g"] if DEBUG and os.name != "nt" else [],
+    )
+]
+
+setup(ext_modules=cythonize(extensions, compiler_directives=directives))

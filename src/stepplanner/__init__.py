@@ -1,0 +1,79 @@
+"""stepplanner: the work of one in-flight-batching step of an LLM serving engine.
+
+Names map the C++ seed's camelCase to snake_case once, here: ``maxBatchSize`` →
+``max_batch_size``, ``kvPageSize`` → ``kv_page_size``, ``contextCommitted`` →
+``context_committed``, ``selectLastTokenLogits`` → ``select_last_token_logits``,
+``kFcfs``/``kPriority`` → ``FCFS``/``PRIORITY`` and so on. See SPEC.md for the contract.
+
+The planner comes from the compiled core by default. ``STEPPLANNER_IMPL=python`` selects the
+pure-Python reference explicitly (slow; for platforms with no wheel). A missing compiled core is
+an ``ImportError``, never a silent switch to the slow path.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from ._types import (
+    REASON_RELEASED_FROM_PAUSE,
+    RESIDENT_DTYPE,
+    SEQUENCE_DTYPE,
+    IfbSchedulingMode,
+    PlannedSequence,
+    PreemptionMode,
+    Reason,
+    SchedulingPolicy,
+    SequenceWork,
+    split_reason,
+)
+
+__version__ = "0.1.0"
+
+_IMPL = os.environ.get("STEPPLANNER_IMPL", "compiled").strip().lower() or "compiled"
+if _IMPL == "python":
+    from . import _reference as _impl
+elif _IMPL == "compiled":
+    try:
+        from . import _core as _impl
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            "stepplanner's compiled core (stepplanner._core) could not be imported: "
+            f"{exc}. Install a wheel for this platform or build from source "
+            "(pip install stepplanner needs a C compiler when no wheel matches), or select the "
+            "pure-Python reference explicitly with STEPPLANNER_IMPL=python (about 100x slower)."
+        ) from exc
+else:
+    raise ImportError(f"STEPPLANNER_IMPL={_IMPL!r} is not known; allowed: 'compiled' or 'python'")
+
+StepPlanner = _impl.StepPlanner
+StepPlan = _impl.StepPlan
+ResidentState = _impl.ResidentState
+IMPLEMENTATION: str = _impl.IMPLEMENTATION
+
+__all__ = [
+    "IMPLEMENTATION",
+    "REASON_RELEASED_FROM_PAUSE",
+    "RESIDENT_DTYPE",
+    "SEQUENCE_DTYPE",
+    "IfbSchedulingMode",
+    "PlannedSequence",
+    "PreemptionMode",
+    "Reason",
+    "ResidentState",
+    "ResolvedSchedulingPolicy",
+    "SchedulingOptions",
+    "SchedulingPolicy",
+    "SequenceWork",
+    "StepPlan",
+    "StepPlanner",
+    "StepPlannerLimits",
+    "__version__",
+    "resolve_scheduling_policy",
+    "split_reason",
+]

@@ -1,0 +1,905 @@
+"""Compiled core of stepplanner: the SPEC §3 kernel over C structs, and the objects that own it.
+
+Layout of this file, top to bottom:
+  1. the kernel (``order_residents``, ``plan_step``, ``check_row``): C only, ``noexcept nogil``;
+  2. ``ResidentState``: an extension type over one ``ResidentC``;
+  3. ``StepPlan`` and its views: the planner's one plan, over buffers allocated once;
+  4. ``StepPlanner``: validation at the boundary (fused with the copy into C rows), then the kernel;
+  5. ``time_kernel_loop``: the benchmark's "C loop with no Python in between".
+
+Directives are set in setup.py, not here.
+"""
+
+cimport cython
+cimport numpy as cnp
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MAX
+from libc.string cimport memcpy, memset
+
+import collections.abc
+import operator
+import time
+
+import numpy as np
+
+from . import _errors
+from ._fields import as_bool, as_int32, as_uint64
+from ._policy import check_policy
+from ._reference import _plan_repr, _plan_to_dict
+from ._types import (
+    RESIDENT_DTYPE,
+    SEQUENCE_DTYPE,
+    IfbSchedulingMode,
+    PlannedSequence,
+    SequenceWork,
+)
+
+cnp.import_array()
+
+IMPLEMENTATION = "compiled"
+
+# ============================================================================================
+# 1. The kernel
+# ============================================================================================
+
+cdef inline bint key_less(const SortKeyC* a, const SortKeyC* b) noexcept nogil:
+    return a.hi < b.hi or (a.hi == b.hi and a.lo < b.lo)
+
+
+cdef inline SortKeyC make_key(const ResidentC* row, int32_t index, bint by_priority) noexcept nogil:
+    # Flipping the sign bit makes int32 order agree with unsigned order.
+    cdef uint32_t prio = 0x80000000u
+    if by_priority:
+        prio = (<uint32_t>row.priority) ^ 0x80000000u
+    cdef SortKeyC key
+    key.hi = ((<uint64_t>prio) << 32) | (row.arrival >> 32)
+    key.lo = (row.arrival << 32) | <uint64_t>(<uint32_t>index)
+    return key
+
+
+cdef void merge_sort(SortKeyC* keys, SortKeyC* tmp, int32_t count) noexcept nogil:
+    """Bottom-up merge sort, ping-ponging between ``keys`` and ``tmp``."""
+    cdef SortKeyC* src = keys
+    cdef SortKeyC* dst = tmp
+    cdef SortKeyC* swap
+    cdef int64_t width = 1, lo, mid, hi, i, j, k
+    while width < count:
+        lo = 0
+        while lo < count:
+            mid = min(lo + width, <int64_t>count)
+            hi = min(lo + 2 * width, <int64_t>count)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if key_less(&src[j], &src[i]):
+                    dst[k] = src[j]
+                    j += 1
+                else:
+                    dst[k] = src[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                dst[k] = src[i]
+                i += 1
+                k += 1
+            while j < hi:
+                dst[k] = src[j]
+                j += 1
+                k += 1
+            lo = hi
+        swap = src
+        src = dst
+        dst = swap
+        width *= 2
+    if src != keys:
+        memcpy(keys, src, <size_t>count * sizeof(SortKeyC))
+
+
+cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
+                          ScratchC* s) noexcept nogil:
+    """Leave ``s.order`` holding the residents in (priority, arrival, index) order.
+
+    Between engine steps the order barely changes, so the keys are laid out in the previous
+    call's order and insertion-sorted; once that has moved more than about one key per resident
+    the input is far from sorted and a merge sort finishes the job, keeping O(B log B).
+    """
+    cdef bint by_priority = cfg.scheduling_policy == POLICY_PRIORITY
+    cdef SortKeyC* keys = s.keys
+    cdef int32_t i, j, idx, k = 0
+    cdef int32_t prev = s.order_count
+    cdef int64_t moves = 0
+    cdef int64_t move_budget = <int64_t>count + 16
+    cdef SortKeyC held
+
+    if prev <= count:
+        for j in range(prev):
+            idx = s.order[j]
+            keys[k] = make_key(&residents[idx], idx, by_priority)
+            k += 1
+        for i in range(prev, count):
+            keys[k] = make_key(&residents[i], i, by_priority)
+            k += 1
+    else:
+        # Rows beyond count have left; the previous order filtered to the rest is a permutation.
+        for j in range(prev):
+            idx = s.order[j]
+            if idx < count:
+                keys[k] = make_key(&residents[idx], idx, by_priority)
+                k += 1
+
+    for i in range(1, count):
+        if not key_less(&keys[i], &keys[i - 1]):
+            continue
+        held = keys[i]
+        j = i
+        while j > 0 and key_less(&held, &keys[j - 1]):
+            keys[j] = keys[j - 1]
+            j -= 1
+        keys[j] = held
+        moves += i - j
+        if moves > move_budget:
+            merge_sort(keys, s.merge_tmp, count)
+            break
+
+    for k in range(count):
+        s.order[k] = <int32_t>(keys[k].lo & 0xFFFFFFFFu)
+    s.order_count = count
+
+
+cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogil:
+    if row.committed < 0:
+        return STATUS_COMMITTED_NEGATIVE
+    if row.prompt_length < 0:
+        return STATUS_PROMPT_LENGTH_NEGATIVE
+    if row.consecutive_paused_steps < 0:
+        return STATUS_PAUSED_STEPS_NEGATIVE
+    if not row.context_committed:
+        if row.prompt_length - row.committed <= 0:
+            return STATUS_PROMPT_EXHAUSTED
+        if row.prompt_length > max_input_length:
+            return STATUS_PROMPT_TOO_LONG
+    return STATUS_OK
+
+
+cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
+                    ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil:
+    cdef bint by_priority = cfg.scheduling_policy == POLICY_PRIORITY
+    cdef bint mixed = cfg.mode == MODE_MIXED
+    cdef int32_t* order = scratch.order
+    cdef uint8_t* paused = scratch.paused
+    cdef const ResidentC* r
+    cdef SequenceC* seq
+    cdef int32_t i, k, h = -1
+    cdef int32_t num_decode = 0, num_prefill = 0, prefill_tokens = 0
+    cdef int32_t budget, cap, rem, n, best = 0
+    cdef int32_t page = cfg.kv_page_size, s_in = cfg.max_input_length
+    cdef bint any_prompt = False, held_by_prefill_first = False, emit_decodes
+
+    order_residents(cfg, residents, count, scratch)
+    memset(paused, 0, <size_t>count)
+    if reasons != NULL:
+        memset(reasons, 0, <size_t>count)
+    out.num_paused = 0
+    out.num_residents = count
+
+    # Pause: everyone whose priority value is worse than the first pending prompt's (h).
+    if mixed and by_priority and cfg.preemption == PREEMPT_PAUSE:
+        for k in range(count):
+            if not residents[order[k]].context_committed:
+                h = order[k]
+                break
+        if h >= 0:
+            for i in range(count):
+                r = &residents[i]
+                if r.priority <= residents[h].priority:
+                    continue
+                if cfg.max_pause_steps > 0 and r.consecutive_paused_steps >= cfg.max_pause_steps:
+                    if reasons != NULL:
+                        reasons[i] = REASON_RELEASED
+                    continue
+                paused[i] = 1
+                out.paused[out.num_paused] = i
+                out.num_paused += 1
+                if reasons != NULL:
+                    reasons[i] = REASON_PAUSED
+
+    # Budget and cap, and which residents decode.
+    if mixed:
+        for i in range(count):
+            if residents[i].context_committed and not paused[i]:
+                num_decode += 1
+        if num_decode > 0:
+            budget, cap = cfg.max_num_tokens - num_decode, cfg.max_chunk_tokens
+        else:
+            budget, cap = cfg.t_max, s_in
+        emit_decodes = True
+    else:
+        for i in range(count):
+            r = &residents[i]
+            if not r.context_committed:
+                k = r.priority if by_priority else 0
+                if not any_prompt or k < best:
+                    best = k
+                any_prompt = True
+        budget, cap = cfg.t_max, s_in
+        held_by_prefill_first = any_prompt
+        emit_decodes = not any_prompt
+
+    # Prompt chunks, in order; a resident that gets nothing is skipped, later ones may still fit.
+    for k in range(count):
+        i = order[k]
+        r = &residents[i]
+        if paused[i]:
+            continue
+        if r.context_committed or (held_by_prefill_first and by_priority and r.priority != best):
+            if held_by_prefill_first and reasons != NULL:
+                reasons[i] |= REASON_HELD_PREFILL_FIRST
+            continue
+        rem = r.prompt_length - r.committed
+        n = min(rem, cap, s_in, budget)
+        if n < rem:
+            n = (r.committed + n) // page * page - r.committed
+        if n <= 0:
+            if reasons != NULL:
+                reasons[i] |= REASON_SKIPPED_BUDGET if budget == 0 else REASON_SKIPPED_PAGE_TRIM
+            continue
+        seq = &out.sequences[num_prefill]
+        seq.resident = i
+        seq.work = WORK_CONTEXT
+        seq.past_length = r.committed
+        seq.query_length = n
+        seq.select_last_token_logits = n == rem
+        if reasons != NULL:
+            reasons[i] |= REASON_CHUNK_FINAL if n == rem else REASON_CHUNK
+        num_prefill += 1
+        prefill_tokens += n
+        budget -= n
+
+    # Decode rows after all chunks, in order.
+    num_decode = 0
+    if emit_decodes:
+        for k in range(count):
+            i = order[k]
+            r = &residents[i]
+            if not r.context_committed or paused[i]:
+                continue
+            seq = &out.sequences[num_prefill + num_decode]
+            seq.resident = i
+            seq.work = WORK_DECODE
+            seq.past_length = r.committed
+            seq.query_length = 1
+            seq.select_last_token_logits = 1
+            if reasons != NULL:
+                reasons[i] |= REASON_DECODE
+            num_decode += 1
+
+    out.num_prefill = num_prefill
+    out.num_decode = num_decode
+    out.prefill_tokens = prefill_tokens
+    out.total_tokens = prefill_tokens + num_decode
+
+
+# ============================================================================================
+# Layout check: the zero-copy paths read numpy rows as these structs.
+# ============================================================================================
+
+cdef ResidentC _r
+cdef SequenceC _s
+_layout = {
+    "resident": (
+        RESIDENT_DTYPE,
+        sizeof(ResidentC),
+        {
+            "priority": <char*>&_r.priority - <char*>&_r,
+            "arrival": <char*>&_r.arrival - <char*>&_r,
+            "prompt_length": <char*>&_r.prompt_length - <char*>&_r,
+            "committed": <char*>&_r.committed - <char*>&_r,
+            "context_committed": <char*>&_r.context_committed - <char*>&_r,
+            "consecutive_paused_steps": <char*>&_r.consecutive_paused_steps - <char*>&_r,
+        },
+    ),
+    "sequence": (
+        SEQUENCE_DTYPE,
+        sizeof(SequenceC),
+        {
+            "resident": <char*>&_s.resident - <char*>&_s,
+            "work": <char*>&_s.work - <char*>&_s,
+            "past_length": <char*>&_s.past_length - <char*>&_s,
+            "query_length": <char*>&_s.query_length - <char*>&_s,
+            "select_last_token_logits": <char*>&_s.select_last_token_logits - <char*>&_s,
+        },
+    ),
+}
+for _name, (_dtype, _size, _offsets) in _layout.items():
+    if _dtype.itemsize != _size or any(_dtype.fields[f][1] != o for f, o in _offsets.items()):
+        raise ImportError(f"stepplanner._core: the C {_name} struct does not match its dtype "
+                          f"({_size} bytes, offsets {_offsets}; dtype {_dtype})")
+del _layout, _name, _dtype, _size, _offsets
+
+cdef cnp.dtype _RESIDENT_DESCR = RESIDENT_DTYPE
+cdef cnp.dtype _UINT8_DESCR = np.dtype(np.uint8)
+cdef tuple _WORKS = (SequenceWork.CONTEXT, SequenceWork.DECODE)
+
+
+# ============================================================================================
+# 2. ResidentState
+# ============================================================================================
+
+cdef inline int32_t _int32(str field, object value) except? -1:
+    cdef int overflow = 0
+    cdef long long v
+    if type(value) is not int:
+        return as_int32(field, value)
+    v = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow or v < -2147483648 or v > 2147483647:
+        raise _errors.out_of_int32(field, value)
+    return <int32_t>v
+
+
+cdef class ResidentState:
+    """The ledger view of one resident that ``plan()`` reads: a C struct with attribute access.
+
+    All fields default to 0/False and are writable; values outside the C types raise
+    ``OverflowError`` and non-integers ``TypeError``, naming the field.
+    """
+
+    def __init__(self, priority=0, arrival=0, prompt_length=0, committed=0,
+                 context_committed=False, consecutive_paused_steps=0):
+        self.c.priority = _int32("priority", priority)
+        self.c.arrival = as_uint64("arrival", arrival)
+        self.c.prompt_length = _int32("prompt_length", prompt_length)
+        self.c.committed = _int32("committed", committed)
+        self.c.context_committed = as_bool("context_committed", context_committed)
+        self.c.consecutive_paused_steps = _int32("consecutive_paused_steps",
+                                                 consecutive_paused_steps)
+
+    @property
+    def priority(self):
+        """Lower value = higher priority. Ignored under ``SchedulingPolicy.FCFS``."""
+        return self.c.priority
+
+    @priority.setter
+    def priority(self, value):
+        self.c.priority = _int32("priority", value)
+
+    @property
+    def arrival(self):
+        """Monotonic admission-queue arrival stamp; unique per request (uint64)."""
+        return self.c.arrival
+
+    @arrival.setter
+    def arrival(self, value):
+        self.c.arrival = as_uint64("arrival", value)
+
+    @property
+    def prompt_length(self):
+        return self.c.prompt_length
+
+    @prompt_length.setter
+    def prompt_length(self, value):
+        self.c.prompt_length = _int32("prompt_length", value)
+
+    @property
+    def committed(self):
+        """Tokens already in KV and recurrent state (the frontier)."""
+        return self.c.committed
+
+    @committed.setter
+    def committed(self, value):
+        self.c.committed = _int32("committed", value)
+
+    @property
+    def context_committed(self):
+        """The final prompt chunk has committed: the resident decodes."""
+        return <bint>self.c.context_committed
+
+    @context_committed.setter
+    def context_committed(self, value):
+        self.c.context_committed = as_bool("context_committed", value)
+
+    @property
+    def consecutive_paused_steps(self):
+        """Steps in a row that preemption=PAUSE withheld this resident, up to this plan."""
+        return self.c.consecutive_paused_steps
+
+    @consecutive_paused_steps.setter
+    def consecutive_paused_steps(self, value):
+        self.c.consecutive_paused_steps = _int32("consecutive_paused_steps", value)
+
+    def _astuple(self):
+        return (self.c.priority, self.c.arrival, self.c.prompt_length, self.c.committed,
+                <bint>self.c.context_committed, self.c.consecutive_paused_steps)
+
+    def __eq__(self, other):
+        if type(other).__name__ != "ResidentState" or not hasattr(other, "_astuple"):
+            return NotImplemented
+        return self._astuple() == other._astuple()
+
+    __hash__ = None  # mutable
+
+    def __repr__(self):
+        return ("ResidentState(priority={}, arrival={}, prompt_length={}, committed={}, "
+                "context_committed={}, consecutive_paused_steps={})").format(*self._astuple())
+
+    def __reduce__(self):
+        return (ResidentState, self._astuple())
+
+
+# ============================================================================================
+# 3. StepPlan
+# ============================================================================================
+
+cdef object _planned(const SequenceC* s):
+    return PlannedSequence(s.resident, _WORKS[s.work], s.past_length, s.query_length,
+                           <bint>s.select_last_token_logits)
+
+
+cdef Py_ssize_t _index(Py_ssize_t index, Py_ssize_t length) except -1:
+    if index < 0:
+        index += length
+    if not 0 <= index < length:
+        raise IndexError("plan index out of range")
+    return index
+
+
+cdef class _SequencesView:
+    """``plan.sequences``: a live, read-only view of the plan's rows (overwritten by ``plan()``)."""
+
+    def __len__(self):
+        return self._plan.c.num_prefill + self._plan.c.num_decode
+
+    def __getitem__(self, index):
+        cdef Py_ssize_t n = len(self)
+        if isinstance(index, slice):
+            return [_planned(&self._plan.c.sequences[i]) for i in range(*index.indices(n))]
+        return _planned(&self._plan.c.sequences[_index(index, n)])
+
+    def __eq__(self, other):
+        if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self):
+        return repr(list(self))
+
+
+cdef class _PausedView:
+    """``plan.paused``: a live, read-only view of the paused residents, ascending."""
+
+    def __len__(self):
+        return self._plan.c.num_paused
+
+    def __getitem__(self, index):
+        cdef Py_ssize_t n = len(self)
+        if isinstance(index, slice):
+            return [self._plan.c.paused[i] for i in range(*index.indices(n))]
+        return self._plan.c.paused[_index(index, n)]
+
+    def __eq__(self, other):
+        if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self):
+        return repr(list(self))
+
+
+collections.abc.Sequence.register(_SequencesView)
+collections.abc.Sequence.register(_PausedView)
+
+
+cdef class StepPlan:
+    """A planned step: ``num_prefill`` chunks, then ``num_decode`` decode rows (SPEC §3).
+
+    The plan a ``StepPlanner`` returns is its one plan, **overwritten by the next call**: the
+    ``sequences``/``paused`` views and the arrays from ``as_array()``/``paused_array()`` all show
+    the buffers as they are now. Use ``copy()`` or ``to_dict()`` for a plan you keep.
+    """
+    def __cinit__(self):
+        self.capacity = 0
+
+    cdef _allocate(self, int32_t capacity):
+        # numpy owns the memory so that as_array() can hand out views that keep it alive.
+        self._seq_buf = np.zeros(max(capacity, 1), dtype=SEQUENCE_DTYPE)
+        self._paused_buf = np.zeros(max(capacity, 1), dtype=np.int32)
+        self._apply_buf = np.zeros(max(2 * capacity, 1), dtype=np.int32)
+        self.c.sequences = <SequenceC*>cnp.PyArray_DATA(self._seq_buf)
+        self.c.paused = <int32_t*>cnp.PyArray_DATA(self._paused_buf)
+        self.capacity = capacity
+        self._seq_view = _SequencesView.__new__(_SequencesView)
+        self._seq_view._plan = self
+        self._paused_view = _PausedView.__new__(_PausedView)
+        self._paused_view._plan = self
+
+    def __init__(self):
+        self._allocate(0)
+
+    @property
+    def sequences(self):
+        """All prompt chunks in order, then all decode rows in order (``PlannedSequence``)."""
+        return self._seq_view
+
+    @property
+    def paused(self):
+        """Residents withheld by preemption=PAUSE, ascending index."""
+        return self._paused_view
+
+    @property
+    def num_prefill(self):
+        return self.c.num_prefill
+
+    @property
+    def num_decode(self):
+        return self.c.num_decode
+
+    @property
+    def prefill_tokens(self):
+        """Sum of the chunk lengths."""
+        return self.c.prefill_tokens
+
+    @property
+    def total_tokens(self):
+        """``prefill_tokens + num_decode``."""
+        return self.c.total_tokens
+
+    @property
+    def num_residents(self):
+        """How many resident rows this plan was made over (``count``)."""
+        return self.c.num_residents
+
+    def as_array(self):
+        """The sequences as a read-only ``SEQUENCE_DTYPE`` array viewing the plan's buffer."""
+        view = self._seq_buf[:self.c.num_prefill + self.c.num_decode]
+        view.flags.writeable = False
+        return view
+
+    def paused_array(self):
+        """The paused indices as a read-only int32 array viewing the plan's buffer."""
+        view = self._paused_buf[:self.c.num_paused]
+        view.flags.writeable = False
+        return view
+
+    def copy(self):
+        """A plan of its own, not tied to the planner (``plan()`` will not overwrite it)."""
+        cdef StepPlan other
+        with cython.critical_section(self):
+            other = StepPlan.__new__(StepPlan)
+            other._allocate(self.c.num_residents)
+            other._copy_from(self)
+        return other
+
+    cdef _copy_from(self, StepPlan src):
+        cdef SequenceC* seqs = self.c.sequences
+        cdef int32_t* paused = self.c.paused
+        self.c = src.c
+        self.c.sequences = seqs
+        self.c.paused = paused
+        memcpy(seqs, src.c.sequences, (src.c.num_prefill + src.c.num_decode) * sizeof(SequenceC))
+        memcpy(paused, src.c.paused, src.c.num_paused * sizeof(int32_t))
+
+    def to_dict(self):
+        """Plain data (JSON-ready): sequences as dicts, paused, and the four totals."""
+        with cython.critical_section(self):
+            return _plan_to_dict(self)
+
+    def apply_to(self, residents):
+        """Advance the ledger rows this plan was made over, as SPEC §6 says a runtime does.
+
+        Each planned row's ``committed += query_length``; a chunk completing the prompt sets
+        ``context_committed``; paused residents count ``consecutive_paused_steps`` up and every
+        other row resets it to 0. ``residents`` is the same list of ``ResidentState`` or
+        writable ``RESIDENT_DTYPE`` array the plan was made from. Everything is checked before
+        anything is written.
+        """
+        with cython.critical_section(self):
+            if cnp.PyArray_Check(residents):
+                self._apply_array(residents)
+            elif isinstance(residents, (list, tuple)):
+                self._apply_objects(residents)
+            else:
+                raise _errors.residents_type(residents)
+
+    cdef _apply_array(self, object residents):
+        cdef cnp.ndarray arr = <cnp.ndarray>residents
+        cdef int32_t n = self.c.num_residents
+        if not (arr.descr is _RESIDENT_DESCR or cnp.PyArray_EquivTypes(arr.descr, _RESIDENT_DESCR)):
+            raise _errors.array_dtype(arr.dtype, RESIDENT_DTYPE)
+        if arr.ndim != 1:
+            raise _errors.array_ndim(arr.ndim)
+        if not cnp.PyArray_ISWRITEABLE(arr):
+            raise _errors.apply_readonly()
+        if arr.shape[0] < n:
+            raise _errors.apply_length(arr.shape[0], n)
+        cdef char* data = <char*>cnp.PyArray_DATA(arr)
+        cdef Py_ssize_t stride = arr.strides[0]
+        cdef ResidentC row
+        cdef int32_t i, status
+        cdef int32_t* add = self._apply_amounts()
+        for i in range(n):
+            memcpy(&row, data + i * stride, sizeof(ResidentC))
+            status = _apply_status(&row, add[i], add[n + i])
+            if status:
+                raise _apply_error(status, i, &row, add[i])
+        for i in range(n):
+            memcpy(&row, data + i * stride, sizeof(ResidentC))
+            _apply_row(&row, add[i], add[n + i])
+            memcpy(data + i * stride, &row, sizeof(ResidentC))
+
+    cdef _apply_objects(self, residents):
+        cdef int32_t n = self.c.num_residents
+        cdef int32_t i, status
+        if len(residents) < n:
+            raise _errors.apply_length(len(residents), n)
+        for i in range(n):
+            if type(residents[i]) is not ResidentState:
+                raise _errors.element_type(i, residents[i])
+        cdef int32_t* add = self._apply_amounts()
+        for i in range(n):
+            status = _apply_status(&(<ResidentState>residents[i]).c, add[i], add[n + i])
+            if status:
+                raise _apply_error(status, i, &(<ResidentState>residents[i]).c, add[i])
+        for i in range(n):
+            _apply_row(&(<ResidentState>residents[i]).c, add[i], add[n + i])
+
+    cdef int32_t* _apply_amounts(self):
+        """Per resident: tokens to commit in [0, n), flags in [n, 2n) (1 final chunk, 2 paused)."""
+        cdef int32_t n = self.c.num_residents
+        cdef int32_t* add = <int32_t*>cnp.PyArray_DATA(self._apply_buf)
+        cdef int32_t k
+        cdef const SequenceC* s
+        memset(add, 0, 2 * n * sizeof(int32_t))
+        for k in range(self.c.num_prefill + self.c.num_decode):
+            s = &self.c.sequences[k]
+            add[s.resident] = s.query_length
+            if s.work == WORK_CONTEXT and s.select_last_token_logits:
+                add[n + s.resident] |= 1
+        for k in range(self.c.num_paused):
+            add[n + self.c.paused[k]] |= 2
+        return add
+
+    def __eq__(self, other):
+        if type(other).__name__ != "StepPlan" or not hasattr(other, "to_dict"):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return _plan_repr(self)
+
+
+cdef inline int _apply_status(const ResidentC* row, int32_t add, int32_t flags) noexcept nogil:
+    if add > INT32_MAX - row.committed:
+        return 1
+    if (flags & 2) and row.consecutive_paused_steps == INT32_MAX:
+        return 2
+    return 0
+
+
+cdef object _apply_error(int status, int32_t index, const ResidentC* row, int32_t add):
+    if status == 1:
+        return _errors.apply_overflow(index, "committed", row.committed, add)
+    return _errors.apply_overflow(index, "consecutive_paused_steps",
+                                  row.consecutive_paused_steps, 1)
+
+
+cdef inline void _apply_row(ResidentC* row, int32_t add, int32_t flags) noexcept nogil:
+    row.committed += add
+    if flags & 1:
+        row.context_committed = 1
+    row.consecutive_paused_steps = row.consecutive_paused_steps + 1 if flags & 2 else 0
+
+
+cdef StepPlan _new_plan(int32_t capacity):
+    cdef StepPlan plan = StepPlan.__new__(StepPlan)
+    plan._allocate(capacity)
+    return plan
+
+
+# ============================================================================================
+# 4. StepPlanner
+# ============================================================================================
+
+cdef object _row_error(int status, Py_ssize_t index, const ResidentC* row, int32_t s_in):
+    """The one place a validation status becomes an exception."""
+    if status == STATUS_COMMITTED_NEGATIVE:
+        return _errors.resident_negative(index, "committed", row.committed)
+    if status == STATUS_PROMPT_LENGTH_NEGATIVE:
+        return _errors.resident_negative(index, "prompt_length", row.prompt_length)
+    if status == STATUS_PAUSED_STEPS_NEGATIVE:
+        return _errors.resident_negative(index, "consecutive_paused_steps",
+                                         row.consecutive_paused_steps)
+    if status == STATUS_PROMPT_EXHAUSTED:
+        return _errors.prompt_exhausted(index, row.prompt_length, row.committed)
+    return _errors.prompt_too_long(index, row.prompt_length, s_in)
+
+
+cdef class StepPlanner:
+    """Plans one in-flight-batching step per call (SPEC §3).
+
+    ``policy`` comes from ``resolve_scheduling_policy(options, limits)``; a hand-built one is
+    checked here (``RuntimeError`` for an unresolved mode, ``ValueError`` for broken budgets).
+    All buffers are sized for ``limits.max_batch_size`` now; ``plan()`` allocates nothing.
+
+    Threads: ``plan()`` holds a per-plan lock (a critical section on free-threaded CPython; the
+    GIL elsewhere), so concurrent calls never corrupt memory, but they share the one returned
+    plan. Use one planner per thread.
+    """
+
+    def __cinit__(self):
+        self.scratch.keys = NULL
+        self.scratch.merge_tmp = NULL
+        self.scratch.order = NULL
+        self.scratch.paused = NULL
+        self.rows = NULL
+
+    def __init__(self, policy, limits):
+        check_policy(policy, limits)
+        if self.rows != NULL:
+            raise RuntimeError("StepPlanner is already initialised")
+        cdef int32_t b = limits.max_batch_size
+        self.cfg.mode = policy.mode
+        self.cfg.scheduling_policy = policy.scheduling_policy
+        self.cfg.preemption = policy.preemption
+        self.cfg.max_pause_steps = policy.max_pause_steps
+        self.cfg.max_num_tokens = policy.max_num_tokens
+        self.cfg.max_chunk_tokens = policy.max_chunk_tokens
+        self.cfg.max_batch_size = b
+        self.cfg.max_input_length = limits.max_input_length
+        self.cfg.kv_page_size = limits.kv_page_size
+        self.cfg.t_max = limits.t_max
+        self.scratch.keys = <SortKeyC*>PyMem_Calloc(b, sizeof(SortKeyC))
+        self.scratch.merge_tmp = <SortKeyC*>PyMem_Calloc(b, sizeof(SortKeyC))
+        self.scratch.order = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
+        self.scratch.paused = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.scratch.order_count = 0
+        self.rows = <ResidentC*>PyMem_Calloc(b, sizeof(ResidentC))
+        if (self.scratch.keys == NULL or self.scratch.merge_tmp == NULL
+                or self.scratch.order == NULL or self.scratch.paused == NULL or self.rows == NULL):
+            raise MemoryError(f"StepPlanner buffers for max_batch_size={b}")
+        self._plan = _new_plan(b)
+        self.policy = policy
+        self.limits = limits
+
+    def __dealloc__(self):
+        PyMem_Free(self.scratch.keys)
+        PyMem_Free(self.scratch.merge_tmp)
+        PyMem_Free(self.scratch.order)
+        PyMem_Free(self.scratch.paused)
+        PyMem_Free(self.rows)
+
+    def __repr__(self):
+        return f"StepPlanner(policy={self.policy!r}, limits={self.limits!r})"
+
+    def plan(self, residents, count=None, reasons=None):
+        """Plan one step over ``residents`` and return the planner's one ``StepPlan``.
+
+        ``residents``: a list or tuple of ``ResidentState``, or a 1-D ``RESIDENT_DTYPE`` array
+        (read in place: the fast path). ``count`` (default: all) takes the first ``count`` rows.
+        ``reasons``: optionally, a writable uint8 array of len >= count that receives each
+        resident's ``Reason`` code (see ``split_reason``).
+
+        The returned plan is overwritten by the next call; ``copy()`` what you keep. Everything
+        is checked before anything is written: a call that raises leaves the previous plan.
+        """
+        if self.rows == NULL:
+            raise RuntimeError("StepPlanner.__init__ was not called")
+        cdef Py_ssize_t length
+        cdef bint is_array = cnp.PyArray_Check(residents)
+        if is_array:
+            if not ((<cnp.ndarray>residents).descr is _RESIDENT_DESCR
+                    or cnp.PyArray_EquivTypes((<cnp.ndarray>residents).descr, _RESIDENT_DESCR)):
+                raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
+            if (<cnp.ndarray>residents).ndim != 1:
+                raise _errors.array_ndim((<cnp.ndarray>residents).ndim)
+            length = (<cnp.ndarray>residents).shape[0]
+        elif type(residents) is list or type(residents) is tuple:
+            length = len(residents)
+        elif isinstance(residents, (list, tuple)):
+            length = len(residents)
+        else:
+            raise _errors.residents_type(residents)
+        cdef Py_ssize_t n = self._count(count, length)
+        cdef uint8_t* reasons_ptr = NULL
+        if reasons is not None:
+            reasons_ptr = _reasons_pointer(reasons, n)
+        with cython.critical_section(self._plan):
+            if is_array:
+                self._load_array(residents, <int32_t>n)
+            else:
+                self._load_objects(residents, <int32_t>n)
+            plan_step(&self.cfg, self.rows, <int32_t>n, &self.scratch, &self._plan.c,
+                      reasons_ptr)
+        return self._plan
+
+    cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1:
+        if count is None:
+            # No Python int is made on this path: plan() allocates nothing.
+            if length > self.cfg.max_batch_size:
+                raise _errors.count_over_batch(length, self.cfg.max_batch_size)
+            return length
+        if type(count) is not int:
+            try:
+                count = operator.index(count)
+            except TypeError:
+                raise _errors.not_integer("count", count) from None
+        if count < 0:
+            raise _errors.count_negative(count)
+        if count > self.cfg.max_batch_size:
+            raise _errors.count_over_batch(count, self.cfg.max_batch_size)
+        if count > length:
+            raise _errors.count_over_length(count, length)
+        return count
+
+    cdef int _load_array(self, object residents, int32_t n) except -1:
+        cdef cnp.ndarray arr = <cnp.ndarray>residents
+        # memcpy, not a pointer cast: rows may be unaligned (a view into a byte buffer).
+        cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
+        cdef Py_ssize_t stride = arr.strides[0]
+        cdef int32_t i, s_in = self.cfg.max_input_length
+        cdef int status
+        cdef ResidentC* rows = self.rows
+        for i in range(n):
+            memcpy(&rows[i], data + i * stride, sizeof(ResidentC))
+            rows[i].context_committed = rows[i].context_committed != 0
+            status = check_row(&rows[i], s_in)
+            if status != STATUS_OK:
+                raise _row_error(status, i, &rows[i], s_in)
+        return 0
+
+    cdef int _load_objects(self, object residents, int32_t n) except -1:
+        cdef int32_t i, s_in = self.cfg.max_input_length
+        cdef int status
+        cdef object item
+        cdef ResidentC* rows = self.rows
+        for i in range(n):
+            item = residents[i]
+            if type(item) is not ResidentState:
+                raise _errors.element_type(i, item)
+            rows[i] = (<ResidentState>item).c
+            status = check_row(&rows[i], s_in)
+            if status != STATUS_OK:
+                raise _row_error(status, i, &rows[i], s_in)
+        return 0
+
+    def _run_kernel_loop(self, Py_ssize_t iterations):
+        """Rerun the kernel over the rows of the last successful ``plan()``; seconds taken."""
+        cdef Py_ssize_t k
+        cdef int32_t n = self._plan.c.num_residents
+        with cython.critical_section(self._plan):
+            t0 = time.perf_counter()
+            for k in range(iterations):
+                plan_step(&self.cfg, self.rows, n, &self.scratch, &self._plan.c, NULL)
+            return time.perf_counter() - t0
+
+
+cdef uint8_t* _reasons_pointer(object reasons, Py_ssize_t n) except? NULL:
+    if not cnp.PyArray_Check(reasons):
+        raise _errors.reasons_array(f"is a {type(reasons).__name__}")
+    cdef cnp.ndarray arr = <cnp.ndarray>reasons
+    if not cnp.PyArray_EquivTypes(arr.descr, _UINT8_DESCR) or arr.ndim != 1:
+        raise _errors.reasons_array(f"has dtype {arr.dtype} and ndim={arr.ndim}")
+    if not cnp.PyArray_ISWRITEABLE(arr):
+        raise _errors.reasons_array("is read-only")
+    if arr.shape[0] < n:
+        raise _errors.reasons_array(f"has len {arr.shape[0]} < count={n}")
+    if arr.strides[0] != 1:
+        raise _errors.reasons_array("is not contiguous")
+    return <uint8_t*>cnp.PyArray_DATA(arr)
+
+
+# ============================================================================================
+# 5. The benchmark's C loop
+# ============================================================================================
+
+def time_kernel_loop(StepPlanner planner, residents, count=None, Py_ssize_t iterations=10000):
+    """Nanoseconds per plan of the kernel alone, looped in C over the same buffers.
+
+    ``planner.plan(residents, count)`` runs once first (validation and copy-in); then the kernel
+    reruns ``iterations`` times with no Python in between, as a C program would call it. The
+    ratio of ``plan()``'s time to this one is the cost of the Python boundary.
+    """
+    if iterations < 1:
+        raise _errors.out_of_range("iterations", iterations, ">= 1")
+    planner.plan(residents, count)
+    return planner._run_kernel_loop(iterations) * 1e9 / iterations

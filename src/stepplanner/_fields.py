@@ -1,0 +1,62 @@
+"""Conversion of Python values into the C field types of the contract (int32, uint64, bool).
+
+The pure-Python side (configuration dataclasses, the reference ``ResidentState``) converts through
+these; the compiled ``ResidentState`` does the same checks in C and raises the same messages.
+"""
+
+from __future__ import annotations
+
+import operator
+from enum import IntEnum
+from typing import TypeVar
+
+from . import _errors
+
+E = TypeVar("E", bound=IntEnum)
+
+
+def as_int(field: str, value: object) -> int:
+    """Any integer-like value (``int``, ``numpy.int64``, ``bool``); never a float or string."""
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise _errors.not_integer(field, value) from None
+
+
+def as_int32(field: str, value: object) -> int:
+    v = as_int(field, value)
+    if not _errors.INT32_MIN <= v <= _errors.INT32_MAX:
+        raise _errors.out_of_int32(field, v)
+    return v
+
+
+def as_uint64(field: str, value: object) -> int:
+    v = as_int(field, value)
+    if not 0 <= v <= _errors.UINT64_MAX:
+        raise _errors.out_of_uint64(field, v)
+    return v
+
+
+def as_bool(field: str, value: object) -> bool:
+    """``True``/``False``, numpy booleans, or the integers 0 and 1."""
+    if isinstance(value, bool):
+        return value
+    if type(value).__name__ in ("bool_", "bool") and hasattr(value, "item"):  # numpy.bool_
+        return bool(value)
+    try:
+        v = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise _errors.not_bool(field, value) from None
+    if v not in (0, 1):
+        raise _errors.not_bool(field, value)
+    return bool(v)
+
+
+def as_enum(field: str, value: object, enum_type: type[E]) -> E:
+    if isinstance(value, enum_type):
+        return value
+    v = as_int(field, value)
+    try:
+        return enum_type(v)
+    except ValueError:
+        raise _errors.not_enum(field, value, enum_type) from None

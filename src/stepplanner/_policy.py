@@ -1,0 +1,224 @@
+"""Engine limits, scheduling options and their resolution into a plannable policy (SPEC §2).
+
+Resolution runs once per engine, not per step, so it is plain Python shared by both planner
+implementations; ``check_policy`` is what a ``StepPlanner`` constructor runs on a hand-built policy.
+
+``rd(x)``/``ru(x)`` round down/up to a multiple of the page size P; T_max = B × S_in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from . import _errors
+from ._fields import as_enum, as_int32
+from ._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+
+__all__ = [
+    "ResolvedSchedulingPolicy",
+    "SchedulingOptions",
+    "StepPlannerLimits",
+    "check_policy",
+    "resolve_scheduling_policy",
+]
+
+DEFAULT_TOKEN_TARGET = 512  # the seed's default scheduling target, in tokens per step
+
+
+def _rd(x: int, p: int) -> int:
+    return (x // p) * p
+
+
+def _ru(x: int, p: int) -> int:
+    return -(-x // p) * p
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclasses normalise in __post_init__
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepPlannerLimits:
+    """Engine build limits: B resident slots, S_in prefill tokens per sequence, page size P.
+
+    Each must be >= 1, and T_max = B × S_in must fit int32 (every token count of a plan is int32).
+    """
+
+    max_batch_size: int
+    max_input_length: int
+    kv_page_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_input_length", "kv_page_size"):
+            v = as_int32(name, getattr(self, name))
+            if v < 1:
+                raise _errors.out_of_range(name, v, ">= 1")
+            _set(self, name, v)
+        t_max = self.max_batch_size * self.max_input_length
+        if t_max > _errors.INT32_MAX:
+            raise _errors.out_of_range(
+                "max_batch_size * max_input_length (T_max)",
+                t_max,
+                f"<= {_errors.INT32_MAX}, so that token counts fit int32",
+            )
+
+    @property
+    def t_max(self) -> int:
+        """T_max = B × S_in: the most tokens one step can hold."""
+        return self.max_batch_size * self.max_input_length
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulingOptions:
+    """What the user asks for; ``resolve_scheduling_policy`` turns it into budgets. 0 = default."""
+
+    ifb_scheduling_mode: IfbSchedulingMode = IfbSchedulingMode.AUTO
+    max_num_tokens: int = 0
+    max_chunk_tokens: int = 0
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    preemption: PreemptionMode = PreemptionMode.NONE
+    priority_reserved_slots: int = 0
+    max_pause_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _normalise(self, "ifb_scheduling_mode")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResolvedSchedulingPolicy:
+    """A policy a ``StepPlanner`` can run: mode is ``MIXED`` or ``PREFILL_FIRST``, budgets set.
+
+    Build it with :func:`resolve_scheduling_policy`; a hand-built one is checked by the planner.
+    """
+
+    mode: IfbSchedulingMode
+    max_num_tokens: int
+    max_chunk_tokens: int
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS
+    preemption: PreemptionMode = PreemptionMode.NONE
+    priority_reserved_slots: int = 0
+    max_pause_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _normalise(self, "mode")
+
+
+def _normalise(obj: SchedulingOptions | ResolvedSchedulingPolicy, mode_field: str) -> None:
+    """Convert field types (TypeError/OverflowError) and check the ranges that need no limits."""
+    _set(obj, mode_field, as_enum(mode_field, getattr(obj, mode_field), IfbSchedulingMode))
+    _set(obj, "scheduling_policy",
+         as_enum("scheduling_policy", obj.scheduling_policy, SchedulingPolicy))
+    _set(obj, "preemption", as_enum("preemption", obj.preemption, PreemptionMode))
+    for name in ("max_num_tokens", "max_chunk_tokens", "priority_reserved_slots",
+                 "max_pause_steps"):
+        v = as_int32(name, getattr(obj, name))
+        if v < 0:
+            raise _errors.out_of_range(name, v, ">= 0")
+        _set(obj, name, v)
+
+
+def _check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
+    b = limits.max_batch_size
+    if not 0 <= value < b:
+        raise _errors.out_of_range(
+            "priority_reserved_slots", value, f"0 <= value < max_batch_size={b}"
+        )
+
+
+def _mixed_feasible(limits: StepPlannerLimits) -> bool:
+    b, p = limits.max_batch_size, limits.kv_page_size
+    return _rd(limits.t_max, p) >= b + p
+
+
+def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
+                     limits: StepPlannerLimits) -> tuple[int, int]:
+    """SPEC §2 rule 3: defaults, ranges and the per-chunk cap for a mixed step."""
+    b, s_in, p, t_max = (limits.max_batch_size, limits.max_input_length, limits.kv_page_size,
+                         limits.t_max)
+    if max_num_tokens == 0:
+        if not _mixed_feasible(limits):
+            raise ValueError(
+                f"max_num_tokens=0 (default) needs mixed batching to be feasible, but "
+                f"rd(T_max)={_rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
+                f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
+            )
+        max_num_tokens = min(_ru(DEFAULT_TOKEN_TARGET + b, p), _rd(t_max, p))
+    elif not b + p <= max_num_tokens <= t_max:
+        raise _errors.out_of_range(
+            "max_num_tokens", max_num_tokens,
+            f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {t_max}]",
+        )
+    if max_chunk_tokens == 0:
+        max_chunk_tokens = max(p, _rd(min(DEFAULT_TOKEN_TARGET, max_num_tokens - b), p))
+    elif not (p <= max_chunk_tokens <= max_num_tokens - b and max_chunk_tokens % p == 0):
+        raise _errors.out_of_range(
+            "max_chunk_tokens", max_chunk_tokens,
+            f"a multiple of kv_page_size={p} in [kv_page_size, max_num_tokens - max_batch_size]"
+            f" = [{p}, {max_num_tokens - b}]",
+        )
+    return max_num_tokens, min(max_chunk_tokens, max(p, _rd(s_in, p)))
+
+
+def resolve_scheduling_policy(options: SchedulingOptions,
+                              limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+    """Resolve ``options`` for an engine built with ``limits`` (SPEC §2).
+
+    Raises ``ValueError`` naming the field, the value and the allowed range.
+    """
+    if not isinstance(options, SchedulingOptions):
+        raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+    if not isinstance(limits, StepPlannerLimits):
+        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+    _check_reserved_slots(options.priority_reserved_slots, limits)
+
+    mode = options.ifb_scheduling_mode
+    given = options.max_num_tokens != 0 or options.max_chunk_tokens != 0
+    if mode == IfbSchedulingMode.AUTO:
+        mode = (IfbSchedulingMode.MIXED
+                if _mixed_feasible(limits) or options.max_num_tokens != 0
+                else IfbSchedulingMode.PREFILL_FIRST)
+    if mode == IfbSchedulingMode.MIXED or given:
+        max_num_tokens, max_chunk_tokens = _resolve_budgets(
+            options.max_num_tokens, options.max_chunk_tokens, limits)
+    if mode == IfbSchedulingMode.PREFILL_FIRST:
+        max_num_tokens, max_chunk_tokens = limits.t_max, limits.max_input_length
+    return ResolvedSchedulingPolicy(
+        mode=mode,
+        max_num_tokens=max_num_tokens,
+        max_chunk_tokens=max_chunk_tokens,
+        scheduling_policy=options.scheduling_policy,
+        preemption=options.preemption,
+        priority_reserved_slots=options.priority_reserved_slots,
+        max_pause_steps=options.max_pause_steps,
+    )
+
+
+def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> None:
+    """What a planner constructor checks: a plannable mode, and §2's budgets for ``limits``."""
+    if not isinstance(policy, ResolvedSchedulingPolicy):
+        raise TypeError(f"policy must be a ResolvedSchedulingPolicy, got {type(policy).__name__}")
+    if not isinstance(limits, StepPlannerLimits):
+        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+    if policy.mode not in (IfbSchedulingMode.MIXED, IfbSchedulingMode.PREFILL_FIRST):
+        raise _errors.unresolved_mode(policy.mode)
+    _check_reserved_slots(policy.priority_reserved_slots, limits)
+    if policy.mode == IfbSchedulingMode.PREFILL_FIRST:
+        expected = (limits.t_max, limits.max_input_length)
+        for name, want in zip(("max_num_tokens", "max_chunk_tokens"), expected):
+            if getattr(policy, name) != want:
+                raise _errors.out_of_range(
+                    name, getattr(policy, name),
+                    f"{want} under PREFILL_FIRST (T_max and max_input_length)")
+        return
+    b, s_in, p = limits.max_batch_size, limits.max_input_length, limits.kv_page_size
+    mnt, mct = policy.max_num_tokens, policy.max_chunk_tokens
+    if not b + p <= mnt <= limits.t_max:
+        raise _errors.out_of_range(
+            "max_num_tokens", mnt,
+            f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {limits.t_max}]")
+    top = min(mnt - b, max(p, _rd(s_in, p)))
+    if not (p <= mct <= top and mct % p == 0):
+        raise _errors.out_of_range(
+            "max_chunk_tokens", mct,
+            f"a multiple of kv_page_size={p} in [{p}, {top}] "
+            "(at most max_num_tokens - max_batch_size and max(P, rd(max_input_length)))")

@@ -1,0 +1,422 @@
+"""Pure-Python twin of the compiled core: the test oracle, and a fallback users select explicitly.
+
+It is written for clarity, not speed: it follows SPEC §3 line by line, and the compiled core must
+agree with it on every plan and on every error (type and message). Select it with
+``STEPPLANNER_IMPL=python``; ``import stepplanner`` never falls back to it silently.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _errors
+from ._fields import as_bool, as_int32, as_uint64
+from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
+from ._types import (
+    REASON_RELEASED_FROM_PAUSE,
+    RESIDENT_DTYPE,
+    SEQUENCE_DTYPE,
+    IfbSchedulingMode,
+    PlannedSequence,
+    PreemptionMode,
+    Reason,
+    SchedulingPolicy,
+    SequenceWork,
+)
+
+IMPLEMENTATION = "python"
+
+_FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
+           "consecutive_paused_steps")
+_CONVERT = {
+    "priority": as_int32,
+    "arrival": as_uint64,
+    "prompt_length": as_int32,
+    "committed": as_int32,
+    "context_committed": as_bool,
+    "consecutive_paused_steps": as_int32,
+}
+
+
+class ResidentState:
+    """The ledger view of one resident that ``plan()`` reads (see the compiled twin)."""
+
+    __slots__ = tuple("_" + f for f in _FIELDS)
+
+    def __init__(self, priority: int = 0, arrival: int = 0, prompt_length: int = 0,
+                 committed: int = 0, context_committed: bool = False,
+                 consecutive_paused_steps: int = 0) -> None:
+        self.priority = priority
+        self.arrival = arrival
+        self.prompt_length = prompt_length
+        self.committed = committed
+        self.context_committed = context_committed
+        self.consecutive_paused_steps = consecutive_paused_steps
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _CONVERT:
+            raise AttributeError(f"ResidentState has no attribute {name!r}")
+        object.__setattr__(self, "_" + name, _CONVERT[name](name, value))
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CONVERT:
+            return object.__getattribute__(self, "_" + name)
+        raise AttributeError(f"ResidentState has no attribute {name!r}")
+
+    def _astuple(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not hasattr(other, "_astuple") or type(other).__name__ != "ResidentState":
+            return NotImplemented
+        return bool(self._astuple() == other._astuple())
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{f}={getattr(self, f)!r}" for f in _FIELDS)
+        return f"ResidentState({body})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ResidentState, self._astuple())
+
+
+class _SequencesView(Sequence[PlannedSequence]):
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: StepPlan) -> None:
+        self._plan = plan
+
+    def __len__(self) -> int:
+        return len(self._plan._rows)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._plan._rows[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class _PausedView(Sequence[int]):
+    __slots__ = ("_plan",)
+
+    def __init__(self, plan: StepPlan) -> None:
+        self._plan = plan
+
+    def __len__(self) -> int:
+        return len(self._plan._paused)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._plan._paused[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class StepPlan:
+    """One planned step. The planner's plan is overwritten by its next call: ``copy()`` to keep."""
+
+    def __init__(self) -> None:
+        self._rows: list[PlannedSequence] = []
+        self._paused: list[int] = []
+        self._num_residents = 0
+        self.num_prefill = 0
+        self.num_decode = 0
+        self.prefill_tokens = 0
+        self.total_tokens = 0
+
+    @property
+    def sequences(self) -> Sequence[PlannedSequence]:
+        return _SequencesView(self)
+
+    @property
+    def paused(self) -> Sequence[int]:
+        return _PausedView(self)
+
+    @property
+    def num_residents(self) -> int:
+        """How many resident rows this plan was made over (``count``)."""
+        return self._num_residents
+
+    def as_array(self) -> np.ndarray:
+        """The sequences as a ``SEQUENCE_DTYPE`` array (a copy here; a view in the core)."""
+        return np.array([tuple(r) for r in self._rows], dtype=SEQUENCE_DTYPE)
+
+    def paused_array(self) -> np.ndarray:
+        return np.array(self._paused, dtype=np.int32)
+
+    def copy(self) -> StepPlan:
+        other = StepPlan()
+        other._set(list(self._rows), list(self._paused), self._num_residents)
+        return other
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plan_to_dict(self)
+
+    def _set(self, rows: list[PlannedSequence], paused: list[int], num_residents: int) -> None:
+        self._rows = rows
+        self._paused = paused
+        self._num_residents = num_residents
+        self.num_prefill = sum(r.work == SequenceWork.CONTEXT for r in rows)
+        self.num_decode = len(rows) - self.num_prefill
+        self.prefill_tokens = sum(r.query_length for r in rows if r.work == SequenceWork.CONTEXT)
+        self.total_tokens = self.prefill_tokens + self.num_decode
+
+    def apply_to(self, residents: Any) -> None:
+        """Advance the ledger rows this plan was made over, as SPEC §6 says a runtime does."""
+        _apply(self, residents)
+
+    def __eq__(self, other: object) -> bool:
+        if not hasattr(other, "to_dict") or type(other).__name__ != "StepPlan":
+            return NotImplemented
+        return bool(self.to_dict() == other.to_dict())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return _plan_repr(self)
+
+
+def _plan_to_dict(plan: Any) -> dict[str, Any]:
+    """Plain-data form of a plan, the same for both implementations (JSON-ready)."""
+    return {
+        "sequences": [
+            {
+                "resident": s.resident,
+                "work": SequenceWork(s.work).name,
+                "past_length": s.past_length,
+                "query_length": s.query_length,
+                "select_last_token_logits": bool(s.select_last_token_logits),
+            }
+            for s in plan.sequences
+        ],
+        "paused": list(plan.paused),
+        "num_prefill": plan.num_prefill,
+        "num_decode": plan.num_decode,
+        "prefill_tokens": plan.prefill_tokens,
+        "total_tokens": plan.total_tokens,
+    }
+
+
+def _plan_repr(plan: Any) -> str:
+    rows = " ".join(
+        f"({s.resident},{SequenceWork(s.work).name},{s.past_length},{s.query_length},"
+        f"{'T' if s.select_last_token_logits else 'F'})"
+        for s in plan.sequences
+    )
+    return (f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
+            f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
+            f"sequences=[{rows}], paused={list(plan.paused)})")
+
+
+def _rows_of(residents: Any, count: Any, max_batch_size: int) -> list[tuple[Any, ...]]:
+    """Check the call's arguments and return the first ``count`` rows as field tuples."""
+    if isinstance(residents, np.ndarray):
+        if residents.dtype != RESIDENT_DTYPE:
+            raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
+        if residents.ndim != 1:
+            raise _errors.array_ndim(residents.ndim)
+    elif not isinstance(residents, (list, tuple)):
+        raise _errors.residents_type(residents)
+    length = len(residents)
+    if count is None:
+        count = length
+    else:
+        try:
+            count = operator.index(count)
+        except TypeError:
+            raise _errors.not_integer("count", count) from None
+    if count < 0:
+        raise _errors.count_negative(count)
+    if count > max_batch_size:
+        raise _errors.count_over_batch(count, max_batch_size)
+    if count > length:
+        raise _errors.count_over_length(count, length)
+    if isinstance(residents, np.ndarray):
+        return [tuple(row) for row in residents[:count].tolist()]
+    rows = []
+    for i in range(count):
+        r = residents[i]
+        if type(r) is not ResidentState:
+            raise _errors.element_type(i, r)
+        rows.append(r._astuple())
+    return rows
+
+
+def _check_rows(rows: list[tuple[Any, ...]], max_input_length: int) -> None:
+    for i, (_prio, _arr, prompt_length, committed, context_committed, cps) in enumerate(rows):
+        if committed < 0:
+            raise _errors.resident_negative(i, "committed", committed)
+        if prompt_length < 0:
+            raise _errors.resident_negative(i, "prompt_length", prompt_length)
+        if cps < 0:
+            raise _errors.resident_negative(i, "consecutive_paused_steps", cps)
+        if not context_committed:
+            if prompt_length - committed <= 0:
+                raise _errors.prompt_exhausted(i, prompt_length, committed)
+            if prompt_length > max_input_length:
+                raise _errors.prompt_too_long(i, prompt_length, max_input_length)
+
+
+def _check_reasons(reasons: Any, count: int) -> None:
+    if reasons is None:
+        return
+    if not isinstance(reasons, np.ndarray):
+        raise _errors.reasons_array(f"is a {type(reasons).__name__}")
+    if reasons.dtype != np.uint8 or reasons.ndim != 1:
+        raise _errors.reasons_array(f"has dtype {reasons.dtype} and ndim={reasons.ndim}")
+    if not reasons.flags.writeable:
+        raise _errors.reasons_array("is read-only")
+    if len(reasons) < count:
+        raise _errors.reasons_array(f"has len {len(reasons)} < count={count}")
+
+
+class StepPlanner:
+    """Plans one in-flight-batching step per call (SPEC §3). See the compiled twin's docs."""
+
+    def __init__(self, policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> None:
+        check_policy(policy, limits)
+        self._policy = policy
+        self._limits = limits
+        self._plan = StepPlan()
+
+    @property
+    def policy(self) -> ResolvedSchedulingPolicy:
+        return self._policy
+
+    @property
+    def limits(self) -> StepPlannerLimits:
+        return self._limits
+
+    def __repr__(self) -> str:
+        return f"StepPlanner(policy={self._policy!r}, limits={self._limits!r})"
+
+    def plan(self, residents: Any, count: Any = None, reasons: Any = None) -> StepPlan:
+        lim, pol = self._limits, self._policy
+        rows = _rows_of(residents, count, lim.max_batch_size)
+        n_res = len(rows)
+        _check_rows(rows, lim.max_input_length)
+        _check_reasons(reasons, n_res)
+
+        s_in, p, t_max = lim.max_input_length, lim.kv_page_size, lim.t_max
+        by_priority = pol.scheduling_policy == SchedulingPolicy.PRIORITY
+        prio = [r[0] if by_priority else 0 for r in rows]
+        order = sorted(range(n_res), key=lambda i: (prio[i], rows[i][1], i))
+        decoding = [bool(r[4]) for r in rows]
+        why = [0] * n_res
+
+        # Pause (MIXED + PRIORITY + PAUSE): everyone worse than the first pending prompt.
+        paused: list[int] = []
+        is_paused = [False] * n_res
+        if (pol.mode == IfbSchedulingMode.MIXED and by_priority
+                and pol.preemption == PreemptionMode.PAUSE):
+            h = next((i for i in order if not decoding[i]), None)
+            if h is not None:
+                for i in range(n_res):
+                    if prio[i] > prio[h]:
+                        if pol.max_pause_steps > 0 and rows[i][5] >= pol.max_pause_steps:
+                            why[i] |= REASON_RELEASED_FROM_PAUSE
+                        else:
+                            is_paused[i] = True
+                            why[i] = Reason.PAUSED
+                            paused.append(i)
+
+        if pol.mode == IfbSchedulingMode.MIXED:
+            decodes = [i for i in order if decoding[i] and not is_paused[i]]
+            prompts = [i for i in order if not decoding[i] and not is_paused[i]]
+            if decodes:
+                budget, cap = pol.max_num_tokens - len(decodes), pol.max_chunk_tokens
+            else:
+                budget, cap = t_max, s_in
+        elif any(not d for d in decoding):
+            decodes = []
+            budget, cap = t_max, s_in
+            pending = [i for i in order if not decoding[i]]
+            best = min(prio[i] for i in pending)
+            prompts = [i for i in pending if prio[i] == best]
+            for i in range(n_res):
+                if decoding[i] or prio[i] != best:
+                    why[i] = Reason.HELD_PREFILL_FIRST
+        else:
+            decodes, prompts, budget, cap = list(order), [], 0, 0
+
+        out: list[PlannedSequence] = []
+        for i in prompts:
+            committed, prompt_length = rows[i][3], rows[i][2]
+            rem = prompt_length - committed
+            n = min(rem, cap, s_in, budget)
+            if n < rem:
+                n = (committed + n) // p * p - committed
+            if n <= 0:
+                why[i] |= Reason.SKIPPED_BUDGET if budget == 0 else Reason.SKIPPED_PAGE_TRIM
+                continue
+            out.append(PlannedSequence(i, SequenceWork.CONTEXT, committed, n, n == rem))
+            why[i] |= Reason.CHUNK_FINAL if n == rem else Reason.CHUNK
+            budget -= n
+        for i in decodes:
+            out.append(PlannedSequence(i, SequenceWork.DECODE, rows[i][3], 1, True))
+            why[i] |= Reason.DECODE
+
+        self._plan._set(out, paused, n_res)
+        if reasons is not None:
+            reasons[:n_res] = why
+        return self._plan
+
+
+def _apply(plan: Any, residents: Any) -> None:
+    """SPEC §6 for one plan over the rows it was made from; checks everything before writing."""
+    n = plan.num_residents
+    if isinstance(residents, np.ndarray):
+        if residents.dtype != RESIDENT_DTYPE:
+            raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
+        if residents.ndim != 1:
+            raise _errors.array_ndim(residents.ndim)
+        if not residents.flags.writeable:
+            raise _errors.apply_readonly()
+    elif isinstance(residents, (list, tuple)):
+        for i in range(min(n, len(residents))):
+            if type(residents[i]) is not ResidentState:
+                raise _errors.element_type(i, residents[i])
+    else:
+        raise _errors.residents_type(residents)
+    if len(residents) < n:
+        raise _errors.apply_length(len(residents), n)
+
+    def get(i: int, f: str) -> int:
+        return int(residents[i][f]) if isinstance(residents, np.ndarray) else getattr(residents[i], f)
+
+    def put(i: int, f: str, v: Any) -> None:
+        if isinstance(residents, np.ndarray):
+            residents[i][f] = v
+        else:
+            setattr(residents[i], f, v)
+
+    paused = set(plan.paused)
+    for s in plan.sequences:
+        if get(s.resident, "committed") + s.query_length > _errors.INT32_MAX:
+            raise _errors.apply_overflow(s.resident, "committed", get(s.resident, "committed"),
+                                         s.query_length)
+    for i in paused:
+        if get(i, "consecutive_paused_steps") + 1 > _errors.INT32_MAX:
+            raise _errors.apply_overflow(i, "consecutive_paused_steps",
+                                         get(i, "consecutive_paused_steps"), 1)
+    for s in plan.sequences:
+        put(s.resident, "committed", get(s.resident, "committed") + s.query_length)
+        if s.work == SequenceWork.CONTEXT and s.select_last_token_logits:
+            put(s.resident, "context_committed", True)
+    for i in range(n):
+        put(i, "consecutive_paused_steps",
+            get(i, "consecutive_paused_steps") + 1 if i in paused else 0)

@@ -1,0 +1,120 @@
+"""Value types shared by the compiled core and the pure-Python reference.
+
+These carry no hot-path logic, so both implementations use the very same classes: an enum or a
+``PlannedSequence`` from one compares equal to the other's, and parity tests can compare plans
+directly.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "IfbSchedulingMode",
+    "PlannedSequence",
+    "PreemptionMode",
+    "REASON_RELEASED_FROM_PAUSE",
+    "RESIDENT_DTYPE",
+    "SEQUENCE_DTYPE",
+    "Reason",
+    "SchedulingPolicy",
+    "SequenceWork",
+    "split_reason",
+]
+
+
+class SchedulingPolicy(enum.IntEnum):
+    """Order in which residents are served: arrival only, or (priority, arrival)."""
+
+    FCFS = 0
+    PRIORITY = 1
+
+
+class IfbSchedulingMode(enum.IntEnum):
+    """How a step mixes prefill and decode. ``AUTO`` must be resolved before planning."""
+
+    AUTO = 0
+    MIXED = 1
+    PREFILL_FIRST = 2
+
+
+class PreemptionMode(enum.IntEnum):
+    """``PAUSE`` withholds lower-priority residents while a better prompt is pending."""
+
+    NONE = 0
+    PAUSE = 1
+
+
+class SequenceWork(enum.IntEnum):
+    """What one planned row does: a prompt chunk or one decode token."""
+
+    CONTEXT = 0
+    DECODE = 1
+
+
+class Reason(enum.IntEnum):
+    """Why a resident got what it got in one plan (see ``StepPlanner.plan(reasons=...)``).
+
+    A code may carry the bit :data:`REASON_RELEASED_FROM_PAUSE` on top: the resident would have
+    been paused but ``max_pause_steps`` released it. :func:`split_reason` separates the two.
+    """
+
+    DECODE = 1
+    CHUNK = 2
+    CHUNK_FINAL = 3
+    PAUSED = 4
+    SKIPPED_BUDGET = 5
+    SKIPPED_PAGE_TRIM = 6
+    HELD_PREFILL_FIRST = 7
+
+
+REASON_RELEASED_FROM_PAUSE = 0x10
+
+
+def split_reason(code: int) -> tuple[Reason, bool]:
+    """Split a reason code into its outcome and whether ``max_pause_steps`` released it."""
+    code = int(code)
+    return Reason(code & ~REASON_RELEASED_FROM_PAUSE), bool(code & REASON_RELEASED_FROM_PAUSE)
+
+
+class PlannedSequence(NamedTuple):
+    """One row of a plan: a prompt chunk (``CONTEXT``) or a decode token (``DECODE``).
+
+    ``resident`` is the index of the resident in the rows passed to ``plan()``;
+    ``past_length`` equals its ``committed``.
+    """
+
+    resident: int
+    work: SequenceWork
+    past_length: int
+    query_length: int
+    select_last_token_logits: bool
+
+
+# One ledger row; the compiled core reads arrays of it in place (its C struct has this layout).
+RESIDENT_DTYPE = np.dtype(
+    [
+        ("priority", np.int32),
+        ("arrival", np.uint64),
+        ("prompt_length", np.int32),
+        ("committed", np.int32),
+        ("context_committed", np.bool_),
+        ("consecutive_paused_steps", np.int32),
+    ],
+    align=True,
+)
+
+# One plan row, as StepPlan.as_array() returns them.
+SEQUENCE_DTYPE = np.dtype(
+    [
+        ("resident", np.int32),
+        ("work", np.int32),
+        ("past_length", np.int32),
+        ("query_length", np.int32),
+        ("select_last_token_logits", np.bool_),
+    ],
+    align=True,
+)
