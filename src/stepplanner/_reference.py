@@ -222,8 +222,8 @@ def _plan_repr(plan: Any) -> str:
             f"sequences=[{rows}], paused={list(plan.paused)})")
 
 
-def _rows_of(residents: Any, count: Any, max_batch_size: int) -> list[tuple[Any, ...]]:
-    """Check the call's arguments and return the first ``count`` rows as field tuples."""
+def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
+    """Check the container and ``count``; return how many rows to plan."""
     if isinstance(residents, np.ndarray):
         if residents.dtype != RESIDENT_DTYPE:
             raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
@@ -245,30 +245,40 @@ def _rows_of(residents: Any, count: Any, max_batch_size: int) -> list[tuple[Any,
         raise _errors.count_over_batch(count, max_batch_size)
     if count > length:
         raise _errors.count_over_length(count, length)
+    return int(count)
+
+
+def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[Any, ...]]:
+    """The first ``count`` rows as field tuples, each checked (type, then values) in index order."""
     if isinstance(residents, np.ndarray):
-        return [tuple(row) for row in residents[:count].tolist()]
-    rows = []
-    for i in range(count):
-        r = residents[i]
-        if type(r) is not ResidentState:
-            raise _errors.element_type(i, r)
-        rows.append(r._astuple())
+        rows = [tuple(row) for row in residents[:count].tolist()]
+    else:
+        rows = []
+        for i in range(count):
+            r = residents[i]
+            if type(r) is not ResidentState:
+                raise _errors.element_type(i, r)
+            rows.append(r._astuple())
+            _check_row(i, rows[-1], max_input_length)
+        return rows
+    for i, row in enumerate(rows):
+        _check_row(i, row, max_input_length)
     return rows
 
 
-def _check_rows(rows: list[tuple[Any, ...]], max_input_length: int) -> None:
-    for i, (_prio, _arr, prompt_length, committed, context_committed, cps) in enumerate(rows):
-        if committed < 0:
-            raise _errors.resident_negative(i, "committed", committed)
-        if prompt_length < 0:
-            raise _errors.resident_negative(i, "prompt_length", prompt_length)
-        if cps < 0:
-            raise _errors.resident_negative(i, "consecutive_paused_steps", cps)
-        if not context_committed:
-            if prompt_length - committed <= 0:
-                raise _errors.prompt_exhausted(i, prompt_length, committed)
-            if prompt_length > max_input_length:
-                raise _errors.prompt_too_long(i, prompt_length, max_input_length)
+def _check_row(i: int, row: tuple[Any, ...], max_input_length: int) -> None:
+    _prio, _arrival, prompt_length, committed, context_committed, cps = row
+    if committed < 0:
+        raise _errors.resident_negative(i, "committed", committed)
+    if prompt_length < 0:
+        raise _errors.resident_negative(i, "prompt_length", prompt_length)
+    if cps < 0:
+        raise _errors.resident_negative(i, "consecutive_paused_steps", cps)
+    if not context_committed:
+        if prompt_length - committed <= 0:
+            raise _errors.prompt_exhausted(i, prompt_length, committed)
+        if prompt_length > max_input_length:
+            raise _errors.prompt_too_long(i, prompt_length, max_input_length)
 
 
 def _check_reasons(reasons: Any, count: int) -> None:
@@ -306,10 +316,9 @@ class StepPlanner:
 
     def plan(self, residents: Any, count: Any = None, reasons: Any = None) -> StepPlan:
         lim, pol = self._limits, self._policy
-        rows = _rows_of(residents, count, lim.max_batch_size)
-        n_res = len(rows)
-        _check_rows(rows, lim.max_input_length)
+        n_res = _count_of(residents, count, lim.max_batch_size)
         _check_reasons(reasons, n_res)
+        rows = _load_rows(residents, n_res, lim.max_input_length)
 
         s_in, p, t_max = lim.max_input_length, lim.kv_page_size, lim.t_max
         by_priority = pol.scheduling_policy == SchedulingPolicy.PRIORITY
@@ -379,44 +388,42 @@ class StepPlanner:
 def _apply(plan: Any, residents: Any) -> None:
     """SPEC §6 for one plan over the rows it was made from; checks everything before writing."""
     n = plan.num_residents
-    if isinstance(residents, np.ndarray):
+    is_array = isinstance(residents, np.ndarray)
+    if is_array:
         if residents.dtype != RESIDENT_DTYPE:
             raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
         if residents.ndim != 1:
             raise _errors.array_ndim(residents.ndim)
         if not residents.flags.writeable:
             raise _errors.apply_readonly()
-    elif isinstance(residents, (list, tuple)):
-        for i in range(min(n, len(residents))):
-            if type(residents[i]) is not ResidentState:
-                raise _errors.element_type(i, residents[i])
-    else:
+    elif not isinstance(residents, (list, tuple)):
         raise _errors.residents_type(residents)
     if len(residents) < n:
         raise _errors.apply_length(len(residents), n)
+    if not is_array:
+        for i in range(n):
+            if type(residents[i]) is not ResidentState:
+                raise _errors.element_type(i, residents[i])
 
-    def get(i: int, f: str) -> int:
-        return int(residents[i][f]) if isinstance(residents, np.ndarray) else getattr(residents[i], f)
-
-    def put(i: int, f: str, v: Any) -> None:
-        if isinstance(residents, np.ndarray):
-            residents[i][f] = v
-        else:
-            setattr(residents[i], f, v)
-
+    add = [0] * n
+    final = [False] * n
+    for s in plan.sequences:
+        add[s.resident] = s.query_length
+        final[s.resident] = s.work == SequenceWork.CONTEXT and bool(s.select_last_token_logits)
     paused = set(plan.paused)
-    for s in plan.sequences:
-        if get(s.resident, "committed") + s.query_length > _errors.INT32_MAX:
-            raise _errors.apply_overflow(s.resident, "committed", get(s.resident, "committed"),
-                                         s.query_length)
-    for i in paused:
-        if get(i, "consecutive_paused_steps") + 1 > _errors.INT32_MAX:
-            raise _errors.apply_overflow(i, "consecutive_paused_steps",
-                                         get(i, "consecutive_paused_steps"), 1)
-    for s in plan.sequences:
-        put(s.resident, "committed", get(s.resident, "committed") + s.query_length)
-        if s.work == SequenceWork.CONTEXT and s.select_last_token_logits:
-            put(s.resident, "context_committed", True)
-    for i in range(n):
-        put(i, "consecutive_paused_steps",
-            get(i, "consecutive_paused_steps") + 1 if i in paused else 0)
+    rows = ([list(r) for r in residents[:n].tolist()] if is_array
+            else [list(residents[i]._astuple()) for i in range(n)])
+    for i, row in enumerate(rows):
+        if row[3] + add[i] > _errors.INT32_MAX:
+            raise _errors.apply_overflow(i, "committed", row[3], add[i])
+        if i in paused and row[5] + 1 > _errors.INT32_MAX:
+            raise _errors.apply_overflow(i, "consecutive_paused_steps", row[5], 1)
+    for i, row in enumerate(rows):
+        row[3] += add[i]
+        row[4] = row[4] or final[i]
+        row[5] = row[5] + 1 if i in paused else 0
+        if is_array:
+            residents[i] = tuple(row)
+        else:
+            r = residents[i]
+            r.committed, r.context_committed, r.consecutive_paused_steps = row[3], row[4], row[5]
