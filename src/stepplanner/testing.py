@@ -1,0 +1,263 @@
+"""Hypothesis strategies for stepplanner's inputs, for runtime authors testing their own loops.
+
+Every strategy draws *valid* values: limits that construct, policies that
+``resolve_scheduling_policy`` returns and a ``StepPlanner`` accepts, and ledgers that ``plan()``
+plans without raising. They lean towards the corners where planners go wrong: empty ledgers,
+one slot (B=1), page size 1, prompts shorter than a page (S_in < P), ledgers that are all
+decoding or all prompt, negative priorities, duplicate arrival stamps, prefix-reused
+``committed`` values off a page boundary, and ``consecutive_paused_steps`` at
+``max_pause_steps`` and one either side.
+
+A ledger row is a tuple in ``RESIDENT_DTYPE`` field order::
+
+    (priority, arrival, prompt_length, committed, context_committed, consecutive_paused_steps)
+
+:func:`as_resident_states` and :func:`as_resident_array` turn rows into what ``plan()`` takes.
+
+This module needs hypothesis (``pip install "stepplanner[test]"``); the rest of the package does
+not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+try:
+    from hypothesis import strategies as st
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        "stepplanner.testing needs hypothesis, which is a test extra: "
+        "pip install 'stepplanner[test]' (or pip install hypothesis)"
+    ) from exc
+
+from ._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from ._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+
+__all__ = [
+    "PlanningCase",
+    "Row",
+    "as_resident_array",
+    "as_resident_states",
+    "ledgers",
+    "limits",
+    "planning_cases",
+    "policies",
+    "resident_rows",
+    "scheduling_options",
+]
+
+Row = tuple[int, int, int, int, bool, int]
+"""One ledger row in ``RESIDENT_DTYPE`` field order."""
+
+_INT32_MAX = 2**31 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+class PlanningCase(NamedTuple):
+    """One planner input drawn as a whole: limits, a policy resolved for them, a valid ledger."""
+
+    limits: StepPlannerLimits
+    policy: ResolvedSchedulingPolicy
+    rows: list[Row]
+
+
+def _rd(x: int, p: int) -> int:
+    return x // p * p
+
+
+# --- limits and policies -------------------------------------------------------------------------
+
+
+def limits(max_batch_size: int = 16, max_input_length: int = 256,
+           max_page_size: int = 64) -> st.SearchStrategy[StepPlannerLimits]:
+    """Engine limits, small enough that plans stay readable; B=1, P=1 and S_in < P all occur."""
+    return st.builds(
+        StepPlannerLimits,
+        max_batch_size=st.one_of(st.just(1), st.integers(1, max_batch_size)),
+        max_input_length=st.one_of(st.integers(1, 8), st.integers(1, max_input_length)),
+        kv_page_size=st.one_of(st.just(1), st.integers(1, max_page_size)),
+    )
+
+
+def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrategy[SchedulingOptions]:
+    """``SchedulingOptions`` that resolve without error for ``lim`` (any options when None)."""
+    if lim is None:
+        return st.builds(
+            SchedulingOptions,
+            ifb_scheduling_mode=st.sampled_from(IfbSchedulingMode),
+            max_num_tokens=st.integers(0, 4096),
+            max_chunk_tokens=st.integers(0, 4096),
+            scheduling_policy=st.sampled_from(SchedulingPolicy),
+            preemption=st.sampled_from(PreemptionMode),
+            priority_reserved_slots=st.integers(0, 16),
+            max_pause_steps=st.integers(0, 8),
+        )
+    return _valid_options(lim)
+
+
+@st.composite
+def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
+    b, p, t_max = lim.max_batch_size, lim.kv_page_size, lim.t_max
+    feasible = _rd(t_max, p) >= b + p
+    can_give = b + p <= t_max  # a given max_num_tokens needs [B + P, T_max] to be non-empty
+    mode = draw(st.sampled_from(IfbSchedulingMode))
+    max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(st.booleans()) else 0
+    if max_num_tokens == 0 and not feasible:
+        # Defaults need mixed batching to be feasible; MIXED must then be given a budget.
+        if mode == IfbSchedulingMode.MIXED:
+            if not can_give:
+                mode = IfbSchedulingMode.PREFILL_FIRST
+            else:
+                max_num_tokens = draw(st.integers(b + p, t_max))
+    effective = max_num_tokens or (min(-(-(512 + b) // p) * p, _rd(t_max, p)) if feasible else 0)
+    max_chunk_tokens = 0
+    if effective - b >= p and draw(st.booleans()):
+        max_chunk_tokens = p * draw(st.integers(1, (effective - b) // p))
+    return SchedulingOptions(
+        ifb_scheduling_mode=mode,
+        max_num_tokens=max_num_tokens,
+        max_chunk_tokens=max_chunk_tokens,
+        scheduling_policy=draw(st.sampled_from(SchedulingPolicy)),
+        preemption=draw(st.sampled_from(PreemptionMode)),
+        priority_reserved_slots=draw(st.integers(0, b - 1)),
+        max_pause_steps=draw(st.one_of(st.just(0), st.integers(0, 4))),
+    )
+
+
+@st.composite
+def policies(draw: Any, lim: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+    """A policy resolved for ``lim``: every mode, policy, preemption and budget rule occurs.
+
+    MIXED + PRIORITY + PAUSE (the only combination that pauses) is drawn a third of the time.
+    """
+    options = draw(_valid_options(lim))
+    if draw(st.integers(0, 2)) == 0:
+        options = SchedulingOptions(
+            ifb_scheduling_mode=(IfbSchedulingMode.MIXED
+                                 if options.ifb_scheduling_mode == IfbSchedulingMode.AUTO
+                                 else options.ifb_scheduling_mode),
+            max_num_tokens=options.max_num_tokens,
+            max_chunk_tokens=options.max_chunk_tokens,
+            scheduling_policy=SchedulingPolicy.PRIORITY,
+            preemption=PreemptionMode.PAUSE,
+            priority_reserved_slots=options.priority_reserved_slots,
+            max_pause_steps=options.max_pause_steps,
+        )
+        if (options.ifb_scheduling_mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0
+                and _rd(lim.t_max, lim.kv_page_size) < lim.max_batch_size + lim.kv_page_size):
+            options = _replace_mode(options, IfbSchedulingMode.PREFILL_FIRST)
+    return resolve_scheduling_policy(options, lim)
+
+
+def _replace_mode(options: SchedulingOptions, mode: IfbSchedulingMode) -> SchedulingOptions:
+    fields = {f: getattr(options, f) for f in SchedulingOptions.__dataclass_fields__}
+    fields["ifb_scheduling_mode"] = mode
+    return SchedulingOptions(**fields)
+
+
+# --- ledgers -------------------------------------------------------------------------------------
+
+
+def _priorities() -> st.SearchStrategy[int]:
+    return st.one_of(st.integers(-2, 2), st.integers(-(2**31), _INT32_MAX))
+
+
+def _paused_steps(max_pause_steps: int) -> st.SearchStrategy[int]:
+    boundary = [v for v in (max_pause_steps - 1, max_pause_steps, max_pause_steps + 1) if v >= 0]
+    return st.one_of(st.sampled_from(boundary), st.integers(0, 3), st.just(_INT32_MAX))
+
+
+@st.composite
+def _committed_prompt(draw: Any, lim: StepPlannerLimits) -> tuple[int, int]:
+    """(prompt_length, committed) of a prompt-incomplete row, committed often on a page end."""
+    prompt_length = draw(st.integers(1, lim.max_input_length))
+    p = lim.kv_page_size
+    on_page = [c for c in range(0, prompt_length, p)][:8]
+    committed = draw(st.one_of(st.sampled_from(on_page), st.integers(0, prompt_length - 1)))
+    return prompt_length, committed
+
+
+@st.composite
+def resident_rows(draw: Any, lim: StepPlannerLimits, *, decoding: bool | None = None,
+                  max_pause_steps: int = 0) -> Row:
+    """One valid ledger row for ``lim``: prompt-incomplete or decoding (both when None)."""
+    if decoding is None:
+        decoding = draw(st.booleans())
+    if decoding:
+        prompt_length = draw(st.integers(0, 2 * lim.max_input_length))
+        committed = draw(st.one_of(st.integers(prompt_length, prompt_length + 64),
+                                   st.integers(0, _INT32_MAX)))
+    else:
+        prompt_length, committed = draw(_committed_prompt(lim))
+    arrival = draw(st.one_of(st.integers(0, 64), st.integers(0, _UINT64_MAX)))
+    return (draw(_priorities()), arrival, prompt_length, committed, bool(decoding),
+            draw(_paused_steps(max_pause_steps)))
+
+
+@st.composite
+def _row_lists(draw: Any, lim: StepPlannerLimits, max_pause_steps: int) -> list[Row]:
+    size = draw(st.one_of(st.just(0), st.just(lim.max_batch_size),
+                          st.integers(0, lim.max_batch_size)))
+    kind = draw(st.sampled_from(("mixed", "mixed", "all_decoding", "all_prompt")))
+    decoding = {"mixed": None, "all_decoding": True, "all_prompt": False}[kind]
+    rows = draw(st.lists(resident_rows(lim, decoding=decoding, max_pause_steps=max_pause_steps),
+                         min_size=size, max_size=size))
+    if rows and draw(st.booleans()):
+        # Arrival stamps of a real queue: unique, in some admission order.
+        stamps = draw(st.permutations(range(len(rows))))
+        rows = [r[:1] + (s,) + r[2:] for r, s in zip(rows, stamps)]
+    elif len(rows) > 1 and draw(st.booleans()):
+        dup = draw(st.integers(0, len(rows) - 1))
+        rows = [r[:1] + (rows[dup][1],) + r[2:] for r in rows]  # every arrival equal: index decides
+    return rows
+
+
+def ledgers(lim: StepPlannerLimits, as_array: bool | None = False,
+            max_pause_steps: int = 0) -> st.SearchStrategy[Any]:
+    """A valid ledger of 0..B rows: a list of :data:`Row` tuples, or a ``RESIDENT_DTYPE`` array.
+
+    ``as_array``: False for row tuples, True for arrays, None for either. ``max_pause_steps``
+    centres ``consecutive_paused_steps`` on that policy's release boundary.
+    """
+    rows = _row_lists(lim, max_pause_steps)
+    if as_array is None:
+        return st.one_of(rows, rows.map(as_resident_array))
+    return rows.map(as_resident_array) if as_array else rows
+
+
+@st.composite
+def planning_cases(draw: Any, lim: st.SearchStrategy[StepPlannerLimits] | None = None
+                   ) -> PlanningCase:
+    """Limits, a policy for them and a ledger for both, drawn together."""
+    chosen = draw(lim if lim is not None else limits())
+    policy = draw(policies(chosen))
+    rows = draw(_row_lists(chosen, policy.max_pause_steps))
+    return PlanningCase(chosen, policy, rows)
+
+
+# --- conversions ---------------------------------------------------------------------------------
+
+
+def as_resident_array(rows: Sequence[Row]) -> np.ndarray:
+    """Rows as a ``RESIDENT_DTYPE`` array, the zero-copy input of ``plan()``."""
+    return np.array([tuple(r) for r in rows], dtype=RESIDENT_DTYPE)
+
+
+def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = None) -> list[Any]:
+    """Rows (tuples or an array) as a list of ``ResidentState`` of ``resident_type``.
+
+    ``resident_type`` defaults to ``stepplanner.ResidentState``; pass the reference's class to
+    plan with the reference implementation.
+    """
+    if resident_type is None:
+        from . import ResidentState as resident_type  # the facade's choice of implementation
+    if isinstance(rows, np.ndarray):
+        rows = rows.tolist()
+    return [resident_type(*r) for r in rows]

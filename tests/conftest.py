@@ -1,0 +1,76 @@
+"""Shared fixtures: the ``core`` fixture runs a test on the compiled core and on the reference.
+
+STEPPLANNER_REQUIRE_COMPILED=1 (CI, cibuildwheel) turns a missing compiled core into a failure;
+STEPPLANNER_IMPL=python runs the reference only (platforms without a compiler).
+HYPOTHESIS_PROFILE selects "default" (local) or "ci" (more examples, derandomized).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "default",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=500,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
+REFERENCE_ONLY = os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python"
+
+
+def load_core(name: str):
+    """The implementation module for a ``core`` param, or skip/fail as the environment says."""
+    if name == "python":
+        return importlib.import_module("stepplanner._reference")
+    if REFERENCE_ONLY and not REQUIRE_COMPILED:
+        pytest.skip("STEPPLANNER_IMPL=python: reference-only run")
+    try:
+        return importlib.import_module("stepplanner._core")
+    except ImportError as exc:
+        if REQUIRE_COMPILED:
+            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but the compiled core is missing: {exc}")
+        pytest.skip(f"compiled core not built: {exc}")
+
+
+@pytest.fixture(scope="session", params=["compiled", "python"])
+def core(request):
+    """stepplanner._core or stepplanner._reference: StepPlanner, StepPlan, ResidentState."""
+    return load_core(request.param)
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """The compiled core alone (parity and allocation tests compare it with the reference)."""
+    return load_core("compiled")
+
+
+@pytest.fixture(scope="session")
+def reference():
+    return load_core("python")
+
+
+@pytest.fixture(scope="session")
+def make_planner(core):
+    """``make_planner(B, S_in, P, **options)``: a planner of ``core`` for resolved options."""
+    from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+
+    def build(b: int, s_in: int, p: int, **options):
+        limits = StepPlannerLimits(b, s_in, p)
+        policy = resolve_scheduling_policy(SchedulingOptions(**options), limits)
+        return core.StepPlanner(policy, limits)
+
+    return build
