@@ -26,7 +26,12 @@ directives = {
     "profile": False,
 }
 
-macros = [("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")]
+# Built against numpy 2.x, the module runs on any numpy from NPY_TARGET_VERSION on: keep it equal
+# to the runtime floor in pyproject.toml (numpy>=1.25), so an older numpy fails at import, loudly.
+macros = [
+    ("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION"),
+    ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION"),
+]
 if DEBUG:
     macros += [("STEPPLANNER_DEBUG", "1"), ("CYTHON_TRACE_NOGIL", "1")]
 
