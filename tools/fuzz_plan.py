@@ -1,0 +1,397 @@
+"""Coverage-guided fuzzing of stepplanner's public entry points with atheris (libFuzzer).
+
+Each input is decoded into a short engine episode: limits and scheduling options (valid or not),
+a policy (resolved, or hand-built), then up to ``MAX_STEPS`` calls of ``plan()`` on one compiled
+and one reference planner, each over the same ledger rows in a randomly chosen container (list,
+tuple, strided/reversed/unaligned/read-only array, wrong dtype, foreign elements, ...), with a
+fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The harness fails when
+
+* the two implementations disagree: on the plan, on the reasons codes, on the ledger rows after
+  ``apply_to``, or on ``(type, message)`` of an error;
+* any call raises something other than TypeError/ValueError/OverflowError (RuntimeError only
+  for an unresolved mode in the planner constructor);
+* a call that raised changed the previous plan (``to_dict`` before vs after);
+* an accepted plan breaks an invariant (``stepplanner.checks.check_plan`` when it exists);
+* the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
+
+The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
+the compiled core is not, unless it is rebuilt with ``-fsanitize=fuzzer-no-link`` (see
+docs/reliability.md), so coverage guidance reaches the core only through the Python around it.
+
+Run (libFuzzer flags pass through):
+    python tools/fuzz_plan.py -max_total_time=45             # CI smoke
+    python tools/fuzz_plan.py -max_total_time=900 corpus/    # longer, keeps a corpus
+    python tools/fuzz_plan.py crash-<sha1>                   # replay one input
+Inputs that hit an already reported problem (``KNOWN_ISSUES``, each with a failing test in
+tests/test_fuzz_regressions.py) are not generated, so the fuzzer explores past them;
+``-known=1`` generates them too. Remove an entry once its problem is fixed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import atheris
+import numpy as np
+
+with atheris.instrument_imports(include=["stepplanner"]):
+    import stepplanner
+    from stepplanner import _core, _reference
+
+try:
+    with atheris.instrument_imports(include=["stepplanner"]):
+        from stepplanner.checks import check_plan
+except ImportError:  # the invariant checker is optional: older trees do not have it
+    check_plan = None
+
+ALLOWED = (TypeError, ValueError, OverflowError)
+IMPLS = (_core, _reference)
+MAX_ROWS = 12
+MAX_STEPS = 6
+INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
+FIELDS = stepplanner.RESIDENT_DTYPE.names
+# Input kinds that hit a reported problem; not generated unless -known=1 (see module doc).
+KNOWN_ISSUES = {
+    "noncontiguous-reasons": "compiled refuses a strided reasons array, reference accepts it",
+    "mutating-count": "a count whose __index__ shrinks the list: compiled reads past the end",
+    "empty-reasons": "compiled refuses a valid zero-length reasons array (numpy gives it stride 0)",
+}
+INCLUDE_KNOWN = False
+
+
+class Disagreement(AssertionError):
+    """The two implementations (or an implementation and the contract) disagree."""
+
+
+# --- decoding bytes into values ------------------------------------------------------------
+
+
+INTERESTING = (0, 1, -1, 2, 16, 32, 64, INT32_MAX, INT32_MIN, INT32_MAX + 1, INT32_MIN - 1,
+               UINT64_MAX, UINT64_MAX + 1, 2**63, 2**100)
+
+
+def hostile_scalar(fdp: atheris.FuzzedDataProvider) -> object:
+    """A value of a type a caller should not pass for an integer field, or a boundary int."""
+    kind = fdp.ConsumeIntInRange(0, 11)
+    return [
+        None, 1.5, "3", b"\x01", True, np.int64(3), np.uint64(2**63), np.float64(2.0),
+        np.bool_(True), [1], fdp.PickValueInList(list(INTERESTING)), np.int8(-1),
+    ][kind]
+
+
+def int_or_hostile(fdp: atheris.FuzzedDataProvider, lo: int, hi: int) -> object:
+    if fdp.ConsumeProbability() < 0.9:
+        return fdp.ConsumeIntInRange(lo, hi)
+    return hostile_scalar(fdp)
+
+
+def make_limits(fdp: atheris.FuzzedDataProvider) -> object:
+    b = int_or_hostile(fdp, 1, MAX_ROWS)
+    s_in = int_or_hostile(fdp, 1, 80)
+    page = int_or_hostile(fdp, 1, 40)
+    return stepplanner.StepPlannerLimits(b, s_in, page)
+
+
+def make_options(fdp: atheris.FuzzedDataProvider, limits: object) -> object:
+    t_max = limits.t_max
+    page = limits.kv_page_size
+    mnt = 0 if fdp.ConsumeBool() else int_or_hostile(fdp, 0, t_max + 2)
+    mct = 0 if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 8) * page
+    if fdp.ConsumeProbability() < 0.05:
+        mct = hostile_scalar(fdp)
+    return stepplanner.SchedulingOptions(
+        ifb_scheduling_mode=int_or_hostile(fdp, 0, 2),
+        max_num_tokens=mnt,
+        max_chunk_tokens=mct,
+        scheduling_policy=int_or_hostile(fdp, 0, 1),
+        preemption=int_or_hostile(fdp, 0, 1),
+        priority_reserved_slots=int_or_hostile(fdp, 0, limits.max_batch_size),
+        max_pause_steps=int_or_hostile(fdp, 0, 4),
+    )
+
+
+def make_policy(fdp: atheris.FuzzedDataProvider, limits: object) -> object:
+    """Usually a resolved policy; sometimes a hand-built one the planner must check."""
+    if fdp.ConsumeProbability() < 0.85:
+        return stepplanner.resolve_scheduling_policy(make_options(fdp, limits), limits)
+    return stepplanner.ResolvedSchedulingPolicy(
+        mode=fdp.ConsumeIntInRange(0, 2),
+        max_num_tokens=fdp.ConsumeIntInRange(-1, limits.t_max + 2),
+        max_chunk_tokens=fdp.ConsumeIntInRange(-1, limits.t_max + 2),
+        scheduling_policy=fdp.ConsumeIntInRange(0, 1),
+        preemption=fdp.ConsumeIntInRange(0, 1),
+        priority_reserved_slots=fdp.ConsumeIntInRange(0, limits.max_batch_size),
+        max_pause_steps=fdp.ConsumeIntInRange(0, 3),
+    )
+
+
+def make_row(fdp: atheris.FuzzedDataProvider, s_in: int, arrival: int) -> tuple:
+    """One ledger row that fits RESIDENT_DTYPE; mostly plannable, sometimes not."""
+    decoding = fdp.ConsumeBool()
+    prompt = fdp.ConsumeIntInRange(1, s_in + 1)
+    committed = fdp.ConsumeIntInRange(prompt, prompt + 8) if decoding else \
+        fdp.ConsumeIntInRange(0, prompt - 1)
+    row = [fdp.ConsumeIntInRange(-2, 3), arrival, prompt, committed, decoding,
+           fdp.ConsumeIntInRange(0, 5)]
+    if fdp.ConsumeProbability() < 0.08:  # a boundary value in one field
+        field = fdp.ConsumeIntInRange(0, 5)
+        row[field] = fdp.PickValueInList(
+            [0, UINT64_MAX] if field == 1 else [False, True] if field == 4
+            else [INT32_MIN, -1, 0, INT32_MAX, INT32_MAX - 1])
+    return tuple(row)
+
+
+# --- running one call on both implementations ----------------------------------------------
+
+
+def outcome(fn, *args) -> tuple:
+    """("ok", value) or ("err", type name, message); other exception types are failures."""
+    try:
+        return ("ok", fn(*args))
+    except ALLOWED as exc:
+        return ("err", type(exc).__name__, str(exc))
+
+
+def same(what: str, a: tuple, b: tuple, context: object) -> None:
+    if a != b:
+        raise Disagreement(f"{what}: compiled={a!r}\nreference={b!r}\ncontext={context!r}")
+
+
+class Lane:
+    """One implementation's planner and its copy of the ledger rows."""
+
+    def __init__(self, impl, policy, limits) -> None:
+        self.impl = impl
+        self.planner = impl.StepPlanner(policy, limits)
+        self.container: object = None
+        self.plan = None  # the planner's one StepPlan, once a call has returned it
+
+    def plan_outcome(self, count: object, reasons: object) -> tuple:
+        before = None if self.plan is None else self.plan.to_dict()
+        result = outcome(self.planner.plan, self.container, count, reasons)
+        if result[0] == "ok":
+            self.plan = result[1]
+            return ("ok", self.plan.to_dict(), None if reasons is None else reasons.tolist())
+        after = None if self.plan is None else self.plan.to_dict()
+        if before != after:
+            raise Disagreement(f"{self.impl.IMPLEMENTATION}: a call that raised {result} "
+                               f"changed the previous plan {before} -> {after}")
+        return result
+
+
+def rows_of(container: object) -> list[tuple]:
+    if isinstance(container, np.ndarray):
+        return [tuple(r) for r in container.tolist()]
+    return [r._astuple() for r in container if hasattr(r, "_astuple")]  # drop a stray element
+
+
+def build_container(impl, rows: list[tuple], shape: int, foreign: object) -> object:
+    """The rows in the container kind ``shape`` (chosen once per step for both lanes)."""
+    if shape <= 2:  # list / tuple / list subclass of ResidentState
+        objs = [impl.ResidentState(*r) for r in rows]
+        if foreign is not None and objs:
+            objs[len(objs) // 2] = foreign
+        return tuple(objs) if shape == 1 else (_ListSub(objs) if shape == 2 else objs)
+    arr = np.array(rows, dtype=stepplanner.RESIDENT_DTYPE)
+    if shape == 3:
+        return arr
+    if shape == 4:  # every other row of a larger array
+        big = np.zeros(2 * len(rows), dtype=stepplanner.RESIDENT_DTYPE)
+        big[::2] = arr
+        return big[::2]
+    if shape == 5:  # reversed view, negative stride
+        return arr[::-1].copy()[::-1]
+    if shape == 6:  # unaligned rows inside a bytearray
+        raw = bytearray(1 + arr.nbytes)
+        view = np.frombuffer(raw, dtype=stepplanner.RESIDENT_DTYPE, offset=1, count=len(rows))
+        view[:] = arr
+        return view
+    if shape == 7:
+        arr.flags.writeable = False
+        return arr
+    if shape == 8:  # a wrong dtype must be refused, never reinterpreted
+        return arr.astype(stepplanner.RESIDENT_DTYPE.newbyteorder(">"))
+    if shape == 9:
+        return arr.view(np.uint8)
+    if shape == 10:
+        return arr.reshape(1, -1) if len(rows) else arr.reshape(0, 1)
+    return foreign  # not a container at all
+
+
+class _ListSub(list):
+    """A list subclass: accepted as a list, read through the generic sequence protocol."""
+
+
+def make_count(fdp: atheris.FuzzedDataProvider, n: int, lanes: list[Lane]) -> list[object]:
+    """One count per lane (a mutator needs each lane's own container)."""
+    roll = fdp.ConsumeProbability()
+    if roll < 0.5:
+        return [None] * len(lanes)
+    if roll < 0.85:
+        c = fdp.ConsumeIntInRange(-1, n + 1)
+        return [c] * len(lanes)
+    if roll < 0.97 or not INCLUDE_KNOWN:
+        c = hostile_scalar(fdp)
+        return [c] * len(lanes)
+    cut = fdp.ConsumeIntInRange(0, n)
+    return [_MutatingCount(lane.container, cut, n) for lane in lanes]
+
+
+class _MutatingCount:
+    """A count whose __index__ shrinks the residents list it is about to bound."""
+
+    def __init__(self, container: object, cut: int, value: int) -> None:
+        self.container, self.cut, self.value = container, cut, value
+
+    def __index__(self) -> int:
+        if isinstance(self.container, list):
+            del self.container[self.cut:]
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"_MutatingCount(cut={self.cut}, value={self.value})"
+
+
+def make_reasons(fdp: atheris.FuzzedDataProvider, n: int) -> tuple | None:
+    """A recipe for the reasons array (each lane gets a fresh array made from it)."""
+    roll = fdp.ConsumeProbability()
+    if roll < 0.55:
+        return None
+    if roll < 0.85:
+        length = n + fdp.ConsumeIntInRange(0, 2)
+        return ("ok", length if INCLUDE_KNOWN else max(length, 1))  # 0: empty-reasons
+    bad = fdp.ConsumeIntInRange(0, 5 if INCLUDE_KNOWN else 3)  # 4, 5: noncontiguous-reasons
+    return ("bad", bad, max(0, n + fdp.ConsumeIntInRange(-2, 1)))
+
+
+def reasons_from(recipe: tuple | None) -> object:
+    if recipe is None:
+        return None
+    kind, *rest = recipe
+    if kind == "ok":
+        return np.full(rest[0], 0xEE, dtype=np.uint8)
+    bad, length = rest
+    base = np.full(max(length, 1) * 2, 0xEE, dtype=np.uint8)
+    return [
+        base[:length].astype(np.int8),
+        base[:length].reshape(1, -1),
+        _readonly(base[:length]),
+        list(base[:length]),
+        base[: 2 * length : 2],  # noncontiguous-reasons
+        base[:length][::-1],  # noncontiguous-reasons
+    ][bad]
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def resident_state_parity(fdp: atheris.FuzzedDataProvider) -> None:
+    """Constructor and setters of ResidentState: same value or same error on both."""
+    values = [hostile_scalar(fdp) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-3, 3)
+              for _ in FIELDS]
+    field = fdp.PickValueInList(list(FIELDS))
+    late = hostile_scalar(fdp)
+    results = []
+    for impl in IMPLS:
+        made = outcome(impl.ResidentState, *values)
+        if made[0] == "ok":
+            obj = made[1]
+            before = obj._astuple()
+            set_result = outcome(setattr, obj, field, late)
+            if set_result[0] == "err" and obj._astuple() != before:
+                raise Disagreement(f"{impl.IMPLEMENTATION}: failed setter changed {before}")
+            made = ("ok", set_result[1:], obj._astuple())
+        results.append(made)
+    same("ResidentState", results[0], results[1], (values, field, late))
+
+
+# --- one episode ---------------------------------------------------------------------------
+
+
+def step(fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple],
+         limits: object) -> list[tuple]:
+    """Plan (and apply) one step on both lanes; return the ledger rows for the next step."""
+    shape = fdp.ConsumeIntInRange(0, 11)
+    foreign = None  # a stray element in a list, or the whole non-container argument
+    if shape == 11 or (shape <= 2 and fdp.ConsumeProbability() < 0.1):
+        foreign = fdp.PickValueInList([None, 7, "r", (0, 0, 1, 0, False, 0), {0: 1},
+                                       np.float64(1.0), range(3)])
+    for lane in lanes:
+        lane.container = build_container(lane.impl, rows, shape, foreign)
+    counts = make_count(fdp, len(rows), lanes)
+    recipe = make_reasons(fdp, len(rows))
+    results = [lane.plan_outcome(c, reasons_from(recipe))
+               for lane, c in zip(lanes, counts, strict=True)]
+    context = (rows, shape, counts[0], recipe)
+    same("plan", results[0], results[1], context)
+    if results[0][0] != "ok":
+        return rows
+    if check_plan is not None:
+        plan = lanes[1].plan
+        check_plan(lanes[1].planner.policy, limits, rows[: plan.num_residents], plan)
+    return apply_both(lanes, rows, context)
+
+
+def apply_both(lanes: list[Lane], rows: list[tuple], context: object) -> list[tuple]:
+    applied = []
+    for lane in lanes:
+        res = outcome(lane.plan.apply_to, lane.container)
+        after = rows_of(lane.container) if res[0] == "ok" else None
+        applied.append((res[0], res[1:] if res[0] == "err" else None, after))
+    same("apply_to", applied[0], applied[1], context)
+    return applied[1][2] if applied[1][0] == "ok" else rows
+
+
+def evolve(fdp: atheris.FuzzedDataProvider, rows: list[tuple], s_in: int,
+           next_arrival: int) -> list[tuple]:
+    """Between steps: retire finished decoders, admit new rows, as a runtime would."""
+    out = [r for r in rows if not (r[4] and fdp.ConsumeProbability() < 0.3)]
+    while len(out) < MAX_ROWS and fdp.ConsumeProbability() < 0.3:
+        out.append(make_row(fdp, s_in, next_arrival + len(out)))
+    if out and fdp.ConsumeProbability() < 0.2:
+        i = fdp.ConsumeIntInRange(0, len(out) - 1)
+        out.insert(0, out.pop(i))  # residents may be reordered; order must not care
+    return out
+
+
+def one_input(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    if fdp.ConsumeProbability() < 0.1:
+        resident_state_parity(fdp)
+    try:
+        limits = make_limits(fdp)
+        policy = make_policy(fdp, limits)
+    except ALLOWED:
+        return  # the config layer is shared by both implementations; it only had to refuse
+    try:
+        lanes_or_errors = [outcome(Lane, impl, policy, limits) for impl in IMPLS]
+    except RuntimeError as exc:  # an unresolved mode: both must say so
+        assert "cannot be planned" in str(exc), exc
+        return
+    if any(r[0] == "err" for r in lanes_or_errors):
+        same("StepPlanner()", lanes_or_errors[0], lanes_or_errors[1], policy)
+        return
+    lanes = [r[1] for r in lanes_or_errors]
+    s_in = limits.max_input_length
+    n = fdp.ConsumeIntInRange(0, min(MAX_ROWS, limits.max_batch_size + 1))
+    rows = [make_row(fdp, s_in, i) for i in range(n)]
+    arrival = n
+    for _ in range(fdp.ConsumeIntInRange(1, MAX_STEPS)):
+        rows = step(fdp, lanes, rows, limits)
+        rows = evolve(fdp, rows, s_in, arrival)
+        arrival += MAX_ROWS
+
+
+def main(argv: list[str]) -> None:
+    global INCLUDE_KNOWN
+    if "-known=1" in argv:
+        INCLUDE_KNOWN = True
+        argv = [a for a in argv if a != "-known=1"]
+    atheris.Setup(argv, one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
