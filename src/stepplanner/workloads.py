@@ -1,0 +1,277 @@
+"""Request workloads for the simulator: a seeded synthetic default and a loader for real traces.
+
+A workload is four aligned columns, one row per request, sorted by arrival:
+``arrival_time`` (seconds from the start), ``prompt_tokens``, ``output_tokens`` (>= 1: the chunk
+that completes the prompt yields the first one) and ``priority`` (lower is served first under
+``SchedulingPolicy.PRIORITY``; < 0 marks urgent requests that may use reserved slots).
+
+Trace files are CSV (a header row) or JSON Lines (one object per line) with the columns
+``arrival_time``, ``prompt_tokens``, ``output_tokens`` and optionally ``priority`` (default 0);
+other columns are ignored. Errors name the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_CLASSES",
+    "PriorityClass",
+    "Workload",
+    "load_trace",
+    "sample_trace_path",
+    "synthetic",
+]
+
+REQUIRED_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
+OPTIONAL_COLUMNS = ("priority",)
+INT32_MAX = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+    """Requests as columns; ``Workload(...)`` validates and sorts them stably by arrival."""
+
+    arrival_time: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    priority: np.ndarray
+    source: str = "arrays"
+
+    def __post_init__(self) -> None:
+        cols = {
+            "arrival_time": np.asarray(self.arrival_time, dtype=np.float64),
+            "prompt_tokens": _int_column("prompt_tokens", self.prompt_tokens),
+            "output_tokens": _int_column("output_tokens", self.output_tokens),
+            "priority": _int_column("priority", self.priority),
+        }
+        lengths = {name: col.shape for name, col in cols.items()}
+        if any(col.ndim != 1 for col in cols.values()) or len(set(lengths.values())) != 1:
+            raise ValueError(f"workload columns must be 1-D and of one length; got shapes {lengths}")
+        _check(cols["arrival_time"], "arrival_time", lambda a: np.isfinite(a) & (a >= 0),
+               "a finite number of seconds >= 0")
+        _check(cols["prompt_tokens"], "prompt_tokens", lambda a: a >= 1, ">= 1")
+        _check(cols["output_tokens"], "output_tokens", lambda a: a >= 1,
+               ">= 1 (the chunk completing the prompt yields the first output token)")
+        order = np.argsort(cols["arrival_time"], kind="stable")
+        for name, col in cols.items():
+            col = np.ascontiguousarray(col[order])
+            col.flags.writeable = False
+            object.__setattr__(self, name, col)
+
+    def __len__(self) -> int:
+        return len(self.arrival_time)
+
+    @property
+    def classes(self) -> list[int]:
+        """The distinct priority values, ascending."""
+        return sorted(int(p) for p in np.unique(self.priority))
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self)
+        span = float(self.arrival_time[-1] - self.arrival_time[0]) if n > 1 else 0.0
+        return {
+            "source": self.source,
+            "requests": n,
+            "duration_s": span,
+            "rate_per_s": (n - 1) / span if span > 0 else None,
+            "prompt_tokens_mean": float(self.prompt_tokens.mean()) if n else 0.0,
+            "output_tokens_mean": float(self.output_tokens.mean()) if n else 0.0,
+            "classes": {str(p): int((self.priority == p).sum()) for p in self.classes},
+        }
+
+    def to_csv(self, path: str | pathlib.Path) -> None:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow((*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS))
+            for row in zip(self.arrival_time, self.prompt_tokens, self.output_tokens,
+                           self.priority):
+                writer.writerow((f"{row[0]:.6f}", int(row[1]), int(row[2]), int(row[3])))
+
+
+def _int_column(name: str, values: Any) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"workload column {name} must hold integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < -INT32_MAX - 1 or arr.max() > INT32_MAX):
+        raise OverflowError(f"workload column {name} has values outside int32")
+    return arr.astype(np.int32)
+
+
+def _check(col: np.ndarray, name: str, ok: Any, allowed: str) -> None:
+    bad = np.flatnonzero(~ok(col))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"workload request {i}: {name}={col[i]!r} is out of range; "
+                         f"allowed: {allowed}")
+
+
+# --- synthetic -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """One class of traffic: its share of requests and lognormal length distributions.
+
+    Lengths are ``round(median * exp(sigma * N(0, 1)))``, clipped to [1, max]: long-tailed, as
+    prompt and output lengths of production chat traces are.
+    """
+
+    name: str
+    priority: int
+    share: float
+    prompt_median: float
+    prompt_sigma: float
+    output_median: float
+    output_sigma: float
+
+
+DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass("urgent", -1, 0.10, 256, 0.8, 64, 0.8),
+    PriorityClass("interactive", 0, 0.60, 512, 1.0, 160, 0.9),
+    PriorityClass("batch", 1, 0.30, 1024, 1.0, 320, 1.0),
+)
+
+
+def synthetic(requests: int = 6000, rate: float = 22.0, seed: int = 0,
+              classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
+              max_prompt: int = 4096, max_output: int = 2048) -> Workload:
+    """Poisson arrivals at ``rate`` requests/s; class drawn by share; lognormal lengths."""
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+        raise ValueError(f"requests={requests!r} is out of range; allowed: an integer >= 1")
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
+    for name, value in (("max_prompt", max_prompt), ("max_output", max_output)):
+        if not isinstance(value, int) or not 1 <= value <= INT32_MAX:
+            raise ValueError(f"{name}={value!r} is out of range; allowed: 1..{INT32_MAX}")
+    if not classes:
+        raise ValueError("classes is empty; allowed: at least one PriorityClass")
+    shares = np.array([c.share for c in classes], dtype=np.float64)
+    if not np.all(np.isfinite(shares) & (shares >= 0)) or shares.sum() <= 0:
+        raise ValueError(f"class shares {shares.tolist()} must be >= 0 with a positive sum")
+
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, size=requests))
+    arrival -= arrival[0]
+    which = rng.choice(len(classes), size=requests, p=shares / shares.sum())
+    z_prompt = rng.standard_normal(requests)
+    z_output = rng.standard_normal(requests)
+    table = np.array([(c.priority, c.prompt_median, c.prompt_sigma, c.output_median,
+                       c.output_sigma) for c in classes], dtype=np.float64)[which]
+    prompt = np.clip(np.rint(table[:, 1] * np.exp(table[:, 2] * z_prompt)), 1, max_prompt)
+    output = np.clip(np.rint(table[:, 3] * np.exp(table[:, 4] * z_output)), 1, max_output)
+    return Workload(arrival, prompt.astype(np.int32), output.astype(np.int32),
+                    table[:, 0].astype(np.int32),
+                    source=f"synthetic(requests={requests}, rate={rate:g}/s, seed={seed})")
+
+
+# --- traces --------------------------------------------------------------------------------
+
+
+def sample_trace_path() -> pathlib.Path:
+    """The small trace shipped with the package (synthetic, 300 requests; see docs)."""
+    return pathlib.Path(str(resources.files("stepplanner") / "data" / "sample_trace.csv"))
+
+
+def load_trace(path: str | pathlib.Path) -> Workload:
+    """Read a CSV (``.csv``) or JSON Lines (``.jsonl``/``.ndjson``) trace; see the module doc."""
+    path = pathlib.Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".jsonl", ".ndjson"):
+        raise ValueError(f"trace {path}: suffix {suffix!r} is not known; "
+                         "allowed: .csv, .jsonl, .ndjson")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"trace {path}: cannot be read ({exc.strerror})") from None
+    records = _csv_records(path, text) if suffix == ".csv" else _jsonl_records(path, text)
+    columns: dict[str, list[Any]] = {name: [] for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)}
+    for line, record in records:
+        for name in REQUIRED_COLUMNS:
+            if name not in record or record[name] in (None, ""):
+                raise ValueError(f"trace {path} line {line}: column {name!r} is missing; "
+                                 f"required: {', '.join(REQUIRED_COLUMNS)}")
+        columns["arrival_time"].append(_seconds(path, line, record["arrival_time"]))
+        for name, low in (("prompt_tokens", 1), ("output_tokens", 1)):
+            columns[name].append(_integer(path, line, name, record[name], low))
+        raw = record.get("priority")
+        columns["priority"].append(
+            0 if raw in (None, "") else _integer(path, line, "priority", raw, -INT32_MAX - 1))
+    if not columns["arrival_time"]:
+        raise ValueError(f"trace {path}: no requests")
+    return Workload(np.array(columns["arrival_time"], dtype=np.float64),
+                    np.array(columns["prompt_tokens"], dtype=np.int32),
+                    np.array(columns["output_tokens"], dtype=np.int32),
+                    np.array(columns["priority"], dtype=np.int32), source=str(path))
+
+
+def _csv_records(path: pathlib.Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [name for name in REQUIRED_COLUMNS if name not in header]
+    if missing:
+        raise ValueError(f"trace {path} line 1: header {header} lacks column(s) "
+                         f"{', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
+    reader.fieldnames = header
+    for row in reader:
+        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
+            continue
+        yield reader.line_num, {k: (v.strip() if isinstance(v, str) else v)
+                                for k, v in row.items()}
+
+
+def _jsonl_records(path: pathlib.Path, text: str) -> Iterable[tuple[int, Mapping[str, Any]]]:
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"trace {path} line {line}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"trace {path} line {line}: expected a JSON object, "
+                             f"got {type(record).__name__}")
+        yield line, record
+
+
+def _seconds(path: pathlib.Path, line: int, raw: Any) -> float:
+    try:
+        if isinstance(raw, bool):
+            raise ValueError
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"trace {path} line {line}: column 'arrival_time': {raw!r} is not a "
+                         "number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"trace {path} line {line}: column 'arrival_time': {raw!r} is out of "
+                         "range; allowed: a finite number of seconds >= 0")
+    return value
+
+
+def _integer(path: pathlib.Path, line: int, column: str, raw: Any, low: int) -> int:
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
+    elif isinstance(raw, str):
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None
+    if value is None:
+        raise ValueError(f"trace {path} line {line}: column {column!r}: {raw!r} is not an "
+                         "integer")
+    if not low <= value <= INT32_MAX:
+        raise ValueError(f"trace {path} line {line}: column {column!r}: {value} is out of range;"
+                         f" allowed: {low}..{INT32_MAX}")
+    return value
