@@ -13,6 +13,7 @@ an ``ImportError``, never a silent switch to the slow path.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ._policy import (
     ResolvedSchedulingPolicy,
@@ -40,7 +41,7 @@ if _IMPL == "python":
     from . import _reference as _impl
 elif _IMPL == "compiled":
     try:
-        from . import _core as _impl
+        from . import _core as _impl  # type: ignore[no-redef]  # same surface as _reference
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError(
             "stepplanner's compiled core (stepplanner._core) could not be imported: "
@@ -51,10 +52,15 @@ elif _IMPL == "compiled":
 else:
     raise ImportError(f"STEPPLANNER_IMPL={_IMPL!r} is not known; allowed: 'compiled' or 'python'")
 
-StepPlanner = _impl.StepPlanner
-StepPlan = _impl.StepPlan
-ResidentState = _impl.ResidentState
-IMPLEMENTATION: str = _impl.IMPLEMENTATION
+if TYPE_CHECKING:
+    # Type checkers see one surface, the compiled core's stub (_core.pyi); the reference has the
+    # same names and signatures (tests/test_api_surface.py), so the choice above cannot change it.
+    from ._core import IMPLEMENTATION, ResidentState, StepPlan, StepPlanner
+else:
+    StepPlanner = _impl.StepPlanner
+    StepPlan = _impl.StepPlan
+    ResidentState = _impl.ResidentState
+    IMPLEMENTATION = _impl.IMPLEMENTATION
 
 __all__ = [
     "IMPLEMENTATION",
