@@ -68,6 +68,12 @@ class PlanningCase(NamedTuple):
     rows: list[Row]
 
 
+_MODES = st.sampled_from(IfbSchedulingMode)
+_SCHEDULING = st.sampled_from(SchedulingPolicy)
+_PREEMPTION = st.sampled_from(PreemptionMode)
+_PAUSE_STEPS = st.one_of(st.just(0), st.integers(0, 4))
+
+
 def _rd(x: int, p: int) -> int:
     return x // p * p
 
@@ -91,11 +97,11 @@ def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrateg
     if lim is None:
         return st.builds(
             SchedulingOptions,
-            ifb_scheduling_mode=st.sampled_from(IfbSchedulingMode),
+            ifb_scheduling_mode=_MODES,
             max_num_tokens=st.integers(0, 4096),
             max_chunk_tokens=st.integers(0, 4096),
-            scheduling_policy=st.sampled_from(SchedulingPolicy),
-            preemption=st.sampled_from(PreemptionMode),
+            scheduling_policy=_SCHEDULING,
+            preemption=_PREEMPTION,
             priority_reserved_slots=st.integers(0, 16),
             max_pause_steps=st.integers(0, 8),
         )
@@ -107,8 +113,8 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
     b, p, t_max = lim.max_batch_size, lim.kv_page_size, lim.t_max
     feasible = _rd(t_max, p) >= b + p
     can_give = b + p <= t_max  # a given max_num_tokens needs [B + P, T_max] to be non-empty
-    mode = draw(st.sampled_from(IfbSchedulingMode))
-    max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(st.booleans()) else 0
+    mode = draw(_MODES)
+    max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(_BOOLS) else 0
     if max_num_tokens == 0 and not feasible:
         # Defaults need mixed batching to be feasible; MIXED must then be given a budget.
         if mode == IfbSchedulingMode.MIXED:
@@ -118,16 +124,16 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
                 max_num_tokens = draw(st.integers(b + p, t_max))
     effective = max_num_tokens or (min(-(-(512 + b) // p) * p, _rd(t_max, p)) if feasible else 0)
     max_chunk_tokens = 0
-    if effective - b >= p and draw(st.booleans()):
+    if effective - b >= p and draw(_BOOLS):
         max_chunk_tokens = p * draw(st.integers(1, (effective - b) // p))
     return SchedulingOptions(
         ifb_scheduling_mode=mode,
         max_num_tokens=max_num_tokens,
         max_chunk_tokens=max_chunk_tokens,
-        scheduling_policy=draw(st.sampled_from(SchedulingPolicy)),
-        preemption=draw(st.sampled_from(PreemptionMode)),
+        scheduling_policy=draw(_SCHEDULING),
+        preemption=draw(_PREEMPTION),
         priority_reserved_slots=draw(st.integers(0, b - 1)),
-        max_pause_steps=draw(st.one_of(st.just(0), st.integers(0, 4))),
+        max_pause_steps=draw(_PAUSE_STEPS),
     )
 
 
@@ -165,57 +171,68 @@ def _replace_mode(options: SchedulingOptions, mode: IfbSchedulingMode) -> Schedu
 # --- ledgers -------------------------------------------------------------------------------------
 
 
-def _priorities() -> st.SearchStrategy[int]:
-    return st.one_of(st.integers(-2, 2), st.integers(-(2**31), _INT32_MAX))
+_PRIORITIES = st.one_of(st.integers(-2, 2), st.integers(-(2**31), _INT32_MAX))
+_ARRIVALS = st.one_of(st.integers(0, 64), st.integers(0, _UINT64_MAX))
+_BOOLS = st.booleans()
 
 
-def _paused_steps(max_pause_steps: int) -> st.SearchStrategy[int]:
-    boundary = [v for v in (max_pause_steps - 1, max_pause_steps, max_pause_steps + 1) if v >= 0]
-    return st.one_of(st.sampled_from(boundary), st.integers(0, 3), st.just(_INT32_MAX))
+class _RowDraws:
+    """The per-field strategies of one ledger's rows, built once per ledger (building and
+    validating strategies per row costs more than drawing from them)."""
 
+    def __init__(self, lim: StepPlannerLimits, max_pause_steps: int) -> None:
+        s_in = lim.max_input_length
+        boundary = [v for v in (max_pause_steps - 1, max_pause_steps, max_pause_steps + 1)
+                    if v >= 0]
+        self.p = lim.kv_page_size
+        self.paused_steps = st.one_of(st.sampled_from(boundary), st.integers(0, 3),
+                                      st.just(_INT32_MAX))
+        self.prompt = st.integers(1, s_in)
+        self.decoded_prompt = st.integers(0, 2 * s_in)
+        self.overshoot = st.one_of(st.integers(0, 64), st.integers(0, _INT32_MAX - 2 * s_in))
+        self.fraction = st.integers(0, _INT32_MAX)
 
-@st.composite
-def _committed_prompt(draw: Any, lim: StepPlannerLimits) -> tuple[int, int]:
-    """(prompt_length, committed) of a prompt-incomplete row, committed often on a page end."""
-    prompt_length = draw(st.integers(1, lim.max_input_length))
-    p = lim.kv_page_size
-    on_page = [c for c in range(0, prompt_length, p)][:8]
-    committed = draw(st.one_of(st.sampled_from(on_page), st.integers(0, prompt_length - 1)))
-    return prompt_length, committed
+    def row(self, draw: Any, decoding: bool | None) -> Row:
+        if decoding is None:
+            decoding = draw(_BOOLS)
+        if decoding:
+            prompt_length = draw(self.decoded_prompt)
+            committed = prompt_length + draw(self.overshoot)
+        else:
+            prompt_length = draw(self.prompt)
+            # committed often on a page end, else anywhere (a reused prefix ends mid-page)
+            committed = draw(self.fraction) % prompt_length
+            if draw(_BOOLS):
+                committed -= committed % self.p
+        return (draw(_PRIORITIES), draw(_ARRIVALS), prompt_length, committed, bool(decoding),
+                draw(self.paused_steps))
 
 
 @st.composite
 def resident_rows(draw: Any, lim: StepPlannerLimits, *, decoding: bool | None = None,
                   max_pause_steps: int = 0) -> Row:
     """One valid ledger row for ``lim``: prompt-incomplete or decoding (both when None)."""
-    if decoding is None:
-        decoding = draw(st.booleans())
-    if decoding:
-        prompt_length = draw(st.integers(0, 2 * lim.max_input_length))
-        committed = draw(st.one_of(st.integers(prompt_length, prompt_length + 64),
-                                   st.integers(0, _INT32_MAX)))
-    else:
-        prompt_length, committed = draw(_committed_prompt(lim))
-    arrival = draw(st.one_of(st.integers(0, 64), st.integers(0, _UINT64_MAX)))
-    return (draw(_priorities()), arrival, prompt_length, committed, bool(decoding),
-            draw(_paused_steps(max_pause_steps)))
+    return _RowDraws(lim, max_pause_steps).row(draw, decoding)
+
+
+_KINDS = st.sampled_from((None, None, True, False))  # mixed, all decoding, all prompt
+_ARRIVAL_STYLE = st.sampled_from(("drawn", "unique", "all_equal"))
 
 
 @st.composite
 def _row_lists(draw: Any, lim: StepPlannerLimits, max_pause_steps: int) -> list[Row]:
-    size = draw(st.one_of(st.just(0), st.just(lim.max_batch_size),
-                          st.integers(0, lim.max_batch_size)))
-    kind = draw(st.sampled_from(("mixed", "mixed", "all_decoding", "all_prompt")))
-    decoding = {"mixed": None, "all_decoding": True, "all_prompt": False}[kind]
-    rows = draw(st.lists(resident_rows(lim, decoding=decoding, max_pause_steps=max_pause_steps),
-                         min_size=size, max_size=size))
-    if rows and draw(st.booleans()):
+    b = lim.max_batch_size
+    size = draw(st.one_of(st.just(0), st.just(b), st.integers(0, b)))
+    decoding = draw(_KINDS)
+    fields = _RowDraws(lim, max_pause_steps)
+    rows = [fields.row(draw, decoding) for _ in range(size)]
+    style = draw(_ARRIVAL_STYLE)
+    if rows and style == "unique":
         # Arrival stamps of a real queue: unique, in some admission order.
         stamps = draw(st.permutations(range(len(rows))))
         rows = [r[:1] + (s,) + r[2:] for r, s in zip(rows, stamps)]
-    elif len(rows) > 1 and draw(st.booleans()):
-        dup = draw(st.integers(0, len(rows) - 1))
-        rows = [r[:1] + (rows[dup][1],) + r[2:] for r in rows]  # every arrival equal: index decides
+    elif len(rows) > 1 and style == "all_equal":
+        rows = [r[:1] + (rows[0][1],) + r[2:] for r in rows]  # every arrival equal: index decides
     return rows
 
 
