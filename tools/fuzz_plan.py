@@ -24,7 +24,8 @@ Run (libFuzzer flags pass through):
     python tools/fuzz_plan.py crash-<sha1>                   # replay one input
 Inputs that hit an already reported problem (``KNOWN_ISSUES``, each with a failing test in
 tests/test_fuzz_regressions.py) are not generated, so the fuzzer explores past them;
-``-known=1`` generates them too. Remove an entry once its problem is fixed.
+``-known=1`` generates them all, ``-known=NAME,NAME`` some. Remove an entry once its problem
+is fixed.
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ FIELDS = stepplanner.RESIDENT_DTYPE.names
 KNOWN_ISSUES = {
     "noncontiguous-reasons": "compiled refuses a strided reasons array, reference accepts it",
     "mutating-count": "a count whose __index__ shrinks the list: compiled reads past the end",
+    "shifty-list": "a list subclass whose __getitem__ changes its answer: compiled apply_to "
+                   "writes into whatever object the second read returns",
     "empty-reasons": "compiled refuses a valid zero-length reasons array (numpy gives it stride 0)",
 }
-INCLUDE_KNOWN = False
+INCLUDE_KNOWN: set[str] = set()
 
 
 class Disagreement(AssertionError):
@@ -182,7 +185,8 @@ class Lane:
 def rows_of(container: object) -> list[tuple]:
     if isinstance(container, np.ndarray):
         return [tuple(r) for r in container.tolist()]
-    return [r._astuple() for r in container if hasattr(r, "_astuple")]  # drop a stray element
+    items = list.__iter__(container) if isinstance(container, list) else container
+    return [r._astuple() for r in items if hasattr(r, "_astuple")]  # drop a stray element
 
 
 def build_container(impl, rows: list[tuple], shape: int, foreign: object) -> object:
@@ -191,6 +195,8 @@ def build_container(impl, rows: list[tuple], shape: int, foreign: object) -> obj
         objs = [impl.ResidentState(*r) for r in rows]
         if foreign is not None and objs:
             objs[len(objs) // 2] = foreign
+        if shape == 2 and "shifty-list" in INCLUDE_KNOWN:
+            return _ShiftyList(objs)
         return tuple(objs) if shape == 1 else (_ListSub(objs) if shape == 2 else objs)
     arr = np.array(rows, dtype=stepplanner.RESIDENT_DTYPE)
     if shape == 3:
@@ -222,6 +228,23 @@ class _ListSub(list):
     """A list subclass: accepted as a list, read through the generic sequence protocol."""
 
 
+class _ShiftyList(list):
+    """Answers each index truthfully once, then with an immutable bytes object: a reader that
+    checks one read and uses another writes into memory it does not own."""
+
+    def __init__(self, items: list) -> None:
+        super().__init__(items)
+        self.reads: set[int] = set()
+        self.victim = bytes(bytearray(64))  # a fresh object, not the interned constant
+
+    def __getitem__(self, index):
+        if isinstance(index, int) and index in self.reads:
+            return self.victim
+        if isinstance(index, int):
+            self.reads.add(index)
+        return super().__getitem__(index)
+
+
 def make_count(fdp: atheris.FuzzedDataProvider, n: int, lanes: list[Lane]) -> list[object]:
     """One count per lane (a mutator needs each lane's own container)."""
     roll = fdp.ConsumeProbability()
@@ -230,7 +253,7 @@ def make_count(fdp: atheris.FuzzedDataProvider, n: int, lanes: list[Lane]) -> li
     if roll < 0.85:
         c = fdp.ConsumeIntInRange(-1, n + 1)
         return [c] * len(lanes)
-    if roll < 0.97 or not INCLUDE_KNOWN:
+    if roll < 0.97 or "mutating-count" not in INCLUDE_KNOWN:
         c = hostile_scalar(fdp)
         return [c] * len(lanes)
     cut = fdp.ConsumeIntInRange(0, n)
@@ -259,8 +282,8 @@ def make_reasons(fdp: atheris.FuzzedDataProvider, n: int) -> tuple | None:
         return None
     if roll < 0.85:
         length = n + fdp.ConsumeIntInRange(0, 2)
-        return ("ok", length if INCLUDE_KNOWN else max(length, 1))  # 0: empty-reasons
-    bad = fdp.ConsumeIntInRange(0, 5 if INCLUDE_KNOWN else 3)  # 4, 5: noncontiguous-reasons
+        return ("ok", length if "empty-reasons" in INCLUDE_KNOWN else max(length, 1))
+    bad = fdp.ConsumeIntInRange(0, 5 if "noncontiguous-reasons" in INCLUDE_KNOWN else 3)
     return ("bad", bad, max(0, n + fdp.ConsumeIntInRange(-2, 1)))
 
 
@@ -337,7 +360,12 @@ def step(fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple],
 def apply_both(lanes: list[Lane], rows: list[tuple], context: object) -> list[tuple]:
     applied = []
     for lane in lanes:
+        if isinstance(lane.container, _ShiftyList):
+            lane.container.reads.clear()
         res = outcome(lane.plan.apply_to, lane.container)
+        if isinstance(lane.container, _ShiftyList) and lane.container.victim != bytes(64):
+            raise Disagreement(f"{lane.impl.IMPLEMENTATION}: apply_to wrote into an immutable "
+                               f"bytes object: {lane.container.victim!r}")
         after = rows_of(lane.container) if res[0] == "ok" else None
         applied.append((res[0], res[1:] if res[0] == "err" else None, after))
     same("apply_to", applied[0], applied[1], context)
@@ -385,10 +413,10 @@ def one_input(data: bytes) -> None:
 
 
 def main(argv: list[str]) -> None:
-    global INCLUDE_KNOWN
-    if "-known=1" in argv:
-        INCLUDE_KNOWN = True
-        argv = [a for a in argv if a != "-known=1"]
+    for arg in [a for a in argv if a.startswith("-known=")]:
+        names = arg.split("=", 1)[1]
+        INCLUDE_KNOWN.update(KNOWN_ISSUES if names == "1" else names.split(","))
+        argv.remove(arg)
     atheris.Setup(argv, one_input)
     atheris.Fuzz()
 
