@@ -111,7 +111,7 @@ def _check(col: np.ndarray, name: str, ok: Any, allowed: str) -> None:
     bad = np.flatnonzero(~ok(col))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"workload request {i}: {name}={col[i]!r} is out of range; "
+        raise ValueError(f"workload request {i}: {name}={col[i].item()!r} is out of range; "
                          f"allowed: {allowed}")
 
 

@@ -1,0 +1,93 @@
+"""Synthetic workloads and the trace loader (CSV/JSONL, errors naming line and column)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from stepplanner.workloads import Workload, load_trace, sample_trace_path, synthetic
+
+
+def test_synthetic_is_seeded_sorted_and_has_three_classes() -> None:
+    a, b = synthetic(requests=3000, rate=20.0, seed=3), synthetic(requests=3000, rate=20.0, seed=3)
+    assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert not np.array_equal(a.prompt_tokens, synthetic(requests=3000, rate=20.0, seed=4).prompt_tokens)
+    assert np.all(np.diff(a.arrival_time) >= 0) and a.arrival_time[0] == 0
+    assert a.classes == [-1, 0, 1]
+    gaps = np.diff(a.arrival_time)
+    assert abs(gaps.mean() * 20.0 - 1) < 0.1  # Poisson: mean gap 1/rate
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.1  # exponential gaps: CV 1
+    # Long tails: the largest prompt is far above the median.
+    assert a.prompt_tokens.max() > 5 * np.median(a.prompt_tokens)
+    assert a.prompt_tokens.min() >= 1 and a.prompt_tokens.max() <= 4096
+    assert a.output_tokens.min() >= 1
+
+
+@pytest.mark.parametrize(("kw", "match"), [({"requests": 0}, "requests=0"),
+                                           ({"rate": 0.0}, "rate=0.0"),
+                                           ({"max_prompt": 0}, "max_prompt=0")])
+def test_synthetic_rejects_bad_arguments(kw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        synthetic(**kw)
+
+
+def test_workload_validates_and_sorts_stably() -> None:
+    w = Workload(np.array([2.0, 1.0, 1.0]), np.array([5, 6, 7]), np.array([1, 2, 3]),
+                 np.array([0, 0, 0]))
+    assert w.prompt_tokens.tolist() == [6, 7, 5]
+    with pytest.raises(ValueError, match="output_tokens=0 is out of range"):
+        Workload(np.array([0.0]), np.array([5]), np.array([0]), np.array([0]))
+    with pytest.raises(ValueError, match="arrival_time=-1.0"):
+        Workload(np.array([-1.0]), np.array([5]), np.array([1]), np.array([0]))
+    with pytest.raises(TypeError, match="prompt_tokens must hold integers"):
+        Workload(np.array([0.0]), np.array([5.5]), np.array([1]), np.array([0]))
+    with pytest.raises(ValueError, match="one length"):
+        Workload(np.array([0.0, 1.0]), np.array([5]), np.array([1]), np.array([0]))
+
+
+def test_sample_trace_ships_with_the_package() -> None:
+    w = load_trace(sample_trace_path())
+    assert len(w) == 300 and w.classes == [-1, 0, 1]
+
+
+def test_csv_and_jsonl_round_trip(tmp_path: pathlib.Path) -> None:
+    w = synthetic(requests=50, seed=2)
+    w.to_csv(tmp_path / "t.csv")
+    back = load_trace(tmp_path / "t.csv")
+    assert np.allclose(back.arrival_time, w.arrival_time, atol=1e-6)
+    assert back.output_tokens.tolist() == w.output_tokens.tolist()
+    lines = [json.dumps({"arrival_time": float(t), "prompt_tokens": int(p),
+                         "output_tokens": int(o), "extra": "ignored"})
+             for t, p, o in zip(w.arrival_time, w.prompt_tokens, w.output_tokens)]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n\n")
+    j = load_trace(tmp_path / "t.jsonl")
+    assert j.prompt_tokens.tolist() == w.prompt_tokens.tolist()
+    assert set(j.priority.tolist()) == {0}  # priority is optional
+
+
+@pytest.mark.parametrize(("name", "text", "match"), [
+    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,1\n1,x,2\n",
+     r"line 3: column 'prompt_tokens': 'x' is not an integer"),
+    ("a.csv", "arrival_time,prompt_tokens\n0,5\n", r"line 1: header .* lacks column\(s\) output_tokens"),
+    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n-2,5,1\n", r"line 2: column 'arrival_time'"),
+    ("a.csv", "arrival_time,prompt_tokens,output_tokens,priority\n0,5,0,1\n",
+     r"line 2: column 'output_tokens': 0 is out of range"),
+    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,\n", r"line 2: column 'output_tokens' is missing"),
+    ("a.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 1}\n{oops\n',
+     r"line 2: not valid JSON"),
+    ("a.jsonl", '[1, 2]\n', r"line 1: expected a JSON object"),
+    ("a.jsonl", '{"arrival_time": 0, "prompt_tokens": 5.5, "output_tokens": 1}\n',
+     r"line 1: column 'prompt_tokens': 5.5 is not an integer"),
+    ("a.jsonl", '{"arrival_time": true, "prompt_tokens": 5, "output_tokens": 1}\n',
+     r"line 1: column 'arrival_time'"),
+    ("a.txt", "", r"suffix '.txt' is not known"),
+    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n", "no requests"),
+])
+def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, text: str,
+                                           match: str) -> None:
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_trace(tmp_path / name)
