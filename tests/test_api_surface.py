@@ -1,0 +1,150 @@
+"""The public surface: SPEC §4's names, enum values, dtype fields, the same surface on both
+implementations, and the STEPPLANNER_IMPL switch."""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib.resources
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+import stepplanner
+
+SPEC_NAMES = {
+    "StepPlanner", "StepPlan", "PlannedSequence", "ResidentState", "StepPlannerLimits",
+    "SchedulingOptions", "ResolvedSchedulingPolicy", "resolve_scheduling_policy",
+    "SchedulingPolicy", "IfbSchedulingMode", "PreemptionMode", "SequenceWork", "RESIDENT_DTYPE",
+}
+IMPLEMENTATION_NAMES = {"IMPLEMENTATION", "StepPlanner", "StepPlan", "ResidentState"}
+RESIDENT_FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
+                   "consecutive_paused_steps")
+
+
+def test_all_lists_spec_names_and_they_import():
+    assert SPEC_NAMES <= set(stepplanner.__all__)
+    for name in stepplanner.__all__:
+        assert hasattr(stepplanner, name), name
+    assert len(stepplanner.__all__) == len(set(stepplanner.__all__))
+
+
+@pytest.mark.parametrize(("enum_type", "members"), [
+    (stepplanner.SchedulingPolicy, {"FCFS": 0, "PRIORITY": 1}),
+    (stepplanner.IfbSchedulingMode, {"AUTO": 0, "MIXED": 1, "PREFILL_FIRST": 2}),
+    (stepplanner.PreemptionMode, {"NONE": 0, "PAUSE": 1}),
+    (stepplanner.SequenceWork, {"CONTEXT": 0, "DECODE": 1}),
+])
+def test_enums(enum_type, members):
+    assert issubclass(enum_type, enum.IntEnum)
+    assert {m.name: int(m) for m in enum_type} == members
+
+
+def test_dtype_and_record_fields():
+    assert stepplanner.RESIDENT_DTYPE.names == RESIDENT_FIELDS
+    assert stepplanner.PlannedSequence._fields == (
+        "resident", "work", "past_length", "query_length", "select_last_token_logits")
+    assert [f.name for f in __import__("dataclasses").fields(stepplanner.StepPlannerLimits)] == [
+        "max_batch_size", "max_input_length", "kv_page_size"]
+
+
+def test_facade_uses_the_compiled_core_by_default(compiled):
+    if os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python":
+        pytest.skip("this run selected the reference")
+    assert stepplanner.IMPLEMENTATION == "compiled"
+    assert stepplanner.StepPlanner is compiled.StepPlanner
+
+
+def _public(obj):
+    return {n for n in dir(obj) if not n.startswith("_")}
+
+
+def test_implementations_export_the_contract(core):
+    assert IMPLEMENTATION_NAMES <= _public(core)
+    assert core.IMPLEMENTATION in ("compiled", "python")
+
+
+def _instance_surface(obj):
+    # The reference reaches ResidentState fields through __getattr__, so dir() misses them.
+    return _public(obj) | {f for f in RESIDENT_FIELDS if hasattr(obj, f)}
+
+
+def test_same_class_surface(compiled, reference):
+    assert _public(compiled.StepPlanner) == _public(reference.StepPlanner)
+    assert (_instance_surface(compiled.ResidentState())
+            == _instance_surface(reference.ResidentState()) >= set(RESIDENT_FIELDS))
+    from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+
+    lim = StepPlannerLimits(2, 16, 16)
+    policy = resolve_scheduling_policy(SchedulingOptions(), lim)
+    plans = [m.StepPlanner(policy, lim).plan([]) for m in (compiled, reference)]
+    assert _public(plans[0]) == _public(plans[1])  # plan attributes, however each defines them
+
+
+def _comparable(signature):
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+
+def test_same_method_signatures(compiled, reference):
+    for cls in ("StepPlanner", "StepPlan", "ResidentState"):
+        for name in sorted(_public(getattr(reference, cls))):
+            ours, theirs = getattr(getattr(reference, cls), name), getattr(getattr(compiled, cls), name)
+            if not callable(ours):
+                continue
+            assert _comparable(inspect.signature(ours)) == _comparable(inspect.signature(theirs)), (
+                f"{cls}.{name}")
+
+
+def _stub_inits():
+    """Constructor parameters as the compiled core's stub declares them (extension types
+    do not expose ``__init__`` signatures to ``inspect``)."""
+    text = importlib.resources.files("stepplanner").joinpath("_core.pyi").read_text("utf-8")
+    inits = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    inits[node.name] = [a.arg for a in item.args.args[1:] + item.args.kwonlyargs]
+    return inits
+
+
+def test_constructors_match_the_stub(reference):
+    stub = _stub_inits()
+    for cls in ("StepPlanner", "ResidentState"):
+        params = list(inspect.signature(getattr(reference, cls)).parameters)
+        assert stub[cls] == params, cls
+    assert list(inspect.signature(reference.ResidentState).parameters) == list(RESIDENT_FIELDS)
+
+
+def _import_in_subprocess(impl):
+    env = dict(os.environ)
+    env.pop("STEPPLANNER_IMPL", None)
+    if impl is not None:
+        env["STEPPLANNER_IMPL"] = impl
+    code = ("import stepplanner; print(stepplanner.IMPLEMENTATION, "
+            "stepplanner.StepPlanner.__module__)")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("impl", ["python", " Python "])
+def test_impl_switch_selects_the_reference(impl):
+    result = _import_in_subprocess(impl)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["python", "stepplanner._reference"]
+
+
+def test_impl_switch_default_is_compiled(compiled):
+    result = _import_in_subprocess(None)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["compiled", "stepplanner._core"]
+
+
+def test_unknown_impl_is_an_import_error():
+    result = _import_in_subprocess("pypy")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "STEPPLANNER_IMPL='pypy'" in result.stderr and "'compiled' or 'python'" in result.stderr
