@@ -9,6 +9,7 @@ budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diff
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
 import time
@@ -528,7 +529,7 @@ def replay_command(record_file: Any, config_text: str, show: int, as_json: bool)
 def bench_command(args: tuple[str, ...]) -> None:
     """Planner micro-benchmarks: every argument goes to stepplanner.bench (try: bench --help)."""
     try:
-        from . import bench
+        bench = importlib.import_module("stepplanner.bench")
     except ModuleNotFoundError as exc:
         if exc.name != "stepplanner.bench":
             raise
