@@ -169,7 +169,7 @@ limit_options = _compose(
 )
 
 
-def _choice(enum: Any) -> click.Choice:
+def _choice(enum: Any) -> click.Choice[str]:
     return click.Choice([m.name.lower() for m in enum], case_sensitive=False)
 
 
@@ -670,7 +670,7 @@ def _print_replay(console: Console, result: Any, show: int) -> None:
 
 def _require_matplotlib() -> None:
     try:
-        import matplotlib  # noqa: F401
+        importlib.import_module("matplotlib")
     except ImportError:
         raise click.ClickException(
             "--plot needs matplotlib, which is not installed; install it with: "
@@ -678,10 +678,9 @@ def _require_matplotlib() -> None:
 
 
 def _plot(result: SimulationResult, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Imported by name: matplotlib is optional and has no stubs where it is not installed.
+    importlib.import_module("matplotlib").use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
 
     w = result.workload
     ttft = result.latencies()["ttft"]

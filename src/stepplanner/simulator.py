@@ -463,7 +463,7 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
 
 
 def _next_record(it: Iterable[tuple[int, str]]) -> tuple[int, dict[str, Any]] | None:
-    for line, raw in it:  # type: ignore[union-attr]
+    for line, raw in it:
         if not raw.strip():
             continue
         try:
