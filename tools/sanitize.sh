@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Build the compiled core with AddressSanitizer + UndefinedBehaviorSanitizer and run the test
+# suite against that build. Nothing outside a fresh temp dir is touched: the source is copied,
+# built and installed into a throwaway venv (never the developer's venv or .venv).
+#
+#   tools/sanitize.sh                 # the working tree as it is (tracked + untracked files)
+#   tools/sanitize.sh --head          # the last commit instead
+#   tools/sanitize.sh -- -k hostile   # extra pytest arguments after --
+#
+# Env: PYTHON (interpreter for the venv, default python3), KEEP=1 keeps the temp dir.
+# CPython is not built with ASan, so the ASan runtime is LD_PRELOADed into the python process;
+# detect_leaks=0 because CPython frees little at exit by design; PYTHONMALLOC=malloc routes
+# Python objects through malloc so ASan sees them too. Exit status: pytest's, or 3 when a
+# sanitizer report appears in the log even though pytest passed (e.g. in a subprocess).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-python3}
+use_head=0
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --head) use_head=1 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    *) echo "sanitize.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+work=$(mktemp -d /tmp/stepplanner-sanitize.XXXXXX)
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$work"' EXIT
+echo "sanitize: work dir $work"
+
+mkdir -p "$work/src"
+if [ "$use_head" = 1 ]; then
+  git -C "$repo" archive HEAD | tar -x -C "$work/src"
+else
+  (cd "$repo" && git ls-files -co --exclude-standard -z | grep -zv '\.so$' |
+    xargs -0 cp --parents -t "$work/src")
+fi
+rm -f "$work/src/src/stepplanner/_core.c"  # regenerate from the .pyx being tested
+
+"$python" -m venv "$work/venv"
+pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
+"${pip[@]}" install "numpy>=2.0" "pytest>=8" "hypothesis>=6.100" "pytest-benchmark>=4"
+
+san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+echo "sanitize: building with CC=gcc CFLAGS=\"$san -g -O1\""
+CC=gcc CFLAGS="$san -g -O1" LDFLAGS="-fsanitize=address,undefined" \
+  "${pip[@]}" install --no-cache-dir "$work/src"
+
+asan_rt=$(gcc -print-file-name=libasan.so)
+ubsan_rt=$(gcc -print-file-name=libubsan.so)
+if ! ldd "$work"/venv/lib/python3*/site-packages/stepplanner/_core*.so | grep -q libasan; then
+  echo "sanitize: the built _core is not linked against libasan; refusing to report a pass" >&2
+  exit 2
+fi
+
+log="$work/pytest.log"
+status=0
+(
+  cd "$work/src"
+  env LD_PRELOAD="$asan_rt:$ubsan_rt" \
+      ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1:print_stacktrace=1" \
+      UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
+      PYTHONMALLOC=malloc STEPPLANNER_REQUIRE_COMPILED=1 \
+      "$work/venv/bin/python" -m pytest -q -p no:cacheprovider "${pytest_args[@]}"
+) 2>&1 | tee "$log" || status=${PIPESTATUS[0]}
+
+if grep -qE "ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer" "$log"; then
+  echo "sanitize: SANITIZER REPORTS (first ones below; full log $log)" >&2
+  grep -nE -A12 "ERROR: AddressSanitizer|runtime error:" "$log" | head -80 >&2
+  [ "$status" != 0 ] || status=3
+else
+  echo "sanitize: no AddressSanitizer/UBSan report in the run"
+fi
+exit "$status"
