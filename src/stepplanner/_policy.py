@@ -142,7 +142,10 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
                 f"rd(T_max)={_rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
                 f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
             )
-        max_num_tokens = min(_ru(DEFAULT_TOKEN_TARGET + b, p), _rd(t_max, p))
+        # SPEC's min(ru(512 + B), rd(T_max)), but never below B + P: with pages over 512 tokens
+        # the letter would give a budget that breaks its own range and the guarantee that the
+        # first prompt always gets a chunk beside B decode rows.
+        max_num_tokens = min(_ru(b + max(DEFAULT_TOKEN_TARGET, p), p), _rd(t_max, p))
     elif not b + p <= max_num_tokens <= t_max:
         raise _errors.out_of_range(
             "max_num_tokens", max_num_tokens,

@@ -153,10 +153,14 @@ class StepPlan:
 
     def as_array(self) -> np.ndarray:
         """The sequences as a ``SEQUENCE_DTYPE`` array (a copy here; a view in the core)."""
-        return np.array([tuple(r) for r in self._rows], dtype=SEQUENCE_DTYPE)
+        rows = np.array([tuple(r) for r in self._rows], dtype=SEQUENCE_DTYPE)
+        rows.flags.writeable = False  # read-only like the core's views
+        return rows
 
     def paused_array(self) -> np.ndarray:
-        return np.array(self._paused, dtype=np.int32)
+        paused = np.array(self._paused, dtype=np.int32)
+        paused.flags.writeable = False
+        return paused
 
     def copy(self) -> StepPlan:
         other = StepPlan()
@@ -231,14 +235,15 @@ def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
             raise _errors.array_ndim(residents.ndim)
     elif not isinstance(residents, (list, tuple)):
         raise _errors.residents_type(residents)
-    length = len(residents)
-    if count is None:
-        count = length
-    else:
+    if count is not None:
         try:
             count = operator.index(count)
         except TypeError:
             raise _errors.not_integer("count", count) from None
+    # Measured after count.__index__ ran: user code there may have changed the list.
+    length = len(residents)
+    if count is None:
+        count = length
     if count < 0:
         raise _errors.count_negative(count)
     if count > max_batch_size:
@@ -292,6 +297,8 @@ def _check_reasons(reasons: Any, count: int) -> None:
         raise _errors.reasons_array("is read-only")
     if len(reasons) < count:
         raise _errors.reasons_array(f"has len {len(reasons)} < count={count}")
+    if not reasons.flags.c_contiguous:
+        raise _errors.reasons_array("is not contiguous")
 
 
 class StepPlanner:
@@ -401,6 +408,8 @@ def _apply(plan: Any, residents: Any) -> None:
     if len(residents) < n:
         raise _errors.apply_length(len(residents), n)
     if not is_array:
+        # One read of each element: the checks and the writes must see the same objects.
+        residents = tuple(residents)[:n]
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
