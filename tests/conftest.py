@@ -21,7 +21,7 @@ settings.register_profile(
 settings.register_profile(
     "ci",
     deadline=None,
-    max_examples=500,
+    max_examples=300,
     derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -148,3 +148,32 @@ def test_unknown_impl_is_an_import_error():
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "STEPPLANNER_IMPL='pypy'" in result.stderr and "'compiled' or 'python'" in result.stderr
+
+
+_BLOCKED_CORE_RUN = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "stepplanner._core":
+            raise ImportError("blocked: no compiled core in this run")
+sys.meta_path.insert(0, Block())
+import pytest
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-rfEs", sys.argv[1], "-k", "defaults"]))
+"""
+
+
+@pytest.mark.parametrize(("require", "outcome"), [("1", "error"), ("0", "skipped")])
+def test_missing_compiled_core_fails_only_when_required(require, outcome):
+    """The ``core`` fixture: a missing compiled core is a skip, or a failure under
+    STEPPLANNER_REQUIRE_COMPILED=1 (CI and cibuildwheel must never pass on the reference alone)."""
+    from pathlib import Path
+
+    env = dict(os.environ, STEPPLANNER_IMPL="python", STEPPLANNER_REQUIRE_COMPILED=require)
+    target = str(Path(__file__).with_name("test_resident_state.py"))
+    result = subprocess.run([sys.executable, "-c", _BLOCKED_CORE_RUN, target], env=env,
+                            capture_output=True, text=True, timeout=300,
+                            cwd=Path(__file__).parents[1])
+    summary = result.stdout.strip().splitlines()[-1]
+    assert "1 passed" in summary and f"1 {outcome}" in summary, result.stdout[-2000:]
+    if outcome == "error":
+        assert "STEPPLANNER_REQUIRE_COMPILED=1 but the compiled core is missing" in result.stdout

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+import pytest
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
+
+from stepplanner import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 
 from stepplanner.checks import check_plan
 from stepplanner.testing import (
@@ -56,3 +59,38 @@ def test_guarantees_hold_along_a_run(core, case, steps, as_array):
         plan = planner.plan(residents)
         check_plan(case.policy, case.limits, residents, plan)
         plan.apply_to(residents)
+
+
+# --- the strategies reach the corners their docs promise ---------------------------------------------
+
+
+def _pausing(case):
+    return (case.policy.mode == IfbSchedulingMode.MIXED
+            and case.policy.scheduling_policy == SchedulingPolicy.PRIORITY
+            and case.policy.preemption == PreemptionMode.PAUSE)
+
+
+CORNERS = {
+    "empty ledger": lambda c: not c.rows,
+    "B=1 with a resident": lambda c: c.limits.max_batch_size == 1 and len(c.rows) == 1,
+    "P=1": lambda c: c.limits.kv_page_size == 1 and c.rows,
+    "S_in < P": lambda c: c.limits.max_input_length < c.limits.kv_page_size and c.rows,
+    "all decoding": lambda c: len(c.rows) > 1 and all(r[4] for r in c.rows),
+    "all prompt": lambda c: len(c.rows) > 1 and not any(r[4] for r in c.rows),
+    "negative priority": lambda c: any(r[0] < 0 for r in c.rows),
+    "duplicate arrivals": lambda c: len({r[1] for r in c.rows}) < len(c.rows),
+    "committed off a page end": lambda c: any(
+        not r[4] and r[3] % c.limits.kv_page_size for r in c.rows),
+    "PREFILL_FIRST + PRIORITY": lambda c: c.policy.mode == IfbSchedulingMode.PREFILL_FIRST
+    and c.policy.scheduling_policy == SchedulingPolicy.PRIORITY and c.rows,
+    **{f"paused steps = max_pause_steps {d:+d}": (
+        lambda c, d=d: _pausing(c) and c.policy.max_pause_steps > 0
+        and any(r[5] == c.policy.max_pause_steps + d for r in c.rows)) for d in (-1, 0, 1)},
+}
+
+
+@pytest.mark.parametrize("corner", list(CORNERS))
+def test_planning_cases_reach(corner):
+    case = find(planning_cases(), CORNERS[corner],
+                settings=settings(max_examples=3000, database=None, phases=[Phase.generate]))
+    assert CORNERS[corner](case)
