@@ -83,6 +83,8 @@ ctypedef struct ScratchC:
     int32_t* order          # residents in order; kept to seed the next call's sort
     int32_t order_count     # how many entries of `order` the previous call left
     uint8_t* paused         # per resident: 1 when paused in this plan
+    int32_t* prompts        # the active prompt-incomplete residents, in order
+    int32_t* decodes        # the active decoding residents, in order
 
 ctypedef struct PlanC:
     SequenceC* sequences    # num_prefill chunks, then num_decode decode rows
@@ -133,5 +135,7 @@ cdef class StepPlanner:
     cdef readonly object policy
     cdef readonly object limits
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1
-    cdef int _load_array(self, object arr, int32_t n) except -1
-    cdef int _load_objects(self, object residents, int32_t n) except -1
+    cdef const ResidentC* _load_array(self, object arr, int32_t n,
+                                      const uint8_t* reasons) except NULL
+    cdef const ResidentC* _in_place(self, object arr, int32_t n, const uint8_t* reasons)
+    cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL

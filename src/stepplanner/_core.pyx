@@ -14,7 +14,7 @@ cimport cython
 cimport numpy as cnp
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, INT32_MAX
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
 from libc.string cimport memcpy, memset
 
 import collections.abc
@@ -39,12 +39,17 @@ cnp.import_array()
 
 IMPLEMENTATION = "compiled"
 
+# Keys per run the merge sort insertion-sorts before merging: below this, merging costs more.
+cdef enum:
+    MERGE_RUN = 8
+
 # ============================================================================================
 # 1. The kernel
 # ============================================================================================
 
 cdef inline bint key_less(const SortKeyC* a, const SortKeyC* b) noexcept nogil:
-    return a.hi < b.hi or (a.hi == b.hi and a.lo < b.lo)
+    # Bitwise, not short-circuit: the merge then has no data-dependent branch to mispredict.
+    return (a.hi < b.hi) | ((a.hi == b.hi) & (a.lo < b.lo))
 
 
 cdef inline SortKeyC make_key(const ResidentC* row, int32_t index, bint by_priority) noexcept nogil:
@@ -58,12 +63,39 @@ cdef inline SortKeyC make_key(const ResidentC* row, int32_t index, bint by_prior
     return key
 
 
+cdef inline int64_t sink(SortKeyC* keys, int64_t i) noexcept nogil:
+    """Move keys[i] down into the sorted keys[:i]; returns how many places it moved."""
+    cdef SortKeyC held = keys[i]
+    cdef int64_t j = i
+    while j > 0 and key_less(&held, &keys[j - 1]):
+        keys[j] = keys[j - 1]
+        j -= 1
+    keys[j] = held
+    return i - j
+
+
+cdef inline void insertion_sort(SortKeyC* keys, int64_t count) noexcept nogil:
+    cdef int64_t i
+    for i in range(1, count):
+        sink(keys, i)
+
+
 cdef void merge_sort(SortKeyC* keys, SortKeyC* tmp, int32_t count) noexcept nogil:
-    """Bottom-up merge sort, ping-ponging between ``keys`` and ``tmp``."""
+    """Runs of MERGE_RUN insertion-sorted in place, then bottom-up merges ping-ponging with tmp.
+
+    The merge picks each output key by a select, not a branch: on a shuffled ledger a branch
+    would be mispredicted half the time, which costs more than the comparisons themselves.
+    """
     cdef SortKeyC* src = keys
     cdef SortKeyC* dst = tmp
     cdef SortKeyC* swap
-    cdef int64_t width = 1, lo, mid, hi, i, j, k
+    cdef const SortKeyC* pick
+    cdef int64_t width = MERGE_RUN, lo, mid, hi, i, j, k
+    cdef bint right
+    lo = 0
+    while lo < count:
+        insertion_sort(&keys[lo], min(<int64_t>MERGE_RUN, count - lo))
+        lo += MERGE_RUN
     while width < count:
         lo = 0
         while lo < count:
@@ -71,21 +103,16 @@ cdef void merge_sort(SortKeyC* keys, SortKeyC* tmp, int32_t count) noexcept nogi
             hi = min(lo + 2 * width, <int64_t>count)
             i, j, k = lo, mid, lo
             while i < mid and j < hi:
-                if key_less(&src[j], &src[i]):
-                    dst[k] = src[j]
-                    j += 1
-                else:
-                    dst[k] = src[i]
-                    i += 1
+                right = key_less(&src[j], &src[i])
+                pick = &src[j] if right else &src[i]
+                dst[k] = pick[0]
+                j += right
+                i += 1 - right
                 k += 1
-            while i < mid:
-                dst[k] = src[i]
-                i += 1
-                k += 1
-            while j < hi:
-                dst[k] = src[j]
-                j += 1
-                k += 1
+            if i < mid:
+                memcpy(&dst[k], &src[i], <size_t>(mid - i) * sizeof(SortKeyC))
+            elif j < hi:
+                memcpy(&dst[k], &src[j], <size_t>(hi - j) * sizeof(SortKeyC))
             lo = hi
         swap = src
         src = dst
@@ -109,7 +136,6 @@ cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_
     cdef int32_t prev = s.order_count
     cdef int64_t moves = 0
     cdef int64_t move_budget = <int64_t>count + 16
-    cdef SortKeyC held
 
     if prev <= count:
         for j in range(prev):
@@ -128,15 +154,7 @@ cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_
                 k += 1
 
     for i in range(1, count):
-        if not key_less(&keys[i], &keys[i - 1]):
-            continue
-        held = keys[i]
-        j = i
-        while j > 0 and key_less(&held, &keys[j - 1]):
-            keys[j] = keys[j - 1]
-            j -= 1
-        keys[j] = held
-        moves += i - j
+        moves += sink(keys, i)
         if moves > move_budget:
             merge_sort(keys, s.merge_tmp, count)
             break
@@ -161,80 +179,110 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
     return STATUS_OK
 
 
+cdef inline bint row_suspect(const ResidentC* row, int32_t max_input_length) noexcept nogil:
+    """True for every row ``check_row`` rejects (and only those), tested without branches."""
+    return (((row.committed | row.prompt_length | row.consecutive_paused_steps) < 0)
+            | ((row.context_committed == 0)
+               & ((<int64_t>row.prompt_length - row.committed <= 0)
+                  | (row.prompt_length > max_input_length))))
+
+
+cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
+                             const int32_t* order, uint8_t* paused, int32_t* out_paused,
+                             uint8_t* reasons) noexcept nogil:
+    """SPEC §3 step 2: pause everyone whose priority value is worse than the first pending
+    prompt's; returns how many, listed ascending in ``out_paused``.
+
+    Priorities are mixed across the ledger, so each resident's outcome is computed with
+    arithmetic rather than branched on.
+    """
+    cdef int32_t i, k, h = -1, num_paused = 0
+    cdef const ResidentC* r
+    cdef bint worse, released, stop
+    # max_pause_steps == 0 releases nobody: no int32 count reaches 2**32.
+    cdef int64_t release_at = cfg.max_pause_steps if cfg.max_pause_steps > 0 else 1LL << 32
+    for k in range(count):
+        if not residents[order[k]].context_committed:
+            h = order[k]
+            break
+    if h < 0:
+        return 0
+    cdef int32_t bar = residents[h].priority
+    for i in range(count):
+        r = &residents[i]
+        worse = r.priority > bar
+        released = worse & (r.consecutive_paused_steps >= release_at)
+        stop = worse & (released ^ 1)
+        paused[i] = stop
+        out_paused[num_paused] = i
+        num_paused += stop
+        if reasons != NULL:
+            reasons[i] = stop * REASON_PAUSED | released * REASON_RELEASED
+    return num_paused
+
+
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                     ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil:
     cdef bint by_priority = cfg.scheduling_policy == POLICY_PRIORITY
-    cdef bint mixed = cfg.mode == MODE_MIXED
     cdef int32_t* order = scratch.order
     cdef uint8_t* paused = scratch.paused
+    cdef int32_t* prompts = scratch.prompts
+    cdef int32_t* decodes = scratch.decodes
     cdef const ResidentC* r
     cdef SequenceC* seq
-    cdef int32_t i, k, h = -1
-    cdef int32_t num_decode = 0, num_prefill = 0, prefill_tokens = 0
-    cdef int32_t budget, cap, rem, n, best = 0
+    cdef int32_t i, k, num_prompts = 0, num_decode = 0, num_prefill = 0, prefill_tokens = 0
+    cdef int32_t budget, cap, rem, n, best, kept
     cdef int32_t page = cfg.kv_page_size, s_in = cfg.max_input_length
-    cdef bint any_prompt = False, held_by_prefill_first = False, emit_decodes
+    cdef bint active, decoding
 
     order_residents(cfg, residents, count, scratch)
     memset(paused, 0, <size_t>count)
     if reasons != NULL:
         memset(reasons, 0, <size_t>count)
-    out.num_paused = 0
     out.num_residents = count
+    out.num_paused = 0
+    if cfg.mode == MODE_MIXED and by_priority and cfg.preemption == PREEMPT_PAUSE:
+        out.num_paused = pause_residents(cfg, residents, count, order, paused, out.paused,
+                                         reasons)
 
-    # Pause: everyone whose priority value is worse than the first pending prompt's (h).
-    if mixed and by_priority and cfg.preemption == PREEMPT_PAUSE:
-        for k in range(count):
-            if not residents[order[k]].context_committed:
-                h = order[k]
-                break
-        if h >= 0:
-            for i in range(count):
-                r = &residents[i]
-                if r.priority <= residents[h].priority:
-                    continue
-                if cfg.max_pause_steps > 0 and r.consecutive_paused_steps >= cfg.max_pause_steps:
-                    if reasons != NULL:
-                        reasons[i] = REASON_RELEASED
-                    continue
-                paused[i] = 1
-                out.paused[out.num_paused] = i
-                out.num_paused += 1
-                if reasons != NULL:
-                    reasons[i] = REASON_PAUSED
-
-    # Budget and cap, and which residents decode.
-    if mixed:
-        for i in range(count):
-            if residents[i].context_committed and not paused[i]:
-                num_decode += 1
-        if num_decode > 0:
-            budget, cap = cfg.max_num_tokens - num_decode, cfg.max_chunk_tokens
-        else:
-            budget, cap = cfg.t_max, s_in
-        emit_decodes = True
-    else:
-        for i in range(count):
-            r = &residents[i]
-            if not r.context_committed:
-                k = r.priority if by_priority else 0
-                if not any_prompt or k < best:
-                    best = k
-                any_prompt = True
-        budget, cap = cfg.t_max, s_in
-        held_by_prefill_first = any_prompt
-        emit_decodes = not any_prompt
-
-    # Prompt chunks, in order; a resident that gets nothing is skipped, later ones may still fit.
+    # Split the active residents, in order, into prompts and decodes (each list index <= k).
     for k in range(count):
         i = order[k]
+        active = paused[i] ^ 1
+        decoding = residents[i].context_committed != 0
+        prompts[num_prompts] = i
+        num_prompts += active & (decoding ^ 1)
+        decodes[num_decode] = i
+        num_decode += active & decoding
+
+    # Budget and cap (SPEC §3 steps 3 and 4).
+    if cfg.mode == MODE_MIXED and num_decode > 0:
+        budget, cap = cfg.max_num_tokens - num_decode, cfg.max_chunk_tokens
+    else:
+        budget, cap = cfg.t_max, s_in
+    if cfg.mode != MODE_MIXED and num_prompts > 0:
+        # PREFILL_FIRST with a prompt pending: no decodes; under PRIORITY only the best class.
+        num_decode = 0
+        best = 0
+        if by_priority:
+            best = residents[prompts[0]].priority
+            for k in range(1, num_prompts):
+                best = min(best, residents[prompts[k]].priority)
+            kept = 0
+            for k in range(num_prompts):
+                prompts[kept] = prompts[k]
+                kept += residents[prompts[k]].priority == best
+            num_prompts = kept
+        if reasons != NULL:
+            for i in range(count):
+                r = &residents[i]
+                if r.context_committed or (by_priority and r.priority != best):
+                    reasons[i] = REASON_HELD_PREFILL_FIRST
+
+    # Prompt chunks, in order; a resident that gets nothing is skipped, later ones may still fit.
+    for k in range(num_prompts):
+        i = prompts[k]
         r = &residents[i]
-        if paused[i]:
-            continue
-        if r.context_committed or (held_by_prefill_first and by_priority and r.priority != best):
-            if held_by_prefill_first and reasons != NULL:
-                reasons[i] |= REASON_HELD_PREFILL_FIRST
-            continue
         rem = r.prompt_length - r.committed
         n = min(rem, cap, s_in, budget)
         if n < rem:
@@ -256,22 +304,16 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
         budget -= n
 
     # Decode rows after all chunks, in order.
-    num_decode = 0
-    if emit_decodes:
-        for k in range(count):
-            i = order[k]
-            r = &residents[i]
-            if not r.context_committed or paused[i]:
-                continue
-            seq = &out.sequences[num_prefill + num_decode]
-            seq.resident = i
-            seq.work = WORK_DECODE
-            seq.past_length = r.committed
-            seq.query_length = 1
-            seq.select_last_token_logits = 1
-            if reasons != NULL:
-                reasons[i] |= REASON_DECODE
-            num_decode += 1
+    seq = &out.sequences[num_prefill]
+    for k in range(num_decode):
+        i = decodes[k]
+        seq[k].resident = i
+        seq[k].work = WORK_DECODE
+        seq[k].past_length = residents[i].committed
+        seq[k].query_length = 1
+        seq[k].select_last_token_logits = 1
+        if reasons != NULL:
+            reasons[i] |= REASON_DECODE
 
     out.num_prefill = num_prefill
     out.num_decode = num_decode
@@ -731,6 +773,8 @@ cdef class StepPlanner:
         self.scratch.merge_tmp = NULL
         self.scratch.order = NULL
         self.scratch.paused = NULL
+        self.scratch.prompts = NULL
+        self.scratch.decodes = NULL
         self.rows = NULL
 
     def __init__(self, policy, limits):
@@ -753,9 +797,13 @@ cdef class StepPlanner:
         self.scratch.order = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.scratch.paused = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.scratch.order_count = 0
+        self.scratch.prompts = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
+        self.scratch.decodes = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.rows = <ResidentC*>PyMem_Calloc(b, sizeof(ResidentC))
         if (self.scratch.keys == NULL or self.scratch.merge_tmp == NULL
-                or self.scratch.order == NULL or self.scratch.paused == NULL or self.rows == NULL):
+                or self.scratch.order == NULL or self.scratch.paused == NULL
+                or self.scratch.prompts == NULL or self.scratch.decodes == NULL
+                or self.rows == NULL):
             raise MemoryError(f"StepPlanner buffers for max_batch_size={b}")
         self._plan = _new_plan(b)
         self.policy = policy
@@ -766,6 +814,8 @@ cdef class StepPlanner:
         PyMem_Free(self.scratch.merge_tmp)
         PyMem_Free(self.scratch.order)
         PyMem_Free(self.scratch.paused)
+        PyMem_Free(self.scratch.prompts)
+        PyMem_Free(self.scratch.decodes)
         PyMem_Free(self.rows)
 
     def __repr__(self):
@@ -803,13 +853,13 @@ cdef class StepPlanner:
         cdef uint8_t* reasons_ptr = NULL
         if reasons is not None:
             reasons_ptr = _reasons_pointer(reasons, n)
+        cdef const ResidentC* rows
         with cython.critical_section(self._plan):
             if is_array:
-                self._load_array(residents, <int32_t>n)
+                rows = self._load_array(residents, <int32_t>n, reasons_ptr)
             else:
-                self._load_objects(residents, <int32_t>n)
-            plan_step(&self.cfg, self.rows, <int32_t>n, &self.scratch, &self._plan.c,
-                      reasons_ptr)
+                rows = self._load_objects(residents, <int32_t>n)
+            plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
         return self._plan
 
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1:
@@ -831,25 +881,26 @@ cdef class StepPlanner:
             raise _errors.count_over_length(count, length)
         return count
 
-    cdef int _load_array(self, object residents, int32_t n) except -1:
+    cdef const ResidentC* _load_array(self, object residents, int32_t n,
+                                      const uint8_t* reasons) except NULL:
+        """The validated rows: the array's own memory when the kernel can read it in place
+        (see ``_in_place``), else a copy in ``self.rows``."""
         cdef cnp.ndarray arr = <cnp.ndarray>residents
-        # memcpy, not a pointer cast: rows may be unaligned (a view into a byte buffer).
         cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
+        cdef const ResidentC* rows = self._in_place(arr, n, reasons)
         cdef int32_t i, s_in = self.cfg.max_input_length
-        cdef int status
-        cdef ResidentC* rows = self.rows
+        if rows == NULL:
+            for i in range(n):
+                memcpy(&self.rows[i], data + i * stride, sizeof(ResidentC))
+            rows = self.rows
         for i in range(n):
-            memcpy(&rows[i], data + i * stride, sizeof(ResidentC))
-            rows[i].context_committed = rows[i].context_committed != 0
-            status = check_row(&rows[i], s_in)
-            if status != STATUS_OK:
-                raise _row_error(status, i, &rows[i], s_in)
-        return 0
+            if row_suspect(&rows[i], s_in):
+                raise _row_error(check_row(&rows[i], s_in), i, &rows[i], s_in)
+        return rows if n > 0 else self.rows
 
-    cdef int _load_objects(self, object residents, int32_t n) except -1:
+    cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
         cdef int32_t i, s_in = self.cfg.max_input_length
-        cdef int status
         cdef object item
         cdef ResidentC* rows = self.rows
         for i in range(n):
@@ -857,20 +908,46 @@ cdef class StepPlanner:
             if type(item) is not ResidentState:
                 raise _errors.element_type(i, item)
             rows[i] = (<ResidentState>item).c
-            status = check_row(&rows[i], s_in)
-            if status != STATUS_OK:
-                raise _row_error(status, i, &rows[i], s_in)
-        return 0
+            if row_suspect(&rows[i], s_in):
+                raise _row_error(check_row(&rows[i], s_in), i, &rows[i], s_in)
+        return rows
 
-    def _run_kernel_loop(self, Py_ssize_t iterations):
-        """Rerun the kernel over the rows of the last successful ``plan()``; seconds taken."""
+    def _run_kernel_loop(self, residents, Py_ssize_t iterations):
+        """Rerun the kernel over the rows of the last successful ``plan(residents)``; ns taken."""
         cdef Py_ssize_t k
         cdef int32_t n = self._plan.c.num_residents
+        cdef const ResidentC* rows = NULL
+        if cnp.PyArray_Check(residents):
+            rows = self._in_place(residents, n, NULL)
+        if rows == NULL:
+            rows = self.rows
         with cython.critical_section(self._plan):
-            t0 = time.perf_counter()
+            t0 = time.perf_counter_ns()
             for k in range(iterations):
-                plan_step(&self.cfg, self.rows, n, &self.scratch, &self._plan.c, NULL)
-            return time.perf_counter() - t0
+                plan_step(&self.cfg, rows, n, &self.scratch, &self._plan.c, NULL)
+            return time.perf_counter_ns() - t0
+
+
+    cdef const ResidentC* _in_place(self, object residents, int32_t n, const uint8_t* reasons):
+        """The array's first n rows for the kernel to read where they are, or NULL when they
+        must be copied: strided or unaligned rows, or rows sharing memory with a buffer the
+        kernel writes (``reasons``, or the plan's own arrays reached through ``.base``)."""
+        cdef cnp.ndarray arr = <cnp.ndarray>residents
+        cdef const void* data = cnp.PyArray_DATA(arr)
+        cdef size_t size = <size_t>n * sizeof(ResidentC)
+        cdef size_t capacity = <size_t>self._plan.capacity
+        if arr.strides[0] != sizeof(ResidentC) or not cnp.PyArray_ISALIGNED(arr):
+            return NULL
+        if (_overlaps(data, size, reasons, <size_t>n)
+                or _overlaps(data, size, self._plan.c.sequences, capacity * sizeof(SequenceC))
+                or _overlaps(data, size, self._plan.c.paused, capacity * sizeof(int32_t))):
+            return NULL
+        return <const ResidentC*>data
+
+
+cdef inline bint _overlaps(const void* a, size_t a_size, const void* b, size_t b_size) noexcept:
+    cdef uintptr_t x = <uintptr_t>a, y = <uintptr_t>b
+    return b != NULL and x < y + b_size and y < x + a_size
 
 
 cdef uint8_t* _reasons_pointer(object reasons, Py_ssize_t n) except? NULL:
@@ -902,4 +979,4 @@ def time_kernel_loop(StepPlanner planner, residents, count=None, Py_ssize_t iter
     if iterations < 1:
         raise _errors.out_of_range("iterations", iterations, ">= 1")
     planner.plan(residents, count)
-    return planner._run_kernel_loop(iterations) * 1e9 / iterations
+    return planner._run_kernel_loop(residents, iterations) / iterations
