@@ -184,8 +184,7 @@ def test_reasons_read_only(core, rejects):
 
 
 def test_reasons_strided(core, planner):
-    """A strided uint8 view: both implementations must agree (the core rejects it as
-    "not contiguous"; the reference fills it). This test pins the core's rule on both."""
+    """Both refuse a strided view: the core writes reasons through a raw pointer."""
     reasons = np.zeros(6, dtype=np.uint8)[::2]
     with pytest.raises(ValueError, match="not contiguous"):
         planner.plan(as_resident_states(GOOD, core.ResidentState), reasons=reasons)

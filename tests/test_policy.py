@@ -286,15 +286,19 @@ def test_every_resolved_policy_builds_a_planner(core, data):
     assert core.StepPlanner(policy, lim).policy is policy
 
 
-@pytest.mark.parametrize("limits", [(1, 2000, 1000), (8, 4096, 1024)])
-def test_default_options_with_large_pages_build_a_planner(core, limits):
-    """Core bug: with P large against 512 + B, the default max_num_tokens
-    min(ru(512 + B), rd(T_max)) is below B + P; resolve returns it and the planner rejects it.
-
-    B=1, S_in=2000, P=1000: mixed is feasible (rd(2000) = 2000 >= 1001), the default resolves to
-    max_num_tokens = ru(513) = 1000, and StepPlanner raises "max_num_tokens=1000 is out of range;
-    allowed [1001, 2000]". Defaults must never produce a policy the planner refuses.
-    """
+@pytest.mark.parametrize(("limits", "budget"), [((1, 2000, 1000), 2000), ((8, 4096, 1024), 2048)])
+def test_default_options_with_large_pages_build_a_planner(core, limits, budget):
+    """Regression: SPEC's letter, min(ru(512 + B), rd(T_max)), is below B + P when pages are
+    larger than 512 tokens (B=1, P=1000 gave 1000 < 1001, which the planner then refused).
+    The default never falls below B + P: min(ru(B + max(512, P)), rd(T_max))."""
     lim = StepPlannerLimits(*limits)
     policy = resolve_scheduling_policy(SchedulingOptions(), lim)
+    assert policy.max_num_tokens == budget >= lim.max_batch_size + lim.kv_page_size
+    assert core.StepPlanner(policy, lim).policy is policy
+
+
+@given(st.data())
+def test_large_page_defaults_build_a_planner(core, data):
+    lim = data.draw(limits_strategy(max_batch_size=64, max_input_length=8192, max_page_size=4096))
+    policy = data.draw(policies(lim))
     core.StepPlanner(policy, lim)

@@ -20,6 +20,7 @@ not.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -72,10 +73,16 @@ _MODES = st.sampled_from(IfbSchedulingMode)
 _SCHEDULING = st.sampled_from(SchedulingPolicy)
 _PREEMPTION = st.sampled_from(PreemptionMode)
 _PAUSE_STEPS = st.one_of(st.just(0), st.integers(0, 4))
+_BOOLS = st.booleans()
 
 
 def _rd(x: int, p: int) -> int:
     return x // p * p
+
+
+def _feasible(lim: StepPlannerLimits) -> bool:
+    """SPEC §2: mixed batching is feasible when rd(T_max) >= B + P."""
+    return _rd(lim.t_max, lim.kv_page_size) >= lim.max_batch_size + lim.kv_page_size
 
 
 # --- limits and policies -------------------------------------------------------------------------
@@ -111,7 +118,7 @@ def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrateg
 @st.composite
 def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
     b, p, t_max = lim.max_batch_size, lim.kv_page_size, lim.t_max
-    feasible = _rd(t_max, p) >= b + p
+    feasible = _feasible(lim)
     can_give = b + p <= t_max  # a given max_num_tokens needs [B + P, T_max] to be non-empty
     mode = draw(_MODES)
     max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(_BOOLS) else 0
@@ -122,7 +129,9 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
                 mode = IfbSchedulingMode.PREFILL_FIRST
             else:
                 max_num_tokens = draw(st.integers(b + p, t_max))
-    effective = max_num_tokens or (min(-(-(512 + b) // p) * p, _rd(t_max, p)) if feasible else 0)
+    # the default budget _policy resolves to: min(ru(B + max(512, P)), rd(T_max))
+    effective = max_num_tokens or (min(-(-(b + max(512, p)) // p) * p, _rd(t_max, p))
+                                   if feasible else 0)
     max_chunk_tokens = 0
     if effective - b >= p and draw(_BOOLS):
         max_chunk_tokens = p * draw(st.integers(1, (effective - b) // p))
@@ -145,27 +154,15 @@ def policies(draw: Any, lim: StepPlannerLimits) -> ResolvedSchedulingPolicy:
     """
     options = draw(_valid_options(lim))
     if draw(st.integers(0, 2)) == 0:
-        options = SchedulingOptions(
-            ifb_scheduling_mode=(IfbSchedulingMode.MIXED
-                                 if options.ifb_scheduling_mode == IfbSchedulingMode.AUTO
-                                 else options.ifb_scheduling_mode),
-            max_num_tokens=options.max_num_tokens,
-            max_chunk_tokens=options.max_chunk_tokens,
-            scheduling_policy=SchedulingPolicy.PRIORITY,
-            preemption=PreemptionMode.PAUSE,
-            priority_reserved_slots=options.priority_reserved_slots,
-            max_pause_steps=options.max_pause_steps,
-        )
-        if (options.ifb_scheduling_mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0
-                and _rd(lim.t_max, lim.kv_page_size) < lim.max_batch_size + lim.kv_page_size):
-            options = _replace_mode(options, IfbSchedulingMode.PREFILL_FIRST)
+        mode = options.ifb_scheduling_mode
+        if mode == IfbSchedulingMode.AUTO:
+            mode = IfbSchedulingMode.MIXED
+        if mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0 and not _feasible(lim):
+            mode = IfbSchedulingMode.PREFILL_FIRST  # a default MIXED budget needs feasibility
+        options = dataclasses.replace(options, ifb_scheduling_mode=mode,
+                                      scheduling_policy=SchedulingPolicy.PRIORITY,
+                                      preemption=PreemptionMode.PAUSE)
     return resolve_scheduling_policy(options, lim)
-
-
-def _replace_mode(options: SchedulingOptions, mode: IfbSchedulingMode) -> SchedulingOptions:
-    fields = {f: getattr(options, f) for f in SchedulingOptions.__dataclass_fields__}
-    fields["ifb_scheduling_mode"] = mode
-    return SchedulingOptions(**fields)
 
 
 # --- ledgers -------------------------------------------------------------------------------------
@@ -173,7 +170,6 @@ def _replace_mode(options: SchedulingOptions, mode: IfbSchedulingMode) -> Schedu
 
 _PRIORITIES = st.one_of(st.integers(-2, 2), st.integers(-(2**31), _INT32_MAX))
 _ARRIVALS = st.one_of(st.integers(0, 64), st.integers(0, _UINT64_MAX))
-_BOOLS = st.booleans()
 
 
 class _RowDraws:
