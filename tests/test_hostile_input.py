@@ -722,3 +722,144 @@ def test_resident_state_has_no_other_attributes(core):
     with pytest.raises(TypeError):
         core.ResidentState(bogus=1)
     assert r._astuple() == ROWS[0]
+
+
+# --- Ledger ----------------------------------------------------------------------------------
+
+
+def _ledger():
+    from stepplanner.ledger import Ledger
+
+    policy = sp.resolve_scheduling_policy(POLICIES["priority_pause"], LIMITS)
+    ledger = Ledger(LIMITS, policy)
+    for rid, (prio, length) in enumerate([(0, 10), (1, 20), (-1, 30), (2, 40)]):
+        ledger.submit(100 + rid, length, prio)
+    ledger.admit()
+    ledger.submit(200, 5, 1)
+    return ledger
+
+
+def _ledger_state(ledger):
+    return (ledger.to_records(), ledger.waiting_ids(), ledger.count, ledger.free_slots)
+
+
+@pytest.mark.parametrize(("method", "args", "exc"), [
+    ("submit", (1.5, 10), TypeError),
+    ("submit", (None, 10), TypeError),
+    ("submit", ("7", 10), TypeError),
+    ("submit", (2**64, 10), OverflowError),
+    ("submit", (np.float64(3), 10), TypeError),
+    ("submit", (300, 10.0), TypeError),
+    ("submit", (300, np.int64(2**40)), OverflowError),
+    ("submit", (300, -3), ValueError),
+    ("submit", (300, 10, 0.5), TypeError),
+    ("submit", (300, 10, "high"), TypeError),
+    ("submit", (200, 10), ValueError),  # waiting already
+    ("submit", (101, 10), ValueError),  # resident already
+    ("retire", ([101, "x"],), TypeError),
+    ("retire", ([101, 1.0],), TypeError),
+    ("retire", ([None],), TypeError),
+    ("retire", ([200],), ValueError),  # waiting, not resident
+    ("retire", ([2**70],), OverflowError),
+    ("retire", (5,), TypeError),
+    ("retire_rows", (np.array([0.0]),), TypeError),
+    ("retire_rows", (np.array([True]),), TypeError),
+    ("retire_rows", (np.array(["0"]),), TypeError),
+    ("retire_rows", ([4],), ValueError),
+    ("retire_rows", ([[0, 1], [1, 2]],), ValueError),
+    ("apply", (None,), TypeError),
+    ("apply", ({"sequences": []},), TypeError),
+    ("load", ([{"priority": 2**31}],), OverflowError),
+    ("load", ([{"arrival": -1}],), OverflowError),
+    ("load", ([{"context_committed": 2}],), TypeError),
+    ("load", ([{"committed": 1.5}],), TypeError),
+    ("load", ([{"request_id": "a"}],), TypeError),
+    ("load", ([{"request_id": 200}],), ValueError),  # clashes with a waiting id
+    ("load", ([{"arrival": 1}, {"arrival": 1}],), ValueError),
+    ("load", ([None],), TypeError),
+    ("load", ([{}] * (B + 1),), ValueError),
+])
+def test_ledger_refuses_and_changes_nothing(method, args, exc):
+    ledger = _ledger()
+    before = _ledger_state(ledger)
+    with pytest.raises(exc):
+        getattr(ledger, method)(*args)
+    assert _ledger_state(ledger) == before
+    ledger.submit(999, 5)  # still usable
+    assert 999 in ledger.waiting_ids()
+
+
+# --- CLI input files -------------------------------------------------------------------------
+
+
+HOSTILE_FILES = {
+    "empty": b"",
+    "binary": b"\xff\xfe\x00\x81garbage\x00",
+    "not_json": b"{residents: [}",
+    "json_list": b"[1, 2, 3]",
+    "json_number": b"1e400",
+    "deep": b"[" * 5000 + b"]" * 5000,
+    "residents_str": b'{"residents": "abc"}',
+    "residents_ints": b'{"residents": [1, 2]}',
+    "huge_values": b'{"residents": [{"priority": 1e400, "arrival": -5}]}',
+    "nan": b'{"residents": [{"committed": NaN}]}',
+    "bad_limits": b'{"limits": {"max_batch_size": true, "kv_page_size": "16"}, "residents": []}',
+    "limits_list": b'{"limits": [4, 64, 16], "residents": []}',
+    "bad_options": b'{"options": {"mode": 7, "policy": null}, "residents": []}',
+    "unknown_key": b'{"residents": [], "extra": 1}',
+    "too_many": b'{"limits": {"max_batch_size": 1}, "residents": [{}, {}]}',
+}
+HOSTILE_TRACES = {
+    "empty": b"",
+    "header_only": b"arrival_time,prompt_tokens,output_tokens\n",
+    "binary": b"\xff\xfe\x00\x81\n\x00",
+    "missing_column": b"arrival_time,prompt_tokens\n0,5\n",
+    "words": b"arrival_time,prompt_tokens,output_tokens\nsoon,many,few\n",
+    "nan_inf": b"arrival_time,prompt_tokens,output_tokens\nnan,5,5\ninf,5,5\n",
+    "negative": b"arrival_time,prompt_tokens,output_tokens\n-1,-5,0\n",
+    "huge": b"arrival_time,prompt_tokens,output_tokens,priority\n0,99999999999999999999,5,1e30\n",
+    "floats": b"arrival_time,prompt_tokens,output_tokens\n0,5.5,2\n",
+    "ragged": b"arrival_time,prompt_tokens,output_tokens\n0,5\n1,2,3,4,5\n",
+}
+
+
+def _cli(args, tmp_path, name, content):
+    pytest.importorskip("click", reason="the CLI needs the 'cli' extra")
+    from click.testing import CliRunner
+
+    from stepplanner.cli import main
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = CliRunner().invoke(main, [*args(str(path))])
+    return result
+
+
+def _assert_clean_cli_error(result):
+    """A one-line error and a non-zero exit: never a traceback out of the serving tool."""
+    assert result.exit_code in (1, 2), (result.exit_code, result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert "Traceback" not in result.output
+    assert "Error" in result.output
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_FILES))
+def test_cli_explain_refuses_hostile_ledger_files(tmp_path, name):
+    result = _cli(lambda p: ["explain", p], tmp_path, "ledger.json", HOSTILE_FILES[name])
+    _assert_clean_cli_error(result)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_FILES))
+def test_cli_replay_refuses_hostile_record_files(tmp_path, name):
+    result = _cli(lambda p: ["replay", p], tmp_path, "record.jsonl", HOSTILE_FILES[name])
+    _assert_clean_cli_error(result)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_TRACES))
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_cli_simulate_refuses_hostile_traces(tmp_path, name, suffix):
+    content = HOSTILE_TRACES[name]
+    result = _cli(lambda p: ["simulate", "--trace", p, "--no-progress"], tmp_path,
+                  "trace" + suffix, content)
+    _assert_clean_cli_error(result)

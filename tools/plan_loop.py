@@ -79,7 +79,7 @@ class Lane:
             self._admit(int(i))
 
 
-def run(iterations: int, warmup: int) -> dict:
+def run(iterations: int, warmup: int, trace: bool = True) -> dict:
     lanes = [Lane(options, as_list, seed)
              for seed, (options, as_list) in enumerate(
                  (o, a) for o in OPTIONS.values() for a in (False, True))]
@@ -87,7 +87,8 @@ def run(iterations: int, warmup: int) -> dict:
         for lane in lanes:
             lane.step()
     gc.collect()  # every StepPlan is a cycle with its views: a copy is freed by the collector
-    tracemalloc.start()
+    if trace:
+        tracemalloc.start()
     after_warmup = tracemalloc.get_traced_memory()[0]
     for _ in range(iterations):
         for lane in lanes:
@@ -105,8 +106,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--no-trace", dest="trace", action="store_false",
+                        help="leave tracemalloc off (under valgrind its own tables show as leaks)")
     args = parser.parse_args()
-    print(json.dumps(run(args.iterations, args.warmup)))
+    print(json.dumps(run(args.iterations, args.warmup, args.trace)))
 
 
 if __name__ == "__main__":
