@@ -75,10 +75,11 @@ TARGET_STEADY_GROWTH = 5.0
 SHUFFLED_GROWTH_MODEL = (GROWTH_TO * math.log2(GROWTH_TO)) / (TARGET_BATCH * math.log2(TARGET_BATCH))
 TARGET_SHUFFLED_GROWTH = 1.25 * SHUFFLED_GROWTH_MODEL
 
-# Time per timed batch of calls, and batches per figure: a few seconds for the whole run.
-BATCH_SECONDS = 0.004
-REPEATS = 9
-REFERENCE_MAX_CALLS = 20
+# Time per timed batch of calls, and batches per figure: a few seconds for the whole run. Short
+# batches mostly fit in one scheduler time slice of a shared machine; the median of many then
+# ignores the ones that did not.
+BATCH_SECONDS = 0.0005
+REPEATS = 31
 SHUFFLED_VARIANTS = 16
 
 
@@ -140,45 +141,47 @@ def make_planner(impl: ModuleType, scenario: str, batch: int) -> Any:
 # Timing
 # --------------------------------------------------------------------------------------------
 
-def _median_ns(run: Callable[[], None], calls: int, repeats: int) -> float:
-    """Median over ``repeats`` batches of ns per call; ``run()`` makes ``calls`` calls."""
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
-        run()
-        samples.append((time.perf_counter_ns() - t0) / calls)
-    return statistics.median(samples)
-
-
-def _calls_per_batch(plan: Callable[[Any], Any], argument: Any, cap: int | None = None) -> int:
+def _calls_per_batch(plan: Callable[[Any], Any], argument: Any) -> int:
     t0 = time.perf_counter_ns()
     for _ in range(3):
         plan(argument)
     estimate = max((time.perf_counter_ns() - t0) / 3, 1.0)
-    calls = max(1, int(BATCH_SECONDS * 1e9 / estimate))
-    return min(calls, cap) if cap else calls
+    return max(1, int(BATCH_SECONDS * 1e9 / estimate))
 
 
-def time_plan(plan: Callable[[Any], Any], arguments: Sequence[Any], repeats: int = REPEATS,
-              cap: int | None = None) -> float:
-    """Median ns per ``plan(argument)``, cycling through ``arguments`` one per call."""
-    calls = _calls_per_batch(plan, arguments[0], cap)
+def plan_batch(plan: Callable[[Any], Any], arguments: Sequence[Any]) -> Callable[[], float]:
+    """A timed batch of ``plan(argument)`` calls, one argument after another; ns per call."""
+    calls = _calls_per_batch(plan, arguments[0])
     schedule = [arguments[k % len(arguments)] for k in range(calls)]
 
-    def run() -> None:
+    def run() -> float:
+        t0 = time.perf_counter_ns()
         for argument in schedule:
             plan(argument)
+        return (time.perf_counter_ns() - t0) / calls
 
-    return _median_ns(run, calls, repeats)
+    return run
 
 
-def time_c_loop(planner: Any, ledger: np.ndarray, repeats: int = REPEATS) -> float:
-    """Median ns per kernel call of ``_core.time_kernel_loop`` on the same ledger."""
+def c_loop_batch(planner: Any, ledger: np.ndarray) -> Callable[[], float]:
+    """A timed batch of kernel calls looped in C (``_core.time_kernel_loop``); ns per call."""
     per_call = _core.time_kernel_loop(planner, ledger, iterations=100)
     iterations = max(1, int(BATCH_SECONDS * 1e9 / max(per_call, 1.0)))
-    return statistics.median(
-        _core.time_kernel_loop(planner, ledger, iterations=iterations) for _ in range(repeats)
-    )
+    return lambda: float(_core.time_kernel_loop(planner, ledger, iterations=iterations))
+
+
+def interleaved_medians(batches: dict[str, Callable[[], float]],
+                        repeats: int = REPEATS) -> dict[str, float]:
+    """Median ns per call of each batch, the batches taking turns.
+
+    Taking turns spreads a slow spell of a shared machine over all of them, so their ratios
+    stay meaningful even when the absolute figures drift.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in batches}
+    for _ in range(repeats):
+        for name, run in batches.items():
+            samples[name].append(run())
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def allocated_bytes(plan: Callable[[Any], Any], argument: Any, calls: int = 200) -> int:
@@ -224,17 +227,20 @@ def measure(scenario: str, batch: int, reference: bool = True) -> Timing:
     planner = make_planner(_core, scenario, batch)
     array = ledger_array(rows)
     objects = ledger_objects(_core, rows)
-    ref_ns = None
+    batches = {
+        "array": plan_batch(planner.plan, [array]),
+        "list": plan_batch(planner.plan, [objects]),
+        "c_loop": c_loop_batch(planner, array),
+        # A planner of its own: its previous order must not leak into the steady batches.
+        "shuffled": plan_batch(make_planner(_core, scenario, batch).plan, shuffled_ledgers(rows)),
+    }
     if reference:
         ref_planner = make_planner(_reference, scenario, batch)
-        ref_ns = time_plan(ref_planner.plan, [ledger_objects(_reference, rows)],
-                           repeats=5, cap=REFERENCE_MAX_CALLS)
-    array_ns = time_plan(planner.plan, [array])
-    list_ns = time_plan(planner.plan, [objects])
-    c_loop_ns = time_c_loop(planner, array)
-    shuffled_ns = time_plan(planner.plan, shuffled_ledgers(rows))
-    return Timing(batch, array_ns, list_ns, c_loop_ns, shuffled_ns, ref_ns,
-                  allocated_bytes(planner.plan, array), allocated_bytes(planner.plan, objects))
+        batches["reference"] = plan_batch(ref_planner.plan, [ledger_objects(_reference, rows)])
+    ns = interleaved_medians(batches)
+    return Timing(batch, ns["array"], ns["list"], ns["c_loop"], ns["shuffled"],
+                  ns.get("reference"), allocated_bytes(planner.plan, array),
+                  allocated_bytes(planner.plan, objects))
 
 
 @dataclass

@@ -1,0 +1,81 @@
+"""plan() per scenario and batch size: compiled array path, compiled list path, pure-Python
+reference, and the kernel alone in a C loop, grouped side by side per scenario and B.
+
+Setup (ledger, planner, first plan) happens outside the timed call. The reference is slow, so
+it runs few rounds. One round of ``test_c_loop`` is ``C_LOOP_ITERATIONS`` kernel calls looped
+in C (short enough to fit in one scheduler time slice of a busy machine), so its figures are
+100 times one plan's; ``table.py`` turns the saved JSON into per-plan figures and ratios.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stepplanner import _core, _reference, bench
+
+BATCHES = bench.BATCH_SIZES
+SCENARIOS = sorted(bench.SCENARIOS)
+C_LOOP_ITERATIONS = 100
+
+# Rounds for the reference: enough for a median, few enough to keep the run to minutes.
+REFERENCE_ROUNDS = {8: 20, 64: 10, 256: 5, 1024: 3}
+
+
+def _group(scenario: str, batch: int) -> str:
+    return f"{scenario} B={batch:>4}"
+
+
+@pytest.fixture(params=BATCHES, ids=lambda b: f"B{b}")
+def batch(request: pytest.FixtureRequest) -> int:
+    return request.param
+
+
+@pytest.fixture(params=SCENARIOS)
+def scenario(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("impl", ["array", "list"])
+def test_compiled(benchmark, scenario: str, batch: int, impl: str) -> None:
+    rows = bench.steady_ledger(batch)
+    planner = bench.make_planner(_core, scenario, batch)
+    ledger = bench.ledger_array(rows) if impl == "array" else bench.ledger_objects(_core, rows)
+    planner.plan(ledger)
+    benchmark.group = _group(scenario, batch)
+    plan = benchmark(planner.plan, ledger)
+    assert plan.num_residents == batch
+
+
+def test_reference(benchmark, scenario: str, batch: int) -> None:
+    rows = bench.steady_ledger(batch)
+    planner = bench.make_planner(_reference, scenario, batch)
+    ledger = bench.ledger_objects(_reference, rows)
+    benchmark.group = _group(scenario, batch)
+    plan = benchmark.pedantic(planner.plan, (ledger,), rounds=REFERENCE_ROUNDS[batch],
+                              iterations=1, warmup_rounds=1)
+    assert plan.num_residents == batch
+
+
+def test_c_loop(benchmark, scenario: str, batch: int) -> None:
+    rows = bench.steady_ledger(batch)
+    planner = bench.make_planner(_core, scenario, batch)
+    ledger = bench.ledger_array(rows)
+    benchmark.group = _group(scenario, batch)
+    benchmark.extra_info["iterations"] = C_LOOP_ITERATIONS
+    per_call = benchmark(_core.time_kernel_loop, planner, ledger, None, C_LOOP_ITERATIONS)
+    benchmark.extra_info["ns_per_call_last_round"] = per_call
+    assert per_call > 0
+
+
+def test_shuffled(benchmark, batch: int) -> None:
+    """priority_pause over a ledger whose rows come in a new order every call (a full sort)."""
+    rows = bench.steady_ledger(batch)
+    planner = bench.make_planner(_core, "priority_pause", batch)
+    ledgers = iter(bench.shuffled_ledgers(rows, variants=64) * 40)
+    planner.plan(next(ledgers))
+
+    def setup():
+        return (next(ledgers),), {}
+
+    benchmark.group = f"shuffled B={batch:>4}"
+    benchmark.pedantic(planner.plan, setup=setup, rounds=2000, warmup_rounds=10)
