@@ -603,10 +603,11 @@ cdef class StepPlan:
 
     def copy(self):
         """A plan of its own, not tied to the planner (``plan()`` will not overwrite it)."""
-        cdef StepPlan other
+        # Allocate first, then copy in pure C: no Python code (and so no other thread's plan())
+        # can run between reading the first and the last byte.
+        cdef StepPlan other = StepPlan.__new__(StepPlan)
+        other._allocate(self.capacity)
         with cython.critical_section(self):
-            other = StepPlan.__new__(StepPlan)
-            other._allocate(self.c.num_residents)
             other._copy_from(self)
         return other
 
@@ -621,8 +622,7 @@ cdef class StepPlan:
 
     def to_dict(self):
         """Plain data (JSON-ready): sequences as dicts, paused, and the four totals."""
-        with cython.critical_section(self):
-            return _plan_to_dict(self)
+        return _plan_to_dict(self.copy())  # building dicts runs Python code: read a snapshot
 
     def apply_to(self, residents):
         """Advance the ledger rows this plan was made over, as SPEC §6 says a runtime does.
@@ -670,6 +670,8 @@ cdef class StepPlan:
     cdef _apply_objects(self, residents):
         cdef int32_t n = self.c.num_residents
         cdef int32_t i, status
+        # One read of each element: the checks and the writes must see the same objects.
+        residents = tuple(residents)
         if len(residents) < n:
             raise _errors.apply_length(len(residents), n)
         for i in range(n):
@@ -707,7 +709,7 @@ cdef class StepPlan:
     __hash__ = None
 
     def __repr__(self):
-        return _plan_repr(self)
+        return _plan_repr(self.copy())
 
 
 cdef inline int _apply_status(const ResidentC* row, int32_t add, int32_t flags) noexcept nogil:
@@ -836,6 +838,12 @@ cdef class StepPlanner:
             raise RuntimeError("StepPlanner.__init__ was not called")
         cdef Py_ssize_t length
         cdef bint is_array = cnp.PyArray_Check(residents)
+        if count is not None and type(count) is not int:
+            # Before len(): count.__index__ is user code and may change the list.
+            try:
+                count = operator.index(count)
+            except TypeError:
+                raise _errors.not_integer("count", count) from None
         if is_array:
             if not ((<cnp.ndarray>residents).descr is _RESIDENT_DESCR
                     or cnp.PyArray_EquivTypes((<cnp.ndarray>residents).descr, _RESIDENT_DESCR)):
@@ -868,11 +876,6 @@ cdef class StepPlanner:
             if length > self.cfg.max_batch_size:
                 raise _errors.count_over_batch(length, self.cfg.max_batch_size)
             return length
-        if type(count) is not int:
-            try:
-                count = operator.index(count)
-            except TypeError:
-                raise _errors.not_integer("count", count) from None
         if count < 0:
             raise _errors.count_negative(count)
         if count > self.cfg.max_batch_size:
@@ -899,6 +902,7 @@ cdef class StepPlanner:
                 raise _row_error(check_row(&rows[i], s_in), i, &rows[i], s_in)
         return rows if n > 0 else self.rows
 
+    @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
         cdef int32_t i, s_in = self.cfg.max_input_length
         cdef object item
@@ -960,7 +964,7 @@ cdef uint8_t* _reasons_pointer(object reasons, Py_ssize_t n) except? NULL:
         raise _errors.reasons_array("is read-only")
     if arr.shape[0] < n:
         raise _errors.reasons_array(f"has len {arr.shape[0]} < count={n}")
-    if arr.strides[0] != 1:
+    if not cnp.PyArray_IS_C_CONTIGUOUS(arr):  # not strides[0] == 1: numpy gives len 0/1 any stride
         raise _errors.reasons_array("is not contiguous")
     return <uint8_t*>cnp.PyArray_DATA(arr)
 
