@@ -60,7 +60,7 @@ PY
 
 step "the wheel in a fresh venv, tests from a copy outside the source tree"
 "$PY" -m venv "$WORK/wheel-venv"
-"$WORK/wheel-venv/bin/python" -m pip install -q "$WHEEL[test]"
+"$WORK/wheel-venv/bin/python" -m pip install -q "$WHEEL[test,cli]"
 mkdir -p "$WORK/run"
 cp -R "$ROOT/tests" "$ROOT/pyproject.toml" "$WORK/run/"
 (cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -c \
