@@ -162,16 +162,12 @@ def test_shared_planner_copies_are_always_one_whole_plan(compiled: Any) -> None:
     assert sum(seen_own) > 0
 
 
-@pytest.mark.xfail(strict=False, reason="core bug: StepPlan.to_dict() runs Python code while it "
-                   "reads the live buffers, so a concurrent plan() can tear it (docs/threading.md)")
 def test_shared_plan_to_dict_is_one_whole_plan(compiled: Any) -> None:
-    """to_dict() on the shared plan, concurrently with plan(): must be one whole plan.
+    """to_dict() on the shared plan, concurrently with plan(): one whole plan, never a mix.
 
-    Fails today on GIL builds: to_dict() converts the live plan with Python code
-    (_plan_to_dict), the GIL switches threads in the middle, and another thread's plan() rewrites
-    the rows, giving e.g. 13 sequences with num_prefill=3, num_decode=3. The critical section it
-    holds is a no-op under the GIL, and on free-threaded builds it is suspended whenever the
-    Python code inside blocks on another lock. Fix: ``return _plan_to_dict(self.copy())``.
+    Regression: to_dict() once converted the live buffers with Python code, during which the GIL
+    switched threads and another plan() rewrote them (13 sequences with num_prefill=3,
+    num_decode=3). It now converts an atomic copy.
     """
     ledgers, expected = ledgers_with_distinct_plans(compiled)
     planner = make_planner(compiled)
