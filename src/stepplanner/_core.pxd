@@ -103,11 +103,14 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                     ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil
 
-cdef class _SequencesView:
+cdef class _PlanView:
     cdef StepPlan _plan
 
-cdef class _PausedView:
-    cdef StepPlan _plan
+cdef class _SequencesView(_PlanView):
+    pass
+
+cdef class _PausedView(_PlanView):
+    pass
 
 cdef class StepPlan:
     cdef PlanC c

@@ -484,8 +484,27 @@ cdef Py_ssize_t _index(Py_ssize_t index, Py_ssize_t length) except -1:
     return index
 
 
-cdef class _SequencesView:
-    """``plan.sequences``: a live, read-only view of the plan's rows (overwritten by ``plan()``)."""
+cdef class _PlanView:
+    """A live, read-only sequence over one of a plan's buffers (overwritten by ``plan()``)."""
+
+    def __eq__(self, other):
+        if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self):
+        return repr(list(self))
+
+    def index(self, value, start=0, stop=None):
+        items = list(self)
+        return items.index(value, start, len(items) if stop is None else stop)
+
+    def count(self, value):
+        return list(self).count(value)
+
+
+cdef class _SequencesView(_PlanView):
+    """``plan.sequences``: all prompt chunks in order, then all decode rows in order."""
 
     def __len__(self):
         return self._plan.c.num_prefill + self._plan.c.num_decode
@@ -496,17 +515,9 @@ cdef class _SequencesView:
             return [_planned(&self._plan.c.sequences[i]) for i in range(*index.indices(n))]
         return _planned(&self._plan.c.sequences[_index(index, n)])
 
-    def __eq__(self, other):
-        if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
-            return list(self) == list(other)
-        return NotImplemented
 
-    def __repr__(self):
-        return repr(list(self))
-
-
-cdef class _PausedView:
-    """``plan.paused``: a live, read-only view of the paused residents, ascending."""
+cdef class _PausedView(_PlanView):
+    """``plan.paused``: the paused residents' indices, ascending."""
 
     def __len__(self):
         return self._plan.c.num_paused
@@ -516,14 +527,6 @@ cdef class _PausedView:
         if isinstance(index, slice):
             return [self._plan.c.paused[i] for i in range(*index.indices(n))]
         return self._plan.c.paused[_index(index, n)]
-
-    def __eq__(self, other):
-        if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self):
-        return repr(list(self))
 
 
 collections.abc.Sequence.register(_SequencesView)
