@@ -62,12 +62,22 @@ else:
     ResidentState = _impl.ResidentState
     IMPLEMENTATION = _impl.IMPLEMENTATION
 
+# The tools around the planner (pure Python; they use whichever planner was selected above).
+from .checks import PlanInvariantError, check_plan  # noqa: E402
+from .latency import LatencyModel  # noqa: E402
+from .ledger import Ledger  # noqa: E402
+from .simulator import SimulationResult, simulate  # noqa: E402
+from .workloads import Workload, load_trace, synthetic  # noqa: E402
+
 __all__ = [
     "IMPLEMENTATION",
     "REASON_RELEASED_FROM_PAUSE",
     "RESIDENT_DTYPE",
     "SEQUENCE_DTYPE",
     "IfbSchedulingMode",
+    "LatencyModel",
+    "Ledger",
+    "PlanInvariantError",
     "PlannedSequence",
     "PreemptionMode",
     "Reason",
@@ -76,10 +86,16 @@ __all__ = [
     "SchedulingOptions",
     "SchedulingPolicy",
     "SequenceWork",
+    "SimulationResult",
     "StepPlan",
     "StepPlanner",
     "StepPlannerLimits",
+    "Workload",
     "__version__",
+    "check_plan",
+    "load_trace",
     "resolve_scheduling_policy",
+    "simulate",
     "split_reason",
+    "synthetic",
 ]
