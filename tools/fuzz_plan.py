@@ -53,11 +53,13 @@ INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
 # Input kinds that hit a reported problem; not generated unless -known=1 (see module doc).
 KNOWN_ISSUES = {
-    "noncontiguous-reasons": "compiled refuses a strided reasons array, reference accepts it",
+    "noncontiguous-reasons": "strided reasons: compiled tests strides[0] == 1, reference "
+                             "flags.c_contiguous; they differ on 1-element views",
     "mutating-count": "a count whose __index__ shrinks the list: compiled reads past the end",
     "shifty-list": "a list subclass whose __getitem__ changes its answer: compiled apply_to "
                    "writes into whatever object the second read returns",
-    "empty-reasons": "compiled refuses a valid zero-length reasons array (numpy gives it stride 0)",
+    "empty-reasons": "compiled refuses a valid zero-length reasons array (numpy gives it "
+                     "stride 0), the reference accepts it",
 }
 INCLUDE_KNOWN: set[str] = set()
 
