@@ -172,6 +172,23 @@ def test_apply_to_reads_each_element_once(core):
     assert lines[0] in ("applied 10", "refused TypeError"), proc.stdout + proc.stderr[-2000:]
 
 
+# --- error order: a bad container and a bad count together ---------------------------------
+
+
+@pytest.mark.parametrize("residents", [
+    np.zeros(3, RESIDENT_DTYPE.newbyteorder(">")), np.zeros((2, 2), RESIDENT_DTYPE), None,
+    {0: 1}, np.zeros(3, np.float64),
+], ids=["big_endian", "2d", "None", "dict", "float64"])
+@pytest.mark.parametrize("count", ["3", 1.5, None, 2], ids=repr)
+def test_bad_container_and_bad_count_give_one_error(compiled, reference, residents, count):
+    """fuzz (after the mutating-count fix): a big-endian array with count='3' -> compiled
+    reported the count ("count must be an integer, got str '3'"), the reference the dtype:
+    the compiled core now converts count before it checks the container."""
+    results = [outcome(impl.StepPlanner(POLICY, LIMITS).plan, residents, count)
+               for impl in (compiled, reference)]
+    assert results[0] == results[1]
+
+
 # --- raw fuzzer inputs, replayed through the harness -----------------------------------------
 
 
@@ -185,6 +202,15 @@ FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer c
                               "AAAAxcXFxcXFxcXFxcXFxcXFxcXFxTvFxcXFxcXFxcXFAACA/////3chIXc+q6ur"
                               "L6urqz4+PlHFxcX//////////2f//5j/AAAAAAAAAAD////////////F////////"
                               "/////8X//9AYPv//GD4+Pj4CAAAA"),
+    "error-order": ({"error-order"},
+                     "/x3//3od/hkZWSEhISE6ISEhHR0dHR0dHR0dHR0dIR0dHR0dHR0dHR0dHYGBgYGBgYGBgYEd"
+                     "HR0dHf4ZgYGBgYGBgYGBPYGBgYGBAAAAAP//HR0dHR0dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
+                     "qqqBgYGBgYGBgYGBgYGBgT4+GD7Bw8HBwd//DR3///8dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
+                     "qqoAAAD/Nf//dwDFxcUAxcXFxcXFxcUAAAAAAAAAAAAAAADFxcXFxcXFxcXFxcWFxTvFxcXF"
+                     "xdXFxcWkAAAnAAAAAAB3d3d3d3d3d3d3d3d3d3d3dzscCgoA+AoS/yEh/gp3d3d3d3d3d3d3"
+                     "d3d3hoiIiHd3d3d3d3d3d3d3d3d3d3d3wsJ3d3d3d3d3QXd3d3d3d3d3d3d3d3d3d3d3d3d3"
+                     "dzo+Pj4+Pj49KioqKioqKioqKioqKioqKioqKioqKioqKiAh/go+qqqqqkE+PkFBQUE+Pry+"
+                     "QXe/vj53d3d3d3d3d3d3d/v7////d3c+vg=="),
     "shifty-list": ({"shifty-list"},
                     "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
                     "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"
