@@ -42,7 +42,8 @@ rm -f "$work/src/src/stepplanner/_core.c"  # regenerate from the .pyx being test
 
 "$python" -m venv "$work/venv"
 pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install "numpy>=2.0" "pytest>=8" "hypothesis>=6.100" "pytest-benchmark>=4"
+"${pip[@]}" install "numpy>=2.0" "pytest>=8" "hypothesis>=6.100" "pytest-benchmark>=4" \
+  "click>=8.1" "rich>=13"  # the cli extra, so the CLI tests run too
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 echo "sanitize: building with CC=gcc CFLAGS=\"$san -g -O1\""
