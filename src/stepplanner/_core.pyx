@@ -839,27 +839,23 @@ cdef class StepPlanner:
         """
         if self.rows == NULL:
             raise RuntimeError("StepPlanner.__init__ was not called")
-        cdef Py_ssize_t length
         cdef bint is_array = cnp.PyArray_Check(residents)
-        if count is not None and type(count) is not int:
-            # Before len(): count.__index__ is user code and may change the list.
-            try:
-                count = operator.index(count)
-            except TypeError:
-                raise _errors.not_integer("count", count) from None
         if is_array:
             if not ((<cnp.ndarray>residents).descr is _RESIDENT_DESCR
                     or cnp.PyArray_EquivTypes((<cnp.ndarray>residents).descr, _RESIDENT_DESCR)):
                 raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
             if (<cnp.ndarray>residents).ndim != 1:
                 raise _errors.array_ndim((<cnp.ndarray>residents).ndim)
-            length = (<cnp.ndarray>residents).shape[0]
-        elif type(residents) is list or type(residents) is tuple:
-            length = len(residents)
-        elif isinstance(residents, (list, tuple)):
-            length = len(residents)
-        else:
+        elif not (type(residents) is list or type(residents) is tuple
+                  or isinstance(residents, (list, tuple))):
             raise _errors.residents_type(residents)
+        if count is not None and type(count) is not int:
+            # Before len(): count.__index__ is user code and may change the list.
+            try:
+                count = operator.index(count)
+            except TypeError:
+                raise _errors.not_integer("count", count) from None
+        cdef Py_ssize_t length = len(residents)
         cdef Py_ssize_t n = self._count(count, length)
         cdef uint8_t* reasons_ptr = NULL
         if reasons is not None:
