@@ -118,8 +118,6 @@ cdef class StepPlan:
     cdef object _seq_buf      # numpy arrays owning the memory c.sequences/c.paused point into
     cdef object _paused_buf
     cdef object _apply_buf    # 2 × capacity int32 of scratch for apply_to()
-    cdef _SequencesView _seq_view
-    cdef _PausedView _paused_view
     cdef object __weakref__
     cdef _allocate(self, int32_t capacity)
     cdef _copy_from(self, StepPlan src)

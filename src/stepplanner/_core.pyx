@@ -551,23 +551,25 @@ cdef class StepPlan:
         self.c.sequences = <SequenceC*>cnp.PyArray_DATA(self._seq_buf)
         self.c.paused = <int32_t*>cnp.PyArray_DATA(self._paused_buf)
         self.capacity = capacity
-        self._seq_view = _SequencesView.__new__(_SequencesView)
-        self._seq_view._plan = self
-        self._paused_view = _PausedView.__new__(_PausedView)
-        self._paused_view._plan = self
 
     def __init__(self):
         self._allocate(0)
 
+    # The views are made per access, not kept: a plan holding views that hold the plan would be
+    # a reference cycle, and every copy() would wait for the garbage collector.
     @property
     def sequences(self):
         """All prompt chunks in order, then all decode rows in order (``PlannedSequence``)."""
-        return self._seq_view
+        cdef _SequencesView view = _SequencesView.__new__(_SequencesView)
+        view._plan = self
+        return view
 
     @property
     def paused(self):
         """Residents withheld by preemption=PAUSE, ascending index."""
-        return self._paused_view
+        cdef _PausedView view = _PausedView.__new__(_PausedView)
+        view._plan = self
+        return view
 
     @property
     def num_prefill(self):
