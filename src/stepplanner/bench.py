@@ -170,14 +170,14 @@ def c_loop_batch(planner: Any, ledger: np.ndarray) -> Callable[[], float]:
     return lambda: float(_core.time_kernel_loop(planner, ledger, iterations=iterations))
 
 
-def interleaved_medians(batches: dict[str, Callable[[], float]],
-                        repeats: int = REPEATS) -> dict[str, float]:
+def interleaved_medians(batches: dict[Any, Callable[[], float]],
+                        repeats: int = REPEATS) -> dict[Any, float]:
     """Median ns per call of each batch, the batches taking turns.
 
     Taking turns spreads a slow spell of a shared machine over all of them, so their ratios
     stay meaningful even when the absolute figures drift.
     """
-    samples: dict[str, list[float]] = {name: [] for name in batches}
+    samples: dict[Any, list[float]] = {name: [] for name in batches}
     for _ in range(repeats):
         for name, run in batches.items():
             samples[name].append(run())
@@ -222,7 +222,8 @@ class Timing:
     list_alloc_bytes: int
 
 
-def measure(scenario: str, batch: int, reference: bool = True) -> Timing:
+def _batches(scenario: str, batch: int, reference: bool) -> dict[str, Callable[[], float]]:
+    """The timed batches of every variant at one B (setup happens here, outside the timing)."""
     rows = steady_ledger(batch)
     planner = make_planner(_core, scenario, batch)
     array = ledger_array(rows)
@@ -237,10 +238,35 @@ def measure(scenario: str, batch: int, reference: bool = True) -> Timing:
     if reference:
         ref_planner = make_planner(_reference, scenario, batch)
         batches["reference"] = plan_batch(ref_planner.plan, [ledger_objects(_reference, rows)])
+    return batches
+
+
+def _allocations(scenario: str, batch: int) -> tuple[int, int]:
+    rows = steady_ledger(batch)
+    planner = make_planner(_core, scenario, batch)
+    return (allocated_bytes(planner.plan, ledger_array(rows)),
+            allocated_bytes(planner.plan, ledger_objects(_core, rows)))
+
+
+def measure_all(scenario: str, batch_sizes: Sequence[int],
+                reference_max_batch: int) -> list[Timing]:
+    """One Timing per B, every variant at every B taking turns in one loop.
+
+    Interleaving across B too keeps the growth ratios (B=1024 over B=256) honest when the
+    machine has a slow spell: it then slows every B alike instead of the one being measured.
+    """
+    sizes = sorted(set(batch_sizes))
+    batches = {(b, name): run
+               for b in sizes
+               for name, run in _batches(scenario, b, b <= reference_max_batch).items()}
     ns = interleaved_medians(batches)
-    return Timing(batch, ns["array"], ns["list"], ns["c_loop"], ns["shuffled"],
-                  ns.get("reference"), allocated_bytes(planner.plan, array),
-                  allocated_bytes(planner.plan, objects))
+    timings = []
+    for b in sizes:
+        array_alloc, list_alloc = _allocations(scenario, b)
+        timings.append(Timing(b, ns[b, "array"], ns[b, "list"], ns[b, "c_loop"],
+                              ns[b, "shuffled"], ns.get((b, "reference")), array_alloc,
+                              list_alloc))
+    return timings
 
 
 @dataclass
@@ -375,8 +401,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m stepplanner.bench`` and ``stepplanner bench``; returns 0."""
     args = _parser().parse_args(argv)
-    timings = [measure(args.scenario, b, reference=b <= args.reference_max_batch)
-               for b in sorted(set(args.batch_sizes))]
+    timings = measure_all(args.scenario, args.batch_sizes, args.reference_max_batch)
     results = checks(timings)
     if args.json:
         print(json.dumps({
