@@ -84,17 +84,22 @@ class ResidentState:
         return (ResidentState, self._astuple())
 
 
-class _SequencesView(Sequence[PlannedSequence]):
+class _PlanView(Sequence[Any]):
+    """A live, read-only sequence over one of a plan's lists (overwritten by ``plan()``)."""
+
     __slots__ = ("_plan",)
 
     def __init__(self, plan: StepPlan) -> None:
         self._plan = plan
 
+    def _items(self) -> list[Any]:
+        raise NotImplementedError
+
     def __len__(self) -> int:
-        return len(self._plan._rows)
+        return len(self._items())
 
     def __getitem__(self, index: Any) -> Any:
-        return self._plan._rows[index]
+        return self._items()[index]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str):
@@ -105,25 +110,18 @@ class _SequencesView(Sequence[PlannedSequence]):
         return repr(list(self))
 
 
-class _PausedView(Sequence[int]):
-    __slots__ = ("_plan",)
+class _SequencesView(_PlanView):
+    __slots__ = ()
 
-    def __init__(self, plan: StepPlan) -> None:
-        self._plan = plan
+    def _items(self) -> list[PlannedSequence]:
+        return self._plan._rows
 
-    def __len__(self) -> int:
-        return len(self._plan._paused)
 
-    def __getitem__(self, index: Any) -> Any:
-        return self._plan._paused[index]
+class _PausedView(_PlanView):
+    __slots__ = ()
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence) and not isinstance(other, str):
-            return list(self) == list(other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return repr(list(self))
+    def _items(self) -> list[int]:
+        return self._plan._paused
 
 
 class StepPlan:
