@@ -45,7 +45,7 @@ __all__ = [
     "Timing",
     "main",
     "make_planner",
-    "measure",
+    "measure_all",
     "shuffled_ledgers",
     "steady_ledger",
 ]
