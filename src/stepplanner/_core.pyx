@@ -848,8 +848,7 @@ cdef class StepPlanner:
                 raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
             if (<cnp.ndarray>residents).ndim != 1:
                 raise _errors.array_ndim((<cnp.ndarray>residents).ndim)
-        elif not (type(residents) is list or type(residents) is tuple
-                  or isinstance(residents, (list, tuple))):
+        elif not isinstance(residents, (list, tuple)):
             raise _errors.residents_type(residents)
         if count is not None and type(count) is not int:
             # Before len(): count.__index__ is user code and may change the list.
