@@ -42,7 +42,7 @@ from ._types import (
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import RESIDENT_FIELDS, Ledger
-from .workloads import Workload
+from .workloads import Workload, json_lines
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -426,8 +426,8 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
     """
     from . import StepPlanner
 
-    it = iter(enumerate(lines, start=1))
-    header = _next_record(it)
+    it = json_lines(lines, "record")
+    header = next(it, None)
     if header is None or header[1].get("type") != "header":
         raise ValueError("record line 1: expected the header line "
                          f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
@@ -442,8 +442,7 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
     planner = StepPlanner(policy, limits)
     diffs: list[dict[str, Any]] = []
     steps = 0
-    while (item := _next_record(it)) is not None:
-        line, record = item
+    for line, record in it:
         try:
             rows = _residents_from_columns(record["residents"])
             expected = record["plan"]
@@ -460,20 +459,6 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
                           "recorded": expected, "replayed": got})
         steps += 1
     return ReplayResult(steps=steps, limits=limits, policy=policy, diffs=diffs)
-
-
-def _next_record(it: Iterable[tuple[int, str]]) -> tuple[int, dict[str, Any]] | None:
-    for line, raw in it:
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"record line {line}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict):
-            raise ValueError(f"record line {line}: expected a JSON object")
-        return line, record
-    return None
 
 
 def _residents_from_columns(columns: dict[str, list[Any]]) -> np.ndarray:

@@ -230,15 +230,21 @@ def _csv_records(path: pathlib.Path, text: str) -> Iterator[tuple[int, Mapping[s
 
 
 def _jsonl_records(path: pathlib.Path, text: str) -> Iterable[tuple[int, Mapping[str, Any]]]:
-    for line, raw in enumerate(text.splitlines(), start=1):
+    return json_lines(text.splitlines(), f"trace {path}")
+
+
+def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank JSON-lines record; errors name ``where`` and
+    the line. Shared by trace loading and step-record replay."""
+    for line, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"trace {path} line {line}: not valid JSON ({exc.msg})") from None
+            raise ValueError(f"{where} line {line}: not valid JSON ({exc.msg})") from None
         if not isinstance(record, dict):
-            raise ValueError(f"trace {path} line {line}: expected a JSON object, "
+            raise ValueError(f"{where} line {line}: expected a JSON object, "
                              f"got {type(record).__name__}")
         yield line, record
 
