@@ -30,7 +30,6 @@ from ._reference import _plan_repr, _plan_to_dict
 from ._types import (
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
-    IfbSchedulingMode,
     PlannedSequence,
     SequenceWork,
 )
@@ -177,14 +176,6 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
         if row.prompt_length > max_input_length:
             return STATUS_PROMPT_TOO_LONG
     return STATUS_OK
-
-
-cdef inline bint row_suspect(const ResidentC* row, int32_t max_input_length) noexcept nogil:
-    """True for every row ``check_row`` rejects (and only those), tested without branches."""
-    return (((row.committed | row.prompt_length | row.consecutive_paused_steps) < 0)
-            | ((row.context_committed == 0)
-               & ((<int64_t>row.prompt_length - row.committed <= 0)
-                  | (row.prompt_length > max_input_length))))
 
 
 cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
@@ -893,18 +884,22 @@ cdef class StepPlanner:
         cdef Py_ssize_t stride = arr.strides[0]
         cdef const ResidentC* rows = self._in_place(arr, n, reasons)
         cdef int32_t i, s_in = self.cfg.max_input_length
+        cdef int status
         if rows == NULL:
             for i in range(n):
                 memcpy(&self.rows[i], data + i * stride, sizeof(ResidentC))
             rows = self.rows
         for i in range(n):
-            if row_suspect(&rows[i], s_in):
-                raise _row_error(check_row(&rows[i], s_in), i, &rows[i], s_in)
+            status = check_row(&rows[i], s_in)
+            if status != STATUS_OK:
+                raise _row_error(status, i, &rows[i], s_in)
+        # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
 
     @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
         cdef int32_t i, s_in = self.cfg.max_input_length
+        cdef int status
         cdef object item
         cdef ResidentC* rows = self.rows
         for i in range(n):
@@ -912,8 +907,9 @@ cdef class StepPlanner:
             if type(item) is not ResidentState:
                 raise _errors.element_type(i, item)
             rows[i] = (<ResidentState>item).c
-            if row_suspect(&rows[i], s_in):
-                raise _row_error(check_row(&rows[i], s_in), i, &rows[i], s_in)
+            status = check_row(&rows[i], s_in)
+            if status != STATUS_OK:
+                raise _row_error(status, i, &rows[i], s_in)
         return rows
 
     def _run_kernel_loop(self, residents, Py_ssize_t iterations):
