@@ -25,11 +25,13 @@ __all__ = [
 DEFAULT_TOKEN_TARGET = 512  # the seed's default scheduling target, in tokens per step
 
 
-def _rd(x: int, p: int) -> int:
+def rd(x: int, p: int) -> int:
+    """x rounded down to a multiple of p."""
     return (x // p) * p
 
 
-def _ru(x: int, p: int) -> int:
+def ru(x: int, p: int) -> int:
+    """x rounded up to a multiple of p."""
     return -(-x // p) * p
 
 
@@ -125,41 +127,64 @@ def _check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
         )
 
 
-def _mixed_feasible(limits: StepPlannerLimits) -> bool:
+def mixed_feasible(limits: StepPlannerLimits) -> bool:
     b, p = limits.max_batch_size, limits.kv_page_size
-    return _rd(limits.t_max, p) >= b + p
+    return rd(limits.t_max, p) >= b + p
+
+
+def default_target(limits: StepPlannerLimits) -> int:
+    """The tokens beside B decode rows that the default budget aims for: 512, or P if larger.
+
+    SPEC's default is min(ru(512 + B), rd(T_max)); with pages over 512 tokens that falls below
+    its own range [B + P, T_max] and breaks the guarantee that the first prompt always gets a
+    chunk beside B decode rows, so the target never drops below one page.
+    """
+    return max(DEFAULT_TOKEN_TARGET, limits.kv_page_size)
+
+
+def default_max_num_tokens(limits: StepPlannerLimits) -> int:
+    """min(ru(B + target), rd(T_max)); only meaningful when mixed batching is feasible."""
+    p = limits.kv_page_size
+    return min(ru(limits.max_batch_size + default_target(limits), p), rd(limits.t_max, p))
+
+
+def default_max_chunk_tokens(max_num_tokens: int, limits: StepPlannerLimits) -> int:
+    """max(P, rd(min(512, max_num_tokens - B))), before the cap."""
+    p = limits.kv_page_size
+    return max(p, rd(min(DEFAULT_TOKEN_TARGET, max_num_tokens - limits.max_batch_size), p))
+
+
+def chunk_cap(limits: StepPlannerLimits) -> int:
+    """max(P, rd(S_in)): the most one prompt chunk holds."""
+    return max(limits.kv_page_size, rd(limits.max_input_length, limits.kv_page_size))
 
 
 def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
                      limits: StepPlannerLimits) -> tuple[int, int]:
     """SPEC §2 rule 3: defaults, ranges and the per-chunk cap for a mixed step."""
-    b, s_in, p, t_max = (limits.max_batch_size, limits.max_input_length, limits.kv_page_size,
-                         limits.t_max)
+    b, p, t_max = limits.max_batch_size, limits.kv_page_size, limits.t_max
     if max_num_tokens == 0:
-        if not _mixed_feasible(limits):
+        if not mixed_feasible(limits):
             raise ValueError(
                 f"max_num_tokens=0 (default) needs mixed batching to be feasible, but "
-                f"rd(T_max)={_rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
+                f"rd(T_max)={rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
                 f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
             )
-        # SPEC's min(ru(512 + B), rd(T_max)), but never below B + P: with pages over 512 tokens
-        # the letter would give a budget that breaks its own range and the guarantee that the
-        # first prompt always gets a chunk beside B decode rows.
-        max_num_tokens = min(_ru(b + max(DEFAULT_TOKEN_TARGET, p), p), _rd(t_max, p))
+        max_num_tokens = default_max_num_tokens(limits)
     elif not b + p <= max_num_tokens <= t_max:
         raise _errors.out_of_range(
             "max_num_tokens", max_num_tokens,
             f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {t_max}]",
         )
     if max_chunk_tokens == 0:
-        max_chunk_tokens = max(p, _rd(min(DEFAULT_TOKEN_TARGET, max_num_tokens - b), p))
+        max_chunk_tokens = default_max_chunk_tokens(max_num_tokens, limits)
     elif not (p <= max_chunk_tokens <= max_num_tokens - b and max_chunk_tokens % p == 0):
         raise _errors.out_of_range(
             "max_chunk_tokens", max_chunk_tokens,
             f"a multiple of kv_page_size={p} in [kv_page_size, max_num_tokens - max_batch_size]"
             f" = [{p}, {max_num_tokens - b}]",
         )
-    return max_num_tokens, min(max_chunk_tokens, max(p, _rd(s_in, p)))
+    return max_num_tokens, min(max_chunk_tokens, chunk_cap(limits))
 
 
 def resolve_scheduling_policy(options: SchedulingOptions,
@@ -178,7 +203,7 @@ def resolve_scheduling_policy(options: SchedulingOptions,
     given = options.max_num_tokens != 0 or options.max_chunk_tokens != 0
     if mode == IfbSchedulingMode.AUTO:
         mode = (IfbSchedulingMode.MIXED
-                if _mixed_feasible(limits) or options.max_num_tokens != 0
+                if mixed_feasible(limits) or options.max_num_tokens != 0
                 else IfbSchedulingMode.PREFILL_FIRST)
     if mode == IfbSchedulingMode.MIXED or given:
         max_num_tokens, max_chunk_tokens = _resolve_budgets(
@@ -213,13 +238,13 @@ def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) ->
                     name, getattr(policy, name),
                     f"{want} under PREFILL_FIRST (T_max and max_input_length)")
         return
-    b, s_in, p = limits.max_batch_size, limits.max_input_length, limits.kv_page_size
+    b, p = limits.max_batch_size, limits.kv_page_size
     mnt, mct = policy.max_num_tokens, policy.max_chunk_tokens
     if not b + p <= mnt <= limits.t_max:
         raise _errors.out_of_range(
             "max_num_tokens", mnt,
             f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {limits.t_max}]")
-    top = min(mnt - b, max(p, _rd(s_in, p)))
+    top = min(mnt - b, chunk_cap(limits))
     if not (p <= mct <= top and mct % p == 0):
         raise _errors.out_of_range(
             "max_chunk_tokens", mct,

@@ -26,7 +26,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise SystemExit(f"the stepplanner command needs click and rich ({exc}); "
                      "install them with: pip install 'stepplanner[cli]'") from None
 
-from ._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from ._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    chunk_cap,
+    default_max_chunk_tokens,
+    default_target,
+    rd,
+    resolve_scheduling_policy,
+    ru,
+)
 from ._types import (
     IfbSchedulingMode,
     PreemptionMode,
@@ -51,7 +61,6 @@ DEFAULT_REQUESTS = 6000
 DEFAULT_RATE = 28.0
 DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
                    "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64")
-TOKEN_TARGET = 512  # SPEC §2's default scheduling target
 
 _ENUMS: dict[str, Any] = {"ifb_scheduling_mode": IfbSchedulingMode,
                           "scheduling_policy": SchedulingPolicy, "preemption": PreemptionMode}
@@ -388,7 +397,7 @@ def explain_command(ledger_file: Any, as_json: bool) -> None:
     reasons = np.zeros(max(ledger.count, 1), dtype=np.uint8)
     plan = StepPlanner(policy, config.limits).plan(ledger.residents, reasons=reasons)
     explanation = {
-        "policy": explain_policy(config.options, config.limits),
+        "policy": explain_policy(config.options, policy, config.limits),
         "plan": plan.to_dict(),
         "residents": _resident_reasons(ledger, plan, reasons),
     }
@@ -398,16 +407,11 @@ def explain_command(ledger_file: Any, as_json: bool) -> None:
     _print_explanation(_console(), explanation)
 
 
-def explain_policy(options: SchedulingOptions,
+def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
                    limits: StepPlannerLimits) -> list[dict[str, Any]]:
-    """Each resolved field with the SPEC §2 rule that produced it."""
-    policy = resolve_scheduling_policy(options, limits)
+    """Each field of ``policy`` (resolved from ``options``) with the SPEC §2 rule behind it."""
     b, s_in, p, t_max = (limits.max_batch_size, limits.max_input_length, limits.kv_page_size,
                          limits.t_max)
-
-    def rd(x: int) -> int:
-        return x // p * p
-
     mixed = policy.mode == IfbSchedulingMode.MIXED
     if options.ifb_scheduling_mode != IfbSchedulingMode.AUTO:
         mode_rule = "given"
@@ -415,9 +419,8 @@ def explain_policy(options: SchedulingOptions,
         mode_rule = "rule 2: AUTO -> MIXED because max_num_tokens was given"
     else:
         relation = ">=" if mixed else "<"
-        mode_rule = (f"rule 2: AUTO -> {policy.mode.name} because rd(T_max)={rd(t_max)} "
+        mode_rule = (f"rule 2: AUTO -> {policy.mode.name} because rd(T_max)={rd(t_max, p)} "
                      f"{relation} B+P={b + p}")
-    cap = max(p, rd(s_in))
     if not mixed:
         mnt_rule = f"rule 4: PREFILL_FIRST uses T_max = B*S_in = {t_max}"
         mct_rule = f"rule 4: PREFILL_FIRST uses S_in = {s_in}"
@@ -425,17 +428,18 @@ def explain_policy(options: SchedulingOptions,
         if options.max_num_tokens:
             mnt_rule = f"rule 3: given, within [B+P, T_max] = [{b + p}, {t_max}]"
         else:
-            ru = -(-(TOKEN_TARGET + b) // p) * p
-            mnt_rule = f"rule 3: default min(ru(512+B), rd(T_max)) = min({ru}, {rd(t_max)})"
+            target = default_target(limits)
+            mnt_rule = (f"rule 3: default min(ru({target}+B), rd(T_max)) = "
+                        f"min({ru(target + b, p)}, {rd(t_max, p)})")
         mnt = policy.max_num_tokens
         if options.max_chunk_tokens:
             before = options.max_chunk_tokens
             mct_rule = f"rule 3: given {before}, a multiple of P in [P, max_num_tokens-B]"
         else:
-            before = max(p, rd(min(TOKEN_TARGET, mnt - b)))
+            before = default_max_chunk_tokens(mnt, limits)
             mct_rule = f"rule 3: default max(P, rd(min(512, max_num_tokens-B))) = {before}"
-        if before > cap:
-            mct_rule += f", capped at max(P, rd(S_in)) = {cap}"
+        if before > chunk_cap(limits):
+            mct_rule += f", capped at max(P, rd(S_in)) = {chunk_cap(limits)}"
     defaults = SchedulingOptions()
     rows = [("mode", policy.mode.name, mode_rule),
             ("max_num_tokens", policy.max_num_tokens, mnt_rule),

@@ -37,6 +37,8 @@ from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
+    default_max_num_tokens,
+    mixed_feasible,
     resolve_scheduling_policy,
 )
 from ._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
@@ -76,15 +78,6 @@ _PAUSE_STEPS = st.one_of(st.just(0), st.integers(0, 4))
 _BOOLS = st.booleans()
 
 
-def _rd(x: int, p: int) -> int:
-    return x // p * p
-
-
-def _feasible(lim: StepPlannerLimits) -> bool:
-    """SPEC §2: mixed batching is feasible when rd(T_max) >= B + P."""
-    return _rd(lim.t_max, lim.kv_page_size) >= lim.max_batch_size + lim.kv_page_size
-
-
 # --- limits and policies -------------------------------------------------------------------------
 
 
@@ -118,7 +111,7 @@ def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrateg
 @st.composite
 def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
     b, p, t_max = lim.max_batch_size, lim.kv_page_size, lim.t_max
-    feasible = _feasible(lim)
+    feasible = mixed_feasible(lim)
     can_give = b + p <= t_max  # a given max_num_tokens needs [B + P, T_max] to be non-empty
     mode = draw(_MODES)
     max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(_BOOLS) else 0
@@ -129,9 +122,7 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
                 mode = IfbSchedulingMode.PREFILL_FIRST
             else:
                 max_num_tokens = draw(st.integers(b + p, t_max))
-    # the default budget _policy resolves to: min(ru(B + max(512, P)), rd(T_max))
-    effective = max_num_tokens or (min(-(-(b + max(512, p)) // p) * p, _rd(t_max, p))
-                                   if feasible else 0)
+    effective = max_num_tokens or (default_max_num_tokens(lim) if feasible else 0)
     max_chunk_tokens = 0
     if effective - b >= p and draw(_BOOLS):
         max_chunk_tokens = p * draw(st.integers(1, (effective - b) // p))
@@ -157,7 +148,8 @@ def policies(draw: Any, lim: StepPlannerLimits) -> ResolvedSchedulingPolicy:
         mode = options.ifb_scheduling_mode
         if mode == IfbSchedulingMode.AUTO:
             mode = IfbSchedulingMode.MIXED
-        if mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0 and not _feasible(lim):
+        if (mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0
+                and not mixed_feasible(lim)):
             mode = IfbSchedulingMode.PREFILL_FIRST  # a default MIXED budget needs feasibility
         options = dataclasses.replace(options, ifb_scheduling_mode=mode,
                                       scheduling_policy=SchedulingPolicy.PRIORITY,
