@@ -8,7 +8,7 @@ can judge either implementation, a future one, or a plan that came over the wire
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 

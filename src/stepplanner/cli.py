@@ -43,13 +43,14 @@ from ._types import (
     SchedulingPolicy,
     split_reason,
 )
-from .latency import DEFAULT_LATENCY, LatencyModel
+from .latency import LatencyModel
 from .ledger import Ledger
 from .simulator import (
     DEFAULT_LIMITS,
     SimulationResult,
     StepRecorder,
     policy_to_dict,
+    read_record_header,
     replay,
     simulate,
 )
@@ -505,14 +506,11 @@ def replay_command(record_file: Any, config_text: str, show: int, as_json: bool)
     lines = record_file.read().splitlines()
     policy = limits = None
     if config_text:
-        header = json.loads(lines[0]) if lines else {}
-        limits = StepPlannerLimits(**header.get("limits", dataclasses.asdict(DEFAULT_LIMITS)))
-        recorded = header.get("policy", {})
+        limits, recorded = read_record_header(lines)
         base = SchedulingOptions(
-            scheduling_policy=SchedulingPolicy[recorded.get("scheduling_policy", "FCFS")],
-            preemption=PreemptionMode[recorded.get("preemption", "NONE")],
-            priority_reserved_slots=recorded.get("priority_reserved_slots", 0),
-            max_pause_steps=recorded.get("max_pause_steps", 0))
+            scheduling_policy=recorded.scheduling_policy, preemption=recorded.preemption,
+            priority_reserved_slots=recorded.priority_reserved_slots,
+            max_pause_steps=recorded.max_pause_steps)
         config = parse_config(parse_config_text(config_text), limits, base)
         limits = config.limits
         policy = resolve_scheduling_policy(config.options, limits)

@@ -51,6 +51,7 @@ __all__ = [
     "StepRecorder",
     "policy_from_dict",
     "policy_to_dict",
+    "read_record_header",
     "replay",
     "simulate",
 ]
@@ -417,6 +418,26 @@ class ReplayResult:
     diffs: list[dict[str, Any]]
 
 
+def read_record_header(lines: Iterable[str]) -> tuple[StepPlannerLimits,
+                                                        ResolvedSchedulingPolicy]:
+    """The limits and policy a step record was made with (its first line)."""
+    return _record_header(next(json_lines(lines, "record"), None))
+
+
+def _record_header(header: tuple[int, dict[str, Any]] | None) -> tuple[StepPlannerLimits,
+                                                                       ResolvedSchedulingPolicy]:
+    if header is None or header[1].get("type") != "header":
+        raise ValueError("record line 1: expected the header line "
+                         f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
+    fmt = header[1].get("format")
+    if fmt != RECORD_FORMAT:
+        raise ValueError(f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
+    try:
+        return StepPlannerLimits(**header[1]["limits"]), policy_from_dict(header[1]["policy"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"record line 1: bad limits/policy ({exc})") from None
+
+
 def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
            limits: StepPlannerLimits | None = None) -> ReplayResult:
     """Re-plan every recorded step; ``diffs`` lists each step whose plan differs.
@@ -426,23 +447,14 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
     """
     from . import StepPlanner
 
-    it = json_lines(lines, "record")
-    header = next(it, None)
-    if header is None or header[1].get("type") != "header":
-        raise ValueError("record line 1: expected the header line "
-                         f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
-    fmt = header[1].get("format")
-    if fmt != RECORD_FORMAT:
-        raise ValueError(f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
-    try:
-        limits = limits or StepPlannerLimits(**header[1]["limits"])
-        policy = policy or policy_from_dict(header[1]["policy"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"record line 1: bad limits/policy ({exc})") from None
+    records = json_lines(lines, "record")
+    recorded_limits, recorded_policy = _record_header(next(records, None))
+    limits = limits or recorded_limits
+    policy = policy or recorded_policy
     planner = StepPlanner(policy, limits)
     diffs: list[dict[str, Any]] = []
     steps = 0
-    for line, record in it:
+    for line, record in records:
         try:
             rows = _residents_from_columns(record["residents"])
             expected = record["plan"]
