@@ -60,3 +60,17 @@ def as_enum(field: str, value: object, enum_type: type[E]) -> E:
         return enum_type(v)
     except ValueError:
         raise _errors.not_enum(field, value, enum_type) from None
+
+
+def enum_from_text(field: str, value: object, enum_type: type[E]) -> E:
+    """A member as a config file or command line writes it: by name in any case (``-`` for
+    ``_``) or by number; members and integers pass through ``as_enum``."""
+    if not isinstance(value, str):
+        return as_enum(field, value, enum_type)
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return as_enum(field, int(text), enum_type)
+    try:
+        return enum_type[text.upper().replace("-", "_")]
+    except KeyError:
+        raise _errors.not_enum(field, value, enum_type) from None

@@ -26,6 +26,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise SystemExit(f"the stepplanner command needs click and rich ({exc}); "
                      "install them with: pip install 'stepplanner[cli]'") from None
 
+from ._fields import enum_from_text
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -103,7 +104,7 @@ def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
             name = str(value)
             continue
         if key in _ENUMS and isinstance(value, str):
-            value = _enum(key, value)
+            value = enum_from_text(key, value, _ENUMS[key])
         elif key in _OPTION_FIELDS or key in _LIMIT_FIELDS:
             value = _int(key, value)
         else:
@@ -123,18 +124,6 @@ def parse_config_text(text: str) -> dict[str, Any]:
             raise ValueError(f"config item {part!r} is not KEY=VALUE")
         items[key.strip()] = value.strip()
     return items
-
-
-def _enum(key: str, value: str) -> Any:
-    enum = _ENUMS[key]
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return int(text)
-    try:
-        return enum[text.upper().replace("-", "_")]
-    except KeyError:
-        allowed = ", ".join(m.name.lower() for m in enum)
-        raise ValueError(f"{key}={value!r} is not known; allowed: {allowed}") from None
 
 
 def _int(key: str, value: Any) -> int:

@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ._fields import enum_from_text
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -372,16 +373,8 @@ def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
     values = dict(data)
     for key, enum in _ENUMS.items():
         if isinstance(values.get(key), str):
-            values[key] = _enum_by_name(key, values[key], enum)
+            values[key] = enum_from_text(key, values[key], enum)
     return ResolvedSchedulingPolicy(**values)
-
-
-def _enum_by_name(key: str, name: str, enum: Any) -> Any:
-    try:
-        return enum[name.strip().upper()]
-    except KeyError:
-        allowed = ", ".join(m.name for m in enum)
-        raise ValueError(f"{key}={name!r} is not a {enum.__name__}; allowed: {allowed}") from None
 
 
 # --- record / replay -------------------------------------------------------------------------
