@@ -92,11 +92,12 @@ def _check_indices(rows: list[_Row], seqs: list[Any], paused: list[int]) -> None
 
 def _check_totals(plan: Any, seqs: list[Any]) -> None:
     chunks = [s for s in seqs if s.work == SequenceWork.CONTEXT]
+    prefill_tokens = sum(s.query_length for s in chunks)
     want = {
         "num_prefill": len(chunks),
         "num_decode": len(seqs) - len(chunks),
-        "prefill_tokens": sum(s.query_length for s in chunks),
-        "total_tokens": sum(s.query_length for s in chunks) + len(seqs) - len(chunks),
+        "prefill_tokens": prefill_tokens,
+        "total_tokens": prefill_tokens + len(seqs) - len(chunks),
     }
     for name, value in want.items():
         if getattr(plan, name) != value:
@@ -186,16 +187,17 @@ def _check_pause(policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: lis
     prompts = [r.priority for r in rows if not r.context_committed]
     limit = min(prompts) if prompts else None  # h's priority: h is first in (priority, ...) order
     mps = policy.max_pause_steps
+    is_paused = set(paused)
     for i, r in enumerate(rows):
         worse = limit is not None and r.priority > limit
         released = mps > 0 and r.consecutive_paused_steps >= mps
-        if i in paused and not worse:
+        if i in is_paused and not worse:
             _fail(f"resident {i} (priority {r.priority}) is paused but the first pending prompt "
                   f"has priority {limit}")
-        if i in paused and released:
+        if i in is_paused and released:
             _fail(f"resident {i} is paused with consecutive_paused_steps="
                   f"{r.consecutive_paused_steps} >= max_pause_steps={mps}")
-        if worse and not released and i not in paused:
+        if worse and not released and i not in is_paused:
             _fail(f"resident {i} (priority {r.priority}) is worse than the first pending prompt "
                   f"(priority {limit}) but is not paused")
 
@@ -204,7 +206,8 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
                     paused: list[int]) -> None:
     """Who must be planned: decode rows per mode, and the first eligible prompt always."""
     planned = {s.resident: s.work for s in seqs}
-    active = [i for i in range(len(rows)) if i not in paused]
+    is_paused = set(paused)
+    active = [i for i in range(len(rows)) if i not in is_paused]
     prompts = sorted((i for i in active if not rows[i].context_committed),
                      key=lambda i: _order_key(policy, rows, i))
     decoding = [i for i in active if rows[i].context_committed]
