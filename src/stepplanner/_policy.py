@@ -119,7 +119,7 @@ def _normalise(obj: SchedulingOptions | ResolvedSchedulingPolicy, mode_field: st
         _set(obj, name, v)
 
 
-def _check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
+def check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
     b = limits.max_batch_size
     if not 0 <= value < b:
         raise _errors.out_of_range(
@@ -197,7 +197,7 @@ def resolve_scheduling_policy(options: SchedulingOptions,
         raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
     if not isinstance(limits, StepPlannerLimits):
         raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
-    _check_reserved_slots(options.priority_reserved_slots, limits)
+    check_reserved_slots(options.priority_reserved_slots, limits)
 
     mode = options.ifb_scheduling_mode
     given = options.max_num_tokens != 0 or options.max_chunk_tokens != 0
@@ -229,7 +229,7 @@ def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) ->
         raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
     if policy.mode not in (IfbSchedulingMode.MIXED, IfbSchedulingMode.PREFILL_FIRST):
         raise _errors.unresolved_mode(policy.mode)
-    _check_reserved_slots(policy.priority_reserved_slots, limits)
+    check_reserved_slots(policy.priority_reserved_slots, limits)
     if policy.mode == IfbSchedulingMode.PREFILL_FIRST:
         expected = (limits.t_max, limits.max_input_length)
         for name, want in zip(("max_num_tokens", "max_chunk_tokens"), expected):

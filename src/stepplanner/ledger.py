@@ -29,14 +29,13 @@ Decisions where SPEC §6 is silent (documented in docs/simulator.md):
 from __future__ import annotations
 
 import heapq
-import operator
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._fields import as_bool, as_int32, as_uint64
-from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from ._fields import as_bool, as_int, as_int32, as_uint64
+from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ._types import RESIDENT_DTYPE, SchedulingPolicy
 
 __all__ = ["Ledger", "RESIDENT_FIELDS"]
@@ -46,11 +45,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _request_id(value: object) -> int:
-    try:
-        rid = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"request_id must be an integer, got {type(value).__name__} "
-                        f"{value!r}") from None
+    rid = as_int("request_id", value)
     if not INT64_MIN <= rid <= INT64_MAX:
         raise OverflowError(f"request_id={rid} does not fit int64")
     return rid
@@ -71,9 +66,7 @@ class Ledger:
             raise TypeError("policy must be a ResolvedSchedulingPolicy or None, got "
                             f"{type(policy).__name__}")
         reserved = policy.priority_reserved_slots if policy is not None else 0
-        if not 0 <= reserved < limits.max_batch_size:
-            raise ValueError(f"priority_reserved_slots={reserved} is out of range; allowed: "
-                             f"0 <= value < max_batch_size={limits.max_batch_size}")
+        check_reserved_slots(reserved, limits)
         self.limits = limits
         self.by_priority = (policy is not None
                             and policy.scheduling_policy == SchedulingPolicy.PRIORITY)
@@ -266,10 +259,11 @@ class Ledger:
         for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
             if np.unique(column).size != column.size:
                 raise ValueError(f"residents repeat a {name}; allowed: unique values")
-        clash = self._known_waiting() & set(ids.tolist())
+        waiting = self._known_waiting()
+        clash = waiting & set(ids.tolist())
         if clash:
             raise ValueError(f"request_id {sorted(clash)[0]} is also waiting")
-        self._known = self._known_waiting() | set(ids.tolist())
+        self._known = waiting | set(ids.tolist())
         n = len(residents)
         self._rows[:] = 0
         self._ids[:] = -1

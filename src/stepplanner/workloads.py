@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import INT32_MAX, INT32_MIN
+
 __all__ = [
     "DEFAULT_CLASSES",
     "PriorityClass",
@@ -34,7 +36,6 @@ __all__ = [
 
 REQUIRED_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("priority",)
-INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,7 +103,7 @@ def _int_column(name: str, values: Any) -> np.ndarray:
     arr = np.asarray(values)
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"workload column {name} must hold integers, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < -INT32_MAX - 1 or arr.max() > INT32_MAX):
+    if arr.size and (arr.min() < INT32_MIN or arr.max() > INT32_MAX):
         raise OverflowError(f"workload column {name} has values outside int32")
     return arr.astype(np.int32)
 
@@ -205,7 +206,7 @@ def load_trace(path: str | pathlib.Path) -> Workload:
             columns[name].append(_integer(path, line, name, record[name], low))
         raw = record.get("priority")
         columns["priority"].append(
-            0 if raw in (None, "") else _integer(path, line, "priority", raw, -INT32_MAX - 1))
+            0 if raw in (None, "") else _integer(path, line, "priority", raw, INT32_MIN))
     if not columns["arrival_time"]:
         raise ValueError(f"trace {path}: no requests")
     return Workload(np.array(columns["arrival_time"], dtype=np.float64),
