@@ -55,7 +55,7 @@ from .simulator import (
     replay,
     simulate,
 )
-from .workloads import Workload, load_trace, synthetic
+from .workloads import DEFAULT_CLASSES, Workload, load_trace, synthetic
 
 __all__ = ["main", "parse_config"]
 
@@ -537,9 +537,11 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:,.1f}"
 
 
+_CLASS_NAMES = {str(c.priority): f"{c.priority} {c.name}" for c in DEFAULT_CLASSES}
+
+
 def _class_name(key: str) -> str:
-    names = {"-1": "-1 urgent", "0": "0 interactive", "1": "1 batch"}
-    return names.get(key, key)
+    return _CLASS_NAMES.get(key, key)
 
 
 def _print_report(console: Console, r: dict[str, Any]) -> None:
