@@ -330,12 +330,12 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     if not items:
         items = [parse_config_text(text) for text in DEFAULT_COMPARE]
     runs = [parse_config(item, limits, SchedulingOptions()) for item in items]
-    for run in runs:  # every configuration is checked before the first one runs
-        resolve_scheduling_policy(run.options, run.limits)
+    # Every configuration is resolved (and so checked) before the first one runs.
+    policies = [resolve_scheduling_policy(run.options, run.limits) for run in runs]
     latency = LatencyModel.parse(latency_text)
     reports = []
-    for k, run in enumerate(runs, start=1):
-        result = _run(workload, run.limits, run.options, latency, max_steps,
+    for k, (run, policy) in enumerate(zip(runs, policies), start=1):
+        result = _run(workload, run.limits, policy, latency, max_steps,
                       progress and not as_json, f"{k}/{len(runs)} {run.name}")
         reports.append({"name": run.name, **result.report()})
     if as_json:
