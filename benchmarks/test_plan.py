@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from stepplanner import _core, _reference, bench
+from stepplanner._types import as_resident_array, as_resident_states
 
 BATCHES = bench.BATCH_SIZES
 SCENARIOS = sorted(bench.SCENARIOS)
@@ -39,7 +40,7 @@ def scenario(request: pytest.FixtureRequest) -> str:
 def test_compiled(benchmark, scenario: str, batch: int, impl: str) -> None:
     rows = bench.steady_ledger(batch)
     planner = bench.make_planner(_core, scenario, batch)
-    ledger = bench.ledger_array(rows) if impl == "array" else bench.ledger_objects(_core, rows)
+    ledger = as_resident_array(rows) if impl == "array" else as_resident_states(rows, _core.ResidentState)
     planner.plan(ledger)
     benchmark.group = _group(scenario, batch)
     plan = benchmark(planner.plan, ledger)
@@ -49,7 +50,7 @@ def test_compiled(benchmark, scenario: str, batch: int, impl: str) -> None:
 def test_reference(benchmark, scenario: str, batch: int) -> None:
     rows = bench.steady_ledger(batch)
     planner = bench.make_planner(_reference, scenario, batch)
-    ledger = bench.ledger_objects(_reference, rows)
+    ledger = as_resident_states(rows, _reference.ResidentState)
     benchmark.group = _group(scenario, batch)
     plan = benchmark.pedantic(planner.plan, (ledger,), rounds=REFERENCE_ROUNDS[batch],
                               iterations=1, warmup_rounds=1)
@@ -59,7 +60,7 @@ def test_reference(benchmark, scenario: str, batch: int) -> None:
 def test_c_loop(benchmark, scenario: str, batch: int) -> None:
     rows = bench.steady_ledger(batch)
     planner = bench.make_planner(_core, scenario, batch)
-    ledger = bench.ledger_array(rows)
+    ledger = as_resident_array(rows)
     benchmark.group = _group(scenario, batch)
     benchmark.extra_info["iterations"] = C_LOOP_ITERATIONS
     per_call = benchmark(_core.time_kernel_loop, planner, ledger, None, C_LOOP_ITERATIONS)

@@ -8,7 +8,8 @@ directly.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,10 +19,13 @@ __all__ = [
     "PreemptionMode",
     "REASON_RELEASED_FROM_PAUSE",
     "RESIDENT_DTYPE",
+    "Row",
     "SEQUENCE_DTYPE",
     "Reason",
     "SchedulingPolicy",
     "SequenceWork",
+    "as_resident_array",
+    "as_resident_states",
     "split_reason",
 ]
 
@@ -118,3 +122,26 @@ SEQUENCE_DTYPE = np.dtype(
     ],
     align=True,
 )
+
+
+# One ledger row as plain values, in RESIDENT_DTYPE's field order (what tests, the bench and the
+# strategies build ledgers from).
+Row = tuple[int, int, int, int, bool, int]
+
+
+def as_resident_array(rows: Sequence[Row]) -> np.ndarray:
+    """Rows as a ``RESIDENT_DTYPE`` array, the zero-copy input of ``plan()``."""
+    return np.array([tuple(r) for r in rows], dtype=RESIDENT_DTYPE)
+
+
+def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = None) -> list[Any]:
+    """Rows (tuples or an array) as a list of ``ResidentState`` of ``resident_type``.
+
+    ``resident_type`` defaults to ``stepplanner.ResidentState``; pass the reference's class to
+    plan with the reference implementation.
+    """
+    if resident_type is None:
+        from . import ResidentState as resident_type  # the facade's choice of implementation
+    if isinstance(rows, np.ndarray):
+        rows = rows.tolist()
+    return [resident_type(*r) for r in rows]

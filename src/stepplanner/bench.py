@@ -35,7 +35,14 @@ import numpy as np
 
 from . import _core, _reference
 from ._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
-from ._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ._types import (
+    IfbSchedulingMode,
+    PreemptionMode,
+    Row,
+    SchedulingPolicy,
+    as_resident_array,
+    as_resident_states,
+)
 
 __all__ = [
     "BATCH_SIZES",
@@ -87,9 +94,6 @@ SHUFFLED_VARIANTS = 16
 # The workload
 # --------------------------------------------------------------------------------------------
 
-Row = tuple[int, int, int, int, bool, int]
-
-
 def steady_ledger(batch: int, seed: int = 0) -> list[Row]:
     """A steady-state ledger of ``batch`` residents, as ``ResidentState`` field tuples.
 
@@ -114,20 +118,11 @@ def steady_ledger(batch: int, seed: int = 0) -> list[Row]:
     return rows
 
 
-def ledger_array(rows: Sequence[Row]) -> np.ndarray:
-    return np.array(list(rows), dtype=RESIDENT_DTYPE)
-
-
-def ledger_objects(impl: ModuleType, rows: Sequence[Row]) -> list[Any]:
-    """The rows as ``impl.ResidentState`` objects (compiled or reference)."""
-    return [impl.ResidentState(*row) for row in rows]
-
-
 def shuffled_ledgers(rows: Sequence[Row], variants: int = SHUFFLED_VARIANTS,
                      seed: int = 1) -> list[np.ndarray]:
     """``variants`` arrays holding the rows in different orders; consecutive ones differ."""
     rng = np.random.default_rng(seed)
-    base = ledger_array(rows)
+    base = as_resident_array(rows)
     return [base[rng.permutation(len(base))] for _ in range(variants)]
 
 
@@ -226,8 +221,8 @@ def _batches(scenario: str, batch: int, reference: bool) -> dict[str, Callable[[
     """The timed batches of every variant at one B (setup happens here, outside the timing)."""
     rows = steady_ledger(batch)
     planner = make_planner(_core, scenario, batch)
-    array = ledger_array(rows)
-    objects = ledger_objects(_core, rows)
+    array = as_resident_array(rows)
+    objects = as_resident_states(rows, _core.ResidentState)
     batches = {
         "array": plan_batch(planner.plan, [array]),
         "list": plan_batch(planner.plan, [objects]),
@@ -237,15 +232,15 @@ def _batches(scenario: str, batch: int, reference: bool) -> dict[str, Callable[[
     }
     if reference:
         ref_planner = make_planner(_reference, scenario, batch)
-        batches["reference"] = plan_batch(ref_planner.plan, [ledger_objects(_reference, rows)])
+        batches["reference"] = plan_batch(ref_planner.plan, [as_resident_states(rows, _reference.ResidentState)])
     return batches
 
 
 def _allocations(scenario: str, batch: int) -> tuple[int, int]:
     rows = steady_ledger(batch)
     planner = make_planner(_core, scenario, batch)
-    return (allocated_bytes(planner.plan, ledger_array(rows)),
-            allocated_bytes(planner.plan, ledger_objects(_core, rows)))
+    return (allocated_bytes(planner.plan, as_resident_array(rows)),
+            allocated_bytes(planner.plan, as_resident_states(rows, _core.ResidentState)))
 
 
 def measure_all(scenario: str, batch_sizes: Sequence[int],

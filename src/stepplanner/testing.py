@@ -21,9 +21,8 @@ not.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
-import numpy as np
 
 try:
     from hypothesis import strategies as st
@@ -33,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "pip install 'stepplanner[test]' (or pip install hypothesis)"
     ) from exc
 
+from ._errors import INT32_MAX, INT32_MIN, UINT64_MAX
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -41,7 +41,14 @@ from ._policy import (
     mixed_feasible,
     resolve_scheduling_policy,
 )
-from ._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ._types import (
+    IfbSchedulingMode,
+    PreemptionMode,
+    Row,
+    SchedulingPolicy,
+    as_resident_array,
+    as_resident_states,
+)
 
 __all__ = [
     "PlanningCase",
@@ -56,11 +63,6 @@ __all__ = [
     "scheduling_options",
 ]
 
-Row = tuple[int, int, int, int, bool, int]
-"""One ledger row in ``RESIDENT_DTYPE`` field order."""
-
-_INT32_MAX = 2**31 - 1
-_UINT64_MAX = 2**64 - 1
 
 
 class PlanningCase(NamedTuple):
@@ -160,8 +162,8 @@ def policies(draw: Any, lim: StepPlannerLimits) -> ResolvedSchedulingPolicy:
 # --- ledgers -------------------------------------------------------------------------------------
 
 
-_PRIORITIES = st.one_of(st.integers(-2, 2), st.integers(-(2**31), _INT32_MAX))
-_ARRIVALS = st.one_of(st.integers(0, 64), st.integers(0, _UINT64_MAX))
+_PRIORITIES = st.one_of(st.integers(-2, 2), st.integers(INT32_MIN, INT32_MAX))
+_ARRIVALS = st.one_of(st.integers(0, 64), st.integers(0, UINT64_MAX))
 
 
 class _RowDraws:
@@ -174,11 +176,11 @@ class _RowDraws:
                     if v >= 0]
         self.p = lim.kv_page_size
         self.paused_steps = st.one_of(st.sampled_from(boundary), st.integers(0, 3),
-                                      st.just(_INT32_MAX))
+                                      st.just(INT32_MAX))
         self.prompt = st.integers(1, s_in)
         self.decoded_prompt = st.integers(0, 2 * s_in)
-        self.overshoot = st.one_of(st.integers(0, 64), st.integers(0, _INT32_MAX - 2 * s_in))
-        self.fraction = st.integers(0, _INT32_MAX)
+        self.overshoot = st.one_of(st.integers(0, 64), st.integers(0, INT32_MAX - 2 * s_in))
+        self.fraction = st.integers(0, INT32_MAX)
 
     def row(self, draw: Any, decoding: bool | None) -> Row:
         if decoding is None:
@@ -245,24 +247,3 @@ def planning_cases(draw: Any, lim: st.SearchStrategy[StepPlannerLimits] | None =
     policy = draw(policies(chosen))
     rows = draw(_row_lists(chosen, policy.max_pause_steps))
     return PlanningCase(chosen, policy, rows)
-
-
-# --- conversions ---------------------------------------------------------------------------------
-
-
-def as_resident_array(rows: Sequence[Row]) -> np.ndarray:
-    """Rows as a ``RESIDENT_DTYPE`` array, the zero-copy input of ``plan()``."""
-    return np.array([tuple(r) for r in rows], dtype=RESIDENT_DTYPE)
-
-
-def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = None) -> list[Any]:
-    """Rows (tuples or an array) as a list of ``ResidentState`` of ``resident_type``.
-
-    ``resident_type`` defaults to ``stepplanner.ResidentState``; pass the reference's class to
-    plan with the reference implementation.
-    """
-    if resident_type is None:
-        from . import ResidentState as resident_type  # the facade's choice of implementation
-    if isinstance(rows, np.ndarray):
-        rows = rows.tolist()
-    return [resident_type(*r) for r in rows]
