@@ -2,8 +2,8 @@
 extension and the Cython directives, in one place (a misspelled directive here is an error, a
 misspelled ``# cython:`` header comment would be silently ignored).
 
-STEPPLANNER_CYTHON_DEBUG=1 builds with bounds/initialisation checks, line tracing and the C
-macro STEPPLANNER_DEBUG, for running the test suite against a checked build.
+STEPPLANNER_CYTHON_DEBUG=1 builds with bounds/initialisation checks and line tracing, for
+running the test suite against a checked build.
 """
 
 import os
@@ -33,7 +33,7 @@ macros = [
     ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION"),
 ]
 if DEBUG:
-    macros += [("STEPPLANNER_DEBUG", "1"), ("CYTHON_TRACE_NOGIL", "1")]
+    macros += [("CYTHON_TRACE_NOGIL", "1")]
 
 extensions = [
     Extension(

@@ -2,8 +2,8 @@
 
     python benchmarks/table.py FILE
 
-Figures are medians in ns per plan; the C loop's round of ``C_LOOP_ITERATIONS`` calls is divided
-back to one call. Ratios are taken between medians of the same run.
+Figures are medians in ns per plan; the C loop's round of calls (its ``iterations``, saved in the
+run's ``extra_info``) is divided back to one call. Ratios are taken between medians of the same run.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import json
 import re
 import sys
 from collections import defaultdict
-
-from test_plan import C_LOOP_ITERATIONS
 
 NAME = re.compile(r"test_(?P<kind>\w+?)\[(?:(?P<scenario>[a-z_]+)-)?B(?P<batch>\d+)(?:-(?P<impl>\w+))?\]")
 
@@ -30,7 +28,7 @@ def medians(path: str) -> dict[tuple[str, int], dict[str, float]]:
         ns = b["stats"]["median"] * 1e9
         kind, scenario = m["kind"], m["scenario"] or "priority_pause"
         if kind == "c_loop":
-            ns /= C_LOOP_ITERATIONS
+            ns /= b["extra_info"]["iterations"]
         impl = m["impl"] if kind == "compiled" else kind
         out[scenario, int(m["batch"])][impl] = ns
     return out

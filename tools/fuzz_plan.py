@@ -11,7 +11,7 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
 * any call raises something other than TypeError/ValueError/OverflowError (RuntimeError only
   for an unresolved mode in the planner constructor);
 * a call that raised changed the previous plan (``to_dict`` before vs after);
-* an accepted plan breaks an invariant (``stepplanner.checks.check_plan`` when it exists);
+* an accepted plan breaks an invariant (``stepplanner.checks.check_plan``);
 * the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
 
 The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
@@ -38,12 +38,7 @@ import numpy as np
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
     from stepplanner import _core, _reference
-
-try:
-    with atheris.instrument_imports(include=["stepplanner"]):
-        from stepplanner.checks import check_plan
-except ImportError:  # the invariant checker is optional: older trees do not have it
-    check_plan = None
+    from stepplanner.checks import check_plan
 
 ALLOWED = (TypeError, ValueError, OverflowError)
 IMPLS = (_core, _reference)
@@ -355,9 +350,7 @@ def step(fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple],
     same("plan", results[0], results[1], context)
     if results[0][0] != "ok":
         return rows
-    if check_plan is not None:
-        plan = lanes[1].plan
-        check_plan(lanes[1].planner.policy, limits, rows[: plan.num_residents], plan)
+    check_plan(lanes[1].planner.policy, limits, rows, lanes[1].plan)
     return apply_both(lanes, rows, context)
 
 
