@@ -26,13 +26,13 @@ import numpy as np
 from . import _errors
 from ._fields import as_bool, as_int32, as_uint64
 from ._policy import check_policy
-from ._reference import _plan_repr, _plan_to_dict
 from ._types import (
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
     PlannedSequence,
     SequenceWork,
 )
+from ._types import plan_repr as _plan_repr, plan_to_dict as _plan_to_dict
 
 cnp.import_array()
 

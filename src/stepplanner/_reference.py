@@ -25,6 +25,8 @@ from ._types import (
     Reason,
     SchedulingPolicy,
     SequenceWork,
+    plan_repr,
+    plan_to_dict,
 )
 
 IMPLEMENTATION = "python"
@@ -166,7 +168,7 @@ class StepPlan:
         return other
 
     def to_dict(self) -> dict[str, Any]:
-        return _plan_to_dict(self)
+        return plan_to_dict(self)
 
     def _set(self, rows: list[PlannedSequence], paused: list[int], num_residents: int) -> None:
         self._rows = rows
@@ -189,39 +191,7 @@ class StepPlan:
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return _plan_repr(self)
-
-
-def _plan_to_dict(plan: Any) -> dict[str, Any]:
-    """Plain-data form of a plan, the same for both implementations (JSON-ready)."""
-    return {
-        "sequences": [
-            {
-                "resident": s.resident,
-                "work": SequenceWork(s.work).name,
-                "past_length": s.past_length,
-                "query_length": s.query_length,
-                "select_last_token_logits": bool(s.select_last_token_logits),
-            }
-            for s in plan.sequences
-        ],
-        "paused": list(plan.paused),
-        "num_prefill": plan.num_prefill,
-        "num_decode": plan.num_decode,
-        "prefill_tokens": plan.prefill_tokens,
-        "total_tokens": plan.total_tokens,
-    }
-
-
-def _plan_repr(plan: Any) -> str:
-    rows = " ".join(
-        f"({s.resident},{SequenceWork(s.work).name},{s.past_length},{s.query_length},"
-        f"{'T' if s.select_last_token_logits else 'F'})"
-        for s in plan.sequences
-    )
-    return (f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
-            f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
-            f"sequences=[{rows}], paused={list(plan.paused)})")
+        return plan_repr(self)
 
 
 def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:

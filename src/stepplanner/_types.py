@@ -26,6 +26,8 @@ __all__ = [
     "SequenceWork",
     "as_resident_array",
     "as_resident_states",
+    "plan_repr",
+    "plan_to_dict",
     "split_reason",
 ]
 
@@ -145,3 +147,38 @@ def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = No
     if isinstance(rows, np.ndarray):
         rows = rows.tolist()
     return [resident_type(*r) for r in rows]
+
+
+# --- plan formatting, shared so both implementations print and serialise plans alike ------
+
+
+def plan_to_dict(plan: Any) -> dict[str, Any]:
+    """Plain-data form of a plan, the same for both implementations (JSON-ready)."""
+    return {
+        "sequences": [
+            {
+                "resident": s.resident,
+                "work": SequenceWork(s.work).name,
+                "past_length": s.past_length,
+                "query_length": s.query_length,
+                "select_last_token_logits": bool(s.select_last_token_logits),
+            }
+            for s in plan.sequences
+        ],
+        "paused": list(plan.paused),
+        "num_prefill": plan.num_prefill,
+        "num_decode": plan.num_decode,
+        "prefill_tokens": plan.prefill_tokens,
+        "total_tokens": plan.total_tokens,
+    }
+
+
+def plan_repr(plan: Any) -> str:
+    rows = " ".join(
+        f"({s.resident},{SequenceWork(s.work).name},{s.past_length},{s.query_length},"
+        f"{'T' if s.select_last_token_logits else 'F'})"
+        for s in plan.sequences
+    )
+    return (f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
+            f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
+            f"sequences=[{rows}], paused={list(plan.paused)})")
