@@ -189,6 +189,38 @@ def test_bad_container_and_bad_count_give_one_error(compiled, reference, residen
     assert results[0] == results[1]
 
 
+# --- unholdable-batch: a valid max_batch_size too large for the machine --------------------
+
+
+def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
+    """fuzz: StepPlannerLimits(2**31 - 1, 1, 1) is valid, and the compiled planner sizes its
+    buffers for B up front (SPEC §3), so it needs ~218 GiB; it raised a bare MemoryError that
+    the harness took for a crash. Expected: MemoryError naming B and the size, with nothing
+    left half-made: the same object can then be initialised with a B that fits. The address
+    space is capped so the allocation fails on any machine, overcommitting or not."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import resource
+        import stepplanner as sp
+        from stepplanner import _core
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
+        big = sp.StepPlannerLimits(2**26, 16, 16)
+        planner = _core.StepPlanner.__new__(_core.StepPlanner)
+        try:
+            planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), big), big)
+        except MemoryError as exc:
+            print("MemoryError", exc)
+        small = sp.StepPlannerLimits(4, 64, 16)
+        planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), small), small)
+        plan = planner.plan([_core.ResidentState(prompt_length=20)])
+        print("then", [(s.resident, s.query_length) for s in plan.sequences])
+    """)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first, then = proc.stdout.splitlines()
+    assert first.startswith("MemoryError max_batch_size=67108864 needs 6.8 GiB"), first
+    assert "sizes its buffers for max_batch_size up front" in first
+    assert then == "then [(0, 20)]"
+
+
 # --- raw fuzzer inputs, replayed through the harness -----------------------------------------
 
 
@@ -211,6 +243,10 @@ FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer c
                      "d3d3hoiIiHd3d3d3d3d3d3d3d3d3d3d3wsJ3d3d3d3d3QXd3d3d3d3d3d3d3d3d3d3d3d3d3"
                      "dzo+Pj4+Pj49KioqKioqKioqKioqKioqKioqKioqKioqKiAh/go+qqqqqkE+PkFBQUE+Pry+"
                      "QXe/vj53d3d3d3d3d3d3d/v7////d3c+vg=="),
+    "unholdable-batch": (set(),
+                         "O8bG1tYh1i7U0f////9+////1tbmAMbGCv//1kD/xsbGACjGAQEAxtHR0dHR0dHR09EC"
+                         "0dHR8dHR0dHR0dHR0dHR0dHRJycnJycnJyf//wgAAAD//8YAKADGAQEAxv7//38AAAEA"
+                         "0dHR0RUVFRUVFRUVIdYu1NH////W//8Ifv/W0fHR0QAAAAAAAAAH1g=="),
     "shifty-list": ({"shifty-list"},
                     "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
                     "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"

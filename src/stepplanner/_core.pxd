@@ -135,6 +135,7 @@ cdef class StepPlanner:
     cdef StepPlan _plan
     cdef readonly object policy
     cdef readonly object limits
+    cdef void _free_buffers(self) noexcept
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1
     cdef const ResidentC* _load_array(self, object arr, int32_t n,
                                       const uint8_t* reasons) except NULL

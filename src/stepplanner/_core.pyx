@@ -754,12 +754,18 @@ cdef object _row_error(int status, Py_ssize_t index, const ResidentC* row, int32
     return _errors.prompt_too_long(index, row.prompt_length, s_in)
 
 
+# What one resident slot costs: the kernel's scratch, the row copy and the plan's buffers.
+cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 3 * sizeof(int32_t) + sizeof(uint8_t)
+                               + sizeof(ResidentC) + sizeof(SequenceC) + 3 * sizeof(int32_t))
+
+
 cdef class StepPlanner:
     """Plans one in-flight-batching step per call (SPEC §3).
 
     ``policy`` comes from ``resolve_scheduling_policy(options, limits)``; a hand-built one is
     checked here (``RuntimeError`` for an unresolved mode, ``ValueError`` for broken budgets).
-    All buffers are sized for ``limits.max_batch_size`` now; ``plan()`` allocates nothing.
+    All buffers are sized for ``limits.max_batch_size`` now (about 110 bytes per slot; a
+    ``MemoryError`` naming B when that cannot be had); ``plan()`` allocates nothing.
 
     Threads: ``plan()`` holds a per-plan lock (a critical section on free-threaded CPython; the
     GIL elsewhere), so concurrent calls never corrupt memory, but they share the one returned
@@ -802,12 +808,20 @@ cdef class StepPlanner:
                 or self.scratch.order == NULL or self.scratch.paused == NULL
                 or self.scratch.prompts == NULL or self.scratch.decodes == NULL
                 or self.rows == NULL):
-            raise MemoryError(f"StepPlanner buffers for max_batch_size={b}")
-        self._plan = _new_plan(b)
+            self._free_buffers()  # so that nothing is half-made if __init__ is called again
+            raise _errors.planner_memory(b, b * _BYTES_PER_SLOT)
+        try:
+            self._plan = _new_plan(b)
+        except MemoryError:
+            self._free_buffers()
+            raise _errors.planner_memory(b, b * _BYTES_PER_SLOT) from None
         self.policy = policy
         self.limits = limits
 
     def __dealloc__(self):
+        self._free_buffers()
+
+    cdef void _free_buffers(self) noexcept:
         PyMem_Free(self.scratch.keys)
         PyMem_Free(self.scratch.merge_tmp)
         PyMem_Free(self.scratch.order)
@@ -815,6 +829,10 @@ cdef class StepPlanner:
         PyMem_Free(self.scratch.prompts)
         PyMem_Free(self.scratch.decodes)
         PyMem_Free(self.rows)
+        self.scratch.keys = self.scratch.merge_tmp = NULL
+        self.scratch.order = self.scratch.prompts = self.scratch.decodes = NULL
+        self.scratch.paused = NULL
+        self.rows = NULL
 
     def __repr__(self):
         return f"StepPlanner(policy={self.policy!r}, limits={self.limits!r})"

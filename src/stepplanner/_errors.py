@@ -80,6 +80,14 @@ def count_negative(count: int) -> ValueError:
     return ValueError(f"count={count} is negative; allowed: 0 <= count <= max_batch_size")
 
 
+def planner_memory(max_batch_size: int, nbytes: int) -> MemoryError:
+    return MemoryError(
+        f"max_batch_size={max_batch_size} needs {nbytes / 2**30:.1f} GiB of planner buffers "
+        f"({nbytes} bytes), which could not be allocated; a StepPlanner sizes its buffers for "
+        "max_batch_size up front (SPEC §3), so pass the engine's real slot count"
+    )
+
+
 def count_over_batch(count: int, max_batch_size: int) -> ValueError:
     return ValueError(
         f"count={count} exceeds max_batch_size={max_batch_size}; allowed: 0..{max_batch_size}"
