@@ -67,6 +67,20 @@ def test_simulate_bad_configuration_is_a_one_line_error(args: list[str], message
     assert message in result.output and "Traceback" not in result.output
 
 
+def test_simulate_with_a_batch_too_large_for_memory_is_a_one_line_error() -> None:
+    """The planner sizes its buffers for B up front; under a capped address space that fails
+    on any machine, and the CLI says so in one line rather than a traceback."""
+    proc = subprocess.run([sys.executable, "-c", (
+        "import resource, sys; from stepplanner.cli import main; "
+        "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY)); "
+        "main(sys.argv[1:])"), "simulate", "--requests", "5", "-B", str(2**26),
+        "--max-input-length", "16", "--kv-page-size", "16"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Error: max_batch_size=67108864 needs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_simulate_plot_without_matplotlib_says_how_to_get_it(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = _invoke("simulate", *SMALL, "--plot", "out.png")

@@ -220,11 +220,12 @@ def _workload(kw: dict[str, Any]) -> Workload:
 
 
 def _library_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input the library rejects becomes a one-line CLI error, not a traceback."""
+    """Bad input the library rejects becomes a one-line CLI error, not a traceback (a limit
+    too large for this machine's memory too: the planner sizes its buffers for B up front)."""
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
-        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+        except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
             raise click.ClickException(str(exc)) from None
     wrapper.__name__, wrapper.__doc__ = f.__name__, f.__doc__
     return wrapper
