@@ -40,11 +40,13 @@ with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
     from stepplanner import _core, _reference
     from stepplanner.checks import check_plan
+    from stepplanner.ledger import Ledger
 
 ALLOWED = (TypeError, ValueError, OverflowError)
 IMPLS = (_core, _reference)
 MAX_ROWS = 12
 MAX_STEPS = 6
+LEDGER_MARKER = b"L"  # an input starting with it is a ledger episode
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
@@ -384,8 +386,151 @@ def evolve(fdp: atheris.FuzzedDataProvider, rows: list[tuple], s_in: int,
     return out
 
 
+# --- a ledger episode ------------------------------------------------------------------------
+
+
+class LedgerModel:
+    """What the ledger must hold, kept by the harness: every id submitted and not yet retired
+    is waiting or resident, exactly once; nothing else is."""
+
+    def __init__(self) -> None:
+        self.live: set[int] = set()
+        self.priority: dict[int, int] = {}
+
+    def check(self, ledger: Ledger) -> None:
+        resident = ledger.request_ids.tolist()
+        waiting = ledger.waiting_ids()
+        if len(set(resident)) != len(resident) or set(resident) & set(waiting):
+            raise Disagreement(f"ledger holds an id twice: resident {resident}, waiting {waiting}")
+        if set(resident) | set(waiting) != self.live or len(waiting) != ledger.waiting:
+            raise Disagreement(f"ledger lost or invented ids: resident {resident}, waiting "
+                               f"{waiting}, expected {sorted(self.live)}")
+        if len(ledger.residents) != ledger.count or ledger.count > ledger.capacity:
+            raise Disagreement(f"ledger count {ledger.count} vs {len(ledger.residents)} rows")
+        arrivals = ledger.residents["arrival"].tolist()
+        if len(set(arrivals)) != len(arrivals):
+            raise Disagreement(f"ledger residents repeat an arrival: {arrivals}")
+
+
+def ledger_snapshot(ledger: Ledger) -> tuple:
+    return ledger.to_records(), ledger.waiting_ids(), ledger.count
+
+
+def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
+    """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, and steps
+    planned over ``ledger.residents`` by both implementations. Fails when an operation raises
+    anything but TypeError/ValueError/OverflowError, when one that raised changed the ledger,
+    when the ledger loses, duplicates or invents a request, when admission breaks the
+    reserved-slot rule, or when the implementations disagree on a step."""
+    b = fdp.ConsumeIntInRange(1, 8)
+    limits = stepplanner.StepPlannerLimits(b, fdp.ConsumeIntInRange(1, 40),
+                                           fdp.ConsumeIntInRange(1, 16))
+    try:
+        policy = stepplanner.resolve_scheduling_policy(stepplanner.SchedulingOptions(
+            scheduling_policy=fdp.ConsumeIntInRange(0, 1), preemption=fdp.ConsumeIntInRange(0, 1),
+            priority_reserved_slots=fdp.ConsumeIntInRange(0, b - 1),
+            max_pause_steps=fdp.ConsumeIntInRange(0, 3)), limits)
+    except ALLOWED:
+        return  # e.g. rd(T_max) < B + P: no policy exists for these limits
+    ledger = Ledger(limits, policy)
+    planners = [impl.StepPlanner(policy, limits) for impl in IMPLS]
+    model = LedgerModel()
+    for _ in range(fdp.ConsumeIntInRange(1, 24)):
+        if not fdp.remaining_bytes():
+            break  # an exhausted provider answers 0 to everything: submits of nothing
+        op = fdp.ConsumeIntInRange(0, 6)
+        for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
+            before = ledger_snapshot(ledger)
+            try:
+                ledger_op(fdp, op, ledger, planners, model, limits)
+            except ALLOWED:
+                if ledger_snapshot(ledger) != before:
+                    raise Disagreement(f"ledger op {op} raised but changed the ledger: "
+                                       f"{before} -> {ledger_snapshot(ledger)}") from None
+            model.check(ledger)
+
+
+def some_id(fdp: atheris.FuzzedDataProvider, model: LedgerModel) -> object:
+    roll = fdp.ConsumeProbability()
+    if roll < 0.6 and model.live:
+        return fdp.PickValueInList(sorted(model.live))
+    return int_or_hostile(fdp, -2, 40) if roll < 0.95 else fdp.PickValueInList([2**63, -2**63 - 1])
+
+
+def pick_distinct(fdp: atheris.FuzzedDataProvider, pool: list) -> list:
+    """Up to three different items of ``pool``, in a fuzzed order."""
+    picked = []
+    for _ in range(fdp.ConsumeIntInRange(0, min(3, len(pool)))):
+        picked.append(pool.pop(fdp.ConsumeIntInRange(0, len(pool) - 1)))
+    return picked
+
+
+def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger,
+              planners: list, model: LedgerModel, limits: object) -> None:
+    """One operation; the model is updated only after the ledger accepted it."""
+    if op == 0:
+        rid = some_id(fdp, model) if fdp.ConsumeProbability() < 0.2 else fdp.ConsumeInt(2)
+        prio = int_or_hostile(fdp, -2, 2)
+        ledger.submit(rid, int_or_hostile(fdp, 1, limits.max_input_length + 1), prio)
+        model.live.add(rid)  # accepted: rid and prio were ints in range
+        model.priority[rid] = prio
+    elif op == 1:
+        free_before = ledger.free_slots
+        admitted = ledger.admit()
+        if len(admitted) > free_before:
+            raise Disagreement(f"admitted {admitted} into {free_before} free slots")
+        waiting = ledger.waiting_ids()
+        normal = [r for r in waiting if model.priority[r] >= 0]
+        urgent = [r for r in waiting if model.priority[r] < 0]
+        if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
+            raise Disagreement(f"admit left {waiting} waiting with {ledger.free_slots} free "
+                               f"slots ({ledger.reserved_slots} reserved)")
+    elif op in (2, 3):  # a step: plan on both, then apply the compiled plan
+        raw = [outcome(p.plan, ledger.residents) for p in planners]
+        results = [(r[0], r[1].to_dict()) if r[0] == "ok" else r for r in raw]
+        same("ledger step", results[0], results[1], ledger.to_records())
+        if raw[0][0] == "ok":
+            check_plan(planners[0].policy, limits, ledger.residents, raw[0][1])
+            ledger.apply(raw[0][1])
+    elif op == 4:
+        ids = pick_distinct(fdp, ledger.request_ids.tolist())
+        if fdp.ConsumeProbability() < 0.2:  # a waiting, unknown, repeated or hostile id
+            ids.append(some_id(fdp, model))
+        ledger.retire(ids)
+        model.live.difference_update(ids)
+    elif op == 5:
+        rows = pick_distinct(fdp, list(range(ledger.count)))
+        roll = fdp.ConsumeProbability()
+        if roll < 0.15:
+            rows.append(fdp.PickValueInList([-1, ledger.count, rows[0] if rows else 0]))
+        elif roll < 0.2:
+            rows = fdp.PickValueInList([[1.0], ["0"], [[0, 1], [2]], [True], np.array([0.5])])
+        ids = ledger.request_ids.tolist()
+        ledger.retire_rows(rows)
+        model.live.difference_update(ids[r] for r in rows)
+    else:  # a snapshot round trip must change nothing; a tampered one is checked in full
+        records = ledger.to_records()
+        if records and fdp.ConsumeProbability() < 0.5:
+            i = fdp.ConsumeIntInRange(0, len(records) - 1)
+            field = fdp.PickValueInList(list(FIELDS) + ["request_id", "extra"])
+            records[i][field] = int_or_hostile(fdp, -1, 50)
+        before = ledger_snapshot(ledger)
+        ledger.load(records)
+        if records == before[0] and ledger_snapshot(ledger) != before:
+            raise Disagreement(f"load(to_records()) changed the ledger: {before}")
+        model.live = set(ledger.waiting_ids()) | {r["request_id"] for r in records}
+
+
 def one_input(data: bytes) -> None:
-    fdp = atheris.FuzzedDataProvider(data)
+    # A marker byte, not a decoded choice, so that every earlier input (FOUND among them)
+    # decodes as it did; coverage of ledger.py soon teaches the fuzzer the marker.
+    if data[:1] == LEDGER_MARKER:
+        ledger_episode(atheris.FuzzedDataProvider(data[1:]))
+    else:
+        planner_episode(atheris.FuzzedDataProvider(data))
+
+
+def planner_episode(fdp: atheris.FuzzedDataProvider) -> None:
     if fdp.ConsumeProbability() < 0.1:
         resident_state_parity(fdp)
     try:
