@@ -15,6 +15,10 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
 * an accepted plan breaks an invariant (``stepplanner.checks.check_plan``);
 * the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
 
+An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / admit /
+step / retire / load sequences, checked against the live ids and the reserved-slot rule (see
+``ledger_episode``).
+
 The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
 the compiled core is not, unless it is rebuilt with ``-fsanitize=fuzzer-no-link`` (see
 docs/reliability.md), so coverage guidance reaches the core only through the Python around it.
