@@ -67,6 +67,7 @@ def test_simulate_bad_configuration_is_a_one_line_error(args: list[str], message
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.limits_address_space
 def test_simulate_with_a_batch_too_large_for_memory_is_a_one_line_error() -> None:
     """The planner sizes its buffers for B up front; under a capped address space that fails
     on any machine, and the CLI says so in one line rather than a traceback."""

@@ -192,6 +192,7 @@ def test_bad_container_and_bad_count_give_one_error(compiled, reference, residen
 # --- unholdable-batch: a valid max_batch_size too large for the machine --------------------
 
 
+@pytest.mark.limits_address_space
 def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
     """fuzz: StepPlannerLimits(2**31 - 1, 1, 1) is valid, and the compiled planner sizes its
     buffers for B up front (SPEC §3), so it needs ~218 GiB; it raised a bare MemoryError that
