@@ -248,6 +248,10 @@ FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer c
                          "O8bG1tYh1i7U0f////9+////1tbmAMbGCv//1kD/xsbGACjGAQEAxtHR0dHR0dHR09EC"
                          "0dHR8dHR0dHR0dHR0dHR0dHRJycnJycnJyf//wgAAAD//8YAKADGAQEAxv7//38AAAEA"
                          "0dHR0RUVFRUVFRUVIdYu1NH////W//8Ifv/W0fHR0QAAAAAAAAAH1g=="),
+    "none-request-id": (set(),  # a ledger episode: see tests/test_ledger.py for the plain test
+                        "TE1MTILzgkwA/4KCgpKCgoKCggAAAJKCgubmvubm5v80NLozMzMzgoKCgt/fi9/f39/f39/f"
+                        "39/f39/f39/f39/f39/f39/f39/f39/fi9/f39/f39/f398739/f35/f39/f3zI3ODAwNTHM"
+                        "//8AAAB2dt8yNzgwMDUxzP//AAAAdnYJdnZ2dgSsdvs3"),
     "shifty-list": ({"shifty-list"},
                     "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
                     "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"

@@ -292,11 +292,15 @@ def test_apply_overflow_changes_nothing() -> None:
 
 
 @pytest.mark.parametrize(("records", "error", "match"), [
-    ([{"priority": 0, "arrival": 1}, {"arrival": 1}], ValueError, "repeat a arrival"),
+    ([{"priority": 0, "arrival": 1}, {"arrival": 1}], ValueError, "two residents have the same arrival"),
     ([{"bogus": 1}], ValueError, r"unknown field\(s\) \['bogus'\]"),
     ([{"committed": "x"}], TypeError, r"residents\[0\]\.committed must be an integer"),
     ([{}] * 5, ValueError, "5 residents exceed max_batch_size=4"),
     (["row"], TypeError, r"residents\[0\] must be an object"),
+    ([{"request_id": None}], TypeError, r"residents\[0\]\.request_id must be an integer"),
+    ([{}, {"request_id": 2**63}], OverflowError, r"residents\[1\]\.request_id=\d+ does not fit"),
+    ([{"request_id": 7}, {"request_id": 7, "arrival": 9}], ValueError,
+     "two residents have the same request_id"),
 ])
 def test_bad_load_leaves_the_ledger_unchanged(records: list, error: type, match: str) -> None:
     ledger = _full_ledger()

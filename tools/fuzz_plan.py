@@ -57,7 +57,7 @@ FIELDS = stepplanner.RESIDENT_DTYPE.names
 # Input kinds that hit a reported, not yet fixed problem: not generated unless -known=NAME (see
 # the module doc). Found and fixed so far (each replayed by tests/test_fuzz_regressions.py):
 # mutating-count, shifty-list, empty-reasons, noncontiguous-reasons, error-order,
-# unholdable-batch.
+# unholdable-batch, none-request-id.
 KNOWN_ISSUES: dict[str, str] = {}
 INCLUDE_KNOWN: set[str] = set()
 
@@ -408,7 +408,7 @@ class LedgerModel:
             raise Disagreement(f"ledger holds an id twice: resident {resident}, waiting {waiting}")
         if set(resident) | set(waiting) != self.live or len(waiting) != ledger.waiting:
             raise Disagreement(f"ledger lost or invented ids: resident {resident}, waiting "
-                               f"{waiting}, expected {sorted(self.live)}")
+                               f"{waiting}, expected {sorted(map(int, self.live))}")
         if len(ledger.residents) != ledger.count or ledger.count > ledger.capacity:
             raise Disagreement(f"ledger count {ledger.count} vs {len(ledger.residents)} rows")
         arrivals = ledger.residents["arrival"].tolist()

@@ -44,10 +44,10 @@ RESIDENT_FIELDS: tuple[str, ...] = tuple(RESIDENT_DTYPE.names or ())
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _request_id(value: object) -> int:
-    rid = as_int("request_id", value)
+def _request_id(value: object, field: str = "request_id") -> int:
+    rid = as_int(field, value)
     if not INT64_MIN <= rid <= INT64_MAX:
-        raise OverflowError(f"request_id={rid} does not fit int64")
+        raise OverflowError(f"{field}={rid} does not fit int64")
     return rid
 
 
@@ -245,8 +245,9 @@ class Ledger:
 
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None:
         """Replace the resident table with ``residents`` (dicts of RESIDENT_DTYPE fields, plus an
-        optional ``request_id``, default the row index). Arrivals must be unique; new stamps
-        continue after the largest. The waiting queue is kept."""
+        optional ``request_id``: when absent, the row index; ``None`` is refused like any
+        field's). Arrivals must be unique; new stamps continue after the largest. The waiting
+        queue is kept."""
         if len(residents) > self.capacity:
             raise ValueError(f"{len(residents)} residents exceed max_batch_size="
                              f"{self.capacity}; allowed: 0..{self.capacity}")
@@ -258,7 +259,7 @@ class Ledger:
                 ids[i] = rid
         for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
             if np.unique(column).size != column.size:
-                raise ValueError(f"residents repeat a {name}; allowed: unique values")
+                raise ValueError(f"two residents have the same {name}; allowed: unique values")
         waiting = self._known_waiting()
         clash = waiting & set(ids.tolist())
         if clash:
@@ -304,5 +305,7 @@ def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | 
            as_int32(where + "committed", get("committed", 0)),
            as_bool(where + "context_committed", get("context_committed", False)),
            as_int32(where + "consecutive_paused_steps", get("consecutive_paused_steps", 0)))
-    rid = record.get("request_id")
-    return row, (None if rid is None else _request_id(rid))
+    # Absent means the row index; present must be an id (a None is refused, like any field's).
+    if "request_id" not in record:
+        return row, None
+    return row, _request_id(record["request_id"], where + "request_id")
