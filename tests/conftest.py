@@ -76,7 +76,6 @@ def make_planner(core):
     return build
 
 
-
 # ASan reserves terabytes of address space up front and maps the rest lazily, so a test that
 # makes an allocation fail by capping the address space (RLIMIT_AS) cannot run under
 # tools/sanitize.sh, which preloads it.

@@ -210,6 +210,8 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
             planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), big), big)
         except MemoryError as exc:
             print("MemoryError", exc)
+        else:
+            raise SystemExit("a 6.8 GiB planner was built under a 3 GiB address-space cap")
         small = sp.StepPlannerLimits(4, 64, 16)
         planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), small), small)
         plan = planner.plan([_core.ResidentState(prompt_length=20)])
