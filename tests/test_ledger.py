@@ -261,6 +261,7 @@ def test_retire_is_a_swap_remove() -> None:
     ("retire_rows", ([1, 4],), "row 4 is out of range"),
     ("retire_rows", ([-1],), "row -1 is out of range"),
     ("retire_rows", ([2, 2],), "repeat a row"),
+    ("retire_rows", ([[0, 1], [2]],), r"rows=\[\[0, 1\], \[2\]\] is not a flat sequence"),
 ])
 def test_bad_retire_leaves_the_ledger_unchanged(call: str, args: tuple, match: str) -> None:
     ledger = _full_ledger()

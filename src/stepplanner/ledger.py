@@ -214,7 +214,10 @@ class Ledger:
 
     def retire_rows(self, rows: Sequence[int] | np.ndarray) -> None:
         """Remove residents by row index (the path the simulator uses)."""
-        arr = np.asarray(rows)
+        try:
+            arr = np.asarray(rows)
+        except ValueError:  # ragged nesting: numpy's message would not say which argument
+            raise ValueError(f"rows={rows!r} is not a flat sequence of row indices") from None
         if arr.size and arr.dtype.kind not in "iu":
             raise TypeError(f"rows must be integers, got dtype {arr.dtype}")
         listed = arr.ravel().tolist()
