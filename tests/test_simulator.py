@@ -193,3 +193,48 @@ def test_simulate_checks_its_arguments() -> None:
         simulate(_workload(), LIMITS, max_steps=0)
     with pytest.raises(ValueError, match="priority_reserved_slots=16"):
         simulate(_workload(), LIMITS, SchedulingOptions(priority_reserved_slots=16))
+
+
+def test_a_run_whose_every_request_is_refused_still_reports() -> None:
+    w = Workload(np.array([0.0, 1.0]), np.array([600, 700]), np.array([3, 3]), np.array([0, 1]))
+    r = simulate(w, LIMITS)
+    rep = r.report()
+    json.dumps(rep)
+    assert r.num_steps == 0 and rep["requests"]["refused"] == 2
+    assert rep["throughput"]["requests_per_s"] == 0.0
+    assert rep["latency_s"]["all"]["ttft"]["p99"] is None
+    assert rep["latency_s"]["all"]["itl"] == {"p50": None, "p90": None, "p99": None}
+
+
+class _TokenTimes:
+    """An on_step hook noting which requests emit a token in each step (an independent oracle
+    for the pooled inter-token latency)."""
+
+    def __init__(self) -> None:
+        self.emitters: list[list[int]] = []
+
+    def __call__(self, step: int, start: float, ledger, plan) -> None:
+        rows = plan.as_array()
+        emitting = rows["resident"][rows["select_last_token_logits"]]
+        self.emitters.append(ledger.request_ids[emitting].tolist())
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority_pause", "pause_forever", "prefill_first"])
+def test_itl_percentiles_pool_every_gap_between_consecutive_tokens(name: str) -> None:
+    w = synthetic(requests=300, rate=80.0, seed=5, max_prompt=512, max_output=64)
+    hook = _TokenTimes()
+    r = simulate(w, LIMITS, CONFIGS[name], on_step=hook)
+    times: dict[int, list[float]] = {}
+    for step, ids in enumerate(hook.emitters):
+        for rid in ids:
+            times.setdefault(rid, []).append(r.steps["end_time"][step])
+    rep = r.report()["latency_s"]
+    for key in ("all", *map(str, w.classes)):
+        gaps = np.concatenate([np.diff(t) for rid, t in times.items()
+                               if key == "all" or w.priority[rid] == int(key)])
+        assert gaps.size == sum(w.output_tokens[w.priority == int(key)] - 1 if key != "all"
+                                else w.output_tokens - 1)
+        for q in (50, 90, 99):
+            assert rep[key]["itl"][f"p{q}"] == pytest.approx(np.percentile(gaps, q), rel=1e-12)
+    # the per-request maximum gap bounds every pooled gap
+    assert rep["all"]["itl"]["p99"] <= np.nanmax(r.latencies()["max_itl"])

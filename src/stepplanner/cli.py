@@ -55,12 +55,17 @@ from .simulator import (
     replay,
     simulate,
 )
-from .workloads import DEFAULT_CLASSES, Workload, load_trace, synthetic
+from .workloads import (
+    DEFAULT_CLASSES,
+    DEFAULT_RATE,
+    DEFAULT_REQUESTS,
+    Workload,
+    load_trace,
+    synthetic,
+)
 
 __all__ = ["main", "parse_config"]
 
-DEFAULT_REQUESTS = 6000
-DEFAULT_RATE = 28.0
 DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
                    "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64")
 
@@ -574,13 +579,13 @@ def _print_report(console: Console, r: dict[str, Any]) -> None:
     table = Table(title="latency by priority class (ms)", title_justify="left")
     table.add_column("class")
     for col in ("queue p50", "queue p99", "TTFT p50", "TTFT p90", "TTFT p99", "TPOT p50",
-                "TPOT p99", "E2E p50", "E2E p99", "max ITL p99"):
+                "TPOT p99", "E2E p50", "E2E p99", "ITL p99", "max ITL p99"):
         table.add_column(col, justify="right")
     for key, lat in r["latency_s"].items():
         table.add_row(_class_name(key), _ms(lat["queue"]["p50"]), _ms(lat["queue"]["p99"]),
                       _ms(lat["ttft"]["p50"]), _ms(lat["ttft"]["p90"]), _ms(lat["ttft"]["p99"]),
                       _ms(lat["tpot"]["p50"]), _ms(lat["tpot"]["p99"]), _ms(lat["e2e"]["p50"]),
-                      _ms(lat["e2e"]["p99"]), _ms(lat["max_itl"]["p99"]))
+                      _ms(lat["e2e"]["p99"]), _ms(lat["itl"]["p99"]), _ms(lat["max_itl"]["p99"]))
     console.print(table)
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     console.print(f"[bold]reasons[/] (resident-steps) {reasons}")

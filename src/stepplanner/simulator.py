@@ -91,6 +91,9 @@ class SimulationResult:
     max_consecutive_paused: int
     wall_seconds: float
     truncated: bool
+    itl: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    """Per priority class (``workload.classes`` order): every gap between two consecutive output
+    tokens of its requests, as (seconds, count) pairs."""
 
     @property
     def num_steps(self) -> int:
@@ -123,6 +126,8 @@ class SimulationResult:
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
+        itl = {"all": _pooled(self.itl)}
+        itl.update({str(p): _pooled(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
         return {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),
@@ -157,8 +162,10 @@ class SimulationResult:
                 "released_by_max_pause_steps": int(self.reason_counts[-1]),
             },
             "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
-            "latency_s": {name: {metric: _percentiles(values[mask])
-                                 for metric, values in lat.items()}
+            "latency_s": {name: {**{metric: _percentiles(values[mask])
+                                    for metric, values in lat.items()},
+                                 "itl": {f"p{q}": _weighted_pct(*itl[name], q)
+                                         for q in PERCENTILES}}
                           for name, mask in classes.items()},
             "planner": {
                 "mean_plan_us": _mean(plan_us),
@@ -182,6 +189,25 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {f"p{q}": _pct(values, q) for q in PERCENTILES}
+
+
+def _pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate([v for v, _ in parts]), np.concatenate([c for _, c in parts])
+
+
+def _weighted_pct(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+    """``np.percentile(np.repeat(values, counts), q)`` without building the repeated array."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])
+    rank = q / 100 * (int(ends[-1]) - 1)  # numpy's default (linear) interpolation
+    low, high = np.searchsorted(ends, [np.floor(rank), np.ceil(rank)], side="right")
+    return float(values[low] + (values[high] - values[low]) * (rank - np.floor(rank)))
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -247,6 +273,14 @@ class _Run:
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
         self.records: list[tuple[float, ...]] = []
+        # Every inter-token gap, pooled (ITL as vLLM's benchmarks report it), kept compactly: a
+        # request that also emitted in the previous step has a gap of exactly this step's
+        # duration, so each step records only how many such gaps each class had; the rarer
+        # longer gaps (after a pause or a skipped chunk) are kept one by one.
+        self.class_of = np.searchsorted(workload.classes, workload.priority)
+        self.num_classes = len(workload.classes)
+        self.itl_counts: list[np.ndarray] = []
+        self.itl_other: list[tuple[np.ndarray, np.ndarray]] = []
         self.now = float(workload.arrival_time[0]) if n else 0.0
         self.next_request = 0
         self.completed = 0
@@ -303,7 +337,15 @@ class _Run:
         first = gen == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
-        self.max_gap[later] = np.maximum(self.max_gap[later], now - self.last_token_time[later])
+        previous = self.last_token_time[later]
+        gaps = now - previous
+        self.max_gap[later] = np.maximum(self.max_gap[later], gaps)
+        classes = self.class_of[later]
+        back_to_back = previous == start
+        self.itl_counts.append(np.bincount(classes[back_to_back], minlength=self.num_classes))
+        if not back_to_back.all():
+            apart = ~back_to_back
+            self.itl_other.append((gaps[apart], classes[apart]))
         self.last_token_time[req] = now
         gen += 1
         self.generated[req] = gen
@@ -343,7 +385,18 @@ class _Run:
             finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated)
+            wall_seconds=wall, truncated=truncated, itl=self._itl(steps["seconds"]))
+
+    def _itl(self, seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample."""
+        counts = (np.array(self.itl_counts, dtype=np.int64) if self.itl_counts
+                  else np.zeros((0, self.num_classes), dtype=np.int64))
+        other_gaps = np.concatenate([g for g, _ in self.itl_other] or [np.zeros(0)])
+        other_cls = np.concatenate([c for _, c in self.itl_other] or [np.zeros(0, dtype=int)])
+        return [(np.concatenate([seconds, other_gaps[other_cls == k]]),
+                 np.concatenate([counts[:, k], np.ones(int((other_cls == k).sum()),
+                                                       dtype=np.int64)]))
+                for k in range(self.num_classes)]
 
 
 # --- configuration as plain data ----------------------------------------------------------
