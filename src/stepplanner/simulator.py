@@ -273,14 +273,10 @@ class _Run:
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
         self.records: list[tuple[float, ...]] = []
-        # Every inter-token gap, pooled (ITL as vLLM's benchmarks report it), kept compactly: a
-        # request that also emitted in the previous step has a gap of exactly this step's
-        # duration, so each step records only how many such gaps each class had; the rarer
-        # longer gaps (after a pause or a skipped chunk) are kept one by one.
-        self.class_of = np.searchsorted(workload.classes, workload.priority)
-        self.num_classes = len(workload.classes)
-        self.itl_counts: list[np.ndarray] = []
-        self.itl_other: list[tuple[np.ndarray, np.ndarray]] = []
+        # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
+        # (request ids, their previous token's time, this token's time). Every other gap is one
+        # step's duration, so these suffice to rebuild the pooled ITL sample after the run.
+        self.apart: list[tuple[np.ndarray, np.ndarray, float]] = []
         self.now = float(workload.arrival_time[0]) if n else 0.0
         self.next_request = 0
         self.completed = 0
@@ -340,12 +336,9 @@ class _Run:
         previous = self.last_token_time[later]
         gaps = now - previous
         self.max_gap[later] = np.maximum(self.max_gap[later], gaps)
-        classes = self.class_of[later]
-        back_to_back = previous == start
-        self.itl_counts.append(np.bincount(classes[back_to_back], minlength=self.num_classes))
-        if not back_to_back.all():
-            apart = ~back_to_back
-            self.itl_other.append((gaps[apart], classes[apart]))
+        apart = previous != start
+        if apart.any():
+            self.apart.append((later[apart], previous[apart], now))
         self.last_token_time[req] = now
         gen += 1
         self.generated[req] = gen
@@ -385,18 +378,35 @@ class _Run:
             finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated, itl=self._itl(steps["seconds"]))
+            wall_seconds=wall, truncated=truncated, itl=self._itl(steps["end_time"], steps["seconds"]))
 
-    def _itl(self, seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample."""
-        counts = (np.array(self.itl_counts, dtype=np.int64) if self.itl_counts
-                  else np.zeros((0, self.num_classes), dtype=np.int64))
-        other_gaps = np.concatenate([g for g, _ in self.itl_other] or [np.zeros(0)])
-        other_cls = np.concatenate([c for _, c in self.itl_other] or [np.zeros(0, dtype=int)])
-        return [(np.concatenate([seconds, other_gaps[other_cls == k]]),
-                 np.concatenate([counts[:, k], np.ones(int((other_cls == k).sum()),
-                                                       dtype=np.int64)]))
-                for k in range(self.num_classes)]
+    def _itl(self, end_time: np.ndarray,
+             seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample.
+
+        A request's gaps end at the steps after its first token up to its last one. Those that
+        follow a step in which it also emitted last exactly that step's duration; the others
+        (``self.apart``) each span several steps, in none of which it had a back-to-back gap.
+        So each step's back-to-back count per class is a difference array over step indices.
+        """
+        w, n_steps = self.w, len(end_time)
+        classes = np.searchsorted(w.classes, w.priority)
+        spoke = np.flatnonzero(self.generated >= 2)
+        covered = np.zeros((len(w.classes), n_steps + 1), dtype=np.int64)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.first_token_time[spoke]) + 1), 1)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.last_token_time[spoke]) + 1), -1)
+        ids = np.concatenate([r for r, _, _ in self.apart] or [np.zeros(0, dtype=np.int64)])
+        before = np.concatenate([t for _, t, _ in self.apart] or [np.zeros(0)])
+        after = np.concatenate([np.full(len(r), t) for r, _, t in self.apart] or [np.zeros(0)])
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, before) + 1), -1)
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, after) + 1), 1)
+        back_to_back = np.cumsum(covered, axis=1)[:, :n_steps]
+        return [(np.concatenate([seconds, (after - before)[classes[ids] == k]]),
+                 np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
+                                                          dtype=np.int64)]))
+                for k in range(len(w.classes))]
 
 
 # --- configuration as plain data ----------------------------------------------------------
