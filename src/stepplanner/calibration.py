@@ -9,14 +9,17 @@ identical requests, all arriving at t=0, on the engine ``trtllm-bench`` configur
 
 With every request there at t=0 the plans never depend on time, so a saturated run's simulated
 span is exactly ``a * steps + b * tokens + c * context`` summed over its steps
-(:func:`step_sums`): linear in the coefficients, which is what makes the joint fit in
-``tools/fit_latency.py`` exact and deterministic.
+(:func:`step_sums`): linear in the coefficients, which makes the joint fit (:func:`fit`) a
+linear least-squares problem, solved exactly and deterministically. ``tools/fit_latency.py``
+runs it and prints the residual table docs/simulator.md publishes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,11 +38,16 @@ from .workloads import Workload
 if TYPE_CHECKING:  # the simulator imports this package's facade; import it when running
     from .simulator import SimulationResult
 
-__all__ = ["H100_LLAMA31_8B_FP8", "EngineMemory", "Residual", "residual", "residuals",
-           "saturated_run", "simulate_row", "step_sums", "trtllm_bench_engine"]
+__all__ = ["A_FLOOR", "H100_LLAMA31_8B_FP8", "EngineMemory", "Residual", "fit",
+           "nonnegative_least_squares", "residual", "residuals", "saturated_run", "simulate_row",
+           "step_sums", "trtllm_bench_engine"]
 
-GIB = 1024**3
 KV_PAGE = 32  # TensorRT-LLM's default tokens_per_block
+# No step is shorter than streaming the weights once: 8.03e9 FP8 parameters / 3.35 TB/s (H100
+# SXM HBM3). Saturated rows cannot pin ``a`` down (it is shared by hundreds of sequences per step;
+# unbounded, least squares makes it negative), and without this floor a lightly loaded
+# simulation would decode a token in microseconds.
+A_FLOOR = 8.03e9 / 3.35e12
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,3 +161,43 @@ def residuals(model: LatencyModel) -> list[Residual]:
     """Every published row's saturated run, simulated under ``model``."""
     return [residual(simulate_row(isl, osl, requests, model), float(tok_s))
             for isl, osl, tok_s, requests in TRTLLM_H100_LLAMA31_8B_FP8]
+
+
+def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """argmin ||matrix @ x - target|| over x >= 0, by trying every support (3 columns: 7)."""
+    best, best_x = np.inf, np.zeros(matrix.shape[1])
+    for size in range(1, matrix.shape[1] + 1):
+        for support in itertools.combinations(range(matrix.shape[1]), size):
+            sol, *_ = np.linalg.lstsq(matrix[:, support], target, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(matrix.shape[1])
+            x[list(support)] = sol
+            err = float(np.sum((matrix @ x - target) ** 2))
+            if err < best:
+                best, best_x = err, x
+    return best_x
+
+
+def _significant(x: float, digits: int = 3) -> float:
+    return float(f"{x:.{digits - 1}e}")
+
+
+def fit(sums: Sequence[tuple[int, int, int, int]]) -> tuple[LatencyModel, np.ndarray, np.ndarray]:
+    """The default model from each published row's :func:`step_sums`, in table order.
+
+    Least squares in relative span, ``sum((simulated span / published span - 1) ** 2)``, with
+    b, c >= 0 and a >= :data:`A_FLOOR`; returns the model rounded to three significant digits,
+    the unbounded solution and the bounded one.
+    """
+    features = np.array([s[:3] for s in sums], dtype=np.float64)
+    spans = np.array([output / tok_s  # the published run's span, seconds
+                      for (*_, output), (_, _, tok_s, _) in zip(sums, TRTLLM_H100_LLAMA31_8B_FP8,
+                                                                 strict=True)])
+    features /= spans[:, None]
+    unbounded, *_ = np.linalg.lstsq(features, np.ones(len(spans)), rcond=None)
+    # a = A_FLOOR + a' with a' >= 0: the floor's share of each span moves to the target
+    bounded = nonnegative_least_squares(features, 1 - A_FLOOR * features[:, 0])
+    bounded[0] += A_FLOOR
+    model = LatencyModel(*(_significant(float(v)) for v in bounded))
+    return model, unbounded, bounded
