@@ -199,5 +199,6 @@ def fit(sums: Sequence[tuple[int, int, int, int]]) -> tuple[LatencyModel, np.nda
     # a = A_FLOOR + a' with a' >= 0: the floor's share of each span moves to the target
     bounded = nonnegative_least_squares(features, 1 - A_FLOOR * features[:, 0])
     bounded[0] += A_FLOOR
-    model = LatencyModel(*(_significant(float(v)) for v in bounded))
+    a, b, c = (_significant(float(v)) for v in bounded)
+    model = LatencyModel(a, b, c)
     return model, unbounded, bounded
