@@ -1,0 +1,36 @@
+"""``stepplanner record``: simulate and write every step's ledger and plan (JSON Lines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import numpy as np
+
+from .._policy import resolve_scheduling_policy
+from ..latency import LatencyModel
+from ..simulator import StepRecorder
+from .options import (library_errors, limit_options, limits_from, options_from, run_options,
+                      scheduling_options, workload_from, workload_options)
+from .running import run
+
+
+@click.command("record")
+@click.argument("out", type=click.File("w"))
+@workload_options
+@limit_options
+@scheduling_options
+@run_options
+@library_errors
+def record_command(out: Any, latency_text: str, max_steps: int | None, progress: bool,
+                   **kw: Any) -> None:
+    """Simulate and write every step's ledger and plan to OUT (JSON Lines)."""
+    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    policy = resolve_scheduling_policy(options, limits)
+    recorder = StepRecorder(out, limits, policy)
+    result = run(workload, limits, policy, LatencyModel.parse(latency_text),
+                 max_steps if max_steps is not None else 2000, progress, "recording",
+                 on_step=recorder)
+    completed = int((~np.isnan(result.finish_time)).sum())
+    click.echo(f"recorded {recorder.steps} steps ({completed} requests completed) to {out.name}",
+               err=out.name == "<stdout>")
