@@ -63,7 +63,7 @@ def test_simulate_text_report_on_the_sample_trace() -> None:
 ])
 def test_simulate_bad_configuration_is_a_one_line_error(args: list[str], message: str) -> None:
     result = _invoke("simulate", *SMALL, *args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
 
 
@@ -116,7 +116,7 @@ def test_compare_defaults_and_config_file(tmp_path: pathlib.Path) -> None:
 
 def test_compare_rejects_an_unknown_key_before_running() -> None:
     result = _invoke("compare", *SMALL, "--config", "policy=fcfs", "--config", "polcy=x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "config key 'polcy' is not known" in result.output
 
 
@@ -154,7 +154,7 @@ def test_explain_names_the_rule_of_each_default_budget(tmp_path: pathlib.Path) -
 ])
 def test_explain_bad_ledgers(doc: str, message: str) -> None:
     result = _invoke("explain", "-", input=doc)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output
 
 
@@ -205,3 +205,43 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert proc.returncode == 0
     for command in ("simulate", "compare", "explain", "record", "replay", "bench"):
         assert command in proc.stdout
+
+
+# --- errors and exit codes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["--rate", "0"],                      # refused by click's own range check
+    ["-B", "0"],                          # refused by StepPlannerLimits
+    ["--max-num-tokens", "5"],            # refused by resolve_scheduling_policy
+    ["--latency", "q=1"],                 # refused by LatencyModel.parse
+])
+def test_a_usage_mistake_exits_2_whoever_catches_it(args: list[str]) -> None:
+    result = _invoke("simulate", *SMALL, *args)
+    assert result.exit_code == 2, result.output
+    assert "Error" in result.output and "Traceback" not in result.output
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch) -> None:
+    """Only the library's own validation errors become one-line messages; an exception the
+    library did not raise on purpose (here an unsupported operand) propagates unchanged."""
+    import stepplanner.cli.simulate as simulate_module
+
+    def broken(*args, **kwargs):
+        return None + 1  # type: ignore[operator]
+
+    monkeypatch.setattr(simulate_module, "run", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        _invoke("simulate", *SMALL)
+
+
+def test_a_library_validation_error_is_recognised_as_such() -> None:
+    from stepplanner import StepPlannerLimits
+    from stepplanner.cli.errors import raised_by_the_library
+
+    with pytest.raises(ValueError) as info:
+        StepPlannerLimits(0, 1, 1)
+    assert raised_by_the_library(info.value)
+    with pytest.raises(ValueError) as info:
+        int("x")
+    assert not raised_by_the_library(info.value)

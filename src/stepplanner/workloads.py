@@ -244,6 +244,8 @@ def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where} line {line}: not valid JSON ({exc.msg})") from None
+        except RecursionError:  # json's C decoder recurses once per nesting level
+            raise ValueError(f"{where} line {line}: not valid JSON (nested too deeply)") from None
         if not isinstance(record, dict):
             raise ValueError(f"{where} line {line}: expected a JSON object, "
                              f"got {type(record).__name__}")

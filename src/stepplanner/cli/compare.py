@@ -11,8 +11,9 @@ import click
 from .._policy import SchedulingOptions, resolve_scheduling_policy
 from ..latency import LatencyModel
 from .config import parse_config, parse_config_text
-from .options import library_errors, limit_options, limits_from, run_options, workload_from, \
-    workload_options
+from .errors import library_errors
+from .inputs import read_json
+from .options import limit_options, limits_from, run_options, workload_from, workload_options
 from .render import print_comparison, stdout_console
 from .running import run
 
@@ -58,12 +59,9 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:
-    try:
-        data = json.load(handle)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--config-file: not valid JSON ({exc})") from None
+    data = read_json(handle)
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise ValueError("--config-file: expected a JSON list of objects")
+        raise ValueError(f"--config-file {handle.name}: expected a JSON list of objects")
     return data

@@ -24,7 +24,8 @@ from .._types import IfbSchedulingMode, split_reason
 from ..ledger import Ledger
 from ..simulator import DEFAULT_LIMITS
 from .config import parse_config
-from .options import library_errors
+from .errors import library_errors
+from .inputs import read_json
 from .render import print_explanation, stdout_console
 
 
@@ -41,16 +42,17 @@ def explain_command(ledger_file: Any, as_json: bool) -> None:
     """
     from .. import StepPlanner
 
-    try:
-        data = json.load(ledger_file)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{ledger_file.name}: not valid JSON ({exc})") from None
+    data = read_json(ledger_file)
     if not isinstance(data, dict) or not isinstance(data.get("residents"), list):
         raise ValueError(f'{ledger_file.name}: expected an object with a "residents" list')
     unknown = set(data) - {"limits", "options", "residents"}
     if unknown:
         raise ValueError(f"{ledger_file.name}: unknown key(s) {sorted(unknown)}; allowed: "
                          "limits, options, residents")
+    for key in ("limits", "options"):
+        if not isinstance(data.get(key, {}), dict):
+            raise ValueError(f'{ledger_file.name}: "{key}" must be an object, got '
+                             f"{type(data[key]).__name__}")
     config = parse_config({**data.get("options", {}), **data.get("limits", {})},
                           DEFAULT_LIMITS, SchedulingOptions())
     policy = resolve_scheduling_policy(config.options, config.limits)

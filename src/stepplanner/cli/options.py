@@ -99,15 +99,3 @@ def workload_from(kw: dict[str, Any]) -> Workload:
     """Pop the ``workload_options`` values and load or generate the workload."""
     trace, requests, rate, seed = (kw.pop(k) for k in ("trace", "requests", "rate", "seed"))
     return load_trace(trace) if trace else synthetic(requests=requests, rate=rate, seed=seed)
-
-
-def library_errors(f: Callable[..., Any]) -> Callable[..., Any]:
-    """Bad input the library rejects becomes a one-line CLI error, not a traceback (a limit
-    too large for this machine's memory too: the planner sizes its buffers for B up front)."""
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except (ValueError, TypeError, OverflowError, RuntimeError, MemoryError) as exc:
-            raise click.ClickException(str(exc)) from None
-    wrapper.__name__, wrapper.__doc__ = f.__name__, f.__doc__
-    return wrapper

@@ -10,8 +10,9 @@ import numpy as np
 from .._policy import resolve_scheduling_policy
 from ..latency import LatencyModel
 from ..simulator import StepRecorder
-from .options import (library_errors, limit_options, limits_from, options_from, run_options,
-                      scheduling_options, workload_from, workload_options)
+from .errors import library_errors
+from .options import (limit_options, limits_from, options_from, run_options, scheduling_options,
+                      workload_from, workload_options)
 from .running import run
 
 

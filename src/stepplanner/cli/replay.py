@@ -11,7 +11,8 @@ import click
 from .._policy import SchedulingOptions, resolve_scheduling_policy
 from ..simulator import policy_to_dict, read_record_header, replay
 from .config import parse_config, parse_config_text
-from .options import library_errors
+from .errors import library_errors
+from .inputs import read_text
 from .render import print_replay, stdout_console
 
 
@@ -26,7 +27,7 @@ from .render import print_replay, stdout_console
 @library_errors
 def replay_command(record_file: Any, config_text: str, show: int, as_json: bool) -> None:
     """Re-plan every recorded step; print a diff where a plan differs (exit status 1)."""
-    lines = record_file.read().splitlines()
+    lines = read_text(record_file).splitlines()
     policy = limits = None
     if config_text:
         limits, recorded = read_record_header(lines)

@@ -8,8 +8,9 @@ from typing import Any
 import click
 
 from ..latency import LatencyModel
-from .options import (library_errors, limit_options, limits_from, options_from, run_options,
-                      scheduling_options, workload_from, workload_options)
+from .errors import library_errors
+from .options import (limit_options, limits_from, options_from, run_options, scheduling_options,
+                      workload_from, workload_options)
 from .plot import plot_result, require_matplotlib
 from .render import print_report, stdout_console
 from .running import run
