@@ -245,3 +245,46 @@ def test_a_library_validation_error_is_recognised_as_such() -> None:
     with pytest.raises(ValueError) as info:
         int("x")
     assert not raised_by_the_library(info.value)
+
+
+# --- replay --config -------------------------------------------------------------------------
+
+
+def _record(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
+    path = tmp_path / "steps.jsonl"
+    result = _invoke("record", str(path), *SMALL, "--max-steps", "150", *args)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_replay_config_keeps_the_recorded_budgets(tmp_path: pathlib.Path) -> None:
+    """Changing one field re-plans with every other recorded field, budgets included: a
+    priority-free change to max_pause_steps replays identically."""
+    path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
+    result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
+    out = json.loads(result.output)
+    assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (1024, 256)
+    assert out["differing_steps"] == 0 and result.exit_code == 0
+
+
+def test_replay_config_keeps_the_recorded_mode(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path, "--mode", "prefill_first")
+    result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
+    out = json.loads(result.output)
+    assert out["policy"]["mode"] == "PREFILL_FIRST" and out["differing_steps"] == 0
+
+
+def test_replay_config_naming_the_budget_rederives_the_chunk(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
+    out = json.loads(_invoke("replay", str(path), "--config", "max_num_tokens=96",
+                             "--json").output)
+    assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (96, 64)
+    out = json.loads(_invoke("replay", str(path), "--config", "mode=mixed", "--json").output)
+    assert out["policy"]["max_num_tokens"] != 1024  # the SPEC §2 default again
+
+
+@pytest.mark.parametrize("key", ["max-pause-steps", "max_pause_steps", "Max-Pause-Steps"])
+def test_config_keys_take_dashes_as_the_flags_do(key: str) -> None:
+    result = _invoke("compare", *SMALL, "--config", f"policy=priority,{key}=4", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)[0]["policy"]["max_pause_steps"] == 4

@@ -31,13 +31,14 @@ def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
                  base_options: SchedulingOptions, name: str | None = None) -> Config:
     """``{"policy": "priority", "max_num_tokens": 1024, ...}`` on top of the bases.
 
-    Keys: the SchedulingOptions and StepPlannerLimits field names, the aliases mode, policy and
-    reserved, and name. Enum values by name (any case) or number.
+    Keys: the SchedulingOptions and StepPlannerLimits field names (with dashes or underscores,
+    as the flags spell them), the aliases mode, policy and reserved, and name. Enum values by
+    name (any case) or number.
     """
     options = dataclasses.asdict(base_options)
     limits = dataclasses.asdict(base_limits)
     for raw_key, value in items.items():
-        key = _ALIASES.get(raw_key.strip().lower(), raw_key.strip().lower())
+        key = canonical_key(raw_key)
         if key == "name":
             name = str(value)
             continue
@@ -51,6 +52,12 @@ def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
         (options if key in _OPTION_FIELDS else limits)[key] = value
     label = name or ", ".join(f"{k}={v}" for k, v in items.items()) or "default"
     return Config(label, StepPlannerLimits(**limits), SchedulingOptions(**options))
+
+
+def canonical_key(raw_key: str) -> str:
+    """The field a configuration key names: any case, dashes or underscores, aliases resolved."""
+    key = raw_key.strip().lower().replace("-", "_")
+    return _ALIASES.get(key, key)
 
 
 def parse_config_text(text: str) -> dict[str, Any]:
