@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._fields import enum_from_text
+from .._fields import enum_fields, enum_from_text
 from .._policy import SchedulingOptions, StepPlannerLimits
-from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 
-_ENUMS: dict[str, Any] = {"ifb_scheduling_mode": IfbSchedulingMode,
-                          "scheduling_policy": SchedulingPolicy, "preemption": PreemptionMode}
+_ENUMS = enum_fields(SchedulingOptions)
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
 _LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(StepPlannerLimits))
 _ALIASES = {"mode": "ifb_scheduling_mode", "policy": "scheduling_policy",
