@@ -21,4 +21,4 @@ def bench_command(args: tuple[str, ...]) -> None:
         raise click.ClickException(
             "stepplanner bench is not available: the module stepplanner.bench is missing from "
             "this installation (reinstall stepplanner)") from None
-    sys.exit(bench.main(list(args)))
+    sys.exit(bench.main(list(args), prog="stepplanner bench"))
