@@ -72,6 +72,12 @@ class Workload:
     def __len__(self) -> int:
         return len(self.arrival_time)
 
+    def __repr__(self) -> str:
+        # The dataclass default would print every row of every column.
+        s = self.summary()
+        return (f"Workload(source={self.source!r}, requests={s['requests']}, "
+                f"duration_s={s['duration_s']:.1f}, classes={s['classes']})")
+
     @property
     def classes(self) -> list[int]:
         """The distinct priority values, ascending."""
