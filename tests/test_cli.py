@@ -288,3 +288,12 @@ def test_config_keys_take_dashes_as_the_flags_do(key: str) -> None:
     result = _invoke("compare", *SMALL, "--config", f"policy=priority,{key}=4", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)[0]["policy"]["max_pause_steps"] == 4
+
+
+def test_bench_usage_names_the_command_it_was_run_as() -> None:
+    proc = subprocess.run([sys.executable, "-m", "stepplanner.bench", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: python -m stepplanner.bench")
+    result = _invoke("bench", "--help")
+    assert result.output.startswith("usage: stepplanner bench")
