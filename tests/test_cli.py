@@ -297,3 +297,73 @@ def test_bench_usage_names_the_command_it_was_run_as() -> None:
     assert proc.stdout.startswith("usage: python -m stepplanner.bench")
     result = _invoke("bench", "--help")
     assert result.output.startswith("usage: stepplanner bench")
+
+
+# --- output formats and widths ---------------------------------------------------------------
+
+
+LONG_NAME = "priority+pause with a long descriptive name"
+
+
+def _invoke_at(width: int, *args: str) -> str:
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(main, list(args),
+                                                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _ms_texts(report: dict) -> list[str]:
+    """Every latency of a report as the table writes it (ms, one decimal)."""
+    return [f"{lat[metric][q] * 1e3:,.1f}" for lat in report["latency_s"].values()
+            for metric, q in (("ttft", "p99"), ("e2e", "p99"), ("tpot", "p99"))]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_simulate_table_never_cuts_a_number(width: int) -> None:
+    report = json.loads(_invoke("simulate", *SMALL, "--json").output)
+    out = _invoke_at(width, "simulate", *SMALL)
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= width
+    for text in _ms_texts(report):
+        assert text in out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_compare_table_never_cuts_a_number_or_a_name(width: int) -> None:
+    configs = ["--config", f"name={LONG_NAME},policy=priority,preemption=pause",
+               "--config", "name=fcfs"]
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").output)
+    out = _invoke_at(width, "compare", *SMALL, *configs)
+    assert "…" not in out and LONG_NAME in out.splitlines()
+    for report in reports:
+        assert f"{report['latency_s']['all']['ttft']['p99'] * 1e3:,.1f}" in out
+
+
+def test_a_wide_console_keeps_the_grid() -> None:
+    out = _invoke_at(200, "simulate", *SMALL)
+    assert "┃ class" in out and "TTFT p99" in out
+
+
+def test_compare_as_csv_and_markdown() -> None:
+    import csv
+    import io
+
+    configs = ["--config", f"name={LONG_NAME},policy=priority", "--config", "name=fcfs"]
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").output)
+    rows = list(csv.DictReader(io.StringIO(_invoke("compare", *SMALL, *configs,
+                                                   "--format", "csv").output)))
+    assert [r["configuration"] for r in rows] == [LONG_NAME, "fcfs"]
+    for row, report in zip(rows, reports):
+        assert float(row["TTFT p99"]) == pytest.approx(
+            report["latency_s"]["all"]["ttft"]["p99"] * 1e3, abs=0.05)
+        assert row["budget/chunk"] == "{max_num_tokens}/{max_chunk_tokens}".format(
+            **report["policy"])
+    md = _invoke("compare", *SMALL, *configs, "--format", "md").output
+    assert f"| {LONG_NAME} |" in md and "|---|---:|" in md
+
+
+def test_explain_as_csv_lists_the_residents() -> None:
+    out = _invoke("explain", "-", "--format", "csv", input=json.dumps(SPEC_EXAMPLE_TWO)).output
+    lines = out.splitlines()
+    assert lines[0].startswith("#,request,prio") and len(lines) == 1 + 4
+    assert "CHUNK_FINAL" in lines[2]

@@ -13,8 +13,9 @@ from ..latency import LatencyModel
 from .config import parse_config, parse_config_text
 from .errors import library_errors
 from .inputs import read_json
-from .options import limit_options, limits_from, run_options, workload_from, workload_options
-from .render import print_comparison, stdout_console
+from .options import (format_options, limit_options, limits_from, output_format, run_options,
+                      workload_from, workload_options)
+from .render import comparison_blocks, emit
 from .running import run
 
 DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
@@ -31,12 +32,13 @@ DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
                    "limits fields, aliases mode/policy/reserved, and name).")
 @click.option("--config-file", type=click.File("r"),
               help="A JSON list of configuration objects (same keys as --config).")
-@click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
+@format_options
 @library_errors
 def compare_command(latency_text: str, max_steps: int | None, progress: bool,
-                    configs: Sequence[str], config_file: Any, as_json: bool,
+                    configs: Sequence[str], config_file: Any, fmt: str, as_json: bool,
                     **kw: Any) -> None:
     """Run several configurations on one workload and show them side by side."""
+    fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
     items: list[dict[str, Any]] = [parse_config_text(text) for text in configs]
     if config_file is not None:
@@ -50,12 +52,12 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     reports = []
     for k, (config, policy) in enumerate(zip(runs, policies), start=1):
         result = run(workload, config.limits, policy, latency, max_steps,
-                     progress and not as_json, f"{k}/{len(runs)} {config.name}")
+                     progress and fmt == "table", f"{k}/{len(runs)} {config.name}")
         reports.append({"name": config.name, **result.report()})
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(reports, indent=2))
-        return
-    print_comparison(stdout_console(), reports)
+    else:
+        emit(comparison_blocks(reports), fmt)
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:

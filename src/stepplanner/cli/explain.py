@@ -26,14 +26,15 @@ from ..simulator import DEFAULT_LIMITS
 from .config import parse_config
 from .errors import library_errors
 from .inputs import read_json
-from .render import print_explanation, stdout_console
+from .options import format_options, output_format
+from .render import emit, explanation_blocks
 
 
 @click.command("explain")
 @click.argument("ledger_file", type=click.File("r"))
-@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+@format_options
 @library_errors
-def explain_command(ledger_file: Any, as_json: bool) -> None:
+def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
     """Plan one ledger (JSON: limits, options, residents) and explain every decision.
 
     LEDGER_FILE ('-' for stdin) holds {"limits": {max_batch_size, max_input_length,
@@ -65,10 +66,10 @@ def explain_command(ledger_file: Any, as_json: bool) -> None:
         "plan": plan.to_dict(),
         "residents": _resident_reasons(ledger, plan, reasons),
     }
-    if as_json:
+    if output_format(fmt, as_json) == "json":
         click.echo(json.dumps(explanation, indent=2))
-        return
-    print_explanation(stdout_console(), explanation)
+    else:
+        emit(explanation_blocks(explanation), fmt)
 
 
 def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,

@@ -12,6 +12,7 @@ from .._policy import SchedulingOptions, StepPlannerLimits
 from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import DEFAULT_LIMITS
 from ..workloads import Workload, load_trace, synthetic
+from .render import FORMATS
 
 DEFAULT_REQUESTS = 6000
 DEFAULT_RATE = 28.0
@@ -76,6 +77,20 @@ run_options = _compose(
     click.option("--progress/--no-progress", default=True, show_default=True,
                  help="Progress bar on stderr for runs over a second."),
 )
+
+
+format_options = _compose(
+    click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table",
+                 show_default=True,
+                 help="table: for a terminal (rows printed vertically when the table is wider "
+                      "than it); md: Markdown; csv: the main table only; json: the full report."),
+    click.option("--json", "as_json", is_flag=True, help="Same as --format json."),
+)
+
+
+def output_format(fmt: str, as_json: bool) -> str:
+    """The format ``format_options`` asked for."""
+    return "json" if as_json else fmt
 
 
 def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:

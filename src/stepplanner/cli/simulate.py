@@ -9,10 +9,10 @@ import click
 
 from ..latency import LatencyModel
 from .errors import library_errors
-from .options import (limit_options, limits_from, options_from, run_options, scheduling_options,
-                      workload_from, workload_options)
+from .options import (format_options, limit_options, limits_from, options_from, output_format,
+                      run_options, scheduling_options, workload_from, workload_options)
 from .plot import plot_result, require_matplotlib
-from .render import print_report, stdout_console
+from .render import emit, report_blocks
 from .running import run
 
 
@@ -21,25 +21,26 @@ from .running import run
 @limit_options
 @scheduling_options
 @run_options
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@format_options
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: TTFT CDF per priority class and the batch timeline "
                    "(needs matplotlib).")
 @library_errors
-def simulate_command(latency_text: str, max_steps: int | None, progress: bool, as_json: bool,
-                     plot: str | None, **kw: Any) -> None:
+def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
+                     as_json: bool, plot: str | None, **kw: Any) -> None:
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         require_matplotlib()
+    fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     result = run(workload, limits, options, LatencyModel.parse(latency_text), max_steps,
-                 progress and not as_json, "simulating")
+                 progress and fmt == "table", "simulating")
     report = result.report()
     if plot:
         plot_result(result, plot)
-    if as_json:
+    if fmt == "json":
         click.echo(json.dumps(report, indent=2))
-        return
-    print_report(stdout_console(), report)
+    else:
+        emit(report_blocks(report), fmt)
     if plot:
-        click.echo(f"plot written to {plot}")
+        click.echo(f"plot written to {plot}", err=True)
