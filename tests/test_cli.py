@@ -40,7 +40,7 @@ def test_simulate_json_report() -> None:
     result = _invoke("simulate", *SMALL, "--policy", "priority", "--preemption", "pause",
                      "--max-pause-steps", "8", "--json")
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["requests"]["completed"] == 200
     assert report["policy"]["scheduling_policy"] == "PRIORITY"
     assert report["policy"]["max_pause_steps"] == 8
@@ -93,7 +93,7 @@ def test_compare_configs_side_by_side_as_json() -> None:
     result = _invoke("compare", *SMALL, "--config", "name=base,policy=fcfs",
                      "--config", "policy=priority,preemption=pause,max_num_tokens=1024", "--json")
     assert result.exit_code == 0, result.output
-    reports = json.loads(result.output)
+    reports = json.loads(result.stdout)
     assert [r["name"] for r in reports] == [
         "base", "policy=priority, preemption=pause, max_num_tokens=1024"]
     assert reports[1]["policy"]["max_num_tokens"] == 1024
@@ -109,7 +109,7 @@ def test_compare_defaults_and_config_file(tmp_path: pathlib.Path) -> None:
     path.write_text(json.dumps([{"name": "a", "mode": "prefill_first"},
                                 {"name": "b", "max_batch_size": 16}]))
     result = _invoke("compare", *SMALL, "--config-file", str(path), "--json")
-    reports = json.loads(result.output)
+    reports = json.loads(result.stdout)
     assert reports[0]["policy"]["mode"] == "PREFILL_FIRST"
     assert reports[1]["limits"]["max_batch_size"] == 16
 
@@ -123,7 +123,7 @@ def test_compare_rejects_an_unknown_key_before_running() -> None:
 def test_explain_spec_example_json() -> None:
     result = _invoke("explain", "-", "--json", input=json.dumps(SPEC_EXAMPLE_TWO))
     assert result.exit_code == 0, result.output
-    e = json.loads(result.output)
+    e = json.loads(result.stdout)
     assert e["plan"]["paused"] == [0, 2, 3]
     assert e["plan"]["sequences"] == [{"resident": 1, "work": "CONTEXT", "past_length": 0,
                                        "query_length": 60, "select_last_token_logits": True}]
@@ -174,7 +174,7 @@ def test_record_replay_round_trip_and_tampering(tmp_path: pathlib.Path) -> None:
     assert result.exit_code == 1
     assert "1 differ" in result.output and "paused: recorded [0], replayed []" in result.output
     result = _invoke("replay", str(path), "--json")
-    assert json.loads(result.output)["differing_steps"] == 1
+    assert json.loads(result.stdout)["differing_steps"] == 1
 
 
 def test_replay_under_another_policy_shows_what_would_change(tmp_path: pathlib.Path) -> None:
@@ -182,7 +182,7 @@ def test_replay_under_another_policy_shows_what_would_change(tmp_path: pathlib.P
     _invoke("record", str(path), *SMALL, "--max-steps", "60")
     result = _invoke("replay", str(path), "--config", "max_num_tokens=64", "--json")
     assert result.exit_code == 1
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["policy"]["max_num_tokens"] == 64 and out["differing_steps"] > 0
 
 
@@ -262,7 +262,7 @@ def test_replay_config_keeps_the_recorded_budgets(tmp_path: pathlib.Path) -> Non
     priority-free change to max_pause_steps replays identically."""
     path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
     result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (1024, 256)
     assert out["differing_steps"] == 0 and result.exit_code == 0
 
@@ -270,16 +270,16 @@ def test_replay_config_keeps_the_recorded_budgets(tmp_path: pathlib.Path) -> Non
 def test_replay_config_keeps_the_recorded_mode(tmp_path: pathlib.Path) -> None:
     path = _record(tmp_path, "--mode", "prefill_first")
     result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["policy"]["mode"] == "PREFILL_FIRST" and out["differing_steps"] == 0
 
 
 def test_replay_config_naming_the_budget_rederives_the_chunk(tmp_path: pathlib.Path) -> None:
     path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
     out = json.loads(_invoke("replay", str(path), "--config", "max_num_tokens=96",
-                             "--json").output)
+                             "--json").stdout)
     assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (96, 64)
-    out = json.loads(_invoke("replay", str(path), "--config", "mode=mixed", "--json").output)
+    out = json.loads(_invoke("replay", str(path), "--config", "mode=mixed", "--json").stdout)
     assert out["policy"]["max_num_tokens"] != 1024  # the SPEC §2 default again
 
 
@@ -287,7 +287,7 @@ def test_replay_config_naming_the_budget_rederives_the_chunk(tmp_path: pathlib.P
 def test_config_keys_take_dashes_as_the_flags_do(key: str) -> None:
     result = _invoke("compare", *SMALL, "--config", f"policy=priority,{key}=4", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)[0]["policy"]["max_pause_steps"] == 4
+    assert json.loads(result.stdout)[0]["policy"]["max_pause_steps"] == 4
 
 
 def test_bench_usage_names_the_command_it_was_run_as() -> None:
@@ -320,7 +320,7 @@ def _ms_texts(report: dict) -> list[str]:
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_simulate_table_never_cuts_a_number(width: int) -> None:
-    report = json.loads(_invoke("simulate", *SMALL, "--json").output)
+    report = json.loads(_invoke("simulate", *SMALL, "--json").stdout)
     out = _invoke_at(width, "simulate", *SMALL)
     assert "…" not in out
     assert max(len(line) for line in out.splitlines()) <= width
@@ -332,7 +332,7 @@ def test_simulate_table_never_cuts_a_number(width: int) -> None:
 def test_compare_table_never_cuts_a_number_or_a_name(width: int) -> None:
     configs = ["--config", f"name={LONG_NAME},policy=priority,preemption=pause",
                "--config", "name=fcfs"]
-    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").output)
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").stdout)
     out = _invoke_at(width, "compare", *SMALL, *configs)
     assert "…" not in out and LONG_NAME in out.splitlines()
     for report in reports:
@@ -349,7 +349,7 @@ def test_compare_as_csv_and_markdown() -> None:
     import io
 
     configs = ["--config", f"name={LONG_NAME},policy=priority", "--config", "name=fcfs"]
-    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").output)
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").stdout)
     rows = list(csv.DictReader(io.StringIO(_invoke("compare", *SMALL, *configs,
                                                    "--format", "csv").output)))
     assert [r["configuration"] for r in rows] == [LONG_NAME, "fcfs"]
@@ -367,3 +367,57 @@ def test_explain_as_csv_lists_the_residents() -> None:
     lines = out.splitlines()
     assert lines[0].startswith("#,request,prio") and len(lines) == 1 + 4
     assert "CHUNK_FINAL" in lines[2]
+
+
+# --- warnings ----------------------------------------------------------------------------------
+
+
+def _stderr_of(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_pause_under_fcfs_warns_once_on_stderr() -> None:
+    code, out, err = _stderr_of("simulate", *SMALL, "--preemption", "pause", "--json")
+    assert code == 0 and json.loads(out)  # stdout stays the report
+    assert err.count("warning: preemption=PAUSE pauses nothing under MIXED + FCFS") == 1
+
+
+def test_prefill_first_budget_replacement_warns() -> None:
+    code, _, err = _stderr_of("simulate", *SMALL, "--mode", "prefill_first",
+                              "--max-num-tokens", "1024")
+    assert code == 0
+    assert "max_num_tokens=1024 is replaced by T_max=131072 under PREFILL_FIRST" in err
+
+
+def test_a_useful_configuration_warns_nothing() -> None:
+    _, _, err = _stderr_of("simulate", *SMALL, "--policy", "priority", "--preemption", "pause",
+                           "--max-pause-steps", "8")
+    assert "warning" not in err
+
+
+def test_compare_names_the_configuration_a_warning_is_about() -> None:
+    _, _, err = _stderr_of("compare", *SMALL, "--config", "name=odd,preemption=pause",
+                           "--config", "name=fine")
+    assert "warning: odd: preemption=PAUSE" in err and "fine:" not in err
+
+
+def test_refused_requests_are_named_with_the_rule() -> None:
+    code, _, err = _stderr_of("simulate", "--requests", "50", "--max-input-length", "100",
+                              "--no-progress")
+    assert code == 0
+    assert "of 50 requests refused at submission: a prompt longer than max_input_length " \
+           "(S_in=100)" in err
+    assert "#0 (" in err and "more" in err
+    assert err.count("warning:") == 1
+
+
+def test_record_says_when_its_default_step_limit_stopped_it(tmp_path: pathlib.Path) -> None:
+    result = CliRunner().invoke(main, ["record", str(tmp_path / "r.jsonl"), "--requests", "3000",
+                                       "--no-progress"], catch_exceptions=False)
+    assert "warning: stopped at the default limit of 2,000 steps" in result.stderr
+    result = CliRunner().invoke(main, ["record", str(tmp_path / "r.jsonl"), *SMALL,
+                                       "--max-steps", "50"], catch_exceptions=False)
+    assert "warning" not in result.stderr  # a limit the user gave is no surprise
+    help_text = " ".join(_invoke("record", "--help").output.split())
+    assert "default: 2000" in help_text

@@ -13,6 +13,7 @@ from ..latency import LatencyModel
 from .config import parse_config, parse_config_text
 from .errors import library_errors
 from .inputs import read_json
+from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, output_format, run_options,
                       workload_from, workload_options)
 from .render import comparison_blocks, emit
@@ -48,11 +49,14 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     runs = [parse_config(item, limits, SchedulingOptions()) for item in items]
     # Every configuration is resolved (and so checked) before the first one runs.
     policies = [resolve_scheduling_policy(r.options, r.limits) for r in runs]
+    for config, policy in zip(runs, policies):
+        warn_no_op_options(config.options, policy, config.name)
     latency = LatencyModel.parse(latency_text)
     reports = []
     for k, (config, policy) in enumerate(zip(runs, policies), start=1):
         result = run(workload, config.limits, policy, latency, max_steps,
                      progress and fmt == "table", f"{k}/{len(runs)} {config.name}")
+        warn_refused(result, config.name)
         reports.append({"name": config.name, **result.report()})
     if fmt == "json":
         click.echo(json.dumps(reports, indent=2))

@@ -69,14 +69,23 @@ scheduling_options = _compose(
                  help="Release a resident paused this many steps in a row (0 = never)."),
 )
 
-run_options = _compose(
-    click.option("--latency", "latency_text", default="",
-                 help="Override the step-latency model: 'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'."),
-    click.option("--max-steps", type=click.IntRange(min=1), default=None,
-                 help="Stop after this many steps."),
-    click.option("--progress/--no-progress", default=True, show_default=True,
-                 help="Progress bar on stderr for runs over a second."),
-)
+def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
+    """The run flags, with ``max_steps`` as the default of ``--max-steps`` (None: no limit)."""
+    return _compose(
+        click.option("--latency", "latency_text", default="",
+                     help="Override the step-latency model: "
+                          "'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=max_steps,
+                     show_default=max_steps is not None,
+                     help="Stop after this many steps" + (
+                         "." if max_steps is None else " (a warning says when the default "
+                         "stopped the run).")),
+        click.option("--progress/--no-progress", default=True, show_default=True,
+                     help="Progress bar on stderr for runs over a second."),
+    )
+
+
+run_options = run_options_stopping_at(None)
 
 
 format_options = _compose(
@@ -114,3 +123,9 @@ def workload_from(kw: dict[str, Any]) -> Workload:
     """Pop the ``workload_options`` values and load or generate the workload."""
     trace, requests, rate, seed = (kw.pop(k) for k in ("trace", "requests", "rate", "seed"))
     return load_trace(trace) if trace else synthetic(requests=requests, rate=rate, seed=seed)
+
+
+def given(ctx: click.Context, name: str) -> Any:
+    """The value of parameter ``name`` when the command line gave it, else ``None``."""
+    source = ctx.get_parameter_source(name)
+    return ctx.params.get(name) if source == click.core.ParameterSource.COMMANDLINE else None

@@ -7,8 +7,10 @@ from typing import Any
 
 import click
 
+from .._policy import resolve_scheduling_policy
 from ..latency import LatencyModel
 from .errors import library_errors
+from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       run_options, scheduling_options, workload_from, workload_options)
 from .plot import plot_result, require_matplotlib
@@ -33,8 +35,11 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
         require_matplotlib()
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
-    result = run(workload, limits, options, LatencyModel.parse(latency_text), max_steps,
+    policy = resolve_scheduling_policy(options, limits)
+    warn_no_op_options(options, policy)
+    result = run(workload, limits, policy, LatencyModel.parse(latency_text), max_steps,
                  progress and fmt == "table", "simulating")
+    warn_refused(result)
     report = result.report()
     if plot:
         plot_result(result, plot)
