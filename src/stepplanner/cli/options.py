@@ -45,6 +45,10 @@ limit_options = _compose(
                  show_default=True, help="S_in: longest prompt; longer ones are refused."),
     click.option("--kv-page-size", type=int, default=DEFAULT_LIMITS.kv_page_size,
                  show_default=True, help="P: non-final chunks end on a multiple of P."),
+    click.option("--max-step-tokens", type=int, default=DEFAULT_LIMITS.max_step_tokens,
+                 show_default=True,
+                 help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
+                      "of a step without decode rows (0 = B*S_in)."),
 )
 
 
@@ -105,7 +109,7 @@ def output_format(fmt: str, as_json: bool) -> str:
 def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:
     """Pop the ``limit_options`` values out of a command's keyword arguments."""
     return StepPlannerLimits(kw.pop("max_batch_size"), kw.pop("max_input_length"),
-                             kw.pop("kv_page_size"))
+                             kw.pop("kv_page_size"), kw.pop("max_step_tokens"))
 
 
 def options_from(kw: dict[str, Any]) -> SchedulingOptions:
