@@ -442,3 +442,17 @@ def test_record_says_when_its_default_step_limit_stopped_it(tmp_path: pathlib.Pa
     assert "warning" not in result.stderr  # a limit the user gave is no surprise
     help_text = " ".join(_invoke("record", "--help").output.split())
     assert "default: 2000" in help_text
+
+
+@pytest.mark.parametrize(("residents", "tokens", "rule"), [
+    ([{"prompt_length": 300}, {"prompt_length": 10, "committed": 10, "context_committed": True}],
+     544, "max_num_tokens: a MIXED step with decode rows (1)"),
+    ([{"prompt_length": 300}], 2400, "T_max = B*S_in = 2400: a MIXED step without decode rows"),
+])
+def test_explain_shows_the_step_budget_that_applied(residents, tokens, rule) -> None:
+    ledger = {"limits": {"max_batch_size": 8, "max_input_length": 300, "kv_page_size": 32},
+              "residents": residents}
+    e = json.loads(_invoke("explain", "-", "--json", input=json.dumps(ledger)).stdout)
+    assert e["step_budget"]["tokens"] == tokens and e["step_budget"]["rule"].startswith(rule)
+    out = _invoke("explain", "-", input=json.dumps(ledger)).stdout
+    assert f"step budget {tokens} tokens" in " ".join(out.split())

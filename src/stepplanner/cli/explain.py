@@ -13,12 +13,8 @@ from .._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
-    chunk_cap,
-    default_max_chunk_tokens,
-    default_target,
-    rd,
-    resolve_scheduling_policy,
-    ru,
+    resolve_with_rules,
+    t_max_text,
 )
 from .._types import IfbSchedulingMode, split_reason
 from ..ledger import Ledger
@@ -56,13 +52,14 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
                              f"{type(data[key]).__name__}")
     config = parse_config({**data.get("options", {}), **data.get("limits", {})},
                           DEFAULT_LIMITS, SchedulingOptions())
-    policy = resolve_scheduling_policy(config.options, config.limits)
+    policy, rules = resolve_with_rules(config.options, config.limits)
     ledger = Ledger(config.limits, policy)
     ledger.load(data["residents"])
     reasons = np.zeros(max(ledger.count, 1), dtype=np.uint8)
     plan = StepPlanner(policy, config.limits).plan(ledger.residents, reasons=reasons)
     explanation = {
-        "policy": explain_policy(config.options, policy, config.limits),
+        "policy": explain_policy(config.options, policy, rules),
+        "step_budget": step_budget(policy, config.limits, plan),
         "plan": plan.to_dict(),
         "residents": _resident_reasons(ledger, plan, reasons),
     }
@@ -73,42 +70,13 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
 
 
 def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
-                   limits: StepPlannerLimits) -> list[dict[str, Any]]:
-    """Each field of ``policy`` (resolved from ``options``) with the SPEC §2 rule behind it."""
-    b, s_in, p, t_max = (limits.max_batch_size, limits.max_input_length, limits.kv_page_size,
-                         limits.t_max)
-    mixed = policy.mode == IfbSchedulingMode.MIXED
-    if options.ifb_scheduling_mode != IfbSchedulingMode.AUTO:
-        mode_rule = "given"
-    elif options.max_num_tokens and mixed:
-        mode_rule = "rule 2: AUTO -> MIXED because max_num_tokens was given"
-    else:
-        relation = ">=" if mixed else "<"
-        mode_rule = (f"rule 2: AUTO -> {policy.mode.name} because rd(T_max)={rd(t_max, p)} "
-                     f"{relation} B+P={b + p}")
-    if not mixed:
-        mnt_rule = f"rule 4: PREFILL_FIRST uses T_max = {_t_max_text(limits)}"
-        mct_rule = f"rule 4: PREFILL_FIRST uses S_in = {s_in}"
-    else:
-        if options.max_num_tokens:
-            mnt_rule = f"rule 3: given, within [B+P, T_max] = [{b + p}, {t_max}]"
-        else:
-            target = default_target(limits)
-            mnt_rule = (f"rule 3: default min(ru({target}+B), rd(T_max)) = "
-                        f"min({ru(target + b, p)}, {rd(t_max, p)})")
-        mnt = policy.max_num_tokens
-        if options.max_chunk_tokens:
-            before = options.max_chunk_tokens
-            mct_rule = f"rule 3: given {before}, a multiple of P in [P, max_num_tokens-B]"
-        else:
-            before = default_max_chunk_tokens(mnt, limits)
-            mct_rule = f"rule 3: default max(P, rd(min(512, max_num_tokens-B))) = {before}"
-        if before > chunk_cap(limits):
-            mct_rule += f", capped at max(P, rd(S_in)) = {chunk_cap(limits)}"
+                   rules: dict[str, str]) -> list[dict[str, Any]]:
+    """Each field of ``policy`` with the SPEC §2 rule behind it (``rules`` from
+    ``resolve_with_rules``, which set the budgets; the other fields are given or default)."""
     defaults = SchedulingOptions()
-    rows = [("mode", policy.mode.name, mode_rule),
-            ("max_num_tokens", policy.max_num_tokens, mnt_rule),
-            ("max_chunk_tokens", policy.max_chunk_tokens, mct_rule)]
+    rows = [("mode", policy.mode.name, rules["mode"]),
+            ("max_num_tokens", policy.max_num_tokens, rules["max_num_tokens"]),
+            ("max_chunk_tokens", policy.max_chunk_tokens, rules["max_chunk_tokens"])]
     for name in ("scheduling_policy", "preemption", "priority_reserved_slots",
                  "max_pause_steps"):
         value = getattr(policy, name)
@@ -118,11 +86,25 @@ def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
     return [{"field": f, "value": v, "rule": r} for f, v, r in rows]
 
 
-def _t_max_text(limits: StepPlannerLimits) -> str:
-    full = limits.max_batch_size * limits.max_input_length
-    if limits.max_step_tokens:
-        return f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = {limits.t_max}"
-    return f"B*S_in = {full}"
+def step_budget(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits,
+                plan: Any) -> dict[str, Any]:
+    """The token budget the planned step had (SPEC §3 steps 3-4): ``max_num_tokens`` only for
+    a MIXED step with decode rows; a step without them may take T_max."""
+    t_max = f"T_max = {t_max_text(limits)}"
+    if policy.mode == IfbSchedulingMode.MIXED and plan.num_decode:
+        return {"tokens": policy.max_num_tokens,
+                "rule": f"max_num_tokens: a MIXED step with decode rows ({plan.num_decode}), "
+                        f"leaving {policy.max_num_tokens - plan.num_decode} for prompt chunks "
+                        "(SPEC §3 step 3)"}
+    if policy.mode == IfbSchedulingMode.MIXED:
+        return {"tokens": limits.t_max,
+                "rule": f"{t_max}: a MIXED step without decode rows (SPEC §3 step 3)"}
+    if plan.num_prefill or not plan.num_decode:
+        return {"tokens": limits.t_max,
+                "rule": f"{t_max}: a PREFILL_FIRST prefill step (SPEC §3 step 4)"}
+    return {"tokens": plan.num_decode,
+            "rule": "no prompt pending: a PREFILL_FIRST step decodes every resident "
+                    "(SPEC §3 step 4)"}
 
 
 def _resident_reasons(ledger: Ledger, plan: Any, reasons: Any) -> list[dict[str, Any]]:

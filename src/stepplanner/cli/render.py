@@ -269,8 +269,9 @@ def explanation_blocks(e: dict[str, Any]) -> list[Block]:
          Column("committed"), Column("ctx done"), Column("paused"),
          Column("reason", left=True), Column("planned", left=True)],
         rows, main=True)
-    p = e["plan"]
+    p, budget = e["plan"], e["step_budget"]
     return [policy, residents,
+            Line("step budget", f"{budget['tokens']} tokens: {budget['rule']}"),
             Line("plan", f"{p['num_prefill']} chunks ({p['prefill_tokens']} tokens) + "
                          f"{p['num_decode']} decodes = {p['total_tokens']} tokens; paused "
                          f"{p['paused']}")]
