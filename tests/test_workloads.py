@@ -114,3 +114,11 @@ def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["workload"] == synthetic().summary()
     assert synthetic().source == "synthetic(requests=6000, rate=28/s, seed=0)"
+
+
+def test_repr_summarises_instead_of_dumping_the_columns() -> None:
+    from stepplanner.workloads import synthetic
+
+    text = repr(synthetic(requests=5000, seed=1))
+    assert text.startswith("Workload(source=") and "requests=5000" in text
+    assert "array" not in text and len(text) < 300
