@@ -375,7 +375,8 @@ class _Run:
             finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated, itl=self._itl(steps["end_time"], steps["seconds"]))
+            wall_seconds=wall, truncated=truncated,
+            itl=self._itl(steps["end_time"], steps["seconds"]))
 
     def _itl(self, end_time: np.ndarray,
              seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
