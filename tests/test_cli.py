@@ -456,3 +456,10 @@ def test_explain_shows_the_step_budget_that_applied(residents, tokens, rule) -> 
     assert e["step_budget"]["tokens"] == tokens and e["step_budget"]["rule"].startswith(rule)
     out = _invoke("explain", "-", input=json.dumps(ledger)).stdout
     assert f"step budget {tokens} tokens" in " ".join(out.split())
+
+
+def test_help_says_what_the_step_budget_really_is() -> None:
+    text = " ".join(_invoke("simulate", "--help").output.split())
+    assert "Token budget per step" not in text
+    assert "Token budget of a MIXED step that has decode rows" in text
+    assert "A step without decode rows may take T_max" in text and "--max-step-tokens" in text
