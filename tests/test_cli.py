@@ -463,3 +463,17 @@ def test_help_says_what_the_step_budget_really_is() -> None:
     assert "Token budget per step" not in text
     assert "Token budget of a MIXED step that has decode rows" in text
     assert "A step without decode rows may take T_max" in text and "--max-step-tokens" in text
+
+
+def test_record_to_a_missing_directory_fails_before_the_run(monkeypatch,
+                                                            tmp_path: pathlib.Path) -> None:
+    import stepplanner.cli.record as record_module
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the simulation ran before the output path was checked")
+
+    monkeypatch.setattr(record_module, "run", must_not_run)
+    result = _invoke("record", str(tmp_path / "missing" / "r.jsonl"), *SMALL)
+    assert result.exit_code == 2
+    assert "directory" in result.output and "does not exist" in result.output
+    assert len(result.output.strip().splitlines()) == 1

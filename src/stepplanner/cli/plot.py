@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import pathlib
 
 import click
@@ -11,6 +10,7 @@ import numpy as np
 
 from ..simulator import SimulationResult
 from .errors import InputError
+from .files import check_output_path
 from .render import class_name
 
 
@@ -29,15 +29,10 @@ def require_matplotlib() -> None:
 def check_plot_path(path: str) -> None:
     """Before the run: the directory exists and is writable, the suffix is a format matplotlib
     writes. A bad path is a one-line error, not a traceback after a long simulation."""
-    target = pathlib.Path(path)
-    folder = target.parent
-    if not folder.is_dir():
-        raise InputError(f"--plot {path}: directory {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise InputError(f"--plot {path}: directory {str(folder)!r} is not writable")
+    check_output_path("--plot", path)
     figure = importlib.import_module("matplotlib.figure").Figure()
     formats = sorted(figure.canvas.get_supported_filetypes())
-    suffix = target.suffix.lower().lstrip(".")
+    suffix = pathlib.Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:
         raise InputError(f"--plot {path}: {'.' + suffix if suffix else 'no suffix'} is not an "
                          f"image format matplotlib writes; allowed: {', '.join(formats)}")

@@ -13,7 +13,7 @@ from .._types import IfbSchedulingMode
 from ..simulator import policy_to_dict, read_record_header, replay
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
-from .inputs import read_text
+from .files import read_text
 from .render import print_replay, stdout_console
 
 
