@@ -477,3 +477,10 @@ def test_record_to_a_missing_directory_fails_before_the_run(monkeypatch,
     assert result.exit_code == 2
     assert "directory" in result.output and "does not exist" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_prose_columns_wrap_at_spaces_instead_of_turning_the_table_vertical() -> None:
+    out = CliRunner(env={"COLUMNS": "80"}).invoke(
+        main, ["explain", "-"], input=json.dumps(SPEC_EXAMPLE_TWO), catch_exceptions=False).output
+    assert "┃ field" in out and "…" not in out  # the policy table kept its grid
+    assert max(len(line) for line in out.splitlines()) <= 80

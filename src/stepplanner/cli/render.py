@@ -53,11 +53,13 @@ class Line:
 @dataclasses.dataclass(frozen=True)
 class Column:
     """A column: its header (``\\n`` splits it over two lines in the wide layout), the format
-    spec of its numbers (``",.1f"``; thousands separators are dropped in CSV) and alignment."""
+    spec of its numbers (``",.1f"``; thousands separators are dropped in CSV), alignment, and
+    whether its text may wrap at spaces (prose such as a rule; numbers and names never wrap)."""
 
     header: str
     spec: str = ""
     left: bool = False
+    wrap: bool = False
 
     @property
     def name(self) -> str:
@@ -130,14 +132,15 @@ def print_table(console: Console, table: TableData) -> None:
     grid = Table(title=escape(table.title) or None, title_justify="left")
     for column in table.columns:
         grid.add_column(escape(column.header), justify="left" if column.left else "right",
-                        no_wrap=True)
+                        no_wrap=not column.wrap)
     texts = [[cell(c, v) for c, v in zip(table.columns, row)] for row in table.rows]
     for row in texts:
         grid.add_row(*(escape(text) for text in row))
     # Measured with room to spare: within the console's width rich reports what it would
-    # shrink the table to, not what the table needs.
-    natural = console.measure(grid, options=console.options.update_width(1 << 20)).maximum
-    if natural <= console.width:
+    # shrink the table to, not what the table needs. The minimum keeps every unwrappable
+    # column whole and wraps the others at spaces: rich narrows only those to fit.
+    needed = console.measure(grid, options=console.options.update_width(1 << 20)).minimum
+    if needed <= console.width:
         console.print(grid)
         return
     if table.title:
@@ -250,7 +253,7 @@ def explanation_blocks(e: dict[str, Any]) -> list[Block]:
     """``explain``: the resolved policy with its rules, then every resident's outcome."""
     policy = TableData("resolved policy (SPEC §2)",
                        [Column("field", left=True), Column("value", left=True),
-                        Column("rule", left=True)],
+                        Column("rule", left=True, wrap=True)],
                        [[row["field"], row["value"], row["rule"]] for row in e["policy"]])
     rows = []
     for r in e["residents"]:
@@ -267,7 +270,7 @@ def explanation_blocks(e: dict[str, Any]) -> list[Block]:
         "residents",
         [Column("#"), Column("request"), Column("prio"), Column("arrival"), Column("prompt"),
          Column("committed"), Column("ctx done"), Column("paused"),
-         Column("reason", left=True), Column("planned", left=True)],
+         Column("reason", left=True, wrap=True), Column("planned", left=True, wrap=True)],
         rows, main=True)
     p, budget = e["plan"], e["step_budget"]
     return [policy, residents,
