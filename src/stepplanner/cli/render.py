@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -127,6 +128,18 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n\n".join(parts)
 
 
+def grid_width(columns: Sequence[Column], texts: Sequence[Sequence[str]]) -> int:
+    """The narrowest the grid can be with nothing cut: unwrappable columns (and every header
+    line) at full width, wrappable ones at their longest word; plus rich's default box (a rule
+    between columns and at both edges, one space of padding each side)."""
+    total = 3 * len(columns) + 1
+    for k, column in enumerate(columns):
+        cells = [row[k] for row in texts]
+        pieces = [word for text in cells for word in text.split()] if column.wrap else cells
+        total += max(cell_len(text) for text in [*column.header.splitlines(), *pieces])
+    return total
+
+
 def print_table(console: Console, table: TableData) -> None:
     """The table as a grid when it fits ``console.width`` uncut, else row by row."""
     grid = Table(title=escape(table.title) or None, title_justify="left")
@@ -136,11 +149,7 @@ def print_table(console: Console, table: TableData) -> None:
     texts = [[cell(c, v) for c, v in zip(table.columns, row)] for row in table.rows]
     for row in texts:
         grid.add_row(*(escape(text) for text in row))
-    # Measured with room to spare: within the console's width rich reports what it would
-    # shrink the table to, not what the table needs. The minimum keeps every unwrappable
-    # column whole and wraps the others at spaces: rich narrows only those to fit.
-    needed = console.measure(grid, options=console.options.update_width(1 << 20)).minimum
-    if needed <= console.width:
+    if grid_width(table.columns, texts) <= console.width:
         console.print(grid)
         return
     if table.title:
