@@ -484,3 +484,11 @@ def test_prose_columns_wrap_at_spaces_instead_of_turning_the_table_vertical() ->
         main, ["explain", "-"], input=json.dumps(SPEC_EXAMPLE_TWO), catch_exceptions=False).output
     assert "┃ field" in out and "…" not in out  # the policy table kept its grid
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_replay_config_warns_about_an_option_that_changes_nothing(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path)
+    result = CliRunner().invoke(main, ["replay", str(path), "--config", "preemption=pause"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0  # FCFS: pausing changes no plan
+    assert "warning: preemption=PAUSE pauses nothing under MIXED + FCFS" in result.stderr

@@ -25,8 +25,8 @@ from .running import run
 @run_options
 @format_options
 @click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: TTFT CDF per priority class and the batch timeline "
-                   "(needs matplotlib).")
+              help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
+                   "the batch timeline (needs matplotlib).")
 @library_errors
 def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
                      as_json: bool, plot: str | None, **kw: Any) -> None:
