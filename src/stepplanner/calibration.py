@@ -2,8 +2,8 @@
 
 NVIDIA's TensorRT-LLM performance overview gives, per ISL/OSL pair, the total output tokens/s
 that ``trtllm-bench throughput`` measured at maximum load (every request queued at once) and the
-number of requests in that benchmark's dataset (:data:`~stepplanner.latency.
-TRTLLM_H100_LLAMA31_8B_FP8`). A *saturated run* replays one row in this simulator: that many
+number of requests in that benchmark's dataset (``latency.TRTLLM_H100_LLAMA31_8B_FP8``). A
+*saturated run* replays one row in this simulator: that many
 identical requests, all arriving at t=0, on the engine ``trtllm-bench`` configures for the pair
 (:func:`trtllm_bench_engine`). Its simulated output tokens/s is what the model must reproduce.
 
@@ -20,7 +20,6 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,10 +32,8 @@ from ._policy import (
 )
 from ._types import IfbSchedulingMode
 from .latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
+from .simulator import SimulationResult, simulate
 from .workloads import Workload
-
-if TYPE_CHECKING:  # the simulator imports this package's facade; import it when running
-    from .simulator import SimulationResult
 
 __all__ = ["A_FLOOR", "H100_LLAMA31_8B_FP8", "EngineMemory", "Residual", "fit",
            "nonnegative_least_squares", "residual", "residuals", "saturated_run", "simulate_row",
@@ -119,8 +116,6 @@ def saturated_run(isl: int, osl: int, requests: int) -> tuple[Workload, StepPlan
 
 def simulate_row(isl: int, osl: int, requests: int, model: LatencyModel) -> SimulationResult:
     """One published row's saturated run under ``model``."""
-    from .simulator import simulate
-
     return simulate(*saturated_run(isl, osl, requests), latency=model)
 
 
