@@ -3,9 +3,9 @@
 NVIDIA's TensorRT-LLM performance overview gives, per ISL/OSL pair, the total output tokens/s
 that ``trtllm-bench throughput`` measured at maximum load (every request queued at once) and the
 number of requests in that benchmark's dataset (``latency.TRTLLM_H100_LLAMA31_8B_FP8``). A
-*saturated run* replays one row in this simulator: that many
-identical requests, all arriving at t=0, on the engine ``trtllm-bench`` configures for the pair
-(:func:`trtllm_bench_engine`). Its simulated output tokens/s is what the model must reproduce.
+*saturated run* replays one row in this simulator: that many identical requests, all arriving at
+t=0, on the engine ``trtllm-bench`` configures for the pair (:func:`trtllm_bench_engine`). Its
+simulated output tokens/s is what the model must reproduce.
 
 With every request there at t=0 the plans never depend on time, so a saturated run's simulated
 span is exactly ``a * steps + b * tokens + c * context`` summed over its steps
