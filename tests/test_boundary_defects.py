@@ -207,12 +207,15 @@ def test_reinitialising_the_planners_plan_leaves_it_whole(core):
     assert_ran(result, "reset 0 0 0", "again True 64 64 True")
 
 
-def test_reinitialised_plan_equals_a_new_one(core, planner):
-    plan = planner.plan(objects(core, ROWS))
-    plan.__init__()
-    assert plan == core.StepPlan()
-    assert len(plan.as_array()) == 0 and len(plan.paused_array()) == 0
-    assert planner.plan(objects(core, ROWS)) is plan and len(plan.as_array()) == 3
+def test_reinitialised_plan_equals_a_new_one(core):
+    result = run_snippet(core, """
+        planner = make_planner()
+        plan = planner.plan(decoding(3))
+        plan.__init__()
+        print("empty", plan == core.StepPlan(), len(plan.as_array()), len(plan.paused_array()))
+        print("again", planner.plan(decoding(4)) is plan, len(plan.as_array()))
+    """)
+    assert_ran(result, "empty True 0 0", "again True 4")
 
 
 def test_views_need_a_plan(core):
@@ -234,10 +237,14 @@ def test_views_need_a_plan(core):
 
 
 def test_plans_made_with_new_are_empty_plans(core):
-    plan = core.StepPlan.__new__(core.StepPlan)
-    assert len(plan.sequences) == 0 and list(plan.paused) == [] and plan.num_residents == 0
-    assert len(plan.as_array()) == 0 and plan == core.StepPlan()
-    plan.apply_to([])
+    result = run_snippet(core, """
+        plan = core.StepPlan.__new__(core.StepPlan)
+        print("views", len(plan.sequences), list(plan.paused), plan.num_residents)
+        print("arrays", len(plan.as_array()), len(plan.paused_array()), plan == core.StepPlan())
+        plan.apply_to([])
+        print("copies", plan.copy() == plan, plan.to_dict()["sequences"])
+    """)
+    assert_ran(result, "views 0 [] 0", "arrays 0 0 True", "copies True []")
 
 
 def test_kernel_loop_checks_the_rows_it_reruns(compiled):
@@ -368,6 +375,14 @@ def test_plans_copy_and_pickle_as_independent_snapshots(core, make_planner, how)
     kept.apply_to(rows)
     assert rows["committed"].tolist() == [40, 6, 7]
     assert rows["consecutive_paused_steps"].tolist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy, lambda v: pickle.loads(pickle.dumps(v))])
+def test_views_copy_and_pickle_as_the_items_they_show(core, make_planner, how):
+    plan = make_planner(4, 64, 16, **PAUSING).plan(as_resident_array(PAUSING_ROWS))
+    sequences, paused = how(plan.sequences), how(plan.paused)
+    assert sequences == list(plan.sequences) and paused == [2]
+    assert type(sequences) is list and type(sequences[0]) is core.PlannedSequence
 
 
 @pytest.mark.parametrize("how", [copy.copy, copy.deepcopy,

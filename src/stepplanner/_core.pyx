@@ -508,6 +508,10 @@ cdef class _PlanView:
     def count(self, value):
         return list(self).count(value)
 
+    def __reduce__(self):
+        # A live view has nothing to be live over once pickled or copied: it goes as its items.
+        return (list, (list(self),))
+
 
 cdef class _SequencesView(_PlanView):
     """``plan.sequences``: all prompt chunks in order, then all decode rows in order."""

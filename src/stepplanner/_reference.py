@@ -115,6 +115,10 @@ class _PlanView(Sequence[Any]):
     def __repr__(self) -> str:
         return repr(list(self))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A live view has nothing to be live over once pickled or copied: it goes as its items.
+        return (list, (list(self),))
+
 
 class _SequencesView(_PlanView):
     __slots__ = ()
