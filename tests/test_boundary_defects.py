@@ -99,6 +99,16 @@ def test_plan_arrays_cannot_be_made_writable(core, make_planner):
                 memoryview(owner).cast("B")[0] = 1
 
 
+def test_plan_memory_refuses_a_negative_size(compiled):
+    owner = compiled.StepPlan().copy().as_array()
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    owner = owner.obj  # numpy keeps the buffer's memoryview; the memory is its exporter
+    with pytest.raises(ValueError, match="size=-1 is out of range"):
+        type(owner)(-1)
+    assert memoryview(type(owner)(8)).readonly
+
+
 def test_writable_flag_then_huge_resident_does_not_crash(core):
     # The crash this guards against: the flag flipped, resident 50,000,000 written, apply_to.
     result = run_snippet(core, """
@@ -167,6 +177,21 @@ def test_apply_to_checks_every_plan_row(core):
     assert_ran(result, *(f"refused: {message}" for *_, message in CORRUPTIONS))
     assert result.stdout.count("unchanged") == 2 * len(CORRUPTIONS)
     assert "applied" not in result.stdout and "CHANGED" not in result.stdout
+
+
+def test_apply_to_checks_the_container_before_the_plan(core):
+    # The same error in both implementations when both are wrong (parity of the check order).
+    result = run_snippet(core, CORRUPT, """
+        plan = make_planner().plan(decoding(2)).copy()
+        corrupt(plan, "resident", 0, 99)
+        for target in ({}, decoding(2)):
+            try:
+                plan.apply_to(target)
+            except (TypeError, ValueError) as e:
+                print(type(e).__name__, str(e)[:40])
+    """)
+    assert_ran(result, "TypeError residents must be a list or tuple",
+               "ValueError plan.sequences[0].resident=99 is out o")
 
 
 def test_corrupt_plan_rows_raise_in_a_subprocess(core):

@@ -553,6 +553,8 @@ cdef class _CoreMemory:
     """
 
     def __cinit__(self, Py_ssize_t size):
+        if size < 0:  # reachable from Python as type(plan.as_array().base)(size)
+            raise _errors.out_of_range("size", size, ">= 0")
         self.data = PyMem_Calloc(<size_t>max(size, 1), 1)
         if self.data == NULL:
             raise MemoryError(f"{size} bytes for a plan's buffers")

@@ -411,9 +411,11 @@ def _check_plan_rows(plan: StepPlan) -> None:
 
 def _apply(plan: StepPlan, residents: Any) -> None:
     """SPEC §6 for one plan over the rows it was made from; checks everything before writing."""
-    _check_plan_rows(plan)
     n = plan.num_residents
     is_array = isinstance(residents, np.ndarray)
+    if not is_array and not isinstance(residents, (list, tuple)):
+        raise _errors.residents_type(residents)
+    _check_plan_rows(plan)
     if is_array:
         if residents.dtype != RESIDENT_DTYPE:
             raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
@@ -421,8 +423,6 @@ def _apply(plan: StepPlan, residents: Any) -> None:
             raise _errors.array_ndim(residents.ndim)
         if not residents.flags.writeable:
             raise _errors.apply_readonly()
-    elif not isinstance(residents, (list, tuple)):
-        raise _errors.residents_type(residents)
     if len(residents) < n:
         raise _errors.apply_length(len(residents), n)
     if not is_array:
