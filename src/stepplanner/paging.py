@@ -1,0 +1,36 @@
+"""KV pages beside the ledger: how many pages a request can ever need.
+
+A runtime that reserves a request's worst case at admission (prompt + ``max_new_tokens``) never
+has a step run out of pages, so it never evicts: the reservation is ``worst_case_pages`` pages,
+taken with ``KVPageTable.ensure(slot, prompt_length + max_new_tokens)`` when the request gets its
+slot, and given back with ``release`` when it retires.
+"""
+
+from __future__ import annotations
+
+from . import _errors
+from ._fields import as_int, as_int32
+
+__all__ = ["worst_case_pages"]
+
+
+def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int) -> int:
+    """Pages for ``prompt_length + max_new_tokens`` tokens: ``ceil(total / kv_page_size)``.
+
+    It counts a KV entry for every generated token, the last one included, so it is the bound
+    whichever way a runtime writes the final token's KV.
+    """
+    prompt = as_int32("prompt_length", prompt_length)
+    new = as_int32("max_new_tokens", max_new_tokens)
+    page = as_int32("kv_page_size", kv_page_size)
+    if prompt < 1:
+        raise _errors.out_of_range("prompt_length", prompt, ">= 1")
+    if new < 0:
+        raise _errors.out_of_range("max_new_tokens", new, ">= 0")
+    if page < 1:
+        raise _errors.out_of_range("kv_page_size", page, ">= 1")
+    total = as_int("prompt_length + max_new_tokens", prompt + new)
+    if total > _errors.INT32_MAX:
+        raise _errors.out_of_range("prompt_length + max_new_tokens", total,
+                                   f"<= {_errors.INT32_MAX}, so that token counts fit int32")
+    return -(-total // page)
