@@ -63,6 +63,19 @@ def reference():
     return load_core("python")
 
 
+@pytest.fixture(scope="session", params=["compiled", "python"])
+def kv(request):
+    """stepplanner._kv or stepplanner._kv_reference: KVPageTable, StepInputs."""
+    load_core(request.param)  # the same skip/fail rules as the planner's
+    name = "stepplanner._kv" if request.param == "compiled" else "stepplanner._kv_reference"
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if REQUIRE_COMPILED:
+            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {name} is missing: {exc}")
+        pytest.skip(f"{name} not built: {exc}")
+
+
 @pytest.fixture(scope="session")
 def make_planner(core):
     """``make_planner(B, S_in, P, **options)``: a planner of ``core`` for resolved options."""

@@ -46,8 +46,6 @@ cdef enum:
 
 # Pages that hold `num_tokens` tokens: ceil(num_tokens / page_size).
 cdef int64_t pages_for(int64_t num_tokens, int32_t page_size) noexcept nogil
-# num_tokens // page_size, by a shift when the page size is a power of two.
-cdef int32_t page_of(const PageTableC* t, int32_t num_tokens) noexcept nogil
 
 # Append pages to `slot` until it holds `need` (a caller checked need <= max_pages and that the
 # pool has them).

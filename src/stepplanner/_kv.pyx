@@ -39,13 +39,6 @@ cdef int64_t pages_for(int64_t num_tokens, int32_t page_size) noexcept nogil:
     return (num_tokens + page_size - 1) // page_size
 
 
-cdef inline int32_t page_of(const PageTableC* t, int32_t num_tokens) noexcept nogil:
-    # An integer division per row costs more than the rest of a decode row's work.
-    if t.page_shift >= 0:
-        return num_tokens >> t.page_shift
-    return num_tokens // t.page_size
-
-
 cdef void grow_slot(PageTableC* t, int32_t slot, int32_t need) noexcept nogil:
     cdef int32_t* row = t.rows + <Py_ssize_t>slot * t.max_pages
     cdef int32_t k
@@ -94,55 +87,70 @@ cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
 
 cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
                       InputsC* out) noexcept nogil:
+    # Every pointer is read into a local first: CPython builds with -fno-strict-aliasing, so a
+    # store through an int32_t* would otherwise make the compiler reload the struct fields.
+    cdef const int32_t* table_rows = t.rows
+    cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
+    cdef int32_t* positions = out.positions
+    cdef int64_t* slot_mapping = out.slot_mapping
+    cdef int32_t* cu_seqlens_q = out.cu_seqlens_q
+    cdef int32_t* seq_lens_k = out.seq_lens_k
+    cdef int32_t* block_table = out.block_table
+    cdef int32_t* block_fill = out.block_fill
+    cdef int32_t* kv_indptr = out.kv_indptr
+    cdef int32_t* kv_indices = out.kv_indices
+    cdef int32_t* kv_last_page_len = out.kv_last_page_len
+    cdef int32_t* logits_indices = out.logits_indices
     cdef SequenceC s
     cdef const int32_t* pages
     cdef int32_t* block
-    cdef int32_t i, k, pos, end, npages, page_index, offset
-    cdef int32_t P = t.page_size, M = t.max_pages
+    cdef int32_t i, k, pos, past, end, npages, page_index, offset, page
     cdef int32_t tokens = 0, kv = 0, logits = 0
     cdef int64_t base
-    out.cu_seqlens_q[0] = 0
-    out.kv_indptr[0] = 0
+    cu_seqlens_q[0] = 0
+    kv_indptr[0] = 0
     for i in range(count):
         memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
-        pages = t.rows + <Py_ssize_t>s.resident * M
-        end = s.past_length + s.query_length
-        # Walk the new tokens page by page: no division per token.
-        page_index = page_of(t, s.past_length)
-        offset = s.past_length - page_index * P
+        pages = table_rows + <Py_ssize_t>s.resident * M
+        past = s.past_length
+        end = past + s.query_length
+        # Walk the new tokens page by page: no division per token (and a shift, not a
+        # division, per row when P is a power of two).
+        page_index = (past >> shift) if shift >= 0 else past // P
+        offset = past - page_index * P
         base = <int64_t>pages[page_index] * P
-        for pos in range(s.past_length, end):
+        for pos in range(past, end):
             if offset == P:
                 page_index += 1
                 offset = 0
                 base = <int64_t>pages[page_index] * P
-            out.positions[tokens] = pos
-            out.slot_mapping[tokens] = base + offset
+            positions[tokens] = pos
+            slot_mapping[tokens] = base + offset
             offset += 1
             tokens += 1
-        out.cu_seqlens_q[i + 1] = tokens
-        out.seq_lens_k[i] = end
-        npages = page_of(t, end - 1) + 1  # end >= 1: a row has query_length >= 1
-        block = out.block_table + <Py_ssize_t>i * M
-        # Rows hold a few pages each: plain loops beat a memcpy call per row. Pad only what the
-        # previous step left beyond this row's pages: the cost is per live page, not per
-        # max_pages_per_sequence.
+        cu_seqlens_q[i + 1] = tokens
+        seq_lens_k[i] = end
+        npages = (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1  # end >= 1
+        block = block_table + <Py_ssize_t>i * M
+        # Pad only what the previous step left beyond this row's pages: the cost is per live
+        # page, not per max_pages_per_sequence.
         for k in range(npages):
-            block[k] = pages[k]
-            out.kv_indices[kv + k] = pages[k]
-        for k in range(npages, out.block_fill[i]):
+            page = pages[k]
+            block[k] = page
+            kv_indices[kv + k] = page
+        for k in range(npages, block_fill[i]):
             block[k] = -1
-        out.block_fill[i] = npages
+        block_fill[i] = npages
         kv += npages
-        out.kv_indptr[i + 1] = kv
-        out.kv_last_page_len[i] = end - (npages - 1) * P
+        kv_indptr[i + 1] = kv
+        kv_last_page_len[i] = end - (npages - 1) * P
         if s.select_last_token_logits:
-            out.logits_indices[logits] = tokens - 1
+            logits_indices[logits] = tokens - 1
             logits += 1
     for i in range(count, out.num_rows):
-        for k in range(out.block_fill[i]):
-            out.block_table[<Py_ssize_t>i * M + k] = -1
-        out.block_fill[i] = 0
+        for k in range(block_fill[i]):
+            block_table[<Py_ssize_t>i * M + k] = -1
+        block_fill[i] = 0
     out.num_rows = count
     out.num_tokens = tokens
     out.num_kv_pages = kv
