@@ -63,17 +63,33 @@ def reference():
     return load_core("python")
 
 
-@pytest.fixture(scope="session", params=["compiled", "python"])
-def kv(request):
-    """stepplanner._kv or stepplanner._kv_reference: KVPageTable, StepInputs."""
-    load_core(request.param)  # the same skip/fail rules as the planner's
-    name = "stepplanner._kv" if request.param == "compiled" else "stepplanner._kv_reference"
+def load_kv(name: str):
+    """stepplanner._kv or stepplanner._kv_reference for a ``core`` param, skipping or failing
+    by the same rules as ``load_core``."""
+    load_core(name)
+    module = "stepplanner._kv" if name == "compiled" else "stepplanner._kv_reference"
     try:
-        return importlib.import_module(name)
+        return importlib.import_module(module)
     except ImportError as exc:
         if REQUIRE_COMPILED:
-            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {name} is missing: {exc}")
-        pytest.skip(f"{name} not built: {exc}")
+            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {module} is missing: {exc}")
+        pytest.skip(f"{module} not built: {exc}")
+
+
+@pytest.fixture(scope="session", params=["compiled", "python"])
+def kv(request):
+    """The KV page table and step inputs (KVPageTable, StepInputs) of either implementation."""
+    return load_kv(request.param)
+
+
+@pytest.fixture(scope="session")
+def compiled_kv():
+    return load_kv("compiled")
+
+
+@pytest.fixture(scope="session")
+def reference_kv():
+    return load_kv("python")
 
 
 @pytest.fixture(scope="session")
