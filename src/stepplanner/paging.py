@@ -1,4 +1,5 @@
-"""KV pages beside the ledger: how many pages a request can ever need.
+"""KV pages beside the ledger: how many pages a request can ever need, and the page table's
+side of a ledger's swap-remove.
 
 A runtime that reserves a request's worst case at admission (prompt + ``max_new_tokens``) never
 has a step run out of pages, so it never evicts: the reservation is ``worst_case_pages`` pages,
@@ -8,10 +9,13 @@ slot, and given back with ``release`` when it retires.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from . import _errors
 from ._fields import as_int, as_int32
 
-__all__ = ["worst_case_pages"]
+__all__ = ["release_rows", "worst_case_pages"]
 
 
 def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int) -> int:
@@ -34,3 +38,27 @@ def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int)
         raise _errors.out_of_range("prompt_length + max_new_tokens", total,
                                    f"<= {_errors.INT32_MAX}, so that token counts fit int32")
     return -(-total // page)
+
+
+def release_rows(page_table: Any, rows: Sequence[int], count: int) -> None:
+    """The page table's side of ``Ledger.retire_rows(rows)`` over ``count`` residents: each
+    retired row's pages go back to the pool, and the last rows' pages move into the holes
+    exactly as the ledger's swap-remove moves their rows, so slot ``i`` stays ledger row ``i``.
+
+    Everything is checked before anything changes.
+    """
+    n = as_int32("count", count)
+    if not 0 <= n <= page_table.max_batch_size:
+        raise _errors.out_of_range("count", n, f"0..{page_table.max_batch_size}")
+    listed = [as_int32("rows", r) for r in rows]
+    for row in listed:
+        if not 0 <= row < n:
+            raise _errors.out_of_range("rows", row, f"0..{n - 1} (a row below count)")
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"rows {listed} repeat a row; allowed: each at most once")
+    last = n - 1
+    for row in sorted(listed, reverse=True):  # the ledger's order: highest row first
+        page_table.release(row)
+        if row != last:
+            page_table.move(last, row)
+        last -= 1
