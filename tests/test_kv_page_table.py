@@ -206,3 +206,41 @@ def test_worst_case_pages(prompt, new, page, pages):
 def test_worst_case_pages_errors(args, error, message):
     with pytest.raises(error, match=message):
         worst_case_pages(*args)
+
+
+# --- the page table's side of the ledger's swap-remove --------------------------------------
+
+@pytest.mark.parametrize("retired", [[0], [4], [1, 3], [3, 1, 0], [0, 1, 2, 3, 4], []])
+def test_release_rows_keeps_slots_equal_to_ledger_rows(kv, retired):
+    from stepplanner import Ledger, StepPlannerLimits, release_rows
+    ledger = Ledger(StepPlannerLimits(6, 32, 4))
+    table = kv.KVPageTable(6, 8, 48, 4)
+    for rid in range(5):
+        ledger.submit(100 + rid, 4)
+    ledger.admit()
+    pages_of = {}
+    for row, rid in enumerate(ledger.request_ids.tolist()):
+        table.ensure(row, 4 * (row + 1))                 # each request its own page count
+        pages_of[rid] = table.rows[row].tolist()
+    release_rows(table, retired, ledger.count)
+    ledger.retire_rows(retired)
+    for row, rid in enumerate(ledger.request_ids.tolist()):
+        assert table.rows[row].tolist() == pages_of[rid]
+    assert (table.rows[ledger.count:] == -1).all()
+    table.check()
+
+
+@pytest.mark.parametrize(("rows", "count", "error", "message"),
+                         [([3], 3, ValueError, r"rows=3 is out of range; allowed: 0\.\.2"),
+                          ([1, 1], 3, ValueError, "repeat a row"),
+                          ([0], 7, ValueError, r"count=7 is out of range; allowed: 0\.\.6"),
+                          (["0"], 3, TypeError, "rows must be an integer")])
+def test_release_rows_errors_change_nothing(kv, rows, count, error, message):
+    from stepplanner import release_rows
+    table = kv.KVPageTable(6, 8, 48, 4)
+    for slot in range(3):
+        table.ensure(slot, 4)
+    before = state(table)
+    with pytest.raises(error, match=message):
+        release_rows(table, rows, count)
+    assert all(np.array_equal(a, b) for a, b in zip(before, state(table)))

@@ -134,10 +134,14 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
         block = block_table + <Py_ssize_t>i * M
         # Pad only what the previous step left beyond this row's pages: the cost is per live
         # page, not per max_pages_per_sequence.
-        for k in range(npages):
-            page = pages[k]
-            block[k] = page
-            kv_indices[kv + k] = page
+        if npages > 16:  # long rows: memcpy's vector stores; short ones: no call overhead
+            memcpy(block, pages, npages * sizeof(int32_t))
+            memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
+        else:
+            for k in range(npages):
+                page = pages[k]
+                block[k] = page
+                kv_indices[kv + k] = page
         for k in range(npages, block_fill[i]):
             block[k] = -1
         block_fill[i] = npages
