@@ -49,10 +49,10 @@ class KVPageTable:
         self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
         self._num_pages = n
         self._page_size = p
-        self.rows = self._rows.view()
-        self.rows.flags.writeable = False
-        self.page_counts = self._counts.view()
-        self.page_counts.flags.writeable = False
+        self._rows_view = self._rows.view()
+        self._rows_view.flags.writeable = False
+        self._counts_view = self._counts.view()
+        self._counts_view.flags.writeable = False
 
     def _slot(self, field: str, value: object) -> int:
         v = as_int32(field, value)
@@ -60,6 +60,15 @@ class KVPageTable:
         if not 0 <= v < b:
             raise _errors.out_of_range(field, v, f"0..{b - 1} (max_batch_size - 1)")
         return v
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Read-only int32 [max_batch_size, max_pages_per_sequence] view; -1 where unused."""
+        return self._rows_view
+
+    @property
+    def page_counts(self) -> np.ndarray:
+        return self._counts_view
 
     @property
     def max_batch_size(self) -> int:
@@ -148,12 +157,20 @@ class StepInputs:
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
         self._bufs = input_buffers(b, m, t)
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
-        self.limits = limits
-        self.page_table = page_table
+        self._limits = limits
+        self._table = page_table
+
+    @property
+    def limits(self) -> StepPlannerLimits:
+        return self._limits
+
+    @property
+    def page_table(self) -> KVPageTable:
+        return self._table
 
     def prepare(self, plan: Any) -> StepInputs:
         rows = _plan_rows(plan)
-        table = self.page_table
+        table = self._table
         if len(rows) > self.limits.max_batch_size:
             raise _errors.kv_plan_rows(len(rows), self.limits.max_batch_size)
         p = table.kv_page_size
