@@ -231,3 +231,19 @@ def test_prepare_allocates_nothing(compiled):
         tracemalloc.stop()
     assert grown == 0
     assert inputs.num_rows == plan.num_prefill + plan.num_decode > 32
+
+
+def test_buffers_are_sized_for_the_step_token_cap(kv):
+    """T = limits.t_max = min(B × S_in, max_step_tokens): a runtime's step buffer caps it."""
+    table = kv.KVPageTable(4, 64, 64, 4)
+    for slot in range(4):
+        table.ensure(slot, 8)
+    limits = StepPlannerLimits(4, 64, 4, max_step_tokens=16)
+    inputs = kv.StepInputs(limits, table)
+    assert inputs.max_num_tokens == 16
+    assert inputs.buffers()["positions"].shape == inputs.buffers()["slot_mapping"].shape == (16,)
+    inputs.prepare(plan_rows(*[(s, 0, 4, 4, 1) for s in range(4)]))
+    assert inputs.num_tokens == 16
+    with pytest.raises(ValueError, match="plan has 17 query tokens in all; allowed: <= "
+                                         "limits.t_max=16"):
+        inputs.prepare(plan_rows(*[(s, 0, 3, 4 + (s == 0), 1) for s in range(4)]))
