@@ -247,3 +247,35 @@ def test_buffers_are_sized_for_the_step_token_cap(kv):
     with pytest.raises(ValueError, match="plan has 17 query tokens in all; allowed: <= "
                                          "limits.t_max=16"):
         inputs.prepare(plan_rows(*[(s, 0, 3, 4 + (s == 0), 1) for s in range(4)]))
+
+
+def test_block_table_follows_released_and_moved_slots(kv):
+    """A row's pages are copied again whenever its slot was released or moved since."""
+    table = kv.KVPageTable(3, 4, 12, 4)
+    table.ensure(0, 8)
+    table.ensure(1, 4)
+    inputs = kv.StepInputs(StepPlannerLimits(3, 16, 4), table)
+    plan = plan_rows((0, 1, 7, 1, 1), (1, 1, 3, 1, 1))
+    inputs.prepare(plan)
+    assert inputs.block_table.tolist() == [[0, 1, -1, -1], [2, -1, -1, -1]]
+    table.release(0)
+    table.ensure(2, 8)                 # takes slot 0's old pages
+    table.ensure(0, 8)                 # slot 0: new pages
+    inputs.prepare(plan)
+    assert inputs.block_table.tolist() == [[3, 4, -1, -1], [2, -1, -1, -1]]
+    table.release(1)
+    table.move(2, 1)                   # slot 1 now holds what slot 2 held
+    inputs.prepare(plan)
+    assert inputs.block_table.tolist() == [[3, 4, -1, -1], [0, -1, -1, -1]]
+    table.ensure(1, 12)                # growth only: the row gains its new page
+    inputs.prepare(plan_rows((0, 1, 7, 1, 1), (1, 1, 11, 1, 1)))
+    assert inputs.block_table.tolist() == [[3, 4, -1, -1], [0, 1, 2, -1]]
+
+
+def test_arrays_are_read_only_to_users(worked):
+    _, inputs = worked
+    inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
+    for name in NAMES:
+        with pytest.raises(ValueError, match="read-only"):
+            getattr(inputs, name)[...] = 0
+    assert not any(buf.flags.writeable for buf in inputs.buffers().values())

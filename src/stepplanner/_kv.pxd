@@ -2,7 +2,7 @@
 # _kv.pyx implements it; KVPageTable and StepInputs wrap it. Plans are read through _core's
 # SequenceC (read-only: this module never writes a plan).
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 from ._core cimport SequenceC
 
@@ -17,6 +17,7 @@ ctypedef struct PageTableC:
     int32_t* counts            # pages each slot holds (its row's live prefix)
     int32_t* free_pages        # the free pool as a stack; the top is free_pages[num_free - 1]
     int32_t num_free
+    uint64_t* generation       # per slot: bumped whenever its pages change other than by growth
 
 # The buffers `prepare` fills, sized once for B rows and T tokens.
 ctypedef struct InputsC:
@@ -26,6 +27,8 @@ ctypedef struct InputsC:
     int64_t* slot_mapping      # [T]
     int32_t* block_table       # [B × max_pages]
     int32_t* block_fill        # per block_table row: entries before its -1 padding
+    int32_t* block_slot        # per block_table row: the slot whose pages it holds, or -1
+    uint64_t* block_generation # ... and that slot's generation when they were copied
     int32_t* kv_indptr         # [B + 1]
     int32_t* kv_indices        # [B × max_pages]
     int32_t* kv_last_page_len  # [B]
@@ -66,6 +69,7 @@ cdef class KVPageTable:
     cdef object _rows_buf      # numpy owns rows (so `rows` can view it), counts and the pool
     cdef object _counts_buf
     cdef object _free_buf
+    cdef object _generation_buf
     cdef readonly object rows
     cdef readonly object page_counts
     cdef object __weakref__
@@ -79,7 +83,7 @@ cdef class StepInputs:
     cdef int32_t max_rows
     cdef int32_t max_tokens
     cdef object _bufs          # name -> the full numpy buffer
-    cdef object _block_fill
+    cdef object _block_state   # block_fill, block_slot, block_generation
     cdef readonly object limits
     cdef readonly object page_table
     cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1

@@ -12,7 +12,7 @@ Directives are set in setup.py, not here.
 
 cimport cython
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, INT32_MAX
+from libc.stdint cimport int32_t, int64_t, uint64_t, INT32_MAX
 from libc.string cimport memcpy
 
 import numpy as np
@@ -20,7 +20,7 @@ import numpy as np
 from . import _errors
 from ._core cimport StepPlan
 from ._fields import as_int32
-from ._kv_buffers import input_buffers
+from ._kv_buffers import input_buffers, read_only
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -58,6 +58,7 @@ cdef void release_slot(PageTableC* t, int32_t slot) noexcept nogil:
         t.num_free += 1
         row[k] = -1
     t.counts[slot] = 0
+    t.generation[slot] += 1
 
 
 cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
@@ -69,6 +70,8 @@ cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
         s[k] = -1
     t.counts[dst] = t.counts[src]
     t.counts[src] = 0
+    t.generation[src] += 1
+    t.generation[dst] += 1
 
 
 cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
@@ -97,6 +100,9 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
     cdef int32_t* seq_lens_k = out.seq_lens_k
     cdef int32_t* block_table = out.block_table
     cdef int32_t* block_fill = out.block_fill
+    cdef int32_t* block_slot = out.block_slot
+    cdef uint64_t* block_generation = out.block_generation
+    cdef const uint64_t* generation = t.generation
     cdef int32_t* kv_indptr = out.kv_indptr
     cdef int32_t* kv_indices = out.kv_indices
     cdef int32_t* kv_last_page_len = out.kv_last_page_len
@@ -104,7 +110,7 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
     cdef SequenceC s
     cdef const int32_t* pages
     cdef int32_t* block
-    cdef int32_t i, k, pos, past, end, npages, page_index, offset, page
+    cdef int32_t i, k, pos, past, end, npages, page_index, offset, start
     cdef int32_t tokens = 0, kv = 0, logits = 0
     cdef int64_t base
     cu_seqlens_q[0] = 0
@@ -132,19 +138,27 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
         seq_lens_k[i] = end
         npages = (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1  # end >= 1
         block = block_table + <Py_ssize_t>i * M
-        # Pad only what the previous step left beyond this row's pages: the cost is per live
-        # page, not per max_pages_per_sequence.
+        # A slot's pages only grow until its generation changes, so a block_table row that
+        # held the same slot last step needs only the pages appended since; steady decoding
+        # in an unchanged order copies almost nothing here.
+        start = 0
+        if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
+            start = block_fill[i] if block_fill[i] < npages else npages
         if npages > 16:  # long rows: memcpy's vector stores; short ones: no call overhead
-            memcpy(block, pages, npages * sizeof(int32_t))
+            memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
             memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
         else:
+            for k in range(start, npages):
+                block[k] = pages[k]
             for k in range(npages):
-                page = pages[k]
-                block[k] = page
-                kv_indices[kv + k] = page
+                kv_indices[kv + k] = pages[k]
+        # Pad only what the previous step left beyond this row's pages: the cost is per live
+        # page, not per max_pages_per_sequence.
         for k in range(npages, block_fill[i]):
             block[k] = -1
         block_fill[i] = npages
+        block_slot[i] = s.resident
+        block_generation[i] = generation[s.resident]
         kv += npages
         kv_indptr[i + 1] = kv
         kv_last_page_len[i] = end - (npages - 1) * P
@@ -155,6 +169,7 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
         for k in range(block_fill[i]):
             block_table[<Py_ssize_t>i * M + k] = -1
         block_fill[i] = 0
+        block_slot[i] = -1
     out.num_rows = count
     out.num_tokens = tokens
     out.num_kv_pages = kv
@@ -196,7 +211,10 @@ cdef class KVPageTable:
         counts = np.zeros(b, dtype=np.int32)
         # The pool is a stack whose top is page 0: a fresh table hands out pages 0, 1, 2, ...
         free = np.arange(n - 1, -1, -1, dtype=np.int32)
+        generation = np.zeros(b, dtype=np.uint64)
         self._rows_buf, self._counts_buf, self._free_buf = rows, counts, free
+        self._generation_buf = generation
+        self.c.generation = <uint64_t*>cnp.PyArray_DATA(generation)
         self.c.num_slots, self.c.max_pages, self.c.num_pages, self.c.page_size = b, m, n, p
         self.c.page_shift = (p.bit_length() - 1) if p & (p - 1) == 0 else -1
         self.c.rows = <int32_t*>cnp.PyArray_DATA(rows)
@@ -340,7 +358,8 @@ cdef class StepInputs:
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
         bufs = input_buffers(b, m, t)
-        self._block_fill = np.zeros(b, dtype=np.int32)
+        self._block_state = (np.zeros(b, dtype=np.int32), np.full(b, -1, dtype=np.int32),
+                             np.zeros(b, dtype=np.uint64))
         self.c.positions = <int32_t*>cnp.PyArray_DATA(bufs["positions"])
         self.c.cu_seqlens_q = <int32_t*>cnp.PyArray_DATA(bufs["cu_seqlens_q"])
         self.c.seq_lens_k = <int32_t*>cnp.PyArray_DATA(bufs["seq_lens_k"])
@@ -350,9 +369,11 @@ cdef class StepInputs:
         self.c.kv_indices = <int32_t*>cnp.PyArray_DATA(bufs["kv_indices"])
         self.c.kv_last_page_len = <int32_t*>cnp.PyArray_DATA(bufs["kv_last_page_len"])
         self.c.logits_indices = <int32_t*>cnp.PyArray_DATA(bufs["logits_indices"])
-        self.c.block_fill = <int32_t*>cnp.PyArray_DATA(self._block_fill)
+        self.c.block_fill = <int32_t*>cnp.PyArray_DATA(self._block_state[0])
+        self.c.block_slot = <int32_t*>cnp.PyArray_DATA(self._block_state[1])
+        self.c.block_generation = <uint64_t*>cnp.PyArray_DATA(self._block_state[2])
         self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0
-        self._bufs = bufs
+        self._bufs = read_only(bufs)  # the views keep the writable arrays (their base) alive
         self._table = table
         self.max_rows = b
         self.max_tokens = t

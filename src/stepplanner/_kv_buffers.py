@@ -26,3 +26,14 @@ def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int) -> dict[
         }
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
+
+
+def read_only(buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Read-only views of ``buffers``: what users see (their slices stay read-only, and DLPack
+    exports them with its read-only flag), while ``prepare`` writes the originals."""
+    views = {}
+    for name, buf in buffers.items():
+        view = buf.view()
+        view.flags.writeable = False
+        views[name] = view
+    return views

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import input_buffers
+from ._kv_buffers import input_buffers, read_only
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -155,7 +155,8 @@ class StepInputs:
         if page_table.max_batch_size < limits.max_batch_size:
             raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
-        self._bufs = input_buffers(b, m, t)
+        self._out = input_buffers(b, m, t)   # prepare writes these; users see _bufs
+        self._bufs = read_only(self._out)
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
         self._limits = limits
         self._table = page_table
@@ -191,7 +192,7 @@ class StepInputs:
         if tokens > self.limits.t_max:
             raise _errors.kv_plan_tokens(tokens, self.limits.t_max)
 
-        out = self._bufs
+        out = self._out
         t = kv = n_logits = 0
         out["cu_seqlens_q"][0] = 0
         out["kv_indptr"][0] = 0
