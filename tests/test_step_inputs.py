@@ -279,3 +279,37 @@ def test_arrays_are_read_only_to_users(worked):
         with pytest.raises(ValueError, match="read-only"):
             getattr(inputs, name)[...] = 0
     assert not any(buf.flags.writeable for buf in inputs.buffers().values())
+
+
+def test_the_readme_serving_loop_runs_every_request_to_completion(kv):
+    """README's plan -> ensure pages -> prepare -> run -> apply loop, at a small size."""
+    limits = StepPlannerLimits(8, 64, 4)
+    policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
+    planner = sp.StepPlanner(policy, limits)
+    pages = kv.KVPageTable(8, max_pages_per_sequence=18, num_pages=144, kv_page_size=4)
+    inputs = kv.StepInputs(limits, pages)
+    ledger = sp.Ledger(limits, policy)
+    for rid, length in enumerate((60, 7, 33, 12, 64, 1, 25, 40, 9, 50)):
+        ledger.submit(rid, length)
+    new_tokens, served = 5, 0
+
+    def model(positions, slot_mapping, block_table, cu_seqlens_q):
+        assert len(positions) == len(slot_mapping) == cu_seqlens_q[-1]
+        return np.zeros(len(cu_seqlens_q) - 1)
+
+    while ledger.count or ledger.waiting:
+        ledger.admit()
+        plan = planner.plan(ledger.residents)
+        for seq in plan.sequences:
+            assert pages.ensure(seq.resident, seq.past_length + seq.query_length)
+        batch = inputs.prepare(plan)
+        model(batch.positions, batch.slot_mapping, batch.block_table, batch.cu_seqlens_q)
+        ledger.apply(plan)
+        rows = ledger.residents
+        done = np.flatnonzero(rows["context_committed"]
+                              & (rows["committed"] >= rows["prompt_length"] + new_tokens - 1))
+        sp.release_rows(pages, done.tolist(), ledger.count)
+        ledger.retire_rows(done)
+        served += len(done)
+        pages.check()
+    assert served == 10 and pages.num_free_pages == pages.num_pages
