@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from .latency import DEFAULT_LATENCY, LatencyModel
+from .ledger import Ledger
 from .paging import PagedLedger
 from .simulator import DEFAULT_LIMITS, SimulationResult, _resolve, _Run
 from .workloads import Workload
@@ -80,7 +81,7 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
     table = KVPageTable(limits.max_batch_size, max(row_pages, 1), num_pages, p)
     run = _Run(workload, limits, policy, latency, StepPlanner(policy, limits))
     ledger = _SimulatedPagedLedger(run.ledger, table, workload.output_tokens)
-    run.ledger = ledger
+    run.ledger = cast(Ledger, ledger)   # the loop uses only what PagedLedger provides
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []

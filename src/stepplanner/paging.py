@@ -107,7 +107,7 @@ class PagedLedger:
     def reserved_pages(self) -> int:
         """Pages held by residents (their worst cases) and promised to queued requests."""
         table = self.page_table
-        return table.num_pages - table.num_free_pages + self._promised
+        return int(table.num_pages - table.num_free_pages) + self._promised
 
     def kv_pages_in_use(self) -> int:
         """Pages that hold committed KV now: ``sum(ceil(committed / P))`` over the residents."""
