@@ -244,3 +244,26 @@ def test_release_rows_errors_change_nothing(kv, rows, count, error, message):
     with pytest.raises(error, match=message):
         release_rows(table, rows, count)
     assert all(np.array_equal(a, b) for a, b in zip(before, state(table)))
+
+
+@pytest.mark.limits_address_space
+def test_a_table_too_large_to_hold_is_a_clear_memory_error(kv):
+    """Valid sizes whose table cannot be had (8 GiB under a 3 GiB address-space cap) raise a
+    MemoryError naming the sizes, not numpy's bare one."""
+    import subprocess
+    import sys
+    import textwrap
+
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import importlib, resource
+        kv = importlib.import_module("{kv.__name__}")
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
+        try:
+            kv.KVPageTable(2**16, 2**15 - 1, 8, 16)
+        except MemoryError as exc:
+            print("MemoryError", exc)
+    """)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(
+        "MemoryError KVPageTable(max_batch_size=65536, max_pages_per_sequence=32767, "
+        "num_pages=8) needs"), proc.stdout

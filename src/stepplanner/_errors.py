@@ -236,3 +236,11 @@ def kv_pages_missing(index: int, resident: int, past_length: int, query_length: 
         f"{pages * page_size} tokens ({pages} page(s) of {page_size}); "
         f"call page_table.ensure({resident}, {need}) first"
     )
+
+
+def kv_table_memory(max_batch_size: int, max_pages: int, num_pages: int) -> MemoryError:
+    nbytes = 4 * (max_batch_size * max_pages + num_pages) + 12 * max_batch_size
+    return MemoryError(
+        f"KVPageTable(max_batch_size={max_batch_size}, max_pages_per_sequence={max_pages}, "
+        f"num_pages={num_pages}) needs {nbytes} bytes, which could not be allocated"
+    )

@@ -207,11 +207,14 @@ cdef class KVPageTable:
                                        f"<= {INT32_MAX}, so that page indices fit int32")
         if self._rows_buf is not None:
             raise RuntimeError("KVPageTable is already initialised")
-        rows = np.full((b, m), -1, dtype=np.int32)
-        counts = np.zeros(b, dtype=np.int32)
-        # The pool is a stack whose top is page 0: a fresh table hands out pages 0, 1, 2, ...
-        free = np.arange(n - 1, -1, -1, dtype=np.int32)
-        generation = np.zeros(b, dtype=np.uint64)
+        try:
+            rows = np.full((b, m), -1, dtype=np.int32)
+            counts = np.zeros(b, dtype=np.int32)
+            # The pool is a stack whose top is page 0: a fresh table hands out pages 0, 1, 2...
+            free = np.arange(n - 1, -1, -1, dtype=np.int32)
+            generation = np.zeros(b, dtype=np.uint64)
+        except MemoryError:
+            raise _errors.kv_table_memory(b, m, n) from None
         self._rows_buf, self._counts_buf, self._free_buf = rows, counts, free
         self._generation_buf = generation
         self.c.generation = <uint64_t*>cnp.PyArray_DATA(generation)

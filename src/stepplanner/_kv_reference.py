@@ -44,8 +44,11 @@ class KVPageTable:
         if b * m > _errors.INT32_MAX:
             raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", b * m,
                                        f"<= {_errors.INT32_MAX}, so that page indices fit int32")
-        self._rows = np.full((b, m), -1, dtype=np.int32)
-        self._counts = np.zeros(b, dtype=np.int32)
+        try:
+            self._rows = np.full((b, m), -1, dtype=np.int32)
+            self._counts = np.zeros(b, dtype=np.int32)
+        except MemoryError:
+            raise _errors.kv_table_memory(b, m, n) from None
         self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
         self._num_pages = n
         self._page_size = p
