@@ -124,3 +124,13 @@ def test_prepare_reference(benchmark, scenario: str) -> None:
     planner, ledger, plan, table, inputs = make_case(_kv_reference, scenario)
     benchmark.group = f"{scenario} B={BATCH}"
     benchmark.pedantic(inputs.prepare, (plan,), rounds=5, iterations=1, warmup_rounds=1)
+
+
+def test_prepare_reordered(benchmark, scenario: str) -> None:
+    """Rows in a new order every call (the plan, then the plan reversed): no block_table row
+    holds the same slot as the call before, so every row's pages are copied in full."""
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    orders = [plan.as_array().copy(), plan.as_array()[::-1].copy()]
+    turn = iter(orders * 10**6)
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark(lambda: inputs.prepare(next(turn)))
