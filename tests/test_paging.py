@@ -34,7 +34,7 @@ def test_requests_wait_in_order_until_their_worst_case_fits(kv):
     ledger.submit(2, 12, max_new_tokens=4)      # 4 pages: does not fit beside the first
     ledger.submit(3, 1, max_new_tokens=1)       # 1 page: fits, but waits behind request 2
     assert ledger.admit() == [1]
-    assert ledger.waiting == 2 and table.num_free_pages == 2
+    assert ledger.waiting == 2 and ledger.held_back == 2 and table.num_free_pages == 2
     ledger.retire([1])
     assert table.num_free_pages == 8
     assert ledger.admit() == [2, 3]

@@ -93,7 +93,7 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
                 raise RuntimeError("a planned row outgrew its reserved pages")
         reserved.append(ledger.reserved_pages)
         in_use.append(ledger.kv_pages_in_use())
-        held.append(len(ledger._held))
+        held.append(ledger.held_back)
 
     t0 = time.perf_counter()
     truncated = run.loop(max_steps, record, None, 1 << 30)

@@ -104,6 +104,11 @@ class PagedLedger:
         return len(self._held) + int(self.ledger.waiting)
 
     @property
+    def held_back(self) -> int:
+        """Requests waiting for their worst case to fit (not yet in the ledger's queue)."""
+        return len(self._held)
+
+    @property
     def reserved_pages(self) -> int:
         """Pages held by residents (their worst cases) and promised to queued requests."""
         table = self.page_table
