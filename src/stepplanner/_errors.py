@@ -260,3 +260,15 @@ def kv_table_memory(max_batch_size: int, max_pages: int, num_pages: int) -> Memo
         f"KVPageTable(max_batch_size={max_batch_size}, max_pages_per_sequence={max_pages}, "
         f"num_pages={num_pages}) needs {nbytes} bytes, which could not be allocated"
     )
+
+
+def already_initialised(name: str) -> RuntimeError:
+    return RuntimeError(f"{name} is already initialised; allowed: __init__ once (make a new "
+                        f"{name} instead)")
+
+
+def kv_not_copyable(name: str) -> TypeError:
+    return TypeError(
+        f"{name} cannot be copied or pickled: its page ids name KV cache memory that belongs to "
+        f"one engine, so a second copy would hand out the same pages twice; make a new {name}"
+    )

@@ -1,39 +1,49 @@
-"""The buffers of ``StepInputs``, sized once: one layout for both implementations."""
+"""The buffers of ``StepInputs``, sized once: one layout for both implementations, and the
+read-only views users get of memory the implementations write."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from . import _errors
 
-__all__ = ["input_buffers"]
+__all__ = ["PADDED", "input_buffers", "read_only"]
+
+# Buffers whose unused entries are -1 (the rest start at 0).
+PADDED = ("block_table",)
 
 
-def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int) -> dict[str, np.ndarray]:
-    """Every array ``prepare`` fills, by name, at its largest size (B rows, T tokens)."""
+def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int,
+                  memory: Callable[[int], Any] = bytearray) -> dict[str, np.ndarray]:
+    """Every array ``prepare`` fills, by name, at its largest size (B rows, T tokens), each over
+    its own zeroed ``memory(nbytes)`` (a writable ``bytearray`` by default; the compiled module
+    passes memory that Python can only read, and fills the ``PADDED`` ones with -1 itself)."""
     b, m, t = max_batch_size, max_pages, max_tokens
+    layout = {
+        "positions": (np.int32, (t,)),
+        "cu_seqlens_q": (np.int32, (b + 1,)),
+        "seq_lens_k": (np.int32, (b,)),
+        "slot_mapping": (np.int64, (t,)),
+        "block_table": (np.int32, (b, m)),
+        "kv_indptr": (np.int32, (b + 1,)),
+        "kv_indices": (np.int32, (b * m,)),
+        "kv_last_page_len": (np.int32, (b,)),
+        "logits_indices": (np.int32, (b,)),
+    }
     try:
-        return {
-            "positions": np.zeros(t, dtype=np.int32),
-            "cu_seqlens_q": np.zeros(b + 1, dtype=np.int32),
-            "seq_lens_k": np.zeros(b, dtype=np.int32),
-            "slot_mapping": np.zeros(t, dtype=np.int64),
-            "block_table": np.full((b, m), -1, dtype=np.int32),
-            "kv_indptr": np.zeros(b + 1, dtype=np.int32),
-            "kv_indices": np.zeros(b * m, dtype=np.int32),
-            "kv_last_page_len": np.zeros(b, dtype=np.int32),
-            "logits_indices": np.zeros(b, dtype=np.int32),
-        }
+        return {name: np.frombuffer(memory(int(np.prod(shape)) * np.dtype(dtype).itemsize),
+                                    dtype=dtype).reshape(shape)
+                for name, (dtype, shape) in layout.items()}
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
 
 
-def read_only(buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Read-only views of ``buffers``: what users see (their slices stay read-only, and DLPack
-    exports them with its read-only flag), while ``prepare`` writes the originals."""
-    views = {}
-    for name, buf in buffers.items():
-        view = buf.view()
-        view.flags.writeable = False
-        views[name] = view
-    return views
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that cannot be made writable: its base is a read-only memoryview, so
+    neither the view, nor ``.base``, nor ``np.asarray(view.base)`` writes the array (DLPack
+    exports it with its read-only flag)."""
+    view = np.frombuffer(memoryview(array).cast("B").toreadonly(), dtype=array.dtype)
+    return view.reshape(array.shape)

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import input_buffers, read_only
+from ._kv_buffers import PADDED, input_buffers, read_only
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -37,6 +37,8 @@ class KVPageTable:
 
     def __init__(self, max_batch_size: int, max_pages_per_sequence: int, num_pages: int,
                  kv_page_size: int) -> None:
+        if hasattr(self, "_rows"):
+            raise _errors.already_initialised("KVPageTable")
         b = _positive("max_batch_size", max_batch_size)
         m = _positive("max_pages_per_sequence", max_pages_per_sequence)
         n = _positive("num_pages", num_pages)
@@ -52,10 +54,14 @@ class KVPageTable:
         self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
         self._num_pages = n
         self._page_size = p
-        self._rows_view = self._rows.view()
-        self._rows_view.flags.writeable = False
-        self._counts_view = self._counts.view()
-        self._counts_view.flags.writeable = False
+        self._rows_view = read_only(self._rows)
+        self._counts_view = read_only(self._counts)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise _errors.kv_not_copyable("KVPageTable")
+
+    def __reduce__(self) -> Any:
+        raise _errors.kv_not_copyable("KVPageTable")
 
     def _slot(self, field: str, value: object) -> int:
         v = as_int32(field, value)
@@ -148,6 +154,8 @@ class StepInputs:
     """The arrays attention kernels take for one step (see the compiled twin)."""
 
     def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable) -> None:
+        if hasattr(self, "_out"):
+            raise _errors.already_initialised("StepInputs")
         if not isinstance(limits, StepPlannerLimits):
             raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
         if not isinstance(page_table, KVPageTable):
@@ -159,10 +167,18 @@ class StepInputs:
             raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
         self._out = input_buffers(b, m, t)   # prepare writes these; users see _bufs
-        self._bufs = read_only(self._out)
+        for name in PADDED:
+            self._out[name][...] = -1
+        self._bufs = {name: read_only(buf) for name, buf in self._out.items()}
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
         self._limits = limits
         self._table = page_table
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise _errors.kv_not_copyable("StepInputs")
+
+    def __reduce__(self) -> Any:
+        raise _errors.kv_not_copyable("StepInputs")
 
     @property
     def limits(self) -> StepPlannerLimits:
@@ -173,7 +189,7 @@ class StepInputs:
         return self._table
 
     def prepare(self, plan: Any) -> StepInputs:
-        rows = _plan_rows(plan)
+        rows = _plan_rows(plan).copy()  # validated and filled from the same rows (threads)
         table = self._table
         if len(rows) > self.limits.max_batch_size:
             raise _errors.kv_plan_rows(len(rows), self.limits.max_batch_size)
