@@ -9,16 +9,16 @@ every argument first (through the same helpers and messages as the pure-Python t
 cimport cython
 cimport numpy as cnp
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
-from libc.stdint cimport INT64_MAX, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
 from stepplanner._core cimport (
+    WORK_CONTEXT,
     PlanC,
     ResidentC,
     SequenceC,
     StepPlan,
     StepPlanner,
-    check_row,
 )
 
 import numpy as np
@@ -216,6 +216,49 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m) noexcept nogil:
         n += 1
     t.num_admitted = n
     return n
+
+
+cdef bint apply_is_clean(const PlanC* p, const TableC* t) noexcept nogil:
+    """Whether ``apply_plan`` may advance the rows: every planned and paused index is a row and
+    no field leaves int32 or starts negative. Anything else goes through ``StepPlan.apply_to``,
+    which owns the messages for it."""
+    cdef int32_t k, r, c
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        r = s.resident
+        if r < 0 or r >= t.count or s.query_length < 0:
+            return False
+        c = t.rows[r].committed
+        if c < 0 or s.query_length > INT32_MAX - c:
+            return False
+    for k in range(p.num_paused):
+        r = p.paused[k]
+        if r < 0 or r >= t.count or t.rows[r].consecutive_paused_steps == INT32_MAX:
+            return False
+    return True
+
+
+cdef void apply_plan(const PlanC* p, TableC* t) noexcept nogil:
+    """SPEC §6 over the table's rows, as ``StepPlan.apply_to`` does, with no copy in or out."""
+    cdef int32_t k, r
+    cdef const SequenceC* s
+    cdef ResidentC* row
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        row = &t.rows[s.resident]
+        row.committed += s.query_length
+        if s.work == WORK_CONTEXT and s.select_last_token_logits:
+            row.context_committed = 1
+    for k in range(p.num_paused):
+        t.mark[p.paused[k]] = 1
+    for r in range(t.count):
+        row = &t.rows[r]
+        if t.mark[r]:
+            row.consecutive_paused_steps += 1
+            t.mark[r] = 0
+        else:
+            row.consecutive_paused_steps = 0
 
 
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride) noexcept nogil:
@@ -530,7 +573,10 @@ cdef class Ledger:
         return 0
 
     cdef _apply(self, StepPlan plan, const char* mask, Py_ssize_t stride, bint retire):
-        plan.apply_to(self.residents)  # SPEC §6; checks overflow before it writes anything
+        if apply_is_clean(&plan.c, &self.t):
+            apply_plan(&plan.c, &self.t)
+        else:  # it raises the matching error, or applies what it accepts
+            plan.apply_to(self.residents)
         self._pending = None
         account(&self.t, &plan.c, mask, stride)
         if retire and self.t.num_done:
