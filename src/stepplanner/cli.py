@@ -595,9 +595,9 @@ def _print_report(console: Console, r: dict[str, Any]) -> None:
     console.print(table)
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     console.print(f"[bold]reasons[/] (resident-steps) {reasons}")
-    console.print(f"[bold]planner[/] plan() {pl['mean_plan_us']:.2f} us/step mean, "
-                  f"p50 {pl['p50_plan_us']:.2f}, p99 {pl['p99_plan_us']:.2f}; ledger apply "
-                  f"{pl['mean_apply_us']:.2f} us/step; {s['count']:,} steps in "
+    console.print(f"[bold]host step[/] ledger.step (apply, retire, admit, plan) "
+                  f"{pl['mean_step_us']:.2f} us/step mean, "
+                  f"p50 {pl['p50_step_us']:.2f}, p99 {pl['p99_step_us']:.2f}; {s['count']:,} steps in "
                   f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s")
 
 
@@ -612,7 +612,7 @@ def _print_comparison(console: Console, reports: list[dict[str, Any]]) -> None:
     table.add_column("configuration", max_width=26)
     for col in ("budget/\nchunk", "req/s", "out\ntok/s", "tok/\nstep", "TTFT\np50", "TTFT\np99",
                 *(f"TTFT p99\n[{c}]" for c in classes), "TPOT\np99", "max ITL\np99",
-                "E2E\np99", "paused\nsteps", "plan\nus"):
+                "E2E\np99", "paused\nsteps", "step\nus"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in reports:
         lat, pol = r["latency_s"], r["policy"]
@@ -624,10 +624,10 @@ def _print_comparison(console: Console, reports: list[dict[str, Any]]) -> None:
             *(_ms(lat[c]["ttft"]["p99"]) if c in lat else "-" for c in classes),
             _ms(lat["all"]["tpot"]["p99"]), _ms(lat["all"]["max_itl"]["p99"]),
             _ms(lat["all"]["e2e"]["p99"]), f"{r['pauses']['paused_resident_steps']:,}",
-            f"{r['planner']['mean_plan_us']:.2f}")
+            f"{r['planner']['mean_step_us']:.2f}")
     console.print(table)
-    console.print("latencies in ms of simulated time; plan us = measured planner microseconds "
-                  "per step on this machine")
+    console.print("latencies in ms of simulated time; step us = measured microseconds of "
+                  "the host step (ledger.step) on this machine")
 
 
 def _print_explanation(console: Console, e: dict[str, Any]) -> None:
