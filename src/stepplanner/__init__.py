@@ -65,7 +65,7 @@ else:
 # The tools around the planner (pure Python; they use whichever planner was selected above).
 from .checks import PlanInvariantError, check_plan  # noqa: E402
 from .latency import LatencyModel  # noqa: E402
-from .ledger import Ledger  # noqa: E402
+from .ledger import Ledger, QueueFullError  # noqa: E402
 from .simulator import SimulationResult, simulate  # noqa: E402
 from .workloads import Workload, load_trace, synthetic  # noqa: E402
 
@@ -80,6 +80,7 @@ __all__ = [
     "PlanInvariantError",
     "PlannedSequence",
     "PreemptionMode",
+    "QueueFullError",
     "Reason",
     "ResidentState",
     "ResolvedSchedulingPolicy",
