@@ -59,6 +59,3 @@ ctypedef struct TableC:
     int32_t capacity          # B
     int32_t reserved_slots
 
-
-cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m) noexcept nogil
-cdef void remove_marked(TableC* t, IdMapC* m, uint8_t* mark, int32_t num_marked) noexcept nogil

@@ -32,7 +32,7 @@ from stepplanner._ledger_reference import (
     rows_argument,
     submission,
 )
-from stepplanner._types import RESIDENT_DTYPE
+from stepplanner import _types
 
 cnp.import_array()
 
@@ -356,7 +356,7 @@ cdef class Ledger:
             limits, policy, max_waiting)
         self.limits = limits
         cdef int32_t b = limits.max_batch_size, w = self.max_waiting
-        self._rows = np.zeros(b, dtype=RESIDENT_DTYPE)
+        self._rows = np.zeros(b, dtype=_types.RESIDENT_DTYPE)
         self._ids = np.full(b, -1, dtype=np.int64)
         self._generated = np.zeros(b, dtype=np.int64)
         self._finished = np.zeros(b, dtype=np.int64)
@@ -399,6 +399,9 @@ cdef class Ledger:
         self._generated_views = [None] * (b + 1)
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
+
+    def __init__(self, limits, policy=None, *, max_waiting=None):
+        pass  # everything was checked and allocated by __cinit__: a second call changes nothing
 
     def __dealloc__(self):
         PyMem_Free(self.t.max_new)

@@ -281,7 +281,8 @@ class Ledger:
 
     def admit(self) -> list[int]:
         self._admit()
-        return self.admitted_ids.tolist()
+        admitted: list[int] = self.admitted_ids.tolist()
+        return admitted
 
     def _admit(self) -> None:
         self._pending = None
