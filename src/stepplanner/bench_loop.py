@@ -74,9 +74,11 @@ class Stream:
             self.next_id += 1
 
     def finished_for(self, plan: Any) -> np.ndarray | None:
-        if plan.num_prefill > self.eos_free_rows:
+        chunks: int = plan.num_prefill
+        if chunks > self.eos_free_rows:
             return None
-        return self.masks[plan.num_prefill + plan.num_decode]
+        rows: int = chunks + plan.num_decode
+        return self.masks[rows]
 
 
 WARM_STEPS = 600  # about twice the mean output: every slot has turned over
