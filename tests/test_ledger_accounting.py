@@ -328,3 +328,15 @@ def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) 
 
 def test_tracemalloc_is_off_after_the_allocation_probe() -> None:
     assert not tracemalloc.is_tracing()
+
+
+def test_fused_step_checks_loaded_rows_before_it_admits(make) -> None:
+    # Found by the fuzzer: a loaded row the planner refuses (prompt exhausted) must stop step()
+    # before it admits anyone.
+    ledger, planner = make()
+    ledger.load([{"prompt_length": 1, "committed": 10, "request_id": 5}])
+    ledger.submit(6, 8)
+    before = _state(ledger)
+    with pytest.raises(ValueError, match=r"residents\[0\] is prompt-incomplete"):
+        ledger.step(planner)
+    assert _state(ledger) == before and ledger.count == 1

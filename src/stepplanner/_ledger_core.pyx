@@ -13,12 +13,14 @@ from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
 from stepplanner._core cimport (
+    STATUS_OK,
     WORK_CONTEXT,
     PlanC,
     ResidentC,
     SequenceC,
     StepPlan,
     StepPlanner,
+    check_row,
 )
 
 import numpy as np
@@ -259,6 +261,14 @@ cdef void apply_plan(const PlanC* p, TableC* t) noexcept nogil:
             t.mark[r] = 0
         else:
             row.consecutive_paused_steps = 0
+
+
+cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nogil:
+    cdef int32_t i
+    for i in range(t.count):
+        if check_row(&t.rows[i], max_input_length) != STATUS_OK:
+            return False
+    return True
 
 
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride) noexcept nogil:
@@ -606,6 +616,10 @@ cdef class Ledger:
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
+            # Rows that load() or the caller wrote are checked before anything changes (a
+            # pending plan's rows were checked when it was made, and applying keeps them valid).
+            if not rows_plannable(&self.t, self.limits.max_input_length):
+                planner.plan(self.residents)  # raises the planner's own message for the row
         else:
             self._check_apply(pending, finished, &mask, &stride)
         if reasons is not None:

@@ -379,6 +379,9 @@ class Ledger:
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
+            # Rows that load() or the caller wrote are checked before anything changes (a
+            # pending plan's rows were checked when it was made, and applying keeps them valid).
+            planner.plan(self._rows[:self._count])
         else:
             seq, mask = self._check_apply(pending, finished)
         if reasons is not None:

@@ -62,9 +62,10 @@ Decisions where SPEC §6 is silent (also in the README):
   the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
   ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
   planner must not plan anything else: its one ``StepPlan`` is the pending plan.
-* Every operation checks everything first; one that raises leaves the ledger unchanged. The one
-  exception is ``step`` over rows the caller wrote into ``residents`` itself: when planning them
-  raises, the previous plan has already been applied.
+* Every operation checks everything first; one that raises leaves the ledger unchanged
+  (``step`` checks the rows before it admits when no plan is pending). The one exception is a
+  row the caller writes through ``residents`` while a ``step`` plan is pending: when planning it
+  raises, that plan has already been applied.
 """
 
 from __future__ import annotations
