@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._fields import enum_from_text
+from ._fields import enum_fields, enum_from_text
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -37,10 +37,7 @@ from ._policy import (
 from ._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
-    IfbSchedulingMode,
-    PreemptionMode,
     Reason,
-    SchedulingPolicy,
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import RESIDENT_FIELDS, Ledger
@@ -344,8 +341,7 @@ class _Run:
 # --- configuration as plain data ----------------------------------------------------------
 
 
-_ENUMS = {"mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
-          "preemption": PreemptionMode}
+_ENUMS = enum_fields(ResolvedSchedulingPolicy)
 
 
 def policy_to_dict(policy: ResolvedSchedulingPolicy) -> dict[str, Any]:
