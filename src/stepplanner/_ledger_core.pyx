@@ -344,7 +344,9 @@ cdef class Ledger:
     """Dense resident table, waiting queue and output accounting for one engine, in C.
 
     See ``stepplanner.ledger`` for the surface and the decisions; ``_ledger_reference.Ledger`` is
-    the pure-Python twin held to it by the tests.
+    the pure-Python twin held to it by the tests. Every method that reads or writes the C state
+    holds a critical section on the ledger (free-threaded CPython; the GIL elsewhere), so a ledger
+    shared between threads is never corrupted, though one serving loop per ledger is the design.
     """
 
     cdef QueueC q
@@ -475,6 +477,7 @@ cdef class Ledger:
 
     # --- admission ----------------------------------------------------------------------------
 
+    @cython.critical_section
     def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None):
         """Queue a request; returns its arrival stamp."""
         cdef int64_t rid, limit = 0
@@ -514,6 +517,7 @@ cdef class Ledger:
         map_set(&self.m, rid, slot)
         return arrival
 
+    @cython.critical_section
     def cancel(self, request_id):
         """Remove a request wherever it is: out of the queue (O(log n)) or out of its row."""
         cdef int64_t rid = as_request_id(request_id)
@@ -531,12 +535,14 @@ cdef class Ledger:
         self.t.mark[-(value + 1)] = 1
         remove_marked(&self.t, &self.m, self.t.mark, 1)
 
+    @cython.critical_section
     def admit(self):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
         self._pending = None
         admit_waiting(&self.q, &self.t, &self.m)
         return self.admitted_ids.tolist()
 
+    @cython.critical_section
     def waiting_ids(self):
         """Waiting request ids in queue order (for reports; O(n log n))."""
         cdef int32_t h, k
@@ -554,6 +560,7 @@ cdef class Ledger:
 
     # --- the step -----------------------------------------------------------------------------
 
+    @cython.critical_section
     def apply(self, plan, finished=None, *, retire=False):
         """Advance the residents by ``plan`` (SPEC §6), count each emitted token, mark finished
         requests; with ``retire`` also remove them. Returns ``finished_ids``."""
@@ -595,11 +602,13 @@ cdef class Ledger:
         if retire and self.t.num_done:
             remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
 
+    @cython.critical_section
     def retire_finished(self):
         """Remove every resident that an ``apply`` marked finished."""
         self._pending = None
         remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
 
+    @cython.critical_section
     def step(self, planner, finished=None, *, reasons=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
         ``finished`` mask over its rows) and retire what finished, admit, then plan."""
@@ -631,6 +640,7 @@ cdef class Ledger:
         self._pending = plan
         return plan
 
+    @cython.critical_section
     def retire(self, request_ids):
         """Remove requests by id; the last rows move into the freed slots."""
         ids = [as_request_id(r) for r in request_ids]
@@ -645,6 +655,7 @@ cdef class Ledger:
             rows.append(-(self.m.values[at] + 1))
         self._remove(rows)
 
+    @cython.critical_section
     def retire_rows(self, rows):
         """Remove residents by row index."""
         self._remove(rows_argument(rows, self.t.count))
@@ -667,6 +678,7 @@ cdef class Ledger:
                 stamps[w.request_id] = w.arrival
         return stamps
 
+    @cython.critical_section
     def load(self, residents):
         """Replace the resident table with ``residents`` (see ``stepplanner.ledger``)."""
         waiting = self._waiting_stamps()
@@ -699,6 +711,7 @@ cdef class Ledger:
         return [(self.q.pool[self.q.heaps[h].slots[k]].request_id, self.q.heaps[h].slots[k])
                 for h in range(2) for k in range(self.q.heaps[h].size)]
 
+    @cython.critical_section
     def to_records(self):
         """The residents as JSON-ready dicts (``load`` reads them back)."""
         return records_of(self.residents, self.request_ids)

@@ -62,6 +62,8 @@ Decisions where SPEC §6 is silent (also in the README):
   the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
   ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
   planner must not plan anything else: its one ``StepPlan`` is the pending plan.
+* Threads: one serving loop per ledger. The compiled ledger serialises its methods with a
+  critical section, so sharing one between threads never corrupts memory.
 * Every operation checks everything first; one that raises leaves the ledger unchanged
   (``step`` checks the rows before it admits when no plan is pending). The one exception is a
   row the caller writes through ``residents`` while a ``step`` plan is pending: when planning it
