@@ -340,3 +340,35 @@ def test_fused_step_checks_loaded_rows_before_it_admits(make) -> None:
     with pytest.raises(ValueError, match=r"residents\[0\] is prompt-incomplete"):
         ledger.step(planner)
     assert _state(ledger) == before and ledger.count == 1
+
+
+def test_a_ledger_shared_between_threads_stays_consistent(make) -> None:
+    import threading
+
+    ledger, planner = make(max_waiting=4000)
+    errors: list[BaseException] = []
+
+    def worker(base: int) -> None:
+        try:
+            for k in range(300):
+                rid = base + k
+                ledger.submit(rid, 8, k % 3 - 1, max_new_tokens=2)
+                if k % 3 == 0:
+                    ledger.cancel(rid)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(10_000 * t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    waiting = ledger.waiting_ids()
+    assert ledger.waiting == len(waiting) == len(set(waiting)) == 4 * 200
+    served = 0
+    plan = ledger.step(planner)
+    while ledger.count or ledger.waiting:
+        plan = ledger.step(planner)
+        served += len(ledger.finished_ids)
+    assert served == 800 and plan.num_residents == 0
