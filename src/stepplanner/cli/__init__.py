@@ -6,8 +6,10 @@ budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diff
 ``bench`` (forwarded to ``stepplanner.bench``). Needs the ``cli`` extra (click, rich).
 
 Layout: one module per command, each defining one click command that ``main`` adds below;
-``options`` holds the flags commands share, ``config`` the ``KEY=VALUE`` configuration syntax,
-``running`` the progress bar around a simulation, ``render`` every table and text report.
+shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
+``running`` (a simulation with its progress bar), ``render`` (every report in every
+``--format``), ``notices`` (warnings on stderr), ``errors`` (which exceptions become one-line
+errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``.
 """
 
 from __future__ import annotations

@@ -60,7 +60,9 @@ scheduling_options = _compose(
     click.option("--mode", type=_choice(IfbSchedulingMode), default="auto", show_default=True,
                  help="ifb_scheduling_mode."),
     click.option("--max-num-tokens", type=int, default=0, show_default=True,
-                 help="Token budget per step (0 = SPEC §2 default)."),
+                 help="Token budget of a MIXED step that has decode rows (0 = SPEC §2 "
+                      "default). A step without decode rows may take T_max = B*S_in, or "
+                      "--max-step-tokens when given: cap every step with that."),
     click.option("--max-chunk-tokens", type=int, default=0, show_default=True,
                  help="Largest prompt chunk (0 = SPEC §2 default)."),
     click.option("--policy", "scheduling_policy", type=_choice(SchedulingPolicy),
