@@ -372,3 +372,19 @@ def test_a_ledger_shared_between_threads_stays_consistent(make) -> None:
         plan = ledger.step(planner)
         served += len(ledger.finished_ids)
     assert served == 800 and plan.num_residents == 0
+
+
+def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
+    # The C side owns ids and counts; a view turned writable could desynchronise the id map.
+    from stepplanner._ledger_core import Ledger
+
+    ledger = Ledger(LIMITS, POLICY)
+    ledger.submit(1, 8, max_new_tokens=1)
+    ledger.step(compiled.StepPlanner(POLICY, LIMITS))
+    for view in (ledger.request_ids, ledger.output_tokens, ledger.finished_ids,
+                 ledger.admitted_ids):
+        with pytest.raises(ValueError):
+            view.flags.writeable = True
+    assert ledger.residents.flags.writeable  # the rows are the runtime's to read and write
+    ledger.load(ledger.to_records())
+    assert ledger.request_ids.tolist() == [1] and not ledger.request_ids.flags.writeable

@@ -411,6 +411,9 @@ cdef class Ledger:
         self._generated_views = [None] * (b + 1)
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
+        # Only the C writes these; read-only owners mean no view of them can be made writable.
+        for owner in (self._ids, self._generated, self._finished, self._admitted):
+            owner.flags.writeable = False
 
     def __init__(self, limits, policy=None, *, max_waiting=None):
         pass  # everything was checked and allocated by __cinit__: a second call changes nothing
@@ -686,10 +689,12 @@ cdef class Ledger:
         cdef int32_t n = len(table), row
         self._pending = None
         self._rows[:] = 0
+        self._ids.flags.writeable = True
         self._ids[:] = -1
         self._rows[:n] = table
         self._ids[:n] = ids
-        self._generated[:] = 0
+        self._ids.flags.writeable = False
+        memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))
         self.t.num_done = self.t.num_finished = self.t.num_admitted = 0
