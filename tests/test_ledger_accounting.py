@@ -388,3 +388,23 @@ def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
     assert ledger.residents.flags.writeable  # the rows are the runtime's to read and write
     ledger.load(ledger.to_records())
     assert ledger.request_ids.tolist() == [1] and not ledger.request_ids.flags.writeable
+
+
+def test_compiled_ledger_takes_plans_of_the_reference_planner(compiled, reference) -> None:
+    from stepplanner import _ledger_core, _ledger_reference
+
+    ledgers = (_ledger_core.Ledger(LIMITS, POLICY), _ledger_reference.Ledger(LIMITS, POLICY))
+    planners = [reference.StepPlanner(POLICY, LIMITS) for _ in ledgers]  # one per step loop
+    for ledger in ledgers:
+        for rid in range(6):
+            ledger.submit(rid, 20 + rid, max_new_tokens=3)
+    plans = [ledger.step(planner) for ledger, planner in zip(ledgers, planners)]
+    for _ in range(8):
+        masks = [np.zeros(len(p.sequences), dtype=bool) for p in plans]
+        plans = []
+        for ledger, planner, mask in zip(ledgers, planners, masks):
+            plans.append(ledger.step(planner, mask))
+            assert ledger.finished_ids.tolist() == ledgers[0].finished_ids.tolist()
+        assert _state(ledgers[0]) == _state(ledgers[1])
+    with pytest.raises(TypeError, match="plan must be a StepPlan, got object"):
+        ledgers[0].apply(object())

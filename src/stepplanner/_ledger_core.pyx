@@ -19,7 +19,6 @@ from stepplanner._core cimport (
     ResidentC,
     SequenceC,
     StepPlan,
-    StepPlanner,
     check_row,
 )
 
@@ -358,6 +357,8 @@ cdef class Ledger:
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
     cdef object _pending            # the plan of step() not yet applied, or None
     cdef object _fits               # the last planner step() found made for these limits
+    cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
+    cdef object _foreign_arrays     # the arrays _foreign points into
     cdef readonly object limits
     cdef readonly bint by_priority
     cdef readonly int32_t reserved_slots
@@ -569,19 +570,40 @@ cdef class Ledger:
         requests; with ``retire`` also remove them. Returns ``finished_ids``."""
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
-        self._check_apply(plan, finished, &mask, &stride)
-        self._apply(<StepPlan>plan, mask, stride, retire)
+        cdef const PlanC* p = self._check_apply(plan, finished, &mask, &stride)
+        self._apply(plan, p, mask, stride, retire)
         return self.finished_ids
 
-    cdef int _check_apply(self, object plan, object finished, const char** mask,
-                          Py_ssize_t* stride) except -1:
-        if not isinstance(plan, StepPlan):
-            raise _errors.plan_type(plan, "StepPlan of the compiled core")
-        cdef const PlanC* p = &(<StepPlan>plan).c
+    cdef const PlanC* _plan_struct(self, object plan) except NULL:
+        """The plan as the C struct: a compiled plan's own, or a view of a reference plan's
+        arrays (SEQUENCE_DTYPE has SequenceC's layout)."""
+        if isinstance(plan, StepPlan):
+            return &(<StepPlan>plan).c
+        try:
+            n = plan.num_residents
+            seq = plan.as_array()
+            paused = plan.paused_array()
+            plan.apply_to  # a StepPlan has it; anything else is refused here
+        except AttributeError:
+            raise _errors.plan_type(plan, "StepPlan") from None
+        seq = np.ascontiguousarray(seq, dtype=_types.SEQUENCE_DTYPE)
+        paused = np.ascontiguousarray(paused, dtype=np.int32)
+        self._foreign_arrays = (seq, paused)
+        self._foreign.sequences = <SequenceC*>cnp.PyArray_DATA(seq)
+        self._foreign.paused = <int32_t*>cnp.PyArray_DATA(paused)
+        self._foreign.num_paused = len(paused)
+        self._foreign.num_residents = n
+        self._foreign.num_prefill = plan.num_prefill
+        self._foreign.num_decode = len(seq) - self._foreign.num_prefill
+        return &self._foreign
+
+    cdef const PlanC* _check_apply(self, object plan, object finished, const char** mask,
+                                   Py_ssize_t* stride) except NULL:
+        cdef const PlanC* p = self._plan_struct(plan)
         if p.num_residents != self.t.count:
             raise _errors.plan_count(p.num_residents, self.t.count)
         if finished is None:
-            return 0
+            return p
         cdef int32_t rows = p.num_prefill + p.num_decode, k
         if not cnp.PyArray_Check(finished) or (<cnp.ndarray>finished).descr.type_num != cnp.NPY_BOOL:
             raise _errors.finished_type(finished)
@@ -593,15 +615,17 @@ cdef class Ledger:
         for k in range(rows):
             if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
                 raise _errors.finished_without_token(k, p.sequences[k].resident)
-        return 0
+        return p
 
-    cdef _apply(self, StepPlan plan, const char* mask, Py_ssize_t stride, bint retire):
-        if apply_is_clean(&plan.c, &self.t):
-            apply_plan(&plan.c, &self.t)
+    cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
+                bint retire):
+        if apply_is_clean(p, &self.t):
+            apply_plan(p, &self.t)
         else:  # it raises the matching error, or applies what it accepts
             plan.apply_to(self.residents)
         self._pending = None
-        account(&self.t, &plan.c, mask, stride)
+        account(&self.t, p, mask, stride)
+        self._foreign_arrays = None
         if retire and self.t.num_done:
             remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
 
@@ -615,16 +639,14 @@ cdef class Ledger:
     def step(self, planner, finished=None, *, reasons=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
         ``finished`` mask over its rows) and retire what finished, admit, then plan."""
-        if not isinstance(planner, StepPlanner):
-            raise TypeError(f"planner must be a StepPlanner of the compiled core, got "
-                            f"{type(planner).__name__}")
         if planner is not self._fits:  # comparing limits allocates: once per planner
-            if (<StepPlanner>planner).limits != self.limits:
-                raise _errors.planner_mismatch((<StepPlanner>planner).limits, self.limits)
+            if getattr(planner, "limits", None) != self.limits:
+                raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
             self._fits = planner
         cdef object pending = self._pending
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
+        cdef const PlanC* p = NULL
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
@@ -633,11 +655,11 @@ cdef class Ledger:
             if not rows_plannable(&self.t, self.limits.max_input_length):
                 planner.plan(self.residents)  # raises the planner's own message for the row
         else:
-            self._check_apply(pending, finished, &mask, &stride)
+            p = self._check_apply(pending, finished, &mask, &stride)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
         if pending is not None:
-            self._apply(<StepPlan>pending, mask, stride, True)
+            self._apply(pending, p, mask, stride, True)
         admit_waiting(&self.q, &self.t, &self.m)
         plan = planner.plan(self.residents, None, reasons)
         self._pending = plan

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING
 
 from . import _impl as _planner_impl
 from ._errors import QueueFullError
-from ._ledger_reference import RESIDENT_FIELDS
+from ._types import RESIDENT_FIELDS
 
 __all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS"]
 

@@ -40,6 +40,7 @@ from ._types import (
     Reason,
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
+from . import _ledger_reference
 from .ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
 
@@ -89,6 +90,9 @@ class SimulationResult:
     max_consecutive_paused: int
     wall_seconds: float
     truncated: bool
+    itl: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    """Per priority class (``workload.classes`` order): every gap between two consecutive output
+    tokens of its requests, as (seconds, count) pairs."""
 
     @property
     def num_steps(self) -> int:
@@ -121,6 +125,8 @@ class SimulationResult:
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
+        itl = {"all": _pooled(self.itl)}
+        itl.update({str(p): _pooled(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
         return {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),
@@ -155,8 +161,10 @@ class SimulationResult:
                 "released_by_max_pause_steps": int(self.reason_counts[-1]),
             },
             "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
-            "latency_s": {name: {metric: _percentiles(values[mask])
-                                 for metric, values in lat.items()}
+            "latency_s": {name: {**{metric: _percentiles(values[mask])
+                                    for metric, values in lat.items()},
+                                 "itl": {f"p{q}": _weighted_pct(*itl[name], q)
+                                         for q in PERCENTILES}}
                           for name, mask in classes.items()},
             "planner": {
                 "mean_step_us": _mean(step_us),
@@ -179,6 +187,25 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {f"p{q}": _pct(values, q) for q in PERCENTILES}
+
+
+def _pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate([v for v, _ in parts]), np.concatenate([c for _, c in parts])
+
+
+def _weighted_pct(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+    """``np.percentile(np.repeat(values, counts), q)`` without building the repeated array."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])
+    rank = q / 100 * (int(ends[-1]) - 1)  # numpy's default (linear) interpolation
+    low, high = np.searchsorted(ends, [np.floor(rank), np.ceil(rank)], side="right")
+    return float(values[low] + (values[high] - values[low]) * (rank - np.floor(rank)))
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -244,7 +271,13 @@ class _Run:
         self.reasons = np.zeros(limits.max_batch_size, dtype=np.uint8)
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
+        self.fused = True
+        self.pending: Any = None  # the plan _step_by_calls made and has not applied yet
         self.records: list[tuple[float, ...]] = []
+        # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
+        # (request ids, their previous token's time, this token's time). Every other gap is one
+        # step's duration, so these suffice to rebuild the pooled ITL sample after the run.
+        self.apart: list[tuple[np.ndarray, np.ndarray, float]] = []
         self.now = float(workload.arrival_time[0]) if n else 0.0
         self.next_request = 0
         self.completed = 0
@@ -252,21 +285,21 @@ class _Run:
     def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
              progress_every: int) -> bool:
         n = len(self.w)
-        ledger, planner, reasons = self.ledger, self.planner, self.reasons
+        # A wrapper around the ledger (paged_simulator's PagedLedger keeps KV pages beside it)
+        # takes the same step through its separate calls; a Ledger takes it in one.
+        self.fused = isinstance(self.ledger, (Ledger, _ledger_reference.Ledger))
+        host_step = self._fused_step if self.fused else self._step_by_calls
         while True:
             self._arrivals()
-            # One call: apply the previous plan, count tokens, retire the finished, admit, plan.
             t0 = time.perf_counter_ns()
-            plan = ledger.step(planner, reasons=reasons)
+            plan, finished, admitted = host_step()
             step_ns = time.perf_counter_ns() - t0
-            finished = ledger.finished_ids
             if finished.size:
                 self.finish_time[finished] = self.now
                 self.completed += finished.size
-            admitted = ledger.admitted_ids
             if admitted.size:
                 self.admit_time[admitted] = self.now
-            if ledger.count == 0:
+            if self.ledger.count == 0:
                 if self.next_request >= n:
                     return False
                 self.now = max(self.now, float(self.w.arrival_time[self.next_request]))
@@ -277,13 +310,39 @@ class _Run:
             if progress is not None and len(self.records) % progress_every == 0:
                 progress(len(self.records), self.now, self.completed)
 
+    def _fused_step(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
+        ledger = self.ledger
+        plan = ledger.step(self.planner, reasons=self.reasons)
+        return plan, ledger.finished_ids, ledger.admitted_ids
+
+    def _step_by_calls(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """The same step through the separate calls a ledger wrapper provides."""
+        ledger, plan = self.ledger, self.pending
+        finished = np.zeros(0, dtype=np.int64)
+        if plan is not None:
+            seq = plan.as_array()
+            rows = seq["resident"][seq["select_last_token_logits"]]
+            req = ledger.request_ids[rows]
+            done = self.generated[req] >= np.maximum(self.w.output_tokens[req], 1)
+            ledger.apply(plan)
+            finished = req[done]
+            if finished.size:
+                ledger.retire_rows(rows[done])
+        admitted = np.asarray(ledger.admit(), dtype=np.int64)
+        self.pending = self.planner.plan(ledger.residents, reasons=self.reasons)
+        return self.pending, finished, admitted
+
     def _arrivals(self) -> None:
         w, ledger = self.w, self.ledger
         stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
         for i in range(self.next_request, stop):
             try:
-                ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
-                              max_new_tokens=max(1, int(w.output_tokens[i])))
+                if self.fused:
+                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
+                                  max_new_tokens=max(1, int(w.output_tokens[i])))
+                else:
+                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]))
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
@@ -307,7 +366,12 @@ class _Run:
         first = self.generated[req] == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
-        self.max_gap[later] = np.maximum(self.max_gap[later], now - self.last_token_time[later])
+        previous = self.last_token_time[later]
+        gaps = now - previous
+        self.max_gap[later] = np.maximum(self.max_gap[later], gaps)
+        apart = previous != start
+        if apart.any():
+            self.apart.append((later[apart], previous[apart], now))
         self.last_token_time[req] = now
         self.generated[req] += 1
         paused = plan.paused_array()
@@ -335,7 +399,36 @@ class _Run:
             finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated)
+            wall_seconds=wall, truncated=truncated,
+            itl=self._itl(steps["end_time"], steps["seconds"]))
+
+    def _itl(self, end_time: np.ndarray,
+             seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample.
+
+        A request's gaps end at the steps after its first token up to its last one. Those that
+        follow a step in which it also emitted last exactly that step's duration; the others
+        (``self.apart``) each span several steps, in none of which it had a back-to-back gap.
+        So each step's back-to-back count per class is a difference array over step indices.
+        """
+        w, n_steps = self.w, len(end_time)
+        classes = np.searchsorted(w.classes, w.priority)
+        spoke = np.flatnonzero(self.generated >= 2)
+        covered = np.zeros((len(w.classes), n_steps + 1), dtype=np.int64)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.first_token_time[spoke]) + 1), 1)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.last_token_time[spoke]) + 1), -1)
+        ids = np.concatenate([r for r, _, _ in self.apart] or [np.zeros(0, dtype=np.int64)])
+        before = np.concatenate([t for _, t, _ in self.apart] or [np.zeros(0)])
+        after = np.concatenate([np.full(len(r), t) for r, _, t in self.apart] or [np.zeros(0)])
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, before) + 1), -1)
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, after) + 1), 1)
+        back_to_back = np.cumsum(covered, axis=1)[:, :n_steps]
+        return [(np.concatenate([seconds, (after - before)[classes[ids] == k]]),
+                 np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
+                                                          dtype=np.int64)]))
+                for k in range(len(w.classes))]
 
 
 # --- configuration as plain data ----------------------------------------------------------
