@@ -6,6 +6,7 @@ so that a regression fails the test instead of killing pytest."""
 from __future__ import annotations
 
 import copy
+import ctypes
 import pickle
 import subprocess
 import sys
@@ -274,3 +275,47 @@ def test_rows_changed_by_another_thread_are_refused_or_filled_whole(kv):
         print("calls", ok + refused, "bad", bad)
     """)
     assert_ran(result, "bad 0")
+
+
+# --- buffers(): fixed addresses a consumer reads; one that writes them invalidates ----------
+
+
+def scribble(array: np.ndarray, value: int) -> None:
+    """Write ``value`` over ``array``'s memory the way a consumer's kernel or a DLPack tensor
+    would: through the raw address, past NumPy's read-only flag."""
+    junk = np.full(array.shape, value, dtype=array.dtype)
+    ctypes.memmove(array.ctypes.data, junk.ctypes.data, array.nbytes)
+
+
+def written_then_invalidated(kv):
+    table = kv.KVPageTable(2, 4, 8, 16)
+    table.ensure(0, 40)
+    table.ensure(1, 5)
+    inputs = kv.StepInputs(LIMITS, table)
+    both = rows((0, 1, 32, 1, True), (1, 0, 0, 5, True))
+    inputs.prepare(both)
+    expected, before = inputs.block_table.tolist(), snapshot(table)
+    for buf in inputs.buffers().values():
+        scribble(buf, 7)
+    assert snapshot(table) == before           # the table never shares memory with them
+    table.check()
+    inputs.invalidate()
+    assert inputs.buffers()["block_table"].tolist() == [[7] * 4] * 2  # nothing until prepare
+    inputs.prepare(both)                       # the same rows in the same slots as before
+    assert inputs.block_table.tolist() == expected
+    seen = [getattr(inputs, name).tolist() for name in NAMES]
+    for buf in inputs.buffers().values():
+        scribble(buf, 7)
+    inputs.invalidate()
+    inputs.prepare(rows((0, 1, 32, 1, True)))  # one row: the other is padded whole
+    return seen, inputs.buffers()["block_table"].tolist()
+
+
+def test_a_consumer_that_wrote_the_buffers_invalidates_them(kv):
+    seen, block_table = written_then_invalidated(kv)
+    assert seen[NAMES.index("block_table")] == [[0, 1, 2, -1], [3, -1, -1, -1]]
+    assert block_table == [[0, 1, 2, -1], [-1] * 4]
+
+
+def test_invalidate_agrees_across_implementations(compiled_kv, reference_kv):
+    assert written_then_invalidated(compiled_kv) == written_then_invalidated(reference_kv)

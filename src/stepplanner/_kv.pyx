@@ -519,8 +519,22 @@ cdef class StepInputs:
 
     def buffers(self):
         """The full buffers by name (fixed addresses for the engine's lifetime, e.g. to capture
-        in a CUDA graph); only each one's valid prefix is meaningful after ``prepare``."""
+        in a CUDA graph); only each one's valid prefix is meaningful after ``prepare``.
+
+        They are read-only: a consumer must not write them. ``prepare`` updates ``block_table``
+        rows in place, trusting them to hold what it wrote; a consumer that writes them anyway
+        (a DLPack tensor does not carry the read-only flag into every framework) calls
+        ``invalidate()`` before the next ``prepare``. The page table never reads them."""
         return dict(self._bufs)
+
+    def invalidate(self):
+        """Forget what the buffers hold: the next ``prepare`` rewrites every entry of
+        ``block_table`` instead of appending each row's new pages. Nothing changes until then."""
+        cdef int32_t i
+        with cython.critical_section(self._table):
+            for i in range(self.max_rows):
+                self.c.block_slot[i] = -1                  # no row holds a slot's pages
+                self.c.block_fill[i] = self._table.c.max_pages  # and all of it is to be padded
 
     def __repr__(self):
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "

@@ -293,6 +293,9 @@ class StepInputs:
     def buffers(self) -> dict[str, np.ndarray]:
         return dict(self._bufs)
 
+    def invalidate(self) -> None:
+        """Nothing to forget: this twin rewrites every ``block_table`` entry on each prepare."""
+
     def __repr__(self) -> str:
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
                 f"num_rows={self.num_rows}, num_tokens={self.num_tokens})")
