@@ -179,7 +179,7 @@ class StepRecord:
     """What the last ``schedule()`` decided, by request id (for tests and debugging)."""
 
     planned: dict[str, int]
-    paused: list[str]
+    paused: list[str]      # running requests the plan paused (they stay running, unscheduled)
     withheld: list[str]
     preempted: list[str]
     admitted: list[str]
@@ -273,9 +273,9 @@ class StepPlannerScheduler(Scheduler):
         for i in paused:
             residents[i].consecutive_paused_steps += 1
         paused_set = set(paused)
-        for i in range(len(running)):
+        for i, row in enumerate(residents):
             if i not in paused_set:
-                residents[i].consecutive_paused_steps = 0
+                row.consecutive_paused_steps = 0
         stats.paused_rows += len(paused)
         stats.planned_rows += len(row_req)
 
@@ -295,7 +295,6 @@ class StepPlannerScheduler(Scheduler):
         num_scheduled: dict[str, int] = {}
         new_blocks: dict[str, KVCacheBlocks] = {}
         preempted: list[Request] = []
-        withheld: list[str] = []
         while True:
             withheld_resident = False
             for i, n in resident_rows:
@@ -306,7 +305,6 @@ class StepPlannerScheduler(Scheduler):
                     request, n, num_lookahead_tokens=self.num_lookahead_tokens)
                 if blocks is None:
                     withheld_resident = True
-                    withheld.append(request.request_id)
                     continue
                 scheduled_running.append(request)
                 num_scheduled[request.request_id] = n
@@ -317,10 +315,6 @@ class StepPlannerScheduler(Scheduler):
                     if self._admit(request, hit, n, new_blocks, timestamp):
                         admitted.append(request)
                         num_scheduled[request.request_id] = n
-                    else:
-                        withheld.append(request.request_id)
-            else:
-                withheld.extend(requests[i].request_id for i, _ in admission_rows)
             if num_scheduled or not (resident_rows or admission_rows) or not self.running:
                 break
             # Nothing could be allocated: recompute-preempt the resident last in order (vLLM's
@@ -331,17 +325,18 @@ class StepPlannerScheduler(Scheduler):
             self._preempt_request(victim, timestamp)
             preempted.append(victim)
             stats.recompute_preemptions += 1
-            withheld.clear()
             resident_rows = [r for r in resident_rows if requests[r[0]] is not victim]
             admission_rows = []  # like vLLM: no admission in a step that preempted
 
         if admitted:
             self.waiting.remove_requests(admitted)
             self.deferred_waiting.difference_update(admitted)
+        preempted_ids = [r.request_id for r in preempted]
+        withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
         stats.scheduled_rows += len(num_scheduled)
         stats.withheld_rows += len(withheld)
-        self.last_step = StepRecord(planned, [requests[i].request_id for i in paused], withheld,
-                                    [r.request_id for r in preempted],
+        self.last_step = StepRecord(planned, [requests[i].request_id for i in paused
+                                              if i < n_running], withheld, preempted_ids,
                                     [r.request_id for r in admitted])
         new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
@@ -399,9 +394,16 @@ class StepPlannerScheduler(Scheduler):
             row.prompt_length = request.num_prompt_tokens if decoding else total
             out.append(row)
         for request, _, hit in candidates:
-            out.append(ResidentState(priority=request.priority,
-                                     arrival=int(request.arrival_time * _NS),
-                                     prompt_length=request.num_tokens, committed=hit))
+            # A waiting request the plan pauses stays waiting but counts its paused steps like
+            # a resident, so max_pause_steps releases it as SPEC §3 says.
+            row = rows.get(request.request_id)
+            if row is None:
+                row = rows[request.request_id] = ResidentState(
+                    priority=request.priority, arrival=int(request.arrival_time * _NS))
+            row.committed = hit
+            row.context_committed = False
+            row.prompt_length = request.num_tokens
+            out.append(row)
         return out
 
     def _admit(self, request: Request, hit: int, n: int, new_blocks: dict[str, KVCacheBlocks],
