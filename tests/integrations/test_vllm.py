@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # vLLM's CPU platform: no GPU needed
 try:
     from stepplanner.integrations import vllm as sp_vllm
     from stepplanner.integrations import vllm_cpu
@@ -20,7 +23,9 @@ except ImportError as exc:
         raise
     pytest.skip(f"vLLM integration unavailable: {exc}", allow_module_level=True)
 
+from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa: E402
+from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -320,3 +325,23 @@ def test_scheduler_cls_resolves_by_dotted_path(model_dir):
     config = sched.scheduler_config
     config.scheduler_cls = "stepplanner.integrations.vllm.StepPlannerScheduler"
     assert config.get_scheduler_cls() is StepPlannerScheduler
+
+
+def test_the_readme_serve_line_builds_the_scheduler(model_dir):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = readme.split("<!-- vllm-serve -->", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    argv = shlex.split(line.strip())
+    assert argv[:2] == ["vllm", "serve"]
+    # The hub model of the example is swapped for the tiny local config (no network here).
+    argv = ["--model", str(model_dir), "--skip-tokenizer-init", *argv[3:]]
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.scheduler_config.get_scheduler_cls() is StepPlannerScheduler
+    config.cache_config.num_gpu_blocks = 64
+    kv = vllm_cpu.kv_cache_config(64, config.cache_config.block_size)
+    sched = StepPlannerScheduler(vllm_config=config, kv_cache_config=kv,
+                                 structured_output_manager=None,
+                                 block_size=config.cache_config.block_size)
+    pol = sched.stepplanner_policy
+    assert (pol.scheduling_policy.name, pol.preemption.name, pol.max_pause_steps,
+            pol.priority_reserved_slots) == ("PRIORITY", "PAUSE", 8, 4)

@@ -65,12 +65,16 @@ def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"), additional_config=additional)
     cache.num_gpu_blocks = num_blocks
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
-                                                      head_size=1, dtype=torch.float32))])
-    return scheduler_cls(vllm_config=config, kv_cache_config=kv,
+    return scheduler_cls(vllm_config=config, kv_cache_config=kv_cache_config(num_blocks, block_size),
                          structured_output_manager=StructuredOutputManager(config),
                          block_size=block_size, log_stats=log_stats)
+
+
+def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
+    """One full-attention group of exactly ``num_blocks`` blocks (no tensors: nothing runs)."""
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
+                                                      head_size=1, dtype=torch.float32))])
 
 
 _hasher: dict[int, Callable[[Request], Any]] = {}
