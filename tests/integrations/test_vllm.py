@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import random
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -345,3 +347,15 @@ def test_the_readme_serve_line_builds_the_scheduler(model_dir):
     pol = sched.stepplanner_policy
     assert (pol.scheduling_policy.name, pol.preemption.name, pol.max_pause_steps,
             pol.priority_reserved_slots) == ("PRIORITY", "PAUSE", 8, 4)
+
+
+def test_any_other_vllm_version_is_an_import_error_naming_the_supported_one(tmp_path):
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('__version__ = "0.32.1"\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", "import stepplanner.integrations.vllm"],
+                            env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "vllm==0.33.0 only" in result.stderr and "found vllm 0.32.1" in result.stderr
