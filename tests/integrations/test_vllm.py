@@ -280,6 +280,14 @@ def test_options_are_spelled_as_the_cli_spells_them(model_dir):
     assert sched.stepplanner_limits.kv_page_size == P
 
 
+def test_vllm_limits_the_planner_cannot_hold_name_both_spellings(model_dir):
+    # An 8-token step cannot end a prompt chunk on a 16-token block.
+    with pytest.raises(ValueError, match="max_num_batched_tokens=8 .*max_step_tokens"):
+        vllm_cpu.make_scheduler(StepPlannerScheduler, model_dir, max_num_seqs=4,
+                                max_num_batched_tokens=1024, max_num_scheduled_tokens=8,
+                                num_blocks=100)
+
+
 @pytest.mark.parametrize(("kwargs", "feature"), [
     ({"long_prefill_token_threshold": 64}, "long_prefill_token_threshold"),
     ({"enable_chunked_prefill": False}, "chunked prefill"),

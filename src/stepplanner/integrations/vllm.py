@@ -117,9 +117,16 @@ def limits_from_config(vllm_config: VllmConfig, block_size: int) -> StepPlannerL
     step_tokens = sched.max_num_batched_tokens
     if sched.max_num_scheduled_tokens is not None:
         step_tokens = min(step_tokens, sched.max_num_scheduled_tokens)
-    return StepPlannerLimits(max_batch_size=sched.max_num_seqs,
-                             max_input_length=vllm_config.model_config.max_model_len,
-                             kv_page_size=block_size, max_step_tokens=step_tokens)
+    try:
+        return StepPlannerLimits(max_batch_size=sched.max_num_seqs,
+                                 max_input_length=vllm_config.model_config.max_model_len,
+                                 kv_page_size=block_size, max_step_tokens=step_tokens)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise type(exc)(
+            f"vLLM's max_num_seqs={sched.max_num_seqs}, max_model_len="
+            f"{vllm_config.model_config.max_model_len}, block_size={block_size} and "
+            f"max_num_batched_tokens={step_tokens} are stepplanner's max_batch_size, "
+            f"max_input_length, kv_page_size and max_step_tokens: {exc}") from None
 
 
 def _with_vllm_budget(options: SchedulingOptions, limits: StepPlannerLimits) -> SchedulingOptions:
