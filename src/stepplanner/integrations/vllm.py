@@ -1,4 +1,6 @@
-"""stepplanner as vLLM's v1 scheduler: ``--scheduler-cls stepplanner.integrations.vllm.StepPlannerScheduler``.
+"""stepplanner as vLLM's v1 scheduler.
+
+``vllm serve ... --scheduler-cls stepplanner.integrations.vllm.StepPlannerScheduler``.
 
 ``StepPlannerScheduler`` subclasses vLLM's ``Scheduler`` and replaces only ``schedule()``: every
 per-step decision (who decodes, which prompt gets a chunk of how many tokens, who is paused, who is
@@ -31,10 +33,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         f"stepplanner.integrations.vllm needs vllm=={SUPPORTED_VLLM_VERSION} ({exc}); "
         'install it with pip install "stepplanner[vllm]"'
     ) from exc
-if getattr(_vllm, "__version__", None) != SUPPORTED_VLLM_VERSION:
+_found = getattr(_vllm, "__version__", "of unknown version")
+if _found != SUPPORTED_VLLM_VERSION:
     raise ImportError(
-        f"stepplanner.integrations.vllm supports vllm=={SUPPORTED_VLLM_VERSION} only (its scheduler "
-        f"interface is private); found vllm {getattr(_vllm, '__version__', 'of unknown version')}. "
+        f"stepplanner.integrations.vllm supports vllm=={SUPPORTED_VLLM_VERSION} only (its "
+        f"scheduler interface is private); found vllm {_found}. "
         'Install the tested version with pip install "stepplanner[vllm]"'
     )
 

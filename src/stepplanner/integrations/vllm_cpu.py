@@ -18,13 +18,23 @@ from typing import Any
 from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
 
 import torch  # noqa: E402  (vLLM's dependency)
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -65,7 +75,8 @@ def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"), additional_config=additional)
     cache.num_gpu_blocks = num_blocks
-    return scheduler_cls(vllm_config=config, kv_cache_config=kv_cache_config(num_blocks, block_size),
+    return scheduler_cls(vllm_config=config,
+                         kv_cache_config=kv_cache_config(num_blocks, block_size),
                          structured_output_manager=StructuredOutputManager(config),
                          block_size=block_size, log_stats=log_stats)
 
