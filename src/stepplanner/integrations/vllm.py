@@ -88,7 +88,7 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in _OPTION_FIELDS:
-            raise ValueError(f'additional_config["{CONFIG_KEY}"] key {key!r} is not known; '
+            raise ValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
                              f"allowed: {', '.join(_OPTION_FIELDS)}")
         try:
             values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
@@ -207,7 +207,10 @@ class StepPlannerScheduler(Scheduler):
                              + ": the planner does not model their per-step work")
         options = options_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
-        policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
+        try:
+            policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
         super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
                          *args, **kwargs)
         late = [name for bad, name in (
