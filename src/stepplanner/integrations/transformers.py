@@ -88,7 +88,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     Not built directly: :func:`register` makes a subclass bound to options and puts it in the
     runtime's table. ``on_step`` is a hook (a no-op here) that sees every plan with the ledger rows
-    it was made from and the batch handed back; tests and monitoring override it.
+    it was made from, their request states and the batch handed back; tests and monitoring
+    override it.
     """
 
     options: SchedulingOptions = SchedulingOptions()
@@ -181,7 +182,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._derive_rows(rows, states)
         plan = self.planner.plan(rows)
         batch, full, reads = self._hand_back(plan, states, cache_budget)
-        self.on_step(rows, plan, batch)
+        self.on_step(rows, states, plan, batch)
         plan.apply_to(rows)  # SPEC §6; only the pause counts survive the next derivation
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
@@ -189,9 +190,11 @@ class StepPlannerScheduler(_runtime.Scheduler):
             f.state.position_offset < self.cache.max_decode_fast_path_length for f in batch)
         return batch, fast, sum(f.query_length for f in batch), reads
 
-    def on_step(self, residents: Any, plan: Any, batch: list[FutureRequestState]) -> None:
-        """Called once per step with the rows planned from, the plan and the batch handed back
-        (before the runtime runs it; ``plan`` is overwritten by the next step)."""
+    def on_step(self, residents: Any, states: list[RequestState], plan: Any,
+                batch: list[FutureRequestState]) -> None:
+        """Called once per step with the ledger rows planned from, the runtime's state of each
+        row, the plan and the batch handed back (before the runtime runs it; ``plan`` and
+        ``residents`` are overwritten by the next step)."""
 
     # --- the step -------------------------------------------------------------------------------
 
