@@ -139,7 +139,26 @@ class StepPlannerScheduler(_runtime.Scheduler):
         super().reset()
         self.ledger = Ledger(self.limits, self.policy)
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
+        self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
+        self._departed: list[int] = []  # ledger ids the runtime let go since the last step
+        self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
         self._next_id = 0
+
+    def finish_request(self, request_id: str) -> None:
+        """The runtime's one exit for a resident (finished, failed, offloaded): free its slot."""
+        super().finish_request(request_id)
+        departed = self._resident.pop(request_id, None)
+        if departed is not None:
+            self._departed.append(departed)
+
+    def clear_cancelled_requests(self) -> list[RequestState]:
+        cancelled = super().clear_cancelled_requests()
+        for state in cancelled:
+            departed = self._resident.get(state.request_id)
+            if departed is not None and self._states[departed] is state:
+                del self._resident[state.request_id]
+                self._departed.append(departed)
+        return cancelled
 
     def add_waiting_request(self, state: RequestState) -> None:
         """Queue a request; a prompt longer than S_in is refused here, naming it.
@@ -177,18 +196,20 @@ class StepPlannerScheduler(_runtime.Scheduler):
         ledger = self.ledger
         if ledger.count == 0:
             return [], False, 0, 0
-        states = [self._states[i] for i in ledger.request_ids.tolist()]
+        states = self._row_states
+        if states is None:  # rows move only when residents come or go
+            states = self._row_states = [self._states[i] for i in ledger.request_ids.tolist()]
         rows = ledger.residents
         self._derive_rows(rows, states)
         plan = self.planner.plan(rows)
-        batch, full, reads = self._hand_back(plan, states, cache_budget)
+        batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
         self.on_step(rows, states, plan, batch)
         plan.apply_to(rows)  # SPEC §6; only the pause counts survive the next derivation
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
         fast = self.cache.max_blocks_per_request > 0 and plan.num_prefill == 0 and all(
             f.state.position_offset < self.cache.max_decode_fast_path_length for f in batch)
-        return batch, fast, sum(f.query_length for f in batch), reads
+        return batch, fast, tokens, reads
 
     def on_step(self, residents: Any, states: list[RequestState], plan: Any,
                 batch: list[FutureRequestState]) -> None:
@@ -199,14 +220,14 @@ class StepPlannerScheduler(_runtime.Scheduler):
     # --- the step -------------------------------------------------------------------------------
 
     def _sync_residents(self) -> None:
-        """Retire residents the runtime dropped; admit waiting ones into the free slots."""
-        ledger, states, active = self.ledger, self._states, self.active_requests
-        gone = [i for i in ledger.request_ids.tolist()
-                if active.get(states[i].request_id) is not states[i]]
-        if gone:
-            ledger.retire(gone)
-            for i in gone:
+        """Retire residents the runtime let go; admit waiting ones into the free slots."""
+        ledger, states = self.ledger, self._states
+        if self._departed:
+            ledger.retire(self._departed)
+            for i in self._departed:
                 del states[i]
+            self._departed = []
+            self._row_states = None
         # After an offload the runtime holds new work back until a request finishes; a step with
         # no resident at all admits anyway, or nothing would ever finish.
         if self.block_new_requests and ledger.count:
@@ -225,26 +246,31 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 self._infer_request_tokens(state, taken)
                 self.waiting_requests.pop(rid, None)
                 self.active_requests[rid] = state
+                self._resident[rid] = i
                 taken.add(rid)
             if not stale:
                 break
             ledger.retire(stale)
             for i in stale:
                 del states[i]
+            self._row_states = None
         if taken:
             self._cleanup_waiting_queue(taken)
+            self._row_states = None
 
     @staticmethod
     def _derive_rows(rows: Any, states: list[RequestState]) -> None:
-        committed = [s.position_offset for s in states]
-        decoding = [s.status == _DECODING or bool(s.generated_tokens) for s in states]
-        rows["committed"] = committed
-        rows["context_committed"] = decoding
-        rows["prompt_length"] = [c if d else c + len(s.remaining_prefill_tokens)
-                                 for c, d, s in zip(committed, decoding, states)]
+        # A resident decodes once its prompt is in: the runtime marks that DECODING when it
+        # schedules the final chunk; a request it restores from the CPU is PENDING with output.
+        # (``_status``: the ``status`` property is a Python call per row, on the hot path.)
+        rows["committed"] = [s.position_offset for s in states]
+        rows["context_committed"] = [s._status is _DECODING or len(s.generated_tokens) > 0
+                                     for s in states]
+        rows["prompt_length"] = [s.position_offset + len(s.remaining_prefill_tokens)
+                                 for s in states]
 
     def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
-                   ) -> tuple[list[FutureRequestState], bool, int]:
+                   ) -> tuple[list[FutureRequestState], bool, int, int]:
         cache = self.cache
         read_limit = cache.read_cache_limit
         # A decode-only batch on the runtime's fast path reads through a block table, not the
@@ -253,36 +279,46 @@ class StepPlannerScheduler(_runtime.Scheduler):
         batch: list[FutureRequestState] = []
         starved: list[tuple[RequestState, int]] = []
         full = False
-        reads = 0
+        tokens = reads = 0
         s_in = self.limits.max_input_length
         unused: set[str] = set()
-        for index, work, _past, length, last in plan.as_array().tolist():
+        sharing = cache.use_prefix_sharing
+        can_store = cache.can_store_request_tokens
+        append = batch.append
+        rows = plan.as_array()  # columns, not records: a record tolist() costs 10x more
+        for index, work, length, last in zip(rows["resident"].tolist(), rows["work"].tolist(),
+                                             rows["query_length"].tolist(),
+                                             rows["select_last_token_logits"].tolist()):
             state = states[index]
-            need = state.position_offset if read_limit is None else min(state.position_offset,
-                                                                         read_limit)
+            need = state.position_offset
+            if read_limit is not None and need > read_limit:
+                need = read_limit
             if varlen and need > cache_budget:
                 continue  # withheld: the step's read index cannot hold its KV this time
-            if not cache.can_store_request_tokens(state, length):
+            if not can_store(state, length):
                 full = True
                 # The runtime may reset an offloaded request, folding its output into its prompt;
                 # one that would then exceed S_in is never offered, so it can never be refused.
                 if len(state.initial_tokens) + len(state.generated_tokens) <= s_in:
                     starved.append((state, length))
                 continue
-            tokens = (state.tokens_to_process if work == _DECODE and state.status == _DECODING
-                      else state.remaining_prefill_tokens)
-            self._schedule_request(state, tokens, length, unused)
-            if len(state.tokens_to_process) != length:
-                raise RuntimeError(f"request {state.request_id}: the runtime took "
-                                   f"{len(state.tokens_to_process)} tokens for a planned row of "
-                                   f"{length}")
+            # A decoding request's one token is already its tokens_to_process; anything else
+            # moves through the runtime's own transition (status, token slices).
+            if work != _DECODE or state._status is not _DECODING:
+                self._schedule_request(state, state.remaining_prefill_tokens, length, unused)
+                if len(state.tokens_to_process) != length:
+                    raise RuntimeError(f"request {state.request_id}: the runtime took "
+                                       f"{len(state.tokens_to_process)} tokens for a planned "
+                                       f"row of {length}")
             cache_budget -= need
             reads += need
-            batch.append(FutureRequestState(state, bool(last),
-                                            cache.count_new_complete_blocks(state, length), length))
+            tokens += length
+            append(FutureRequestState(
+                state, last, cache.count_new_complete_blocks(state, length) if sharing else {},
+                length))
         # The runtime offloads from the end of this list: the resident last in plan order first.
         self.starved_requests = starved
-        return batch, full, reads
+        return batch, full, tokens, reads
 
 
 def register(options: SchedulingOptions, *, name: str = "stepplanner",
