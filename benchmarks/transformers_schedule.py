@@ -78,6 +78,7 @@ class Engine:
         self.pending: Any = None
         self.wall: list[int] = []
         self.cpu: list[int] = []
+        self.admitting: list[bool] = []  # per timed step: did a waiting request get a slot
         self.timed_planner: TimedPlanner | None = None
         if hasattr(self.scheduler, "planner"):
             self.timed_planner = TimedPlanner(self.scheduler.planner)
@@ -93,10 +94,12 @@ class Engine:
             self.next_id += 1
 
     def schedule(self, timed: bool) -> None:
+        waiting = len(self.scheduler.waiting_requests)
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         self.pending = self.scheduler.schedule_batch(self.processor.max_batch_tokens,
                                                      self.processor.cache.max_tokens_read)
         if timed:
+            self.admitting.append(len(self.scheduler.waiting_requests) < waiting)
             self.cpu.append(time.thread_time_ns() - cpu)
             self.wall.append(time.perf_counter_ns() - wall)
 
@@ -149,21 +152,23 @@ def main() -> None:
           f"{__import__('transformers').__version__}, stepplanner {sp.__version__} "
           f"({sp.IMPLEMENTATION}); page {PAGE}, max_batch_tokens {STEP_TOKENS}, "
           f"{args.rounds} timed steps per scheduler after {args.warmup}")
-    print("| B | clock | fifo µs | prefill_first µs | stepplanner µs | stepplanner / fifo "
+    print("| B | steps | fifo µs | prefill_first µs | stepplanner µs | stepplanner / fifo "
           "| share in plan() |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for batch in args.batches:
         engines = measure(batch, args.rounds, args.warmup)
         ours = engines["stepplanner"]
         share = ours.timed_planner.ns / sum(ours.wall)  # type: ignore[union-attr]
-        for clock in ("wall", "cpu"):
-            med = {s: statistics.median(getattr(e, clock)) / 1e3 for s, e in engines.items()}
-            print(f"| {batch} | {clock} | {med['fifo']:,.1f} | {med['prefill_first']:,.1f} | "
+        for label, keep in (("all, wall clock", None), ("all, thread CPU", None),
+                            ("with an admission", True), ("without", False)):
+            clock = "cpu" if label.endswith("CPU") else "wall"
+            med = {s: statistics.median(t for t, a in zip(getattr(e, clock), e.admitting)
+                                        if keep is None or a == keep) / 1e3
+                   for s, e in engines.items()}
+            plan_share = f"{share:.1%}" if label == "all, wall clock" else ""
+            print(f"| {batch} | {label} | {med['fifo']:,.1f} | {med['prefill_first']:,.1f} | "
                   f"{med['stepplanner']:,.1f} | {med['stepplanner'] / med['fifo']:.2f} | "
-                  f"{share:.1%} |" if clock == "wall" else
-                  f"| {batch} | {clock} | {med['fifo']:,.1f} | {med['prefill_first']:,.1f} | "
-                  f"{med['stepplanner']:,.1f} | {med['stepplanner'] / med['fifo']:.2f} | |",
-                  flush=True)
+                  f"{plan_share} |", flush=True)
         for e in engines.values():
             e.manager.stop(block=False)
 

@@ -142,6 +142,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
         self._departed: list[int] = []  # ledger ids the runtime let go since the last step
         self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
+        self._row_of: dict[int, int] = {}  # ledger id -> row, valid with _row_states
         self._next_id = 0
 
     def finish_request(self, request_id: str) -> None:
@@ -198,7 +199,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
             return [], False, 0, 0
         states = self._row_states
         if states is None:  # rows move only when residents come or go
-            states = self._row_states = [self._states[i] for i in ledger.request_ids.tolist()]
+            ids = ledger.request_ids.tolist()
+            states = self._row_states = [self._states[i] for i in ids]
+            self._row_of = {i: row for row, i in enumerate(ids)}
         rows = ledger.residents
         self._derive_rows(rows, states)
         plan = self.planner.plan(rows)
@@ -223,7 +226,10 @@ class StepPlannerScheduler(_runtime.Scheduler):
         """Retire residents the runtime let go; admit waiting ones into the free slots."""
         ledger, states = self.ledger, self._states
         if self._departed:
-            ledger.retire(self._departed)
+            # By row, found in a dict: Ledger.retire's search is numpy calls, which run cold
+            # here (once in a while, between the runtime's tensor work) at ~10x their warm cost.
+            row_of = self._row_of
+            ledger.retire_rows([row_of[i] for i in self._departed])
             for i in self._departed:
                 del states[i]
             self._departed = []
@@ -260,14 +266,24 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     @staticmethod
     def _derive_rows(rows: Any, states: list[RequestState]) -> None:
-        # A resident decodes once its prompt is in: the runtime marks that DECODING when it
-        # schedules the final chunk; a request it restores from the CPU is PENDING with output.
+        # committed is every row's KV length; a resident decodes once the runtime has marked it
+        # DECODING (it does so when it schedules the final chunk). The few other rows are
+        # prompt-incomplete, with prompt_length = KV length + tokens still to prefill, except a
+        # request restored from the CPU with output already (PENDING, one token): it decodes.
+        # A decoding row's prompt_length is never read (SPEC §3), so it is not rewritten.
         # (``_status``: the ``status`` property is a Python call per row, on the hot path.)
         rows["committed"] = [s.position_offset for s in states]
-        rows["context_committed"] = [s._status is _DECODING or len(s.generated_tokens) > 0
-                                     for s in states]
-        rows["prompt_length"] = [s.position_offset + len(s.remaining_prefill_tokens)
-                                 for s in states]
+        decoding = [s._status is _DECODING for s in states]
+        rows["context_committed"] = decoding
+        if all(decoding):
+            return
+        context, prompt = rows["context_committed"], rows["prompt_length"]
+        for k, state in enumerate(states):
+            if not decoding[k]:
+                if state.generated_tokens:
+                    context[k] = True
+                else:
+                    prompt[k] = state.position_offset + len(state.remaining_prefill_tokens)
 
     def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
                    ) -> tuple[list[FutureRequestState], bool, int, int]:
