@@ -98,6 +98,15 @@ def count_over_length(count: int, length: int) -> ValueError:
     return ValueError(f"count={count} exceeds len(residents)={length}; allowed: 0..{length}")
 
 
+def plan_reentered() -> RuntimeError:
+    return RuntimeError(
+        "StepPlanner.plan() re-entered: it was called while a plan() on the same planner was "
+        "still reading its residents (from code the residents container ran, e.g. a list "
+        "subclass's __getitem__, or from another thread while that code ran); allowed: one "
+        "plan() at a time per planner (use one planner per thread)"
+    )
+
+
 def resident_negative(index: int, field: str, value: int) -> ValueError:
     return ValueError(f"residents[{index}].{field}={value} is negative; allowed: >= 0")
 
@@ -143,3 +152,11 @@ def apply_overflow(index: int, field: str, value: int, add: int) -> OverflowErro
         f"residents[{index}].{field}={value} + {add} does not fit int32; "
         f"allowed: result <= {INT32_MAX}"
     )
+
+
+def plan_value(where: str, value: int, allowed: str) -> ValueError:
+    return ValueError(
+        f"plan.{where}={value} is out of range; allowed: {allowed} (a plan's rows come from the "
+        "planner; this one was changed outside it)"
+    )
+

@@ -6,11 +6,16 @@ these; the compiled ``ResidentState`` does the same checks in C and raises the s
 
 from __future__ import annotations
 
+import dataclasses
 import operator
+from collections.abc import Callable
 from enum import IntEnum
-from typing import TypeVar
+from typing import Any, TypeVar, get_type_hints
+
+import numpy as np
 
 from . import _errors
+from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -41,7 +46,7 @@ def as_bool(field: str, value: object) -> bool:
     """``True``/``False``, numpy booleans, or the integers 0 and 1."""
     if isinstance(value, bool):
         return value
-    if type(value).__name__ in ("bool_", "bool") and hasattr(value, "item"):  # numpy.bool_
+    if isinstance(value, np.bool_):
         return bool(value)
     try:
         v = operator.index(value)  # type: ignore[arg-type]
@@ -50,6 +55,17 @@ def as_bool(field: str, value: object) -> bool:
     if v not in (0, 1):
         raise _errors.not_bool(field, value)
     return bool(v)
+
+
+# The converter of each resident field, from its C type in RESIDENT_DTYPE.
+_BY_CTYPE: dict[np.dtype, Callable[[str, object], object]] = {
+    np.dtype(np.int32): as_int32,
+    np.dtype(np.uint64): as_uint64,
+    np.dtype(np.bool_): as_bool,
+}
+RESIDENT_CONVERTERS: dict[str, Callable[[str, object], object]] = {
+    name: _BY_CTYPE[RESIDENT_DTYPE[name]] for name in RESIDENT_FIELDS
+}
 
 
 def as_enum(field: str, value: object, enum_type: type[E]) -> E:
@@ -74,3 +90,11 @@ def enum_from_text(field: str, value: object, enum_type: type[E]) -> E:
         return enum_type[text.upper().replace("-", "_")]
     except KeyError:
         raise _errors.not_enum(field, value, enum_type) from None
+
+
+def enum_fields(cls: Any) -> dict[str, type[IntEnum]]:
+    """The enum-typed fields of a dataclass by name, read from its annotations: the one source
+    for every place that writes those fields as text (JSON, config files, the command line)."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], IntEnum)}

@@ -8,27 +8,19 @@ can judge either implementation, a future one, or a plan that came over the wire
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy, SequenceWork
+from ._types import ResidentRow as _Row
 
 __all__ = ["PlanInvariantError", "check_plan"]
 
 
 class PlanInvariantError(AssertionError):
     """A plan breaks one of SPEC §3's guarantees; the message says which and where."""
-
-
-class _Row(NamedTuple):
-    priority: int
-    arrival: int
-    prompt_length: int
-    committed: int
-    context_committed: bool
-    consecutive_paused_steps: int
 
 
 def _rows(residents: Any, count: int) -> list[_Row]:

@@ -1,0 +1,52 @@
+"""``stepplanner simulate``: one configuration on one workload."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from .._policy import resolve_scheduling_policy
+from ..latency import LatencyModel
+from .errors import library_errors
+from .notices import warn_no_op_options, warn_refused
+from .options import (format_options, limit_options, limits_from, options_from, output_format,
+                      run_options, scheduling_options, workload_from, workload_options)
+from .plot import check_plot_path, plot_result, require_matplotlib
+from .render import emit, report_blocks
+from .running import run
+
+
+@click.command("simulate")
+@workload_options
+@limit_options
+@scheduling_options
+@run_options
+@format_options
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
+                   "the batch timeline (needs matplotlib).")
+@library_errors
+def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
+                     as_json: bool, plot: str | None, **kw: Any) -> None:
+    """Simulate one configuration (the embedded workload when no --trace is given)."""
+    if plot:
+        require_matplotlib()
+        check_plot_path(plot)
+    fmt = output_format(fmt, as_json)
+    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    policy = resolve_scheduling_policy(options, limits)
+    warn_no_op_options(options, policy)
+    result = run(workload, limits, policy, LatencyModel.parse(latency_text), max_steps,
+                 progress and fmt == "table", "simulating")
+    warn_refused(result)
+    report = result.report()
+    if plot:
+        plot_result(result, plot)
+    if fmt == "json":
+        click.echo(json.dumps(report, indent=2))
+    else:
+        emit(report_blocks(report), fmt)
+    if plot:
+        click.echo(f"plot written to {plot}", err=True)
