@@ -141,6 +141,7 @@ class Run:
     page_size: int = 0
     free_at_end: tuple[int, int] = (0, 0)
     mode: Any = None
+    limits: Any = None
 
 
 _names = iter(range(10**6))
@@ -226,6 +227,7 @@ def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, han
             cancel_phases: tuple[str, ...]) -> None:
     record.steps += 1
     record.mode = sched.policy.mode
+    record.limits = sched.limits
     page = sched.limits.kv_page_size
     record.page_size = page
     sp.check_plan(sched.policy, sched.limits, residents, plan)
@@ -451,6 +453,16 @@ def test_page_size_above_the_step_capacity_is_refused_at_start(model: Any,
     for result in record.results.values():
         assert result.status == RequestStatus.FAILED
         assert "page_size=16" in result.error and "max_batch_tokens=8" in result.error
+
+
+def test_slots_follow_the_runtime_clamp_to_step_tokens(model: Any, monkeypatch: Any) -> None:
+    # The runtime clamps max_requests_per_batch to max_batch_tokens (one decode token per slot),
+    # which is SPEC §2's max_step_tokens >= B: B is what the runtime resolved.
+    requests = workload(seed=4, n=16)
+    record = run(model, monkeypatch, requests, sp.SchedulingOptions(), page_size=4,
+                 max_batch_tokens=8, batch=16)
+    assert record.limits.max_batch_size == 8 and record.limits.max_step_tokens == 8
+    assert assert_matches_generate(model, record, requests) == len(requests)
 
 
 def test_register_checks_its_arguments() -> None:

@@ -119,6 +119,13 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 "step must hold at least one page (SPEC §2: max_step_tokens >= kv_page_size); "
                 f"lower page_size to at most {step_tokens} or raise max_batch_tokens to at least "
                 f"{page}")
+        if batch > step_tokens:  # the runtime clamps this itself today; say which if it ever won't
+            raise ValueError(
+                f"ContinuousBatchingConfig.max_requests_per_batch={batch} exceeds "
+                f"max_batch_tokens={step_tokens}: a step where every resident decodes holds one "
+                f"token per request (SPEC §2: max_step_tokens >= max_batch_size); lower "
+                f"max_requests_per_batch to at most {step_tokens} or raise max_batch_tokens to "
+                f"at least {batch}")
         s_in = self.max_input_length
         if s_in is None:
             s_in = cache.num_blocks * page  # what the whole cache holds for one request
