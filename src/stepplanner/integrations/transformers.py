@@ -34,6 +34,7 @@ from typing import Any
 
 from .. import (
     Ledger,
+    PreemptionMode,
     SchedulingOptions,
     SequenceWork,
     StepPlanner,
@@ -214,7 +215,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         plan = self.planner.plan(rows)
         batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
         self.on_step(rows, states, plan, batch)
-        plan.apply_to(rows)  # SPEC §6; only the pause counts survive the next derivation
+        if self.policy.preemption == PreemptionMode.PAUSE:
+            plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
         fast = self.cache.max_blocks_per_request > 0 and plan.num_prefill == 0 and all(
