@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 export STEPPLANNER_REQUIRE_COMPILED=1        # a missing compiled core fails, never skips
 export STEPPLANNER_REQUIRE_INTEGRATIONS=1    # a missing torch/transformers fails, never skips
+export STEPPLANNER_REQUIRE_TORCH=1           # (tests/integrations also holds the torch paged-attention test)
 
 venv=.venv-transformers
 rm -rf "$venv"

@@ -213,11 +213,11 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     columns = [Column("class", left=True)] + [
         Column(name, _MS) for name in ("queue p50", "queue p99", "TTFT p50", "TTFT p90",
                                        "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
-                                       "max ITL p99")]
+                                       "ITL p99", "max ITL p99")]
     rows = [[class_name(key), _ms(lat["queue"]["p50"]), _ms(lat["queue"]["p99"]),
              _ms(lat["ttft"]["p50"]), _ms(lat["ttft"]["p90"]), _ms(lat["ttft"]["p99"]),
              _ms(lat["tpot"]["p50"]), _ms(lat["tpot"]["p99"]), _ms(lat["e2e"]["p50"]),
-             _ms(lat["e2e"]["p99"]), _ms(lat["max_itl"]["p99"])]
+             _ms(lat["e2e"]["p99"]), _ms(lat["itl"]["p99"]), _ms(lat["max_itl"]["p99"])]
             for key, lat in r["latency_s"].items()]
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     return [
