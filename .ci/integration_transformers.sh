@@ -16,4 +16,5 @@ python3 -m venv "$venv"
 "$venv/bin/pip" install -q "torch==2.13.0"
 "$venv/bin/pip" install -q ".[test,transformers]"
 "$venv/bin/python" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_transformers.py \
+  tests/integrations/test_torch_paged_attention.py
