@@ -319,3 +319,22 @@ def test_a_consumer_that_wrote_the_buffers_invalidates_them(kv):
 
 def test_invalidate_agrees_across_implementations(compiled_kv, reference_kv):
     assert written_then_invalidated(compiled_kv) == written_then_invalidated(reference_kv)
+
+
+def test_no_referent_of_the_compiled_objects_is_writable_memory(compiled_kv):
+    """``gc.get_referents`` reaches every object field of a cdef class: none of them may be
+    memory the kernels index by that Python could write."""
+    import gc
+
+    table, inputs = made(compiled_kv)
+    found = 0
+    for obj in (table, inputs):
+        for ref in gc.get_referents(obj):
+            for item in (ref.values() if isinstance(ref, dict) else [ref]):
+                if isinstance(item, np.ndarray):
+                    found += 1
+                    assert_unwritable(item, compiled=True)
+                elif not isinstance(item, (type(None), type, str, int, StepPlannerLimits,
+                                           compiled_kv.KVPageTable)):
+                    assert memoryview(item).readonly, type(item)
+    assert found >= 4
