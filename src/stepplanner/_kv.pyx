@@ -20,7 +20,7 @@ import numpy as np
 from . import _errors
 from ._core cimport StepPlan, _CoreMemory
 from ._fields import as_int32
-from ._kv_buffers import PADDED, input_buffers
+from . import _kv_buffers
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -365,7 +365,7 @@ cdef class StepInputs:
         cdef int32_t t = limits.t_max
         # Memory Python can only read (see KVPageTable): what prepare wrote last step is what
         # the next prepare finds, whatever the caller does with the arrays.
-        bufs = input_buffers(b, m, t, _CoreMemory)
+        bufs = _kv_buffers.input_buffers(b, m, t, _CoreMemory)
         cdef _CoreMemory block_state, rows_copy
         try:
             block_state = _CoreMemory(b * <Py_ssize_t>(2 * sizeof(int32_t) + sizeof(uint64_t)))
@@ -387,7 +387,7 @@ cdef class StepInputs:
         self.c.kv_indices = <int32_t*>cnp.PyArray_DATA(bufs["kv_indices"])
         self.c.kv_last_page_len = <int32_t*>cnp.PyArray_DATA(bufs["kv_last_page_len"])
         self.c.logits_indices = <int32_t*>cnp.PyArray_DATA(bufs["logits_indices"])
-        for name in PADDED:
+        for name in _kv_buffers.PADDED:
             memset(cnp.PyArray_DATA(bufs[name]), 0xFF, cnp.PyArray_NBYTES(bufs[name]))  # -1
         memset(self.c.block_slot, 0xFF, b * sizeof(int32_t))  # no row holds a slot yet
         self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0

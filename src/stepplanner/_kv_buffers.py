@@ -45,5 +45,5 @@ def read_only(array: np.ndarray) -> np.ndarray:
     """A view of ``array`` that cannot be made writable: its base is a read-only memoryview, so
     neither the view, nor ``.base``, nor ``np.asarray(view.base)`` writes the array (DLPack
     exports it with its read-only flag)."""
-    view = np.frombuffer(memoryview(array).cast("B").toreadonly(), dtype=array.dtype)
+    view = np.frombuffer(array.data.cast("B").toreadonly(), dtype=array.dtype)
     return view.reshape(array.shape)
