@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the compiled extensions (_core, _kv) with AddressSanitizer + UndefinedBehaviorSanitizer
-# and run the test suite against that build. Nothing outside a fresh temp dir is touched: the source is copied,
-# built and installed into a throwaway venv (never the developer's venv or .venv).
+# and run the test suite against that build. Nothing outside a fresh temp dir is touched: the
+# source is copied, built and installed into a throwaway venv (never the developer's venv).
 #
 #   tools/sanitize.sh                 # the working tree as it is (tracked + untracked files)
 #   tools/sanitize.sh --head          # the last commit instead
