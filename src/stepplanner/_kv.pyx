@@ -13,14 +13,14 @@ Directives are set in setup.py, not here.
 cimport cython
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint64_t, INT32_MAX
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
 from . import _errors
 from ._core cimport StepPlan
 from ._fields import as_int32
-from ._kv_buffers import input_buffers, read_only
+from ._kv_buffers import check_layout, input_buffers, read_only, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -107,69 +107,85 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
     cdef int32_t* kv_indices = out.kv_indices
     cdef int32_t* kv_last_page_len = out.kv_last_page_len
     cdef int32_t* logits_indices = out.logits_indices
+    cdef bint blocks = block_table != NULL
+    cdef bint page_list = kv_indices != NULL
     cdef SequenceC s
     cdef const int32_t* pages
     cdef int32_t* block
-    cdef int32_t i, k, pos, past, end, npages, page_index, offset, start
+    cdef int32_t i, k, n, pos, past, end, npages, page_index, start, fill
     cdef int32_t tokens = 0, kv = 0, logits = 0
-    cdef int64_t base
+    cdef int64_t delta, stop
     cu_seqlens_q[0] = 0
-    kv_indptr[0] = 0
+    if page_list:
+        kv_indptr[0] = 0
     for i in range(count):
         memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
         pages = table_rows + <Py_ssize_t>s.resident * M
         past = s.past_length
         end = past + s.query_length
-        # Walk the new tokens page by page: no division per token (and a shift, not a
-        # division, per row when P is a power of two).
-        page_index = (past >> shift) if shift >= 0 else past // P
-        offset = past - page_index * P
-        base = <int64_t>pages[page_index] * P
-        for pos in range(past, end):
-            if offset == P:
-                page_index += 1
-                offset = 0
-                base = <int64_t>pages[page_index] * P
-            positions[tokens] = pos
-            slot_mapping[tokens] = base + offset
-            offset += 1
-            tokens += 1
+        # A shift, not a division, per row when P is a power of two (the common case).
+        if shift >= 0:
+            page_index = past >> shift
+            npages = ((end - 1) >> shift) + 1  # end >= 1
+        else:
+            page_index = past // P
+            npages = (end - 1) // P + 1
+        # The new tokens a page at a time: within one page slot = page * P + pos % P is
+        # pos + (page - page_index) * P, a contiguous run, so the inner loop has no division
+        # and no branch (and vectorises).
+        pos = past
+        while pos < end:
+            stop = <int64_t>(page_index + 1) * P
+            if stop > end:
+                stop = end
+            n = <int32_t>stop - pos
+            delta = (<int64_t>pages[page_index] - page_index) * P
+            for k in range(n):
+                positions[tokens + k] = pos + k
+                slot_mapping[tokens + k] = delta + pos + k
+            tokens += n
+            pos += n
+            page_index += 1
         cu_seqlens_q[i + 1] = tokens
         seq_lens_k[i] = end
-        npages = (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1  # end >= 1
-        block = block_table + <Py_ssize_t>i * M
-        # A slot's pages only grow until its generation changes, so a block_table row that
-        # held the same slot last step needs only the pages appended since; steady decoding
-        # in an unchanged order copies almost nothing here.
-        start = 0
-        if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
-            start = block_fill[i] if block_fill[i] < npages else npages
-        if npages > 16:  # long rows: memcpy's vector stores; short ones: no call overhead
-            memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
-            memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
-        else:
-            for k in range(start, npages):
-                block[k] = pages[k]
-            for k in range(npages):
-                kv_indices[kv + k] = pages[k]
-        # Pad only what the previous step left beyond this row's pages: the cost is per live
-        # page, not per max_pages_per_sequence.
-        for k in range(npages, block_fill[i]):
-            block[k] = -1
-        block_fill[i] = npages
-        block_slot[i] = s.resident
-        block_generation[i] = generation[s.resident]
-        kv += npages
-        kv_indptr[i + 1] = kv
-        kv_last_page_len[i] = end - (npages - 1) * P
+        if blocks:
+            block = block_table + <Py_ssize_t>i * M
+            fill = block_fill[i]
+            # A slot's pages only grow until its generation changes, so a block_table row that
+            # held the same slot last step needs only the pages appended since; steady
+            # decoding in an unchanged order copies almost nothing here.
+            start = 0
+            if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
+                start = fill if fill < npages else npages
+            if npages - start > 16:  # long runs: memcpy's vector stores; short: no call
+                memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
+            else:
+                for k in range(start, npages):
+                    block[k] = pages[k]
+            # Pad only what the previous step left beyond this row's pages: the cost is per
+            # live page, not per max_pages_per_sequence. All-ones bytes are int32 -1.
+            if fill > npages:
+                memset(block + npages, 0xFF, (fill - npages) * sizeof(int32_t))
+            block_fill[i] = npages
+            block_slot[i] = s.resident
+            block_generation[i] = generation[s.resident]
+        if page_list:
+            if npages > 16:
+                memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
+            else:
+                for k in range(npages):
+                    kv_indices[kv + k] = pages[k]
+            kv += npages
+            kv_indptr[i + 1] = kv
+            kv_last_page_len[i] = end - (npages - 1) * P
         if s.select_last_token_logits:
             logits_indices[logits] = tokens - 1
             logits += 1
-    for i in range(count, out.num_rows):
-        for k in range(block_fill[i]):
-            block_table[<Py_ssize_t>i * M + k] = -1
-        block_fill[i] = 0
-        block_slot[i] = -1
+    if blocks:
+        for i in range(count, out.num_rows):
+            memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
+            block_fill[i] = 0
+            block_slot[i] = -1
     out.num_rows = count
     out.num_tokens = tokens
     out.num_kv_pages = kv
@@ -335,21 +351,33 @@ cdef object _row_error(int status, int32_t index, const SequenceC* s, const Page
                                     t.counts[s.resident], t.page_size)
 
 
+cdef void* _data(dict bufs, str name):
+    """The data pointer of ``bufs[name]``, or NULL when the layout has no such buffer."""
+    buf = bufs.get(name)
+    return NULL if buf is None else cnp.PyArray_DATA(<cnp.ndarray>buf)
+
+
 cdef class StepInputs:
     """The arrays attention kernels take for one step, filled by ``prepare(plan)`` (see
     ``stepplanner.StepInputs`` in the package docs for every array's definition).
+
+    ``layout`` picks the kernel family: ``"flash_attn"`` fills ``block_table``,
+    ``"flashinfer"`` fills ``kv_indptr``/``kv_indices``/``kv_last_page_len``, ``"all"`` (the
+    default) both; the token and row arrays are filled always. Reading an array the layout
+    skips raises ``AttributeError`` (its buffer is never allocated, so nothing stale is shown).
 
     Buffers are sized once for ``limits`` (B rows, ``limits.t_max`` tokens); ``prepare``
     allocates nothing. The arrays are views of the valid prefix of those buffers, so they are
     **overwritten by the next** ``prepare``: copy what you keep.
     """
 
-    def __init__(self, limits, page_table):
+    def __init__(self, limits, page_table, layout="all"):
         if not isinstance(limits, StepPlannerLimits):
             raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
         if not isinstance(page_table, KVPageTable):
             raise TypeError("page_table must be a stepplanner._kv.KVPageTable, got "
                             f"{type(page_table).__module__}.{type(page_table).__name__}")
+        layout = check_layout(layout)
         cdef KVPageTable table = <KVPageTable>page_table
         table._ready()
         if table.c.page_size != limits.kv_page_size:
@@ -360,21 +388,23 @@ cdef class StepInputs:
             raise RuntimeError("StepInputs is already initialised")
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
-        bufs = input_buffers(b, m, t)
-        self._block_state = (np.zeros(b, dtype=np.int32), np.full(b, -1, dtype=np.int32),
-                             np.zeros(b, dtype=np.uint64))
-        self.c.positions = <int32_t*>cnp.PyArray_DATA(bufs["positions"])
-        self.c.cu_seqlens_q = <int32_t*>cnp.PyArray_DATA(bufs["cu_seqlens_q"])
-        self.c.seq_lens_k = <int32_t*>cnp.PyArray_DATA(bufs["seq_lens_k"])
-        self.c.slot_mapping = <int64_t*>cnp.PyArray_DATA(bufs["slot_mapping"])
-        self.c.block_table = <int32_t*>cnp.PyArray_DATA(bufs["block_table"])
-        self.c.kv_indptr = <int32_t*>cnp.PyArray_DATA(bufs["kv_indptr"])
-        self.c.kv_indices = <int32_t*>cnp.PyArray_DATA(bufs["kv_indices"])
-        self.c.kv_last_page_len = <int32_t*>cnp.PyArray_DATA(bufs["kv_last_page_len"])
-        self.c.logits_indices = <int32_t*>cnp.PyArray_DATA(bufs["logits_indices"])
-        self.c.block_fill = <int32_t*>cnp.PyArray_DATA(self._block_state[0])
-        self.c.block_slot = <int32_t*>cnp.PyArray_DATA(self._block_state[1])
-        self.c.block_generation = <uint64_t*>cnp.PyArray_DATA(self._block_state[2])
+        bufs = input_buffers(b, m, t, layout)
+        self.c.positions = <int32_t*>_data(bufs, "positions")
+        self.c.cu_seqlens_q = <int32_t*>_data(bufs, "cu_seqlens_q")
+        self.c.seq_lens_k = <int32_t*>_data(bufs, "seq_lens_k")
+        self.c.slot_mapping = <int64_t*>_data(bufs, "slot_mapping")
+        self.c.logits_indices = <int32_t*>_data(bufs, "logits_indices")
+        self.c.block_table = <int32_t*>_data(bufs, "block_table")
+        self.c.kv_indptr = <int32_t*>_data(bufs, "kv_indptr")
+        self.c.kv_indices = <int32_t*>_data(bufs, "kv_indices")
+        self.c.kv_last_page_len = <int32_t*>_data(bufs, "kv_last_page_len")
+        if self.c.block_table != NULL:
+            self._block_state = {"fill": np.zeros(b, dtype=np.int32),
+                                 "slot": np.full(b, -1, dtype=np.int32),
+                                 "generation": np.zeros(b, dtype=np.uint64)}
+            self.c.block_fill = <int32_t*>_data(self._block_state, "fill")
+            self.c.block_slot = <int32_t*>_data(self._block_state, "slot")
+            self.c.block_generation = <uint64_t*>_data(self._block_state, "generation")
         self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0
         self._bufs = read_only(bufs)  # the views keep the writable arrays (their base) alive
         self._table = table
@@ -382,6 +412,7 @@ cdef class StepInputs:
         self.max_tokens = t
         self.limits = limits
         self.page_table = page_table
+        self.layout = layout
 
     def prepare(self, plan):
         """Fill every array for ``plan``'s rows in order; returns ``self``.
@@ -450,51 +481,56 @@ cdef class StepInputs:
         """Tokens the buffers hold: ``limits.t_max``."""
         return self.max_tokens
 
+    cdef object _view(self, str name, Py_ssize_t length):
+        return view_of(self._bufs, name, length, self.layout)
+
     @property
     def positions(self):
-        return self._bufs["positions"][:self.c.num_tokens]
+        return self._view("positions", self.c.num_tokens)
 
     @property
     def cu_seqlens_q(self):
-        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+        return self._view("cu_seqlens_q", self.c.num_rows + 1)
 
     @property
     def qo_indptr(self):
-        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+        return self._view("cu_seqlens_q", self.c.num_rows + 1)
 
     @property
     def seq_lens_k(self):
-        return self._bufs["seq_lens_k"][:self.c.num_rows]
+        return self._view("seq_lens_k", self.c.num_rows)
 
     @property
     def slot_mapping(self):
-        return self._bufs["slot_mapping"][:self.c.num_tokens]
+        return self._view("slot_mapping", self.c.num_tokens)
 
     @property
     def block_table(self):
-        return self._bufs["block_table"][:self.c.num_rows]
+        return self._view("block_table", self.c.num_rows)
 
     @property
     def kv_indptr(self):
-        return self._bufs["kv_indptr"][:self.c.num_rows + 1]
+        return self._view("kv_indptr", self.c.num_rows + 1)
 
     @property
     def kv_indices(self):
-        return self._bufs["kv_indices"][:self.c.num_kv_pages]
+        return self._view("kv_indices", self.c.num_kv_pages)
 
     @property
     def kv_last_page_len(self):
-        return self._bufs["kv_last_page_len"][:self.c.num_rows]
+        return self._view("kv_last_page_len", self.c.num_rows)
 
     @property
     def logits_indices(self):
-        return self._bufs["logits_indices"][:self.c.num_logits]
+        return self._view("logits_indices", self.c.num_logits)
 
     def buffers(self):
-        """The full buffers by name (fixed addresses for the engine's lifetime, e.g. to capture
-        in a CUDA graph); only each one's valid prefix is meaningful after ``prepare``."""
+        """The full buffers of this layout by name (fixed addresses for the engine's lifetime,
+        e.g. to capture in a CUDA graph); only each one's valid prefix is meaningful after
+        ``prepare``."""
         return dict(self._bufs)
 
     def __repr__(self):
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
-                f"num_rows={self.c.num_rows}, num_tokens={self.c.num_tokens})")
+                f"layout={self.layout!r}, num_rows={self.c.num_rows}, "
+                f"num_tokens={self.c.num_tokens})")
