@@ -12,7 +12,7 @@ Directives are set in setup.py, not here.
 
 cimport cython
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint64_t, INT32_MAX
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, INT32_MAX
 from libc.string cimport memcpy, memset
 
 import numpy as np
@@ -75,7 +75,7 @@ cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
 
 
 cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
-    if s.resident < 0 or s.resident >= t.num_slots:
+    if <uint32_t>s.resident >= <uint32_t>t.num_slots:  # negative wraps to huge: one compare
         return ROW_RESIDENT_RANGE
     if s.past_length < 0:
         return ROW_PAST_NEGATIVE
@@ -88,32 +88,50 @@ cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
     return ROW_OK
 
 
+cdef inline int32_t pages_to(int32_t end, int32_t P, int32_t shift) noexcept nogil:
+    """ceil(end / P) for end >= 1: a shift, not a division, when P is a power of two."""
+    return (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1
+
+
+cdef inline void copy_block_row(int32_t* block, const int32_t* pages, int32_t start,
+                                int32_t npages, int32_t fill) noexcept nogil:
+    """block[start:npages] = pages[start:npages], then -1 over what the last step left beyond
+    npages (fill entries): the cost is per changed page, not per max_pages_per_sequence."""
+    cdef int32_t k
+    if npages - start > 16:  # long runs: memcpy's vector stores; short ones: no call
+        memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
+    else:
+        for k in range(start, npages):
+            block[k] = pages[k]
+    if fill > npages:
+        memset(block + npages, 0xFF, (fill - npages) * sizeof(int32_t))  # all-ones bytes: -1
+
+
 cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
                       InputsC* out) noexcept nogil:
     # Every pointer is read into a local first: CPython builds with -fno-strict-aliasing, so a
     # store through an int32_t* would otherwise make the compiler reload the struct fields.
     cdef const int32_t* table_rows = t.rows
+    cdef const uint64_t* generation = t.generation
     cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
     cdef int32_t* positions = out.positions
     cdef int64_t* slot_mapping = out.slot_mapping
     cdef int32_t* cu_seqlens_q = out.cu_seqlens_q
     cdef int32_t* seq_lens_k = out.seq_lens_k
+    cdef int32_t* logits_indices = out.logits_indices
     cdef int32_t* block_table = out.block_table
     cdef int32_t* block_fill = out.block_fill
     cdef int32_t* block_slot = out.block_slot
     cdef uint64_t* block_generation = out.block_generation
-    cdef const uint64_t* generation = t.generation
     cdef int32_t* kv_indptr = out.kv_indptr
     cdef int32_t* kv_indices = out.kv_indices
     cdef int32_t* kv_last_page_len = out.kv_last_page_len
-    cdef int32_t* logits_indices = out.logits_indices
     cdef bint blocks = block_table != NULL
     cdef bint page_list = kv_indices != NULL
     cdef SequenceC s
     cdef const int32_t* pages
-    cdef int32_t* block
-    cdef int32_t i, k, n, pos, past, end, npages, page_index, start, fill
-    cdef int32_t tokens = 0, kv = 0, logits = 0
+    cdef int32_t i, k, n, pos, end, page_index, npages, fill
+    cdef int32_t tokens = 0, logits = 0, kv = 0
     cdef int64_t delta, stop
     cu_seqlens_q[0] = 0
     if page_list:
@@ -121,55 +139,52 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
     for i in range(count):
         memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
         pages = table_rows + <Py_ssize_t>s.resident * M
-        past = s.past_length
-        end = past + s.query_length
-        # A shift, not a division, per row when P is a power of two (the common case).
-        if shift >= 0:
-            page_index = past >> shift
-            npages = ((end - 1) >> shift) + 1  # end >= 1
+        pos = s.past_length
+        end = pos + s.query_length
+        if shift >= 0 and s.query_length == 1:  # a decode row: one token, no loop
+            positions[tokens] = pos
+            slot_mapping[tokens] = (<int64_t>pages[pos >> shift] << shift) + (pos & (P - 1))
+            tokens += 1
         else:
-            page_index = past // P
-            npages = (end - 1) // P + 1
-        # The new tokens a page at a time: within one page slot = page * P + pos % P is
-        # pos + (page - page_index) * P, a contiguous run, so the inner loop has no division
-        # and no branch (and vectorises).
-        pos = past
-        while pos < end:
-            stop = <int64_t>(page_index + 1) * P
-            if stop > end:
-                stop = end
-            n = <int32_t>stop - pos
-            delta = (<int64_t>pages[page_index] - page_index) * P
-            for k in range(n):
-                positions[tokens + k] = pos + k
-                slot_mapping[tokens + k] = delta + pos + k
-            tokens += n
-            pos += n
-            page_index += 1
+            # The new tokens a page at a time: within one page, slot = page * P + pos % P is
+            # pos + (page - page_index) * P, a contiguous run, so the inner loop has no
+            # division and no branch (and vectorises).
+            page_index = (pos >> shift) if shift >= 0 else pos // P
+            while pos < end:
+                stop = <int64_t>(page_index + 1) * P
+                if stop > end:
+                    stop = end
+                n = <int32_t>stop - pos
+                delta = (<int64_t>pages[page_index] - page_index) * P
+                for k in range(n):
+                    positions[tokens + k] = pos + k
+                    slot_mapping[tokens + k] = delta + pos + k
+                tokens += n
+                pos += n
+                page_index += 1
         cu_seqlens_q[i + 1] = tokens
         seq_lens_k[i] = end
+        if s.select_last_token_logits:
+            logits_indices[logits] = tokens - 1
+            logits += 1
+        npages = pages_to(end, P, shift)
         if blocks:
-            block = block_table + <Py_ssize_t>i * M
             fill = block_fill[i]
-            # A slot's pages only grow until its generation changes, so a block_table row that
-            # held the same slot last step needs only the pages appended since; steady
-            # decoding in an unchanged order copies almost nothing here.
-            start = 0
+            # A slot's pages only grow until its generation changes, so a row that held the
+            # same slot at the same generation last step needs only the pages appended since:
+            # steady decoding in an unchanged order copies a page per row every P steps.
             if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
-                start = fill if fill < npages else npages
-            if npages - start > 16:  # long runs: memcpy's vector stores; short: no call
-                memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
+                if fill != npages:
+                    copy_block_row(block_table + <Py_ssize_t>i * M, pages,
+                                   fill if fill < npages else npages, npages, fill)
+                    block_fill[i] = npages
             else:
-                for k in range(start, npages):
-                    block[k] = pages[k]
-            # Pad only what the previous step left beyond this row's pages: the cost is per
-            # live page, not per max_pages_per_sequence. All-ones bytes are int32 -1.
-            if fill > npages:
-                memset(block + npages, 0xFF, (fill - npages) * sizeof(int32_t))
-            block_fill[i] = npages
-            block_slot[i] = s.resident
-            block_generation[i] = generation[s.resident]
+                copy_block_row(block_table + <Py_ssize_t>i * M, pages, 0, npages, fill)
+                block_fill[i] = npages
+                block_slot[i] = s.resident
+                block_generation[i] = generation[s.resident]
         if page_list:
+            # Rewritten whole every step: one row's new page moves every later row's pages.
             if npages > 16:
                 memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
             else:
@@ -178,9 +193,6 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
             kv += npages
             kv_indptr[i + 1] = kv
             kv_last_page_len[i] = end - (npages - 1) * P
-        if s.select_last_token_logits:
-            logits_indices[logits] = tokens - 1
-            logits += 1
     if blocks:
         for i in range(count, out.num_rows):
             memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
@@ -188,8 +200,8 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
             block_slot[i] = -1
     out.num_rows = count
     out.num_tokens = tokens
-    out.num_kv_pages = kv
     out.num_logits = logits
+    out.num_kv_pages = kv
 
 
 # ============================================================================================
@@ -454,13 +466,14 @@ cdef class StepInputs:
         cdef int32_t i
         cdef int status
         cdef int64_t tokens = 0
+        cdef const PageTableC* t = &self._table.c
         if count > self.max_rows:
             raise _errors.kv_plan_rows(count, self.max_rows)
         for i in range(count):
             memcpy(&s, rows + i * stride, sizeof(SequenceC))
-            status = check_sequence(&self._table.c, &s)
+            status = check_sequence(t, &s)
             if status != ROW_OK:
-                raise _row_error(status, i, &s, &self._table.c)
+                raise _row_error(status, i, &s, t)
             tokens += s.query_length
         if tokens > self.max_tokens:
             raise _errors.kv_plan_tokens(tokens, self.max_tokens)
