@@ -3,11 +3,14 @@ definition for both implementations."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from . import _errors
 
-__all__ = ["LAYOUTS", "check_layout", "input_buffers", "layout_arrays", "read_only"]
+__all__ = ["LAYOUTS", "check_layout", "family_of", "input_buffers", "layout_arrays", "read_only",
+           "view_of"]
 
 # Every layout fills these: the token and row arrays every kernel family shares.
 SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
@@ -45,20 +48,20 @@ def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int,
     """The arrays ``prepare`` fills for ``layout``, by name, at their largest size (B rows,
     T tokens); the other family's arrays are not allocated at all."""
     b, m, t = max_batch_size, max_pages, max_tokens
-    shapes = {
-        "positions": (t, np.int32, 0),
-        "cu_seqlens_q": (b + 1, np.int32, 0),
-        "seq_lens_k": (b, np.int32, 0),
-        "slot_mapping": (t, np.int64, 0),
-        "logits_indices": (b, np.int32, 0),
+    shapes: dict[str, tuple[tuple[int, ...], type[np.integer[Any]], int]] = {
+        "positions": ((t,), np.int32, 0),
+        "cu_seqlens_q": ((b + 1,), np.int32, 0),
+        "seq_lens_k": ((b,), np.int32, 0),
+        "slot_mapping": ((t,), np.int64, 0),
+        "logits_indices": ((b,), np.int32, 0),
         "block_table": ((b, m), np.int32, -1),
-        "kv_indptr": (b + 1, np.int32, 0),
-        "kv_indices": (b * m, np.int32, 0),
-        "kv_last_page_len": (b, np.int32, 0),
+        "kv_indptr": ((b + 1,), np.int32, 0),
+        "kv_indices": ((b * m,), np.int32, 0),
+        "kv_last_page_len": ((b,), np.int32, 0),
     }
     try:
-        return {name: np.full(shapes[name][0], shapes[name][2], dtype=shapes[name][1])
-                for name in layout_arrays(layout)}
+        return {name: np.full(shape, fill, dtype=dtype)
+                for name, (shape, dtype, fill) in shapes.items() if name in layout_arrays(layout)}
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
 
