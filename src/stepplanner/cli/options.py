@@ -11,11 +11,8 @@ import click
 from .._policy import SchedulingOptions, StepPlannerLimits
 from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import DEFAULT_LIMITS
-from ..workloads import Workload, load_trace, synthetic
+from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, load_trace, synthetic
 from .render import FORMATS
-
-DEFAULT_REQUESTS = 6000
-DEFAULT_RATE = 28.0
 
 
 def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
