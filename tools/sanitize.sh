@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the compiled extensions (_core, _kv) with AddressSanitizer + UndefinedBehaviorSanitizer
+# Build the compiled extensions (every .pyx) with AddressSanitizer + UndefinedBehaviorSanitizer
 # and run the test suite against that build. Nothing outside a fresh temp dir is touched: the
 # source is copied, built and installed into a throwaway venv (never the developer's venv).
 #
@@ -52,9 +52,11 @@ CC=gcc CFLAGS="$san -g -O1" LDFLAGS="-fsanitize=address,undefined" \
 
 asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
-# Every extension setup.py builds must carry the sanitizers. ldd's output goes to a variable
-# first: `ldd | grep -q` under pipefail fails falsely when grep exits early and ldd gets SIGPIPE.
-for ext in _core _kv; do
+# Every extension (one per .pyx) must be built and carry the sanitizers. ldd's output goes to a
+# variable first: `ldd | grep -q` under pipefail fails falsely when grep exits early and ldd
+# gets SIGPIPE.
+for pyx in "$work"/src/src/stepplanner/*.pyx; do
+  ext=$(basename "$pyx" .pyx)
   so=$(ls "$work"/venv/lib/python3*/site-packages/stepplanner/"$ext".*.so 2>/dev/null || true)
   if [ -z "$so" ]; then
     echo "sanitize: the extension $ext was not built; refusing to report a pass" >&2
