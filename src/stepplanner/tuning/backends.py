@@ -1,0 +1,129 @@
+"""Where a sweep's independent simulations run: ``serial``, ``process`` (local cores) or ``ray``.
+
+Every backend calls the same pure function on the same picklable tasks and returns the results
+in task order, so the results are identical for the same seeds whichever backend ran them (the
+simulated numbers depend only on the task; wall-clock measurements are not part of a result).
+
+Ctrl-C (``KeyboardInterrupt``) stops a run cleanly: tasks not yet finished are cancelled, the
+finished results are kept, and ``Outcome.interrupted`` says so. Worker processes ignore SIGINT so
+that only the parent decides what to keep. An exception a task raises (a bug, not bad input:
+tasks return their own validation errors as data) propagates.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["BACKENDS", "Outcome", "default_workers", "run_tasks"]
+
+BACKENDS = ("serial", "process", "ray")
+Progress = Callable[[int, int], None]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """Results in task order; ``None`` where a task did not finish (only after an interrupt)."""
+
+    results: list[Any]
+    interrupted: bool
+    backend: str
+    workers: int
+
+    @property
+    def finished(self) -> list[Any]:
+        return [r for r in self.results if r is not None]
+
+
+def default_workers() -> int:
+    """All cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return os.cpu_count() or 1
+
+
+def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], backend: str = "process",
+              workers: int | None = None, ray_address: str | None = None,
+              progress: Progress | None = None) -> Outcome:
+    """``[fn(t) for t in tasks]`` on ``backend``; ``progress(done, total)`` after each task."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not known; allowed: {', '.join(BACKENDS)}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                or workers < 1):
+        raise ValueError(f"workers={workers!r} is out of range; allowed: an integer >= 1")
+    if ray_address is not None and backend != "ray":
+        raise ValueError(f"ray_address={ray_address!r} needs backend='ray', got {backend!r}")
+    n = workers or default_workers()
+    results: list[Any] = [None] * len(tasks)
+    tick = progress or (lambda done, total: None)
+    runner = {"serial": _serial, "process": _process, "ray": _ray}[backend]
+    try:
+        runner(fn, tasks, results, n, ray_address, tick)
+    except KeyboardInterrupt:
+        return Outcome(results, True, backend, n)
+    return Outcome(results, False, backend, n)
+
+
+def _serial(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
+            ray_address: str | None, tick: Progress) -> None:
+    for k, task in enumerate(tasks):
+        results[k] = fn(task)
+        tick(k + 1, len(tasks))
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _process(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
+             ray_address: str | None, tick: Progress) -> None:
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))),
+                                                  initializer=_ignore_sigint)
+    futures = {pool.submit(fn, task): k for k, task in enumerate(tasks)}
+    try:
+        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            tick(done, len(tasks))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()  # a running simulation is not worth waiting for once stopped
+        raise
+    pool.shutdown(wait=True)
+
+
+def _ray(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
+         ray_address: str | None, tick: Progress) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("backend 'ray' needs Ray, which is not installed; install it with: "
+                           "pip install 'stepplanner[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if ray_address:
+            ray.init(address=ray_address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = ray.remote(num_cpus=1)(fn)
+        refs = {remote.remote(task): k for k, task in enumerate(tasks)}
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                for ref in ready:
+                    results[refs[ref]] = ray.get(ref)
+                tick(len(tasks) - len(pending), len(tasks))
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+    finally:
+        if started_here:
+            ray.shutdown()

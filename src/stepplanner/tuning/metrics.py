@@ -1,0 +1,136 @@
+"""Run metrics in the dialect of vLLM's serving benchmark (``benchmark_serving.py``).
+
+vLLM reports, over *successful* (here: completed) requests, the mean, median, standard deviation
+and chosen percentiles (``--metric-percentiles``, default 99) of
+
+* TTFT: arrival to first output token;
+* TPOT: ``(e2e - ttft) / (output_tokens - 1)``, excluding the first token, for outputs of two or
+  more tokens;
+* ITL: every gap between two consecutive output tokens of a request, all requests pooled;
+* E2EL: arrival to last output token;
+
+in milliseconds, under keys ``mean_ttft_ms``, ``median_ttft_ms``, ``std_ttft_ms``,
+``p99_ttft_ms`` (``p99.9_itl_ms`` for a fractional percentile), with ``request_throughput``,
+``output_throughput``, ``total_token_throughput`` and ``request_goodput`` beside them. Percentiles
+are numpy's linear interpolation, as there. Times are simulated seconds.
+
+The simulator keeps each request's longest gap, not every gap; ``GapRecorder`` is an ``on_step``
+hook that notes which requests emitted a token at which step, so the pooled ITL comes out exact
+after the run from the step end times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DEFAULT_PERCENTILES", "GapRecorder", "parse_percentiles", "vllm_metrics"]
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``"50,90,99"`` -> (50.0, 90.0, 99.0); each in (0, 100]."""
+    out: list[float] = []
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"metric percentile {item!r} is not a number; allowed: "
+                             "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
+        if not (math.isfinite(value) and 0 < value <= 100):
+            raise ValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+        out.append(value)
+    if not out:
+        raise ValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
+    return tuple(out)
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's key spelling: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+class GapRecorder:
+    """``on_step`` hook: which requests emitted a token at which step.
+
+    ``gaps(end_times)`` then returns every inter-token gap of the requests in ``keep``.
+    """
+
+    def __init__(self) -> None:
+        self._steps: list[np.ndarray] = []
+        self._requests: list[np.ndarray] = []
+
+    def __call__(self, step: int, start_time: float, ledger: Any, plan: Any) -> None:
+        seq = plan.as_array()
+        rows = seq["resident"][seq["select_last_token_logits"]]
+        self._requests.append(ledger.request_ids[rows].astype(np.int64))
+        self._steps.append(np.full(rows.size, step, dtype=np.int64))
+
+    def gaps(self, end_times: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+        """Seconds between consecutive tokens of each request (in ``keep``, a bool mask by
+        request id), pooled."""
+        if not self._steps:
+            return np.zeros(0)
+        steps = np.concatenate(self._steps)
+        requests = np.concatenate(self._requests)
+        if keep is not None:
+            chosen = keep[requests]
+            steps, requests = steps[chosen], requests[chosen]
+        order = np.lexsort((steps, requests))
+        steps, requests = steps[order], requests[order]
+        times = end_times[steps]
+        same = requests[1:] == requests[:-1]
+        return (times[1:] - times[:-1])[same]
+
+
+def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
+    values = seconds if seconds.size else np.zeros(1)  # vLLM reports 0 for an empty series
+    out = {f"mean_{name}_ms": float(values.mean()) * 1e3,
+           f"median_{name}_ms": float(np.median(values)) * 1e3,
+           f"std_{name}_ms": float(values.std()) * 1e3}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{name}_ms"] = float(np.percentile(values, p)) * 1e3
+    return out
+
+
+def vllm_metrics(result: Any, gaps: np.ndarray, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                 goodput: float | None = None) -> dict[str, Any]:
+    """The ``benchmark_serving`` result keys for a ``SimulationResult``.
+
+    ``gaps`` are the pooled inter-token gaps of completed requests (``GapRecorder.gaps``).
+    """
+    w = result.workload
+    done = ~np.isnan(result.finish_time)
+    lat = result.latencies()
+    span = _span(result)
+    total_input = int(w.prompt_tokens[done].sum())
+    total_output = int(result.generated[done].sum())
+    out: dict[str, Any] = {
+        "duration": span,
+        "completed": int(done.sum()),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": float(done.sum()) / span,
+        "request_goodput": goodput,
+        "output_throughput": total_output / span,
+        "total_token_throughput": (total_input + total_output) / span,
+    }
+    tpot = lat["tpot"][done]
+    series = {"ttft": lat["ttft"][done], "tpot": tpot[~np.isnan(tpot)], "itl": gaps,
+              "e2el": lat["e2e"][done]}
+    for name in VLLM_METRICS:
+        out.update(_stats(name, series[name], percentiles))
+    return out
+
+
+def _span(result: Any) -> float:
+    """Simulated seconds from the first arrival to the last step, as ``report()`` measures."""
+    st = result.steps
+    start = float(result.workload.arrival_time[0])
+    end = float(st["end_time"][-1]) if len(st["end_time"]) else start
+    return max(end - start, 1e-12)
