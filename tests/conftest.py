@@ -65,11 +65,11 @@ def reference():
 
 @pytest.fixture(scope="session")
 def make_planner(core):
-    """``make_planner(B, S_in, P, **options)``: a planner of ``core`` for resolved options."""
+    """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for resolved options."""
     from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 
-    def build(b: int, s_in: int, p: int, **options):
-        limits = StepPlannerLimits(b, s_in, p)
+    def build(b: int, s_in: int, p: int, max_step_tokens: int = 0, **options):
+        limits = StepPlannerLimits(b, s_in, p, max_step_tokens)
         policy = resolve_scheduling_policy(SchedulingOptions(**options), limits)
         return core.StepPlanner(policy, limits)
 

@@ -48,7 +48,7 @@ def test_dtype_and_record_fields():
     assert stepplanner.PlannedSequence._fields == (
         "resident", "work", "past_length", "query_length", "select_last_token_logits")
     assert [f.name for f in __import__("dataclasses").fields(stepplanner.StepPlannerLimits)] == [
-        "max_batch_size", "max_input_length", "kv_page_size"]
+        "max_batch_size", "max_input_length", "kv_page_size", "max_step_tokens"]
 
 
 def test_facade_uses_the_compiled_core_by_default(compiled):

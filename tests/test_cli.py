@@ -146,6 +146,27 @@ def test_explain_names_the_rule_of_each_default_budget(tmp_path: pathlib.Path) -
     assert "CHUNK" in result.output and "DECODE" in result.output
 
 
+def test_max_step_tokens_bounds_every_step_and_explain_says_so(tmp_path: pathlib.Path) -> None:
+    result = _invoke("simulate", *SMALL, "--max-step-tokens", "2048", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["limits"]["max_step_tokens"] == 2048
+    assert report["requests"]["completed"] == 200
+    ledger = {"limits": {"max_batch_size": 8, "max_input_length": 300, "kv_page_size": 32,
+                         "max_step_tokens": 64},
+              "options": {"mode": "prefill_first"},
+              "residents": [{"prompt_length": 300}]}
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps(ledger))
+    result = _invoke("explain", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    e = json.loads(result.output)
+    rules = {row["field"]: row["rule"] for row in e["policy"]}
+    assert rules["max_num_tokens"] == ("rule 4: PREFILL_FIRST uses T_max = min(B*S_in, "
+                                       "max_step_tokens) = min(2400, 64) = 64")
+    assert e["plan"]["sequences"][0]["query_length"] == 64
+
+
 @pytest.mark.parametrize(("doc", "message"), [
     ("{not json", "not valid JSON"),
     ('{"residents": 3}', 'expected an object with a "residents" list'),

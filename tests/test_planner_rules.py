@@ -176,6 +176,24 @@ def test_no_decode_rows_use_t_max_and_s_in(make_planner, run):
     assert chunks(plan) == [(0, 60, True), (1, 64, True)]  # 124 > 52: the budget is T_max
 
 
+def test_no_decode_rows_use_max_step_tokens_when_smaller(make_planner, run):
+    # SPEC §2: T_max = min(B*S_in, max_step_tokens) = 100: A 60 (final), then min(64, 40) -> 32.
+    planner = make_planner(4, 64, 16, max_step_tokens=100, ifb_scheduling_mode=MIXED,
+                           max_num_tokens=52, max_chunk_tokens=32)
+    plan, why = run(planner, [row(0, 0, 60), row(0, 1, 64)])
+    assert chunks(plan) == [(0, 60, True), (1, 32, False)]
+    assert plan.total_tokens == 92 <= 100
+    assert [r for r, _ in why] == [Reason.CHUNK_FINAL, Reason.CHUNK]
+
+
+def test_prefill_first_budget_is_max_step_tokens(make_planner, run):
+    planner = make_planner(4, 64, 16, max_step_tokens=80,
+                           ifb_scheduling_mode=PREFILL_FIRST)
+    assert planner.policy.max_num_tokens == 80
+    plan, _ = run(planner, [row(0, 0, 60), row(0, 1, 64), dec(0, 2)])
+    assert chunks(plan) == [(0, 60, True), (1, 16, False)]  # 80 - 60 = 20 -> one page
+
+
 def test_budget_shrinks_with_each_decode_row(make_planner, run):
     # 3 decode rows: budget 49; first prompt 32 (cap), second min(40, 17) = 17 -> page end 16.
     rows = [row(0, 0, 60), row(0, 1, 40), dec(0, 2), dec(0, 3)]

@@ -58,6 +58,51 @@ def test_limits_types():
     assert StepPlannerLimits(4, 64, 16).t_max == 256
 
 
+# --- max_step_tokens (SPEC §1, §2; amended 2026-11-30) --------------------------------------------
+
+
+def test_max_step_tokens_caps_t_max():
+    assert StepPlannerLimits(4, 64, 16).t_max == 256
+    assert StepPlannerLimits(4, 64, 16, 0).t_max == 256
+    assert StepPlannerLimits(4, 64, 16, 80).t_max == 80
+    assert StepPlannerLimits(4, 64, 16, 16).t_max == 16  # one page is enough
+    assert StepPlannerLimits(4, 64, 16, 1000).t_max == 256  # larger than B*S_in: no effect
+
+
+@pytest.mark.parametrize("value", [-1, 1, 15])
+def test_max_step_tokens_below_a_page(value):
+    with raises_naming(ValueError, f"max_step_tokens={value}", "kv_page_size=16"):
+        StepPlannerLimits(4, 64, 16, value)
+
+
+def test_max_step_tokens_types():
+    with raises_naming(TypeError, "max_step_tokens", "float"):
+        StepPlannerLimits(4, 64, 16, 80.0)
+    with raises_naming(OverflowError, "max_step_tokens", str(2**31)):
+        StepPlannerLimits(4, 64, 16, 2**31)
+
+
+def test_max_step_tokens_lifts_the_int32_bound_on_b_times_s_in():
+    # B*S_in = 2**32 does not fit int32, but no step can hold more than max_step_tokens.
+    limits = StepPlannerLimits(2**16, 2**16, 16, 8192)
+    assert limits.t_max == 8192
+    with raises_naming(ValueError, "T_max", "max_step_tokens"):
+        StepPlannerLimits(2**16, 2**16, 16)
+
+
+def test_max_step_tokens_replaces_b_times_s_in_in_resolution():
+    lim = StepPlannerLimits(4, 64, 16, 80)
+    p = resolve_scheduling_policy(SchedulingOptions(), lim)  # rd(80) >= B + P: mixed
+    assert (p.mode, p.max_num_tokens, p.max_chunk_tokens) == (MIXED, 80, 64)
+    with raises_naming(ValueError, "max_num_tokens=100", "[20, 80]"):
+        resolve_scheduling_policy(SchedulingOptions(max_num_tokens=100), lim)
+    p = resolve_scheduling_policy(SchedulingOptions(ifb_scheduling_mode=PREFILL_FIRST), lim)
+    assert (p.max_num_tokens, p.max_chunk_tokens) == (80, 64)
+    # one page per step: mixed is infeasible (rd(16) < B + P), AUTO falls back to prefill-first
+    p = resolve_scheduling_policy(SchedulingOptions(), StepPlannerLimits(4, 64, 16, 16))
+    assert (p.mode, p.max_num_tokens, p.max_chunk_tokens) == (PREFILL_FIRST, 16, 64)
+
+
 @pytest.mark.parametrize("field", ["max_num_tokens", "max_chunk_tokens", "max_pause_steps",
                                    "priority_reserved_slots"])
 def test_option_fields_negative(field):

@@ -3,7 +3,8 @@
 Resolution runs once per engine, not per step, so it is plain Python shared by both planner
 implementations; ``check_policy`` is what a ``StepPlanner`` constructor runs on a hand-built policy.
 
-``rd(x)``/``ru(x)`` round down/up to a multiple of the page size P; T_max = B × S_in.
+``rd(x)``/``ru(x)`` round down/up to a multiple of the page size P; T_max = B × S_in, or
+``min(B × S_in, max_step_tokens)`` when the runtime's step buffer is smaller (SPEC §1, §2).
 """
 
 from __future__ import annotations
@@ -41,14 +42,19 @@ def _set(obj: object, name: str, value: object) -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StepPlannerLimits:
-    """Engine build limits: B resident slots, S_in prefill tokens per sequence, page size P.
+    """Engine build limits: B resident slots, S_in prefill tokens per sequence, page size P, and
+    the runtime's token capacity per step.
 
-    Each must be >= 1, and T_max = B × S_in must fit int32 (every token count of a plan is int32).
+    ``max_step_tokens`` is the step buffer a runtime has (transformers' ``max_batch_tokens``,
+    vLLM's ``max_num_batched_tokens``): 0 (the default) keeps T_max = B × S_in; a given value must
+    be >= P, and T_max = min(B × S_in, max_step_tokens) then bounds every step (SPEC §2).
+    B, S_in and P must be >= 1, and T_max must fit int32 (every token count of a plan is int32).
     """
 
     max_batch_size: int
     max_input_length: int
     kv_page_size: int
+    max_step_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_input_length", "kv_page_size"):
@@ -56,18 +62,28 @@ class StepPlannerLimits:
             if v < 1:
                 raise _errors.out_of_range(name, v, ">= 1")
             _set(self, name, v)
-        t_max = self.max_batch_size * self.max_input_length
-        if t_max > _errors.INT32_MAX:
+        step = as_int32("max_step_tokens", self.max_step_tokens)
+        if step != 0 and step < self.kv_page_size:
+            # Below one page, a non-final chunk could never reach a page boundary: the first
+            # prompt in order would stall forever.
+            raise _errors.out_of_range(
+                "max_step_tokens", step,
+                f"0 (= max_batch_size * max_input_length) or >= kv_page_size={self.kv_page_size}")
+        _set(self, "max_step_tokens", step)
+        full = self.max_batch_size * self.max_input_length
+        if step == 0 and full > _errors.INT32_MAX:
             raise _errors.out_of_range(
                 "max_batch_size * max_input_length (T_max)",
-                t_max,
-                f"<= {_errors.INT32_MAX}, so that token counts fit int32",
+                full,
+                f"<= {_errors.INT32_MAX}, so that token counts fit int32 "
+                "(or give max_step_tokens, the runtime's tokens per step)",
             )
 
     @property
     def t_max(self) -> int:
-        """T_max = B × S_in: the most tokens one step can hold."""
-        return self.max_batch_size * self.max_input_length
+        """T_max: the most tokens one step may hold, B × S_in capped by ``max_step_tokens``."""
+        full = self.max_batch_size * self.max_input_length
+        return min(full, self.max_step_tokens) if self.max_step_tokens else full
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -165,6 +165,10 @@ limit_options = _compose(
                  show_default=True, help="S_in: longest prompt; longer ones are refused."),
     click.option("--kv-page-size", type=int, default=DEFAULT_LIMITS.kv_page_size,
                  show_default=True, help="P: non-final chunks end on a multiple of P."),
+    click.option("--max-step-tokens", type=int, default=DEFAULT_LIMITS.max_step_tokens,
+                 show_default=True,
+                 help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
+                      "of a step without decode rows (0 = B*S_in)."),
 )
 
 
@@ -201,7 +205,7 @@ run_options = _compose(
 
 def _limits(kw: dict[str, Any]) -> StepPlannerLimits:
     return StepPlannerLimits(kw.pop("max_batch_size"), kw.pop("max_input_length"),
-                             kw.pop("kv_page_size"))
+                             kw.pop("kv_page_size"), kw.pop("max_step_tokens"))
 
 
 def _options(kw: dict[str, Any]) -> SchedulingOptions:
@@ -413,7 +417,7 @@ def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
         mode_rule = (f"rule 2: AUTO -> {policy.mode.name} because rd(T_max)={rd(t_max, p)} "
                      f"{relation} B+P={b + p}")
     if not mixed:
-        mnt_rule = f"rule 4: PREFILL_FIRST uses T_max = B*S_in = {t_max}"
+        mnt_rule = f"rule 4: PREFILL_FIRST uses T_max = {_t_max_text(limits)}"
         mct_rule = f"rule 4: PREFILL_FIRST uses S_in = {s_in}"
     else:
         if options.max_num_tokens:
@@ -442,6 +446,13 @@ def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
         rows.append((name, getattr(value, "name", value),
                      "given (rule 1 range)" if given else "default"))
     return [{"field": f, "value": v, "rule": r} for f, v, r in rows]
+
+
+def _t_max_text(limits: StepPlannerLimits) -> str:
+    full = limits.max_batch_size * limits.max_input_length
+    if limits.max_step_tokens:
+        return f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = {limits.t_max}"
+    return f"B*S_in = {full}"
 
 
 def _resident_reasons(ledger: Ledger, plan: Any, reasons: Any) -> list[dict[str, Any]]:

@@ -85,13 +85,21 @@ _BOOLS = st.booleans()
 
 def limits(max_batch_size: int = 16, max_input_length: int = 256,
            max_page_size: int = 64) -> st.SearchStrategy[StepPlannerLimits]:
-    """Engine limits, small enough that plans stay readable; B=1, P=1 and S_in < P all occur."""
-    return st.builds(
-        StepPlannerLimits,
-        max_batch_size=st.one_of(st.just(1), st.integers(1, max_batch_size)),
-        max_input_length=st.one_of(st.integers(1, 8), st.integers(1, max_input_length)),
-        kv_page_size=st.one_of(st.just(1), st.integers(1, max_page_size)),
-    )
+    """Engine limits, small enough that plans stay readable; B=1, P=1 and S_in < P all occur,
+    and so does a runtime step buffer (``max_step_tokens``) below B × S_in."""
+    return _limits(max_batch_size, max_input_length, max_page_size)
+
+
+@st.composite
+def _limits(draw: Any, max_batch_size: int, max_input_length: int,
+            max_page_size: int) -> StepPlannerLimits:
+    b = draw(st.one_of(st.just(1), st.integers(1, max_batch_size)))
+    s_in = draw(st.one_of(st.integers(1, 8), st.integers(1, max_input_length)))
+    p = draw(st.one_of(st.just(1), st.integers(1, max_page_size)))
+    step = 0
+    if draw(_BOOLS):  # anything from one page up to past B × S_in (where it no longer binds)
+        step = draw(st.integers(p, max(p, b * s_in + p)))
+    return StepPlannerLimits(b, s_in, p, step)
 
 
 def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrategy[SchedulingOptions]:
