@@ -44,6 +44,7 @@ from ._types import (
     SchedulingPolicy,
     split_reason,
 )
+from .cli_tuning import extras as tuning_cli  # --slo, --latency-model, vLLM metrics
 from .latency import LatencyModel
 from .ledger import Ledger
 from .simulator import (
@@ -55,7 +56,8 @@ from .simulator import (
     replay,
     simulate,
 )
-from .workloads import DEFAULT_CLASSES, Workload, load_trace, synthetic
+from .traces import read_trace
+from .workloads import DEFAULT_CLASSES, Workload, synthetic
 
 __all__ = ["main", "parse_config"]
 
@@ -148,24 +150,33 @@ def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 workload_options = _compose(
     click.option("--trace", type=click.Path(exists=True, dir_okay=False),
-                 help="CSV or JSONL trace (arrival_time, prompt_tokens, output_tokens[, "
-                      "priority]); default: the embedded synthetic workload."),
-    click.option("--requests", type=click.IntRange(min=1), default=DEFAULT_REQUESTS,
-                 show_default=True, help="Synthetic workload: number of requests."),
-    click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_RATE,
-                 show_default=True, help="Synthetic workload: Poisson arrivals per second."),
+                 help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+                      "columns (recognised), or any with --columns; default: the embedded "
+                      "synthetic workload."),
+    click.option("--columns", default=None,
+                 help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+                      "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
+                 default=DEFAULT_REQUESTS, show_default=True,
+                 help="Synthetic workload: number of requests."),
+    click.option("--rate", "--request-rate", "rate", type=click.FloatRange(min=0, min_open=True),
+                 default=DEFAULT_RATE, show_default=True,
+                 help="Synthetic workload: Poisson arrivals per second."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Synthetic workload: random seed."),
 )
 
 limit_options = _compose(
-    click.option("--max-batch-size", "-B", type=int, default=DEFAULT_LIMITS.max_batch_size,
+    click.option("--max-batch-size", "-B", "--max-num-seqs", "max_batch_size", type=int,
+                 default=DEFAULT_LIMITS.max_batch_size,
                  show_default=True, help="B: resident slots."),
     click.option("--max-input-length", type=int, default=DEFAULT_LIMITS.max_input_length,
                  show_default=True, help="S_in: longest prompt; longer ones are refused."),
-    click.option("--kv-page-size", type=int, default=DEFAULT_LIMITS.kv_page_size,
+    click.option("--kv-page-size", "--block-size", "kv_page_size", type=int,
+                 default=DEFAULT_LIMITS.kv_page_size,
                  show_default=True, help="P: non-final chunks end on a multiple of P."),
-    click.option("--max-step-tokens", type=int, default=DEFAULT_LIMITS.max_step_tokens,
+    click.option("--max-step-tokens", "--max-num-batched-tokens", "max_step_tokens", type=int,
+                 default=DEFAULT_LIMITS.max_step_tokens,
                  show_default=True,
                  help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
                       "of a step without decode rows (0 = B*S_in)."),
@@ -219,8 +230,13 @@ def _options(kw: dict[str, Any]) -> SchedulingOptions:
 
 
 def _workload(kw: dict[str, Any]) -> Workload:
-    trace, requests, rate, seed = (kw.pop(k) for k in ("trace", "requests", "rate", "seed"))
-    return load_trace(trace) if trace else synthetic(requests=requests, rate=rate, seed=seed)
+    trace, columns, requests, rate, seed = (kw.pop(k) for k in ("trace", "columns", "requests",
+                                                                "rate", "seed"))
+    if trace:
+        return read_trace(trace, columns)
+    if columns:
+        raise ValueError("--columns describes a --trace file, and none was given")
+    return synthetic(requests=requests, rate=rate, seed=seed)
 
 
 def _library_errors(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -292,22 +308,29 @@ def main() -> None:
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: TTFT CDF per priority class and the batch timeline "
                    "(needs matplotlib).")
+@tuning_cli.simulate_options
 @_library_errors
 def simulate_command(latency_text: str, max_steps: int | None, progress: bool, as_json: bool,
-                     plot: str | None, **kw: Any) -> None:
+                     plot: str | None, slos: Any, latency_model: Any, metric_percentiles: Any,
+                     save_result: str | None, **kw: Any) -> None:
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         _require_matplotlib()
+    tuning_cli.check_output_path("--save-result", save_result)
     limits, options, workload = _limits(kw), _options(kw), _workload(kw)
-    result = _run(workload, limits, options, LatencyModel.parse(latency_text), max_steps,
-                  progress and not as_json, "simulating")
+    gaps = tuning_cli.GapRecorder()
+    result = _run(workload, limits, options, tuning_cli.latency_of(latency_model, latency_text),
+                  max_steps, progress and not as_json, "simulating", on_step=gaps)
     report = result.report()
+    report.update(tuning_cli.section(result, gaps, slos, metric_percentiles))
+    tuning_cli.save(save_result, report, report)
     if plot:
         _plot(result, plot)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(tuning_cli.write_json(None, report))
         return
     _print_report(_console(), report)
+    tuning_cli.print_section(_console(), report, metric_percentiles)
     if plot:
         click.echo(f"plot written to {plot}")
 
@@ -323,10 +346,11 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, a
 @click.option("--config-file", type=click.File("r"),
               help="A JSON list of configuration objects (same keys as --config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON.")
+@tuning_cli.compare_options
 @_library_errors
 def compare_command(latency_text: str, max_steps: int | None, progress: bool,
-                    configs: Sequence[str], config_file: Any, as_json: bool,
-                    **kw: Any) -> None:
+                    configs: Sequence[str], config_file: Any, as_json: bool, slos: Any,
+                    latency_model: Any, **kw: Any) -> None:
     """Run several configurations on one workload and show them side by side."""
     limits, workload = _limits(kw), _workload(kw)
     items: list[dict[str, Any]] = [parse_config_text(text) for text in configs]
@@ -337,16 +361,20 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     runs = [parse_config(item, limits, SchedulingOptions()) for item in items]
     # Every configuration is resolved (and so checked) before the first one runs.
     policies = [resolve_scheduling_policy(run.options, run.limits) for run in runs]
-    latency = LatencyModel.parse(latency_text)
+    latency = tuning_cli.latency_of(latency_model, latency_text)
     reports = []
     for k, (run, policy) in enumerate(zip(runs, policies), start=1):
+        gaps = tuning_cli.GapRecorder()
         result = _run(workload, run.limits, policy, latency, max_steps,
-                      progress and not as_json, f"{k}/{len(runs)} {run.name}")
-        reports.append({"name": run.name, **result.report()})
+                      progress and not as_json, f"{k}/{len(runs)} {run.name}", on_step=gaps)
+        reports.append({"name": run.name, **result.report(),
+                        **tuning_cli.section(result, gaps, slos)})
     if as_json:
-        click.echo(json.dumps(reports, indent=2))
+        click.echo(tuning_cli.write_json(None, reports))
         return
     _print_comparison(_console(), reports)
+    for r in reports:
+        tuning_cli.print_slos(_console(), r, f" for {r['name']}")
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:
@@ -707,6 +735,12 @@ def _plot(result: SimulationResult, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# sweep, capacity, calibrate: one module each (they import the shared options above).
+from .cli_tuning import register as _register_tuning  # noqa: E402
+
+_register_tuning(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

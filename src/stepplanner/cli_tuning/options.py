@@ -1,0 +1,110 @@
+"""Options the tuning commands share, with ``simulate`` and ``compare`` too.
+
+Parsing happens in click callbacks, so a bad ``--slo`` or ``--grid`` fails before anything runs;
+output paths are checked up front for the same reason.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..latency import LatencyModel
+from ..latency_models import PRESETS, load_latency_model
+from ..tuning.backends import BACKENDS
+from ..tuning.metrics import parse_percentiles
+from ..tuning.slo import parse_slos
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
+    def callback(ctx: Any, param: Any, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except (TypeError, ValueError) as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return callback
+
+
+def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def apply(f: Any) -> Any:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+slo_option = click.option(
+    "--slo", "slos", multiple=True, callback=_bad_parameter(parse_slos),
+    help="Service-level objective METRIC_pN[@CLASS]=VALUE, repeatable; METRIC is ttft, tpot, "
+         "e2e, queue or max_itl; VALUE in ms, s or us (e.g. ttft_p99=500ms, tpot_p99@-1=20ms).")
+
+latency_model_option = click.option(
+    "--latency-model", "latency_model", default=None,
+    callback=_bad_parameter(load_latency_model),
+    help=f"Step-latency preset ({', '.join(PRESETS)}) or a JSON file from 'stepplanner "
+         "calibrate'; default: the first preset.")
+
+percentiles_option = click.option(
+    "--metric-percentiles", "metric_percentiles", default="99", show_default=True,
+    callback=_bad_parameter(parse_percentiles),
+    help="Percentiles of TTFT, TPOT, ITL and E2EL to report, as vLLM's benchmark does "
+         "(e.g. 50,90,99).")
+
+backend_options = compose(
+    click.option("--backend", type=click.Choice(BACKENDS), default="process",
+                 show_default=True,
+                 help="Where configurations run: one process, all local cores, or Ray."),
+    click.option("--workers", type=click.IntRange(min=1), default=None,
+                 help="Parallel configurations (default: every core this process may use)."),
+    click.option("--ray-address", default=None,
+                 help="A Ray cluster to join (with --backend ray); default: a local instance."),
+)
+
+
+def latency_of(model: LatencyModel | None, overrides: str) -> LatencyModel:
+    """``--latency-model`` (or the default), with ``--latency a=..,b=..`` items on top."""
+    import dataclasses
+
+    base = model if model is not None else LatencyModel()
+    if not overrides.strip():
+        return base
+    custom = LatencyModel.parse(overrides)
+    given = {k for k in ("a", "b", "c") if f"{k}=" in overrides.replace(" ", "")}
+    return dataclasses.replace(base, name=f"{base.name}, overridden",
+                               **{k: getattr(custom, k) for k in given})
+
+
+def check_output_path(option: str, path: str | None, suffixes: tuple[str, ...] = ()) -> None:
+    """A path we will write after a long run: its folder must exist and its suffix be known."""
+    if path is None:
+        return
+    target = pathlib.Path(path)
+    if not target.parent.is_dir():
+        raise click.UsageError(f"{option} {path}: folder {target.parent} does not exist")
+    if suffixes and target.suffix.lower() not in suffixes:
+        raise click.UsageError(f"{option} {path}: suffix {target.suffix or '(none)'!r} is not "
+                               f"known; allowed: {', '.join(suffixes)}")
+
+
+def output_options(what: str) -> Callable[[Any], Any]:
+    """--json/--save-result/--csv/--progress for a command over many configurations."""
+    return compose(
+        click.option("--latency", "latency_text", default="",
+                     help="Override coefficients of the latency model: 'a=SECONDS,b=..,c=..'."),
+        backend_options,
+        click.option("--json", "as_json", is_flag=True,
+                     help=f"Print a JSON document whose 'results' has {what}."),
+        click.option("--save-result", type=click.Path(dir_okay=False), default=None,
+                     help="Also write that JSON document to this file."),
+        click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+                     help="Write one CSV row per configuration."),
+        click.option("--progress/--no-progress", default=True, show_default=True,
+                     help="Progress bar across configurations on stderr."),
+    )
