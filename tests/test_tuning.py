@@ -157,7 +157,7 @@ def test_itl_pools_every_gap_and_tpot_excludes_the_first_token() -> None:
     # one request at a time (B=1), constant 10 ms steps: every gap is exactly one step
     w = Workload(np.array([0.0, 0.0]), np.array([16, 16]), np.array([4, 2]), np.array([0, 0]))
     limits = StepPlannerLimits(1, 64, 16)
-    gaps = GapRecorder()
+    gaps = GapRecorder(len(w))
     result = simulate(w, limits, SchedulingOptions(), LatencyModel(0.01, 0.0, 0.0),
                       on_step=gaps)
     pooled = gaps.gaps(result.steps["end_time"])

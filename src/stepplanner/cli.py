@@ -318,7 +318,7 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, a
         _require_matplotlib()
     tuning_cli.check_output_path("--save-result", save_result)
     limits, options, workload = _limits(kw), _options(kw), _workload(kw)
-    gaps = tuning_cli.GapRecorder()
+    gaps = tuning_cli.GapRecorder(len(workload))
     result = _run(workload, limits, options, tuning_cli.latency_of(latency_model, latency_text),
                   max_steps, progress and not as_json, "simulating", on_step=gaps)
     report = result.report()
@@ -364,7 +364,7 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     latency = tuning_cli.latency_of(latency_model, latency_text)
     reports = []
     for k, (run, policy) in enumerate(zip(runs, policies), start=1):
-        gaps = tuning_cli.GapRecorder()
+        gaps = tuning_cli.GapRecorder(len(workload))
         result = _run(workload, run.limits, policy, latency, max_steps,
                       progress and not as_json, f"{k}/{len(runs)} {run.name}", on_step=gaps)
         reports.append({"name": run.name, **result.report(),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -82,8 +83,12 @@ def _ignore_sigint() -> None:
 
 def _process(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
              ray_address: str | None, tick: Progress) -> None:
+    # Not fork: the CLI's progress bar runs a thread, and forking a threaded process can copy a
+    # held lock into the child. forkserver forks from a clean single-threaded server instead.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))),
-                                                  initializer=_ignore_sigint)
+                                                  mp_context=context, initializer=_ignore_sigint)
     futures = {pool.submit(fn, task): k for k, task in enumerate(tasks)}
     try:
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):

@@ -45,7 +45,7 @@ def run_once(workload: Workload, limits: StepPlannerLimits,
              policy: ResolvedSchedulingPolicy | SchedulingOptions, latency: LatencyModel,
              max_steps: int | None = None) -> tuple[SimulationResult, GapRecorder]:
     """One simulation with its inter-token gaps recorded."""
-    gaps = GapRecorder()
+    gaps = GapRecorder(len(workload))
     result = simulate(workload, limits, policy, latency, max_steps=max_steps, on_step=gaps)
     return result, gaps
 
