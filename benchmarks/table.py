@@ -2,8 +2,8 @@
 
     python benchmarks/table.py FILE
 
-Figures are medians in ns per plan; the C loop's round of calls (its ``iterations``, saved in the
-run's ``extra_info``) is divided back to one call. Ratios are taken between medians of the same run.
+Figures are medians in ns per plan (every row of the suite is one plan, the C loop's too). Ratios
+are taken between medians of the same run.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ def medians(path: str) -> dict[tuple[str, int], dict[str, float]]:
             continue
         ns = b["stats"]["median"] * 1e9
         kind, scenario = m["kind"], m["scenario"] or "priority_pause"
-        if kind == "c_loop":
-            ns /= b["extra_info"]["iterations"]
         impl = m["impl"] if kind == "compiled" else kind
         out[scenario, int(m["batch"])][impl] = ns
     return out

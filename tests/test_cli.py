@@ -40,7 +40,7 @@ def test_simulate_json_report() -> None:
     result = _invoke("simulate", *SMALL, "--policy", "priority", "--preemption", "pause",
                      "--max-pause-steps", "8", "--json")
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["requests"]["completed"] == 200
     assert report["policy"]["scheduling_policy"] == "PRIORITY"
     assert report["policy"]["max_pause_steps"] == 8
@@ -63,7 +63,7 @@ def test_simulate_text_report_on_the_sample_trace() -> None:
 ])
 def test_simulate_bad_configuration_is_a_one_line_error(args: list[str], message: str) -> None:
     result = _invoke("simulate", *SMALL, *args)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
 
 
@@ -93,7 +93,7 @@ def test_compare_configs_side_by_side_as_json() -> None:
     result = _invoke("compare", *SMALL, "--config", "name=base,policy=fcfs",
                      "--config", "policy=priority,preemption=pause,max_num_tokens=1024", "--json")
     assert result.exit_code == 0, result.output
-    reports = json.loads(result.output)
+    reports = json.loads(result.stdout)
     assert [r["name"] for r in reports] == [
         "base", "policy=priority, preemption=pause, max_num_tokens=1024"]
     assert reports[1]["policy"]["max_num_tokens"] == 1024
@@ -109,21 +109,21 @@ def test_compare_defaults_and_config_file(tmp_path: pathlib.Path) -> None:
     path.write_text(json.dumps([{"name": "a", "mode": "prefill_first"},
                                 {"name": "b", "max_batch_size": 16}]))
     result = _invoke("compare", *SMALL, "--config-file", str(path), "--json")
-    reports = json.loads(result.output)
+    reports = json.loads(result.stdout)
     assert reports[0]["policy"]["mode"] == "PREFILL_FIRST"
     assert reports[1]["limits"]["max_batch_size"] == 16
 
 
 def test_compare_rejects_an_unknown_key_before_running() -> None:
     result = _invoke("compare", *SMALL, "--config", "policy=fcfs", "--config", "polcy=x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "config key 'polcy' is not known" in result.output
 
 
 def test_explain_spec_example_json() -> None:
     result = _invoke("explain", "-", "--json", input=json.dumps(SPEC_EXAMPLE_TWO))
     assert result.exit_code == 0, result.output
-    e = json.loads(result.output)
+    e = json.loads(result.stdout)
     assert e["plan"]["paused"] == [0, 2, 3]
     assert e["plan"]["sequences"] == [{"resident": 1, "work": "CONTEXT", "past_length": 0,
                                        "query_length": 60, "select_last_token_logits": True}]
@@ -149,7 +149,7 @@ def test_explain_names_the_rule_of_each_default_budget(tmp_path: pathlib.Path) -
 def test_max_step_tokens_bounds_every_step_and_explain_says_so(tmp_path: pathlib.Path) -> None:
     result = _invoke("simulate", *SMALL, "--max-step-tokens", "2048", "--json")
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     assert report["limits"]["max_step_tokens"] == 2048
     assert report["requests"]["completed"] == 200
     ledger = {"limits": {"max_batch_size": 8, "max_input_length": 300, "kv_page_size": 32,
@@ -160,7 +160,7 @@ def test_max_step_tokens_bounds_every_step_and_explain_says_so(tmp_path: pathlib
     path.write_text(json.dumps(ledger))
     result = _invoke("explain", str(path), "--json")
     assert result.exit_code == 0, result.output
-    e = json.loads(result.output)
+    e = json.loads(result.stdout)
     rules = {row["field"]: row["rule"] for row in e["policy"]}
     assert rules["max_num_tokens"] == ("rule 4: PREFILL_FIRST uses T_max = min(B*S_in, "
                                        "max_step_tokens) = min(2400, 64) = 64")
@@ -175,7 +175,7 @@ def test_max_step_tokens_bounds_every_step_and_explain_says_so(tmp_path: pathlib
 ])
 def test_explain_bad_ledgers(doc: str, message: str) -> None:
     result = _invoke("explain", "-", input=doc)
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert message in result.output
 
 
@@ -195,7 +195,7 @@ def test_record_replay_round_trip_and_tampering(tmp_path: pathlib.Path) -> None:
     assert result.exit_code == 1
     assert "1 differ" in result.output and "paused: recorded [0], replayed []" in result.output
     result = _invoke("replay", str(path), "--json")
-    assert json.loads(result.output)["differing_steps"] == 1
+    assert json.loads(result.stdout)["differing_steps"] == 1
 
 
 def test_replay_under_another_policy_shows_what_would_change(tmp_path: pathlib.Path) -> None:
@@ -203,7 +203,7 @@ def test_replay_under_another_policy_shows_what_would_change(tmp_path: pathlib.P
     _invoke("record", str(path), *SMALL, "--max-steps", "60")
     result = _invoke("replay", str(path), "--config", "max_num_tokens=64", "--json")
     assert result.exit_code == 1
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["policy"]["max_num_tokens"] == 64 and out["differing_steps"] > 0
 
 
@@ -226,3 +226,233 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert proc.returncode == 0
     for command in ("simulate", "compare", "explain", "record", "replay", "bench"):
         assert command in proc.stdout
+
+
+# --- errors and exit codes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["--rate", "0"],                      # refused by click's own range check
+    ["-B", "0"],                          # refused by StepPlannerLimits
+    ["--max-num-tokens", "5"],            # refused by resolve_scheduling_policy
+    ["--latency", "q=1"],                 # refused by LatencyModel.parse
+])
+def test_a_usage_mistake_exits_2_whoever_catches_it(args: list[str]) -> None:
+    result = _invoke("simulate", *SMALL, *args)
+    assert result.exit_code == 2, result.output
+    assert "Error" in result.output and "Traceback" not in result.output
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch) -> None:
+    """Only the library's own validation errors become one-line messages; an exception the
+    library did not raise on purpose (here an unsupported operand) propagates unchanged."""
+    import stepplanner.cli.simulate as simulate_module
+
+    def broken(*args, **kwargs):
+        return None + 1  # type: ignore[operator]
+
+    monkeypatch.setattr(simulate_module, "run", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        _invoke("simulate", *SMALL)
+
+
+def test_a_library_validation_error_is_recognised_as_such() -> None:
+    from stepplanner import StepPlannerLimits
+    from stepplanner.cli.errors import raised_by_the_library
+
+    with pytest.raises(ValueError) as info:
+        StepPlannerLimits(0, 1, 1)
+    assert raised_by_the_library(info.value)
+    with pytest.raises(ValueError) as info:
+        int("x")
+    assert not raised_by_the_library(info.value)
+
+
+# --- replay --config -------------------------------------------------------------------------
+
+
+def _record(tmp_path: pathlib.Path, *args: str) -> pathlib.Path:
+    path = tmp_path / "steps.jsonl"
+    result = _invoke("record", str(path), *SMALL, "--max-steps", "150", *args)
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_replay_config_keeps_the_recorded_budgets(tmp_path: pathlib.Path) -> None:
+    """Changing one field re-plans with every other recorded field, budgets included: a
+    priority-free change to max_pause_steps replays identically."""
+    path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
+    result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
+    out = json.loads(result.stdout)
+    assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (1024, 256)
+    assert out["differing_steps"] == 0 and result.exit_code == 0
+
+
+def test_replay_config_keeps_the_recorded_mode(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path, "--mode", "prefill_first")
+    result = _invoke("replay", str(path), "--config", "max_pause_steps=3", "--json")
+    out = json.loads(result.stdout)
+    assert out["policy"]["mode"] == "PREFILL_FIRST" and out["differing_steps"] == 0
+
+
+def test_replay_config_naming_the_budget_rederives_the_chunk(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path, "--max-num-tokens", "1024", "--max-chunk-tokens", "256")
+    out = json.loads(_invoke("replay", str(path), "--config", "max_num_tokens=96",
+                             "--json").stdout)
+    assert (out["policy"]["max_num_tokens"], out["policy"]["max_chunk_tokens"]) == (96, 64)
+    out = json.loads(_invoke("replay", str(path), "--config", "mode=mixed", "--json").stdout)
+    assert out["policy"]["max_num_tokens"] != 1024  # the SPEC §2 default again
+
+
+@pytest.mark.parametrize("key", ["max-pause-steps", "max_pause_steps", "Max-Pause-Steps"])
+def test_config_keys_take_dashes_as_the_flags_do(key: str) -> None:
+    result = _invoke("compare", *SMALL, "--config", f"policy=priority,{key}=4", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["policy"]["max_pause_steps"] == 4
+
+
+def test_bench_usage_names_the_command_it_was_run_as() -> None:
+    proc = subprocess.run([sys.executable, "-m", "stepplanner.bench", "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: python -m stepplanner.bench")
+    result = _invoke("bench", "--help")
+    assert result.output.startswith("usage: stepplanner bench")
+
+
+# --- output formats and widths ---------------------------------------------------------------
+
+
+LONG_NAME = "priority+pause with a long descriptive name"
+
+
+def _invoke_at(width: int, *args: str) -> str:
+    result = CliRunner(env={"COLUMNS": str(width)}).invoke(main, list(args),
+                                                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _ms_texts(report: dict) -> list[str]:
+    """Every latency of a report as the table writes it (ms, one decimal)."""
+    return [f"{lat[metric][q] * 1e3:,.1f}" for lat in report["latency_s"].values()
+            for metric, q in (("ttft", "p99"), ("e2e", "p99"), ("tpot", "p99"))]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_simulate_table_never_cuts_a_number(width: int) -> None:
+    report = json.loads(_invoke("simulate", *SMALL, "--json").stdout)
+    out = _invoke_at(width, "simulate", *SMALL)
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= width
+    for text in _ms_texts(report):
+        assert text in out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_compare_table_never_cuts_a_number_or_a_name(width: int) -> None:
+    configs = ["--config", f"name={LONG_NAME},policy=priority,preemption=pause",
+               "--config", "name=fcfs"]
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").stdout)
+    out = _invoke_at(width, "compare", *SMALL, *configs)
+    assert "…" not in out and LONG_NAME in out.splitlines()
+    for report in reports:
+        assert f"{report['latency_s']['all']['ttft']['p99'] * 1e3:,.1f}" in out
+
+
+def test_a_wide_console_keeps_the_grid() -> None:
+    out = _invoke_at(200, "simulate", *SMALL)
+    assert "┃ class" in out and "TTFT p99" in out
+
+
+def test_compare_as_csv_and_markdown() -> None:
+    import csv
+    import io
+
+    configs = ["--config", f"name={LONG_NAME},policy=priority", "--config", "name=fcfs"]
+    reports = json.loads(_invoke("compare", *SMALL, *configs, "--json").stdout)
+    rows = list(csv.DictReader(io.StringIO(_invoke("compare", *SMALL, *configs,
+                                                   "--format", "csv").output)))
+    assert [r["configuration"] for r in rows] == [LONG_NAME, "fcfs"]
+    for row, report in zip(rows, reports):
+        assert float(row["TTFT p99"]) == pytest.approx(
+            report["latency_s"]["all"]["ttft"]["p99"] * 1e3, abs=0.05)
+        assert row["budget/chunk"] == "{max_num_tokens}/{max_chunk_tokens}".format(
+            **report["policy"])
+    md = _invoke("compare", *SMALL, *configs, "--format", "md").output
+    assert f"| {LONG_NAME} |" in md and "|---|---:|" in md
+
+
+def test_explain_as_csv_lists_the_residents() -> None:
+    out = _invoke("explain", "-", "--format", "csv", input=json.dumps(SPEC_EXAMPLE_TWO)).output
+    lines = out.splitlines()
+    assert lines[0].startswith("#,request,prio") and len(lines) == 1 + 4
+    assert "CHUNK_FINAL" in lines[2]
+
+
+# --- warnings ----------------------------------------------------------------------------------
+
+
+def _stderr_of(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_pause_under_fcfs_warns_once_on_stderr() -> None:
+    code, out, err = _stderr_of("simulate", *SMALL, "--preemption", "pause", "--json")
+    assert code == 0 and json.loads(out)  # stdout stays the report
+    assert err.count("warning: preemption=PAUSE pauses nothing under MIXED + FCFS") == 1
+
+
+def test_prefill_first_budget_replacement_warns() -> None:
+    code, _, err = _stderr_of("simulate", *SMALL, "--mode", "prefill_first",
+                              "--max-num-tokens", "1024")
+    assert code == 0
+    assert "max_num_tokens=1024 is replaced by T_max=131072 under PREFILL_FIRST" in err
+
+
+def test_a_useful_configuration_warns_nothing() -> None:
+    _, _, err = _stderr_of("simulate", *SMALL, "--policy", "priority", "--preemption", "pause",
+                           "--max-pause-steps", "8")
+    assert "warning" not in err
+
+
+def test_compare_names_the_configuration_a_warning_is_about() -> None:
+    _, _, err = _stderr_of("compare", *SMALL, "--config", "name=odd,preemption=pause",
+                           "--config", "name=fine")
+    assert "warning: odd: preemption=PAUSE" in err and "fine:" not in err
+
+
+def test_refused_requests_are_named_with_the_rule() -> None:
+    code, _, err = _stderr_of("simulate", "--requests", "50", "--max-input-length", "100",
+                              "--no-progress")
+    assert code == 0
+    assert "of 50 requests refused at submission: a prompt longer than max_input_length " \
+           "(S_in=100)" in err
+    assert "#0 (" in err and "more" in err
+    assert err.count("warning:") == 1
+
+
+def test_record_says_when_its_default_step_limit_stopped_it(tmp_path: pathlib.Path) -> None:
+    result = CliRunner().invoke(main, ["record", str(tmp_path / "r.jsonl"), "--requests", "3000",
+                                       "--no-progress"], catch_exceptions=False)
+    assert "warning: stopped at the default limit of 2,000 steps" in result.stderr
+    result = CliRunner().invoke(main, ["record", str(tmp_path / "r.jsonl"), *SMALL,
+                                       "--max-steps", "50"], catch_exceptions=False)
+    assert "warning" not in result.stderr  # a limit the user gave is no surprise
+    help_text = " ".join(_invoke("record", "--help").output.split())
+    assert "default: 2000" in help_text
+
+
+@pytest.mark.parametrize(("residents", "tokens", "rule"), [
+    ([{"prompt_length": 300}, {"prompt_length": 10, "committed": 10, "context_committed": True}],
+     544, "max_num_tokens: a MIXED step with decode rows (1)"),
+    ([{"prompt_length": 300}], 2400, "T_max = B*S_in = 2400: a MIXED step without decode rows"),
+])
+def test_explain_shows_the_step_budget_that_applied(residents, tokens, rule) -> None:
+    ledger = {"limits": {"max_batch_size": 8, "max_input_length": 300, "kv_page_size": 32},
+              "residents": residents}
+    e = json.loads(_invoke("explain", "-", "--json", input=json.dumps(ledger)).stdout)
+    assert e["step_budget"]["tokens"] == tokens and e["step_budget"]["rule"].startswith(rule)
+    out = _invoke("explain", "-", input=json.dumps(ledger)).stdout
+    assert f"step budget {tokens} tokens" in " ".join(out.split())

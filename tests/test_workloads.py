@@ -91,3 +91,11 @@ def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, te
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=match):
         load_trace(tmp_path / name)
+
+
+def test_repr_summarises_instead_of_dumping_the_columns() -> None:
+    from stepplanner.workloads import synthetic
+
+    text = repr(synthetic(requests=5000, seed=1))
+    assert text.startswith("Workload(source=") and "requests=5000" in text
+    assert "array" not in text and len(text) < 300

@@ -6,9 +6,10 @@ these; the compiled ``ResidentState`` does the same checks in C and raises the s
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from enum import IntEnum
-from typing import TypeVar
+from typing import Any, TypeVar, get_type_hints
 
 from . import _errors
 
@@ -74,3 +75,11 @@ def enum_from_text(field: str, value: object, enum_type: type[E]) -> E:
         return enum_type[text.upper().replace("-", "_")]
     except KeyError:
         raise _errors.not_enum(field, value, enum_type) from None
+
+
+def enum_fields(cls: Any) -> dict[str, type[IntEnum]]:
+    """The enum-typed fields of a dataclass by name, read from its annotations: the one source
+    for every place that writes those fields as text (JSON, config files, the command line)."""
+    hints = get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], IntEnum)}

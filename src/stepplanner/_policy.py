@@ -175,9 +175,19 @@ def chunk_cap(limits: StepPlannerLimits) -> int:
     return max(limits.kv_page_size, rd(limits.max_input_length, limits.kv_page_size))
 
 
+def t_max_text(limits: StepPlannerLimits) -> str:
+    """How T_max came about, for messages: ``B*S_in = 2400`` or ``min(B*S_in, ...) = 64``."""
+    full = limits.max_batch_size * limits.max_input_length
+    if limits.max_step_tokens:
+        return (f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = "
+                f"{limits.t_max}")
+    return f"B*S_in = {full}"
+
+
 def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
-                     limits: StepPlannerLimits) -> tuple[int, int]:
-    """SPEC §2 rule 3: defaults, ranges and the per-chunk cap for a mixed step."""
+                     limits: StepPlannerLimits) -> tuple[int, int, str, str]:
+    """SPEC §2 rule 3: defaults, ranges and the per-chunk cap for a mixed step; with the rule
+    that set each value, in words."""
     b, p, t_max = limits.max_batch_size, limits.kv_page_size, limits.t_max
     if max_num_tokens == 0:
         if not mixed_feasible(limits):
@@ -187,20 +197,31 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
                 f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
             )
         max_num_tokens = default_max_num_tokens(limits)
+        target = default_target(limits)
+        mnt_rule = (f"rule 3: default min(ru({target}+B), rd(T_max)) = "
+                    f"min({ru(target + b, p)}, {rd(t_max, p)})")
     elif not b + p <= max_num_tokens <= t_max:
         raise _errors.out_of_range(
             "max_num_tokens", max_num_tokens,
             f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {t_max}]",
         )
+    else:
+        mnt_rule = f"rule 3: given, within [B+P, T_max] = [{b + p}, {t_max}]"
     if max_chunk_tokens == 0:
         max_chunk_tokens = default_max_chunk_tokens(max_num_tokens, limits)
+        mct_rule = f"rule 3: default max(P, rd(min(512, max_num_tokens-B))) = {max_chunk_tokens}"
     elif not (p <= max_chunk_tokens <= max_num_tokens - b and max_chunk_tokens % p == 0):
         raise _errors.out_of_range(
             "max_chunk_tokens", max_chunk_tokens,
             f"a multiple of kv_page_size={p} in [kv_page_size, max_num_tokens - max_batch_size]"
             f" = [{p}, {max_num_tokens - b}]",
         )
-    return max_num_tokens, min(max_chunk_tokens, chunk_cap(limits))
+    else:
+        mct_rule = f"rule 3: given {max_chunk_tokens}, a multiple of P in [P, max_num_tokens-B]"
+    cap = chunk_cap(limits)
+    if max_chunk_tokens > cap:
+        mct_rule += f", capped at max(P, rd(S_in)) = {cap}"
+    return max_num_tokens, min(max_chunk_tokens, cap), mnt_rule, mct_rule
 
 
 def resolve_scheduling_policy(options: SchedulingOptions,
@@ -209,6 +230,14 @@ def resolve_scheduling_policy(options: SchedulingOptions,
 
     Raises ``ValueError`` naming the field, the value and the allowed range.
     """
+    return resolve_with_rules(options, limits)[0]
+
+
+def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
+                       ) -> tuple[ResolvedSchedulingPolicy, dict[str, str]]:
+    """``resolve_scheduling_policy``, and for ``mode``, ``max_num_tokens`` and
+    ``max_chunk_tokens`` the SPEC §2 rule that set each, in words (what ``stepplanner explain``
+    prints): the one resolution, so the explanation cannot drift from what was resolved."""
     if not isinstance(options, SchedulingOptions):
         raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
     if not isinstance(limits, StepPlannerLimits):
@@ -217,16 +246,28 @@ def resolve_scheduling_policy(options: SchedulingOptions,
 
     mode = options.ifb_scheduling_mode
     given = options.max_num_tokens != 0 or options.max_chunk_tokens != 0
+    rules = {"mode": "given"}
     if mode == IfbSchedulingMode.AUTO:
-        mode = (IfbSchedulingMode.MIXED
-                if mixed_feasible(limits) or options.max_num_tokens != 0
+        b, p = limits.max_batch_size, limits.kv_page_size
+        feasible = mixed_feasible(limits)
+        mode = (IfbSchedulingMode.MIXED if feasible or options.max_num_tokens != 0
                 else IfbSchedulingMode.PREFILL_FIRST)
+        relation = ">=" if feasible else "<"
+        rules["mode"] = (f"rule 2: AUTO -> {mode.name} because rd(T_max)="
+                         f"{rd(limits.t_max, p)} {relation} B+P={b + p}")
+        if not feasible and mode == IfbSchedulingMode.MIXED:
+            rules["mode"] += " but max_num_tokens was given"
     if mode == IfbSchedulingMode.MIXED or given:
-        max_num_tokens, max_chunk_tokens = _resolve_budgets(
-            options.max_num_tokens, options.max_chunk_tokens, limits)
+        max_num_tokens, max_chunk_tokens, rules["max_num_tokens"], rules["max_chunk_tokens"] = (
+            _resolve_budgets(options.max_num_tokens, options.max_chunk_tokens, limits))
     if mode == IfbSchedulingMode.PREFILL_FIRST:
         max_num_tokens, max_chunk_tokens = limits.t_max, limits.max_input_length
-    return ResolvedSchedulingPolicy(
+        replaced = " (the given value passed rule 3, then was replaced)"
+        rules["max_num_tokens"] = (f"rule 4: PREFILL_FIRST uses T_max = {t_max_text(limits)}"
+                                   + (replaced if options.max_num_tokens else ""))
+        rules["max_chunk_tokens"] = (f"rule 4: PREFILL_FIRST uses S_in = {max_chunk_tokens}"
+                                     + (replaced if options.max_chunk_tokens else ""))
+    policy = ResolvedSchedulingPolicy(
         mode=mode,
         max_num_tokens=max_num_tokens,
         max_chunk_tokens=max_chunk_tokens,
@@ -235,6 +276,7 @@ def resolve_scheduling_policy(options: SchedulingOptions,
         priority_reserved_slots=options.priority_reserved_slots,
         max_pause_steps=options.max_pause_steps,
     )
+    return policy, rules
 
 
 def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> None:

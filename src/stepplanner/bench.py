@@ -378,9 +378,9 @@ def _batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stepplanner bench",
+        prog=prog,
         description="Time plan() (array and list paths) against the kernel in a C loop and the "
                     "pure-Python reference, and check the performance targets.")
     parser.add_argument("--batch-sizes", type=_batch_sizes, default=list(BATCH_SIZES),
@@ -393,9 +393,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m stepplanner.bench`` and ``stepplanner bench``; returns 0."""
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench") -> int:
+    """Entry point of ``python -m stepplanner.bench`` and ``stepplanner bench`` (which passes
+    its own name as ``prog``, for usage lines and errors); returns 0."""
+    args = _parser(prog).parse_args(argv)
     timings = measure_all(args.scenario, args.batch_sizes, args.reference_max_batch)
     results = checks(timings)
     if args.json:

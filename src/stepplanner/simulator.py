@@ -26,7 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ._fields import enum_from_text
+from ._fields import enum_fields, enum_from_text
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -36,10 +36,7 @@ from ._policy import (
 from ._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
-    IfbSchedulingMode,
-    PreemptionMode,
     Reason,
-    SchedulingPolicy,
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import RESIDENT_FIELDS, Ledger
@@ -349,8 +346,7 @@ class _Run:
 # --- configuration as plain data ----------------------------------------------------------
 
 
-_ENUMS = {"mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
-          "preemption": PreemptionMode}
+_ENUMS = enum_fields(ResolvedSchedulingPolicy)
 
 
 def policy_to_dict(policy: ResolvedSchedulingPolicy) -> dict[str, Any]:

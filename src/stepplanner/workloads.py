@@ -72,6 +72,12 @@ class Workload:
     def __len__(self) -> int:
         return len(self.arrival_time)
 
+    def __repr__(self) -> str:
+        # The dataclass default would print every row of every column.
+        s = self.summary()
+        return (f"Workload(source={self.source!r}, requests={s['requests']}, "
+                f"duration_s={s['duration_s']:.1f}, classes={s['classes']})")
+
     @property
     def classes(self) -> list[int]:
         """The distinct priority values, ascending."""
@@ -244,6 +250,8 @@ def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where} line {line}: not valid JSON ({exc.msg})") from None
+        except RecursionError:  # json's C decoder recurses once per nesting level
+            raise ValueError(f"{where} line {line}: not valid JSON (nested too deeply)") from None
         if not isinstance(record, dict):
             raise ValueError(f"{where} line {line}: expected a JSON object, "
                              f"got {type(record).__name__}")

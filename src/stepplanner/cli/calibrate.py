@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .. import cli as base
 from ..latency_models import fit_latency, read_timings, save_latency_model
-from .options import check_output_path
+from .errors import library_errors
+from .tuning_options import check_output_path
 
 
 @click.command("calibrate")
@@ -14,8 +14,8 @@ from .options import check_output_path
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), required=True,
               help="Where to write the model (JSON; use it with --latency-model FILE).")
 @click.option("--name", default=None, help="The model's name (default: the timings file's).")
-@base._library_errors
-def command(timings: str, out_path: str, name: str | None) -> None:
+@library_errors
+def calibrate_command(timings: str, out_path: str, name: str | None) -> None:
     """Least-squares a, b, c >= 0 of seconds = a + b*tokens + c*context from TIMINGS (CSV with
     columns tokens, context, seconds: one row per measured engine step)."""
     check_output_path("--out", out_path)

@@ -1,7 +1,9 @@
-"""Options the tuning commands share, with ``simulate`` and ``compare`` too.
+"""The flags of the tuning commands (``sweep``, ``capacity``), some of which ``simulate`` and
+``compare`` take too: ``--slo``, ``--latency-model``, ``--metric-percentiles``, the backends and
+the output files.
 
-Parsing happens in click callbacks, so a bad ``--slo`` or ``--grid`` fails before anything runs;
-output paths are checked up front for the same reason.
+Parsing happens in click callbacks, so a bad ``--slo`` fails before anything runs; output paths
+are checked up front for the same reason.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
 from ..tuning.slo import parse_slos
+from .options import _compose as compose
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -30,14 +33,6 @@ def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any
         except (TypeError, ValueError) as exc:
             raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
     return callback
-
-
-def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def apply(f: Any) -> Any:
-        for decorator in reversed(decorators):
-            f = decorator(f)
-        return f
-    return apply
 
 
 slo_option = click.option(
@@ -94,17 +89,16 @@ def check_output_path(option: str, path: str | None, suffixes: tuple[str, ...] =
 
 
 def output_options(what: str) -> Callable[[Any], Any]:
-    """--json/--save-result/--csv/--progress for a command over many configurations."""
+    """--latency, the backends, --save-result/--csv files and --progress for a command over
+    many configurations (``--format``/``--json`` come from ``options.format_options``)."""
     return compose(
         click.option("--latency", "latency_text", default="",
                      help="Override coefficients of the latency model: 'a=SECONDS,b=..,c=..'."),
         backend_options,
-        click.option("--json", "as_json", is_flag=True,
-                     help=f"Print a JSON document whose 'results' has {what}."),
         click.option("--save-result", type=click.Path(dir_okay=False), default=None,
-                     help="Also write that JSON document to this file."),
+                     help=f"Write the JSON document (--json) to this file: 'results' has {what}."),
         click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
-                     help="Write one CSV row per configuration."),
+                     help="Write one CSV row per configuration, every metric."),
         click.option("--progress/--no-progress", default=True, show_default=True,
                      help="Progress bar across configurations on stderr."),
     )

@@ -1,0 +1,151 @@
+"""The flags commands share (workload, engine limits, scheduling options, run control) and the
+functions that turn their parsed values into library objects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from .._policy import SchedulingOptions, StepPlannerLimits
+from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..simulator import DEFAULT_LIMITS
+from ..traces import read_trace
+from ..workloads import Workload, synthetic
+from .render import FORMATS
+
+DEFAULT_REQUESTS = 6000
+DEFAULT_RATE = 28.0
+
+
+def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def apply(f: Any) -> Any:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+workload_options = _compose(
+    click.option("--trace", type=click.Path(exists=True, dir_okay=False),
+                 help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+                      "columns (recognised), or any with --columns; default: the embedded "
+                      "synthetic workload."),
+    click.option("--columns", default=None,
+                 help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+                      "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
+    click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
+                 default=DEFAULT_REQUESTS, show_default=True,
+                 help="Synthetic workload: number of requests."),
+    click.option("--rate", "--request-rate", "rate", type=click.FloatRange(min=0, min_open=True),
+                 default=DEFAULT_RATE, show_default=True,
+                 help="Synthetic workload: Poisson arrivals per second."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Synthetic workload: random seed."),
+)
+
+limit_options = _compose(
+    click.option("--max-batch-size", "-B", "--max-num-seqs", "max_batch_size", type=int,
+                 default=DEFAULT_LIMITS.max_batch_size,
+                 show_default=True, help="B: resident slots."),
+    click.option("--max-input-length", type=int, default=DEFAULT_LIMITS.max_input_length,
+                 show_default=True, help="S_in: longest prompt; longer ones are refused."),
+    click.option("--kv-page-size", "--block-size", "kv_page_size", type=int,
+                 default=DEFAULT_LIMITS.kv_page_size,
+                 show_default=True, help="P: non-final chunks end on a multiple of P."),
+    click.option("--max-step-tokens", "--max-num-batched-tokens", "max_step_tokens", type=int,
+                 default=DEFAULT_LIMITS.max_step_tokens,
+                 show_default=True,
+                 help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
+                      "of a step without decode rows (0 = B*S_in)."),
+)
+
+
+def _choice(enum: Any) -> click.Choice[str]:
+    return click.Choice([m.name.lower() for m in enum], case_sensitive=False)
+
+
+scheduling_options = _compose(
+    click.option("--mode", type=_choice(IfbSchedulingMode), default="auto", show_default=True,
+                 help="ifb_scheduling_mode."),
+    click.option("--max-num-tokens", type=int, default=0, show_default=True,
+                 help="Token budget per step (0 = SPEC §2 default)."),
+    click.option("--max-chunk-tokens", type=int, default=0, show_default=True,
+                 help="Largest prompt chunk (0 = SPEC §2 default)."),
+    click.option("--policy", "scheduling_policy", type=_choice(SchedulingPolicy),
+                 default="fcfs", show_default=True, help="scheduling_policy."),
+    click.option("--preemption", type=_choice(PreemptionMode), default="none",
+                 show_default=True, help="PAUSE withholds worse priorities (MIXED+PRIORITY)."),
+    click.option("--priority-reserved-slots", type=int, default=0, show_default=True,
+                 help="Slots only urgent (priority < 0) requests may take."),
+    click.option("--max-pause-steps", type=int, default=0, show_default=True,
+                 help="Release a resident paused this many steps in a row (0 = never)."),
+)
+
+def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
+    """The run flags, with ``max_steps`` as the default of ``--max-steps`` (None: no limit)."""
+    return _compose(
+        click.option("--latency", "latency_text", default="",
+                     help="Override the step-latency model: "
+                          "'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'."),
+        click.option("--max-steps", type=click.IntRange(min=1), default=max_steps,
+                     show_default=max_steps is not None,
+                     help="Stop after this many steps" + (
+                         "." if max_steps is None else " (a warning says when the default "
+                         "stopped the run).")),
+        click.option("--progress/--no-progress", default=True, show_default=True,
+                     help="Progress bar on stderr for runs over a second."),
+    )
+
+
+run_options = run_options_stopping_at(None)
+
+
+format_options = _compose(
+    click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table",
+                 show_default=True,
+                 help="table: for a terminal (rows printed vertically when the table is wider "
+                      "than it); md: Markdown; csv: the main table only; json: the full report."),
+    click.option("--json", "as_json", is_flag=True, help="Same as --format json."),
+)
+
+
+def output_format(fmt: str, as_json: bool) -> str:
+    """The format ``format_options`` asked for."""
+    return "json" if as_json else fmt
+
+
+def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:
+    """Pop the ``limit_options`` values out of a command's keyword arguments."""
+    return StepPlannerLimits(kw.pop("max_batch_size"), kw.pop("max_input_length"),
+                             kw.pop("kv_page_size"), kw.pop("max_step_tokens"))
+
+
+def options_from(kw: dict[str, Any]) -> SchedulingOptions:
+    """Pop the ``scheduling_options`` values out of a command's keyword arguments."""
+    return SchedulingOptions(
+        ifb_scheduling_mode=IfbSchedulingMode[kw.pop("mode").upper()],
+        max_num_tokens=kw.pop("max_num_tokens"), max_chunk_tokens=kw.pop("max_chunk_tokens"),
+        scheduling_policy=SchedulingPolicy[kw.pop("scheduling_policy").upper()],
+        preemption=PreemptionMode[kw.pop("preemption").upper()],
+        priority_reserved_slots=kw.pop("priority_reserved_slots"),
+        max_pause_steps=kw.pop("max_pause_steps"))
+
+
+def workload_from(kw: dict[str, Any]) -> Workload:
+    """Pop the ``workload_options`` values and load or generate the workload."""
+    trace, columns, requests, rate, seed = (kw.pop(k) for k in ("trace", "columns", "requests",
+                                                                "rate", "seed"))
+    if trace:
+        return read_trace(trace, columns)
+    if columns:
+        raise ValueError("--columns describes a --trace file, and none was given")
+    return synthetic(requests=requests, rate=rate, seed=seed)
+
+
+def given(ctx: click.Context, name: str) -> Any:
+    """The value of parameter ``name`` when the command line gave it, else ``None``."""
+    source = ctx.get_parameter_source(name)
+    return ctx.params.get(name) if source == click.core.ParameterSource.COMMANDLINE else None

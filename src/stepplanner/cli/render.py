@@ -1,0 +1,290 @@
+"""Every report the commands print, in each output format, shared so they look alike.
+
+A report is a list of blocks: labelled text lines (``Line``) and tables (``TableData``, raw
+values plus a format per column). ``emit`` writes them as
+
+- ``table``: rich text and tables for a terminal. A table that does not fit the console's width
+  is printed vertically (one block of ``column: value`` lines per row) instead of letting rich
+  shrink columns, which cuts numbers and configuration names (``17.…``);
+- ``md``: the lines as paragraphs and the tables as GitHub Markdown tables;
+- ``csv``: the report's main table only (``main=True``), header row first, plain numbers.
+
+JSON is each command's own report dictionary (``--json``), not a rendering of these blocks.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..workloads import DEFAULT_CLASSES
+
+FORMATS = ("table", "csv", "md")
+
+
+def stdout_console() -> Console:
+    """The console reports go to: the terminal's width, ``COLUMNS`` when set, else 160."""
+    # Off a terminal rich assumes 80 columns; a pipe into a file has no width to honour.
+    fixed = sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit()
+    return Console(width=None if fixed else 160, highlight=False)
+
+
+# --- blocks -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """``label`` in bold, then ``text``."""
+
+    label: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A column: its header (``\\n`` splits it over two lines in the wide layout), the format
+    spec of its numbers (``",.1f"``; thousands separators are dropped in CSV) and alignment."""
+
+    header: str
+    spec: str = ""
+    left: bool = False
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.header.split()).replace("/ ", "/")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableData:
+    title: str
+    columns: Sequence[Column]
+    rows: Sequence[Sequence[Any]]
+    main: bool = False  # the table ``--format csv`` prints
+
+
+Block = Line | TableData
+
+
+def cell(column: Column, value: Any, plain: bool = False) -> str:
+    """One value as text: ``None`` is ``-`` (empty in CSV), numbers through ``column.spec``."""
+    if value is None:
+        return "" if plain else "-"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not column.spec:
+        return str(value)
+    return format(value, column.spec.replace(",", "") if plain else column.spec)
+
+
+def emit(blocks: Sequence[Block], fmt: str, console: Console | None = None) -> None:
+    """Write ``blocks`` to stdout in ``fmt`` (one of ``FORMATS``)."""
+    if fmt == "csv":
+        table = next(b for b in blocks if isinstance(b, TableData) and b.main)
+        click.echo(to_csv(table), nl=False)
+    elif fmt == "md":
+        click.echo(to_markdown(blocks))
+    else:
+        console = console or stdout_console()
+        for block in blocks:
+            if isinstance(block, Line):
+                console.print(f"[bold]{escape(block.label)}[/] {escape(block.text)}")
+            else:
+                print_table(console, block)
+
+
+def to_csv(table: TableData) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([c.name for c in table.columns])
+    for row in table.rows:
+        writer.writerow([cell(c, v, plain=True) for c, v in zip(table.columns, row)])
+    return out.getvalue()
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    parts = []
+    for block in blocks:
+        if isinstance(block, Line):
+            parts.append(f"**{block.label}** {block.text}")
+            continue
+        lines = [f"**{block.title}**", ""] if block.title else []
+        lines.append("| " + " | ".join(c.name for c in block.columns) + " |")
+        lines.append("|" + "|".join("---" if c.left else "---:" for c in block.columns) + "|")
+        for row in block.rows:
+            texts = (cell(c, v).replace("|", "\\|") for c, v in zip(block.columns, row))
+            lines.append("| " + " | ".join(texts) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def print_table(console: Console, table: TableData) -> None:
+    """The table as a grid when it fits ``console.width`` uncut, else row by row."""
+    grid = Table(title=escape(table.title) or None, title_justify="left")
+    for column in table.columns:
+        grid.add_column(escape(column.header), justify="left" if column.left else "right",
+                        no_wrap=True)
+    texts = [[cell(c, v) for c, v in zip(table.columns, row)] for row in table.rows]
+    for row in texts:
+        grid.add_row(*(escape(text) for text in row))
+    # Measured with room to spare: within the console's width rich reports what it would
+    # shrink the table to, not what the table needs.
+    natural = console.measure(grid, options=console.options.update_width(1 << 20)).maximum
+    if natural <= console.width:
+        console.print(grid)
+        return
+    if table.title:
+        console.print(f"[bold]{escape(table.title)}[/]")
+    width = max(len(c.name) for c in table.columns[1:])
+    for row in texts:
+        console.print(f"[bold]{escape(row[0])}[/]", overflow="fold")
+        for column, text in zip(table.columns[1:], row[1:]):
+            console.print(f"  {escape(column.name):<{width}}  {escape(text)}", overflow="fold")
+
+
+# --- the reports -------------------------------------------------------------------------------
+
+
+_CLASS_NAMES = {str(c.priority): f"{c.priority} {c.name}" for c in DEFAULT_CLASSES}
+_MS = ",.1f"
+
+
+def class_name(key: str) -> str:
+    return _CLASS_NAMES.get(key, key)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def report_blocks(r: dict[str, Any]) -> list[Block]:
+    """``simulate``: the run's summary lines and its latency table by priority class."""
+    w, t, s, p, pl = r["workload"], r["throughput"], r["steps"], r["pauses"], r["planner"]
+    pol, lim, lm, req = r["policy"], r["limits"], r["latency_model"], r["requests"]
+    refused = f"{req['refused']} refused (prompt > S_in)"
+    if s["truncated_by_max_steps"]:
+        refused += ", run cut by --max-steps"
+    columns = [Column("class", left=True)] + [
+        Column(name, _MS) for name in ("queue p50", "queue p99", "TTFT p50", "TTFT p90",
+                                       "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
+                                       "max ITL p99")]
+    rows = [[class_name(key), _ms(lat["queue"]["p50"]), _ms(lat["queue"]["p99"]),
+             _ms(lat["ttft"]["p50"]), _ms(lat["ttft"]["p90"]), _ms(lat["ttft"]["p99"]),
+             _ms(lat["tpot"]["p50"]), _ms(lat["tpot"]["p99"]), _ms(lat["e2e"]["p50"]),
+             _ms(lat["e2e"]["p99"]), _ms(lat["max_itl"]["p99"])]
+            for key, lat in r["latency_s"].items()]
+    reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
+    return [
+        Line("workload", f"{w['source']}: {w['requests']} requests over {w['duration_s']:.1f} s,"
+                         f" mean prompt {w['prompt_tokens_mean']:.0f} / output "
+                         f"{w['output_tokens_mean']:.0f} tokens"),
+        Line("engine", f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
+                       f"P={lim['kv_page_size']}"),
+        Line("policy", f"{pol['mode']} max_num_tokens={pol['max_num_tokens']} "
+                       f"max_chunk_tokens={pol['max_chunk_tokens']} {pol['scheduling_policy']} "
+                       f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
+                       f"max_pause_steps={pol['max_pause_steps']}"),
+        Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
+                              f"c={lm['c']:g} s/context"),
+        Line("requests", f"{req['completed']}/{req['submitted']} completed, {refused}"),
+        Line("throughput", f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
+                           f"output tok/s, {t['tokens_per_s']:,.0f} tok/s over "
+                           f"{t['simulated_seconds']:.1f} simulated s"),
+        Line("steps", f"{s['count']:,}: mean {s['mean_tokens']:.0f} tokens, "
+                      f"{s['mean_prefill_rows']:.2f} chunks + {s['mean_decode_rows']:.1f} decodes,"
+                      f" {s['mean_residents']:.0f} residents, {s['mean_step_ms']:.2f} ms"),
+        Line("pauses", f"{p['paused_resident_steps']:,} paused resident-steps, "
+                       f"{p['requests_paused']} requests paused, longest "
+                       f"{p['max_consecutive_paused_steps']} steps in a row, "
+                       f"{p['released_by_max_pause_steps']:,} releases by max_pause_steps"),
+        TableData("latency by priority class (ms)", columns, rows, main=True),
+        Line("reasons", f"(resident-steps) {reasons}"),
+        Line("planner", f"plan() {pl['mean_plan_us']:.2f} us/step mean, p50 "
+                        f"{pl['p50_plan_us']:.2f}, p99 {pl['p99_plan_us']:.2f}; ledger apply "
+                        f"{pl['mean_apply_us']:.2f} us/step; {s['count']:,} steps in "
+                        f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s"),
+    ]
+
+
+def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
+    """``compare``: one row per configuration."""
+    first = reports[0]
+    w, lim = first["workload"], first["limits"]
+    classes = [k for k in first["latency_s"] if k != "all"]
+    columns = [Column("configuration", left=True), Column("budget/\nchunk"),
+               Column("req/s", ".2f"), Column("out\ntok/s", ",.0f"), Column("tok/\nstep", ".0f"),
+               Column("TTFT\np50", _MS), Column("TTFT\np99", _MS),
+               *(Column(f"TTFT p99\n[{c}]", _MS) for c in classes),
+               Column("TPOT\np99", _MS), Column("max ITL\np99", _MS), Column("E2E\np99", _MS),
+               Column("paused\nsteps", ","), Column("plan\nus", ".2f")]
+    rows = []
+    for r in reports:
+        lat, pol = r["latency_s"], r["policy"]
+        rows.append([
+            r["name"], f"{pol['max_num_tokens']}/{pol['max_chunk_tokens']}",
+            r["throughput"]["requests_per_s"], r["throughput"]["output_tokens_per_s"],
+            r["steps"]["mean_tokens"], _ms(lat["all"]["ttft"]["p50"]),
+            _ms(lat["all"]["ttft"]["p99"]),
+            *(_ms(lat[c]["ttft"]["p99"]) if c in lat else None for c in classes),
+            _ms(lat["all"]["tpot"]["p99"]), _ms(lat["all"]["max_itl"]["p99"]),
+            _ms(lat["all"]["e2e"]["p99"]), r["pauses"]["paused_resident_steps"],
+            r["planner"]["mean_plan_us"]])
+    return [
+        Line("workload", f"{w['source']}: {w['requests']} requests; engine "
+                         f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
+                         f"P={lim['kv_page_size']}; {first['latency_model']['name']}"),
+        TableData("", columns, rows, main=True),
+        Line("units", "latencies in ms of simulated time; plan us = measured planner "
+                      "microseconds per step on this machine"),
+    ]
+
+
+def explanation_blocks(e: dict[str, Any]) -> list[Block]:
+    """``explain``: the resolved policy with its rules, then every resident's outcome."""
+    policy = TableData("resolved policy (SPEC §2)",
+                       [Column("field", left=True), Column("value", left=True),
+                        Column("rule", left=True)],
+                       [[row["field"], row["value"], row["rule"]] for row in e["policy"]])
+    rows = []
+    for r in e["residents"]:
+        reason = (r["reason"] or "-") + (" (released from pause)" if r["released_from_pause"]
+                                         else "")
+        planned = r["planned"]
+        what = "-" if planned is None else (f"{planned['work']} past={planned['past_length']} "
+                                            f"q={planned['query_length']}")
+        rows.append([r["index"], r["request_id"], r["priority"], r["arrival"],
+                     r["prompt_length"], r["committed"],
+                     "yes" if r["context_committed"] else "no",
+                     r["consecutive_paused_steps"], reason, what])
+    residents = TableData(
+        "residents",
+        [Column("#"), Column("request"), Column("prio"), Column("arrival"), Column("prompt"),
+         Column("committed"), Column("ctx done"), Column("paused"),
+         Column("reason", left=True), Column("planned", left=True)],
+        rows, main=True)
+    p, budget = e["plan"], e["step_budget"]
+    return [policy, residents,
+            Line("step budget", f"{budget['tokens']} tokens: {budget['rule']}"),
+            Line("plan", f"{p['num_prefill']} chunks ({p['prefill_tokens']} tokens) + "
+                         f"{p['num_decode']} decodes = {p['total_tokens']} tokens; paused "
+                         f"{p['paused']}")]
+
+
+def print_replay(console: Console, result: Any, show: int) -> None:
+    if not result.diffs:
+        console.print(f"replayed {result.steps} steps: every plan matches the recording")
+        return
+    console.print(f"[bold red]replayed {result.steps} steps: {len(result.diffs)} differ[/]")
+    for diff in result.diffs[:show]:
+        console.print(f"[bold]step {diff['step']}[/] (line {diff['line']}):")
+        for text in diff["differences"][:12]:
+            console.print(f"  {text}", markup=False)
+        if len(diff["differences"]) > 12:
+            console.print(f"  ... {len(diff['differences']) - 12} more")

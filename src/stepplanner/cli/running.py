@@ -1,0 +1,53 @@
+"""One simulation run from the command line: the simulator with a progress bar on stderr."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+
+from .._policy import StepPlannerLimits
+from ..latency import LatencyModel
+from ..simulator import SimulationResult, simulate
+from ..workloads import Workload
+
+
+class ProgressBar:
+    """A rich progress bar on stderr that appears only once a run has taken a second."""
+
+    def __init__(self, total: int, enabled: bool, label: str) -> None:
+        self.total, self.enabled, self.label = total, enabled, label
+        self.start = time.perf_counter()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, steps: int, sim_time: float, completed: int) -> None:
+        if not self.enabled or time.perf_counter() - self.start < 1.0:
+            return
+        if self.bar is None:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
+                                MofNCompleteColumn(), TextColumn("{task.fields[steps]} steps"),
+                                TimeElapsedColumn(), console=Console(stderr=True),
+                                transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=self.total, steps=0)
+        self.bar.update(self.task, completed=completed, steps=steps)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run(workload: Workload, limits: StepPlannerLimits, options: Any,
+        latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
+        on_step: Any = None) -> SimulationResult:
+    """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on."""
+    bar = ProgressBar(len(workload), progress, label)
+    try:
+        return simulate(workload, limits, options, latency, max_steps=max_steps,
+                        on_step=on_step, progress=bar, progress_every=1024)
+    finally:
+        bar.close()

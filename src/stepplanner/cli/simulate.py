@@ -1,0 +1,60 @@
+"""``stepplanner simulate``: one configuration on one workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .._policy import resolve_scheduling_policy
+from ..tuning.metrics import GapRecorder
+from . import tuning_extras
+from .errors import library_errors
+from .notices import warn_no_op_options, warn_refused
+from .options import (format_options, limit_options, limits_from, options_from, output_format,
+                      run_options, scheduling_options, workload_from, workload_options)
+from .plot import plot_result, require_matplotlib
+from .render import emit, report_blocks
+from .running import run
+from .tuning_options import check_output_path, latency_of
+from .tuning_render import write_json
+
+
+@click.command("simulate")
+@workload_options
+@limit_options
+@scheduling_options
+@run_options
+@format_options
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: TTFT CDF per priority class and the batch timeline "
+                   "(needs matplotlib).")
+@tuning_extras.simulate_options
+@library_errors
+def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
+                     as_json: bool, plot: str | None, slos: Any, latency_model: Any,
+                     metric_percentiles: Any, save_result: str | None, **kw: Any) -> None:
+    """Simulate one configuration (the embedded workload when no --trace is given)."""
+    if plot:
+        require_matplotlib()
+    check_output_path("--save-result", save_result)
+    fmt = output_format(fmt, as_json)
+    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    policy = resolve_scheduling_policy(options, limits)
+    warn_no_op_options(options, policy)
+    gaps = GapRecorder(len(workload))
+    result = run(workload, limits, policy, latency_of(latency_model, latency_text), max_steps,
+                 progress and fmt == "table", "simulating", on_step=gaps)
+    warn_refused(result)
+    report = result.report()
+    report.update(tuning_extras.section(result, gaps, slos, metric_percentiles))
+    tuning_extras.save(save_result, report)
+    if plot:
+        plot_result(result, plot)
+    if fmt == "json":
+        click.echo(write_json(None, report))
+    else:
+        emit([*report_blocks(report), *tuning_extras.vllm_blocks(report, metric_percentiles)],
+             fmt)
+    if plot:
+        click.echo(f"plot written to {plot}", err=True)
