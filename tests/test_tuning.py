@@ -280,6 +280,20 @@ def test_interrupt_keeps_the_finished_results() -> None:
     assert outcome.finished == [10, 20]
 
 
+def test_interrupt_in_the_parent_keeps_what_the_workers_finished() -> None:
+    """Ctrl-C reaches the parent (workers ignore SIGINT): pending work is dropped, finished
+    results stay, whatever finished first."""
+    def tick(done: int, total: int) -> None:
+        if done == 2:
+            raise KeyboardInterrupt
+
+    outcome = run_tasks(abs, list(range(-1, -9, -1)), backend="process", workers=2,
+                        progress=tick)
+    assert outcome.interrupted
+    assert len(outcome.finished) == 2
+    assert all(r is None or r == k + 1 for k, r in enumerate(outcome.results))
+
+
 def test_progress_is_reported_per_task() -> None:
     seen: list[tuple[int, int]] = []
     run_tasks(abs, [-1, -2, -3], backend="process", workers=2,

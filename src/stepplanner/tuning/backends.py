@@ -95,9 +95,12 @@ def _process(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any],
             results[futures[future]] = future.result()
             tick(done, len(tasks))
     except BaseException:
+        # A running simulation is not worth waiting for once stopped. The executor has no
+        # public way to stop its workers, and forgets them on shutdown: take them first.
+        workers_running = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.terminate()  # a running simulation is not worth waiting for once stopped
+        for proc in workers_running:
+            proc.terminate()
         raise
     pool.shutdown(wait=True)
 
