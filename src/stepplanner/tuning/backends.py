@@ -75,6 +75,10 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], backend: str = "pr
     return Outcome(results, interrupted, backend, n, cpu)
 
 
+def _apply(fn: Callable[[Any], Any], task: Any) -> Any:
+    return fn(task)
+
+
 class _Timed:
     """``fn`` returning ``(result, CPU seconds it took)``: a wall clock on a shared machine
     measures the neighbours, CPU time measures the work (picklable for process and Ray)."""
@@ -137,8 +141,8 @@ def _ray(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], wor
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     try:
-        remote = ray.remote(num_cpus=1)(fn)
-        refs = {remote.remote(task): k for k, task in enumerate(tasks)}
+        remote = ray.remote(num_cpus=1)(_apply)  # Ray wants a function, not a callable object
+        refs = {remote.remote(fn, task): k for k, task in enumerate(tasks)}
         pending = list(refs)
         try:
             while pending:
