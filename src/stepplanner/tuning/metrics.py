@@ -88,7 +88,7 @@ class GapRecorder:
         chosen = previous >= 0  # a request's first token has no gap before it
         if keep is not None:
             chosen &= keep[np.concatenate(self._requests)]
-        return end_times[current[chosen]] - end_times[previous[chosen]]
+        return np.asarray(end_times[current[chosen]] - end_times[previous[chosen]])
 
 
 def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:

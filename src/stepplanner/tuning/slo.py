@@ -117,7 +117,7 @@ def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
 def _class_mask(slo: SloTarget, priority: np.ndarray) -> np.ndarray:
     if slo.priority is None:
         return np.ones(priority.shape, dtype=bool)
-    return priority == slo.priority
+    return np.asarray(priority == slo.priority, dtype=bool)
 
 
 def _observed(slo: SloTarget, latencies: Mapping[str, np.ndarray], priority: np.ndarray,
