@@ -37,12 +37,13 @@ if DEBUG:
 
 extensions = [
     Extension(
-        "stepplanner._core",
-        ["src/stepplanner/_core.pyx"],
+        f"stepplanner.{name}",
+        [f"src/stepplanner/{name}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG and os.name != "nt" else [],
     )
+    for name in ("_core", "_kv")  # _kv cimports _core's structs (the plan it reads)
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

@@ -63,6 +63,35 @@ def reference():
     return load_core("python")
 
 
+def load_kv(name: str):
+    """stepplanner._kv or stepplanner._kv_reference for a ``core`` param, skipping or failing
+    by the same rules as ``load_core``."""
+    load_core(name)
+    module = "stepplanner._kv" if name == "compiled" else "stepplanner._kv_reference"
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if REQUIRE_COMPILED:
+            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {module} is missing: {exc}")
+        pytest.skip(f"{module} not built: {exc}")
+
+
+@pytest.fixture(scope="session", params=["compiled", "python"])
+def kv(request):
+    """The KV page table and step inputs (KVPageTable, StepInputs) of either implementation."""
+    return load_kv(request.param)
+
+
+@pytest.fixture(scope="session")
+def compiled_kv():
+    return load_kv("compiled")
+
+
+@pytest.fixture(scope="session")
+def reference_kv():
+    return load_kv("python")
+
+
 @pytest.fixture(scope="session")
 def make_planner(core):
     """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for resolved options."""

@@ -177,3 +177,27 @@ def test_missing_compiled_core_fails_only_when_required(require, outcome):
     assert "1 passed" in summary and f"1 {outcome}" in summary, result.stdout[-2000:]
     if outcome == "error":
         assert "STEPPLANNER_REQUIRE_COMPILED=1 but the compiled core is missing" in result.stdout
+
+
+def test_kv_implementations_have_the_same_surface(compiled_kv, reference_kv):
+    assert compiled_kv.IMPLEMENTATION == "compiled" and reference_kv.IMPLEMENTATION == "python"
+    for cls in ("KVPageTable", "StepInputs"):
+        ours, theirs = getattr(reference_kv, cls), getattr(compiled_kv, cls)
+        assert _public(ours) == _public(theirs), cls
+        for name in sorted(_public(ours)):
+            if callable(getattr(ours, name)):
+                assert (_comparable(inspect.signature(getattr(ours, name)))
+                        == _comparable(inspect.signature(getattr(theirs, name)))), f"{cls}.{name}"
+    text = importlib.resources.files("stepplanner").joinpath("_kv.pyi").read_text("utf-8")
+    stub = {node.name: [a.arg for a in item.args.args[1:]]
+            for node in ast.parse(text).body if isinstance(node, ast.ClassDef)
+            for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"}
+    for cls in ("KVPageTable", "StepInputs"):
+        assert stub[cls] == list(inspect.signature(getattr(reference_kv, cls)).parameters), cls
+
+
+def test_facade_takes_the_kv_module_from_the_same_side(compiled_kv):
+    if os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python":
+        pytest.skip("this run selected the reference")
+    assert stepplanner.KVPageTable is compiled_kv.KVPageTable
+    assert stepplanner.StepInputs is compiled_kv.StepInputs

@@ -226,3 +226,82 @@ def test_prefill_first_priority_plans_a_worse_prompt():
     rows = [(1, 0, 8, 0, False, 0), (0, 1, 8, 0, False, 0)]
     rejects(fake([(1, C, 0, 8, True), (0, C, 0, 8, True)], n=2), "resident 0", "priority 1",
             policy=PREFILL_FIRST, rows=rows)
+
+
+# --- a skip must be justified (SPEC §3 step 5) --------------------------------------------------
+
+
+def first_prompt_only(plan):
+    """A planted wrong planner: keeps the real plan's first chunk and skips every later prompt."""
+    seqs = [s for s in plan.sequences]
+    chunks = [s for s in seqs if s.work == C]
+    kept = chunks[:1] + [s for s in seqs if s.work == D]
+    return fake([(s.resident, s.work, s.past_length, s.query_length,
+                  bool(s.select_last_token_logits)) for s in kept],
+                paused=list(plan.paused), n=plan.num_residents), len(chunks)
+
+
+def test_skipping_a_prompt_that_fits_is_caught():
+    # SPEC §5's first ledger: resident 2 gets 16 of the 52 - 1 - 32 = 19 tokens left
+    rejects(fake([PLAN[0], PLAN[2]]), "prompt resident 2", "was skipped", "19 of the prefill",
+            "chunk of 16")
+
+
+def test_skipping_a_later_prompt_that_fits_is_caught():
+    # after resident 2's 16 tokens, 3 remain: resident 3 (past 16, 34 left) trims to
+    # rd(16 + 3) - 16 = 0, so skipping it is right; so is a 4-token remainder (non-final, trims
+    # to 0); a 3-token remainder fits whole, as a final chunk
+    check_plan(MIXED_FCFS, LIMITS, ROWS, fake(PLAN))
+    rows = ROWS[:3] + [(0, 3, 20, 16, False, 0)]
+    check_plan(MIXED_FCFS, LIMITS, rows, fake(PLAN))
+    rows = ROWS[:3] + [(0, 3, 19, 16, False, 0)]
+    rejects(fake(PLAN), "prompt resident 3", "chunk of 3", rows=rows)
+
+
+def test_skip_by_page_trim_is_justified():
+    # 3 tokens left for a prompt past 17: its chunk would end at rd(17 + 3) = 16 <= 17, nothing;
+    # past 14 it ends at rd(14 + 3) = 16, a 2-token chunk that the plan owed it
+    rows = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 60, 17, False, 0)]
+    plan = fake([(1, C, 0, 48, False), (0, D, 41, 1, True)], n=3)  # 52 - 1 - 48 = 3 left
+    policy = ResolvedSchedulingPolicy(IfbSchedulingMode.MIXED, 52, 48)
+    check_plan(policy, LIMITS, rows, plan)
+    rows[2] = (0, 2, 60, 14, False, 0)
+    with pytest.raises(PlanInvariantError, match="chunk of 2"):
+        check_plan(policy, LIMITS, rows, plan)
+
+
+def test_skip_under_prefill_first_budget_is_checked():
+    rows = [(0, 0, 8, 0, False, 0), (0, 1, 8, 0, False, 0)]
+    check_plan(PREFILL_FIRST, LIMITS, rows, fake([(0, C, 0, 8, True), (1, C, 0, 8, True)], n=2))
+    rejects(fake([(0, C, 0, 8, True)], n=2), "prompt resident 1", "T_max=256",
+            policy=PREFILL_FIRST, rows=rows)
+    # under PRIORITY a worse-priority prompt is not its turn at all: leaving it out is right
+    rows = [(0, 0, 8, 0, False, 0), (1, 1, 8, 0, False, 0)]
+    check_plan(PREFILL_FIRST, LIMITS, rows, fake([(0, C, 0, 8, True)], n=2))
+
+
+@given(planning_cases())
+def test_first_prompt_only_planner_is_caught(core, case):
+    residents = as_resident_states(case.rows, core.ResidentState)
+    real = core.StepPlanner(case.policy, case.limits).plan(residents)
+    check_plan(case.policy, case.limits, residents, real)
+    planted, chunks = first_prompt_only(real)
+    if chunks <= 1:
+        check_plan(case.policy, case.limits, residents, planted)  # the same plan
+        return
+    with pytest.raises(PlanInvariantError, match="was skipped"):
+        check_plan(case.policy, case.limits, residents, planted)
+
+
+def test_first_prompt_only_planner_is_caught_on_a_burst(core):
+    """Deterministic twin of the property: eight short prompts, room for all of them."""
+    limits = StepPlannerLimits(8, 64, 16)
+    policy = ResolvedSchedulingPolicy(IfbSchedulingMode.MIXED, 128, 64)
+    rows = [(0, k, 10, 0, False, 0) for k in range(8)]
+    residents = as_resident_states(rows, core.ResidentState)
+    real = core.StepPlanner(policy, limits).plan(residents)
+    check_plan(policy, limits, residents, real)
+    planted, chunks = first_prompt_only(real)
+    assert chunks == 8
+    with pytest.raises(PlanInvariantError, match="prompt resident 1 .* was skipped"):
+        check_plan(policy, limits, residents, planted)

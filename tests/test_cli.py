@@ -456,3 +456,39 @@ def test_explain_shows_the_step_budget_that_applied(residents, tokens, rule) -> 
     assert e["step_budget"]["tokens"] == tokens and e["step_budget"]["rule"].startswith(rule)
     out = _invoke("explain", "-", input=json.dumps(ledger)).stdout
     assert f"step budget {tokens} tokens" in " ".join(out.split())
+
+
+def test_help_says_what_the_step_budget_really_is() -> None:
+    text = " ".join(_invoke("simulate", "--help").output.split())
+    assert "Token budget per step" not in text
+    assert "Token budget of a MIXED step that has decode rows" in text
+    assert "A step without decode rows may take T_max" in text and "--max-step-tokens" in text
+
+
+def test_record_to_a_missing_directory_fails_before_the_run(monkeypatch,
+                                                            tmp_path: pathlib.Path) -> None:
+    import stepplanner.cli.record as record_module
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the simulation ran before the output path was checked")
+
+    monkeypatch.setattr(record_module, "run", must_not_run)
+    result = _invoke("record", str(tmp_path / "missing" / "r.jsonl"), *SMALL)
+    assert result.exit_code == 2
+    assert "directory" in result.output and "does not exist" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_prose_columns_wrap_at_spaces_instead_of_turning_the_table_vertical() -> None:
+    out = CliRunner(env={"COLUMNS": "80"}).invoke(
+        main, ["explain", "-"], input=json.dumps(SPEC_EXAMPLE_TWO), catch_exceptions=False).output
+    assert "┃ field" in out and "…" not in out  # the policy table kept its grid
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_replay_config_warns_about_an_option_that_changes_nothing(tmp_path: pathlib.Path) -> None:
+    path = _record(tmp_path)
+    result = CliRunner().invoke(main, ["replay", str(path), "--config", "preemption=pause"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0  # FCFS: pausing changes no plan
+    assert "warning: preemption=PAUSE pauses nothing under MIXED + FCFS" in result.stderr

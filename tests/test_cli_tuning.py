@@ -63,8 +63,8 @@ def test_sweep_writes_csv_plot_and_result(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--csv", "missing-dir/x.csv"], "folder missing-dir does not exist"),
-    (["--plot", "x.txt"], "suffix '.txt' is not known"),
+    (["--csv", "missing-dir/x.csv"], "directory 'missing-dir' does not exist"),
+    (["--plot", "x.txt"], ".txt is not an image format matplotlib writes"),
     (["--grid", "colour=red"], "not a SchedulingOptions or limits field"),
     (["--slo", "ttft_p99=3"], "ms, s or us"),
     (["--latency-model", "gpt-9-on-abacus"], "neither a preset nor a file"),

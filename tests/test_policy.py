@@ -71,8 +71,17 @@ def test_max_step_tokens_caps_t_max():
 
 @pytest.mark.parametrize("value", [-1, 1, 15])
 def test_max_step_tokens_below_a_page(value):
-    with raises_naming(ValueError, f"max_step_tokens={value}", "kv_page_size=16"):
+    with raises_naming(ValueError, f"max_step_tokens={value}",
+                       "max(kv_page_size, max_batch_size) = 16"):
         StepPlannerLimits(4, 64, 16, value)
+
+
+def test_max_step_tokens_below_one_decode_token_per_slot():
+    # A prefill-first step with every resident decoding plans B tokens: they must fit.
+    with raises_naming(ValueError, "max_step_tokens=31",
+                       "max(kv_page_size, max_batch_size) = 32"):
+        StepPlannerLimits(32, 64, 16, 31)
+    assert StepPlannerLimits(32, 64, 16, 32).t_max == 32
 
 
 def test_max_step_tokens_types():
@@ -84,10 +93,10 @@ def test_max_step_tokens_types():
 
 def test_max_step_tokens_lifts_the_int32_bound_on_b_times_s_in():
     # B*S_in = 2**32 does not fit int32, but no step can hold more than max_step_tokens.
-    limits = StepPlannerLimits(2**16, 2**16, 16, 8192)
+    limits = StepPlannerLimits(2**10, 2**22, 16, 8192)
     assert limits.t_max == 8192
     with raises_naming(ValueError, "T_max", "max_step_tokens"):
-        StepPlannerLimits(2**16, 2**16, 16)
+        StepPlannerLimits(2**10, 2**22, 16)
 
 
 def test_max_step_tokens_replaces_b_times_s_in_in_resolution():

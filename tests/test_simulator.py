@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import io
 import json
+import pathlib
+import re
 
 import numpy as np
 import pytest
 
+import stepplanner
 from stepplanner import (
     IfbSchedulingMode,
     PreemptionMode,
     SchedulingOptions,
     SchedulingPolicy,
     StepPlannerLimits,
+)
+from stepplanner.calibration import (
+    A_FLOOR,
+    fit,
+    nonnegative_least_squares,
+    residual,
+    saturated_run,
+    simulate_row,
+    step_sums,
+    trtllm_bench_engine,
 )
 from stepplanner.latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
 from stepplanner.simulator import StepRecorder, replay, simulate
@@ -179,11 +192,114 @@ def test_latency_model_parse_validation_and_source_fit() -> None:
         LatencyModel(b=-1)
     with pytest.raises(TypeError, match="LatencyModel.a must be a number"):
         LatencyModel(a="1")  # type: ignore[arg-type]
-    # The default b, c reproduce the published rows they were fitted to within 6%.
+
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "simulator.md"
+# docs/simulator.md's residual table (ISL/OSL, requests, concurrency, max_num_tokens, published
+# tok/s, simulated tok/s, residual) and its stated bounds: every row, and all but 20000/2000.
+PUBLISHED_FIT = [
+    ("128/128", "30,000", "4,096", "8,192", "28,312", "29,633", "+4.7%"),
+    ("128/2048", "3,000", "516", "2,048", "22,714", "22,012", "-3.1%"),
+    ("128/4096", "1,500", "265", "2,048", "14,325", "13,851", "-3.3%"),
+    ("500/2000", "3,000", "449", "2,048", "17,660", "17,667", "+0.0%"),
+    ("1000/1000", "3,000", "561", "2,048", "15,220", "14,982", "-1.6%"),
+    ("1000/2000", "1,500", "374", "2,048", "13,899", "13,597", "-2.2%"),
+    ("2048/128", "3,000", "516", "9,216", "3,450", "3,355", "-2.8%"),
+    ("2048/2048", "1,500", "274", "2,048", "9,305", "9,435", "+1.4%"),
+    ("5000/500", "1,500", "204", "2,304", "3,459", "3,471", "+0.3%"),
+    ("20000/2000", "1,000", "51", "2,048", "1,351", "1,495", "+10.6%"),
+]
+BOUND_ALL, BOUND_REST = "10.7", "4.7"
+
+
+@pytest.fixture
+def fastest_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saturated runs plan up to 4,096 residents for thousands of steps: they use the compiled
+    core whenever it is built, whatever STEPPLANNER_IMPL selects (the two plan identically,
+    tests/test_parity.py; what these tests check is the latency model and its published fit)."""
+    try:
+        from stepplanner import _core
+    except ImportError:  # a platform without the compiled core: the reference, slowly
+        return
+    monkeypatch.setattr(stepplanner, "StepPlanner", _core.StepPlanner)
+
+
+@pytest.mark.usefixtures("fastest_planner")
+def test_saturated_runs_reproduce_the_published_rows_as_documented() -> None:
+    """The default model, simulated on each published row's saturated run, gives exactly the
+    residuals docs/simulator.md tabulates, within exactly the bounds it states; and it is the
+    model the joint fit (tools/fit_latency.py) finds on those runs."""
+    model = LatencyModel()
+    sums = []
+    for expected, (isl, osl, tok_s, requests) in zip(PUBLISHED_FIT, TRTLLM_H100_LLAMA31_8B_FP8,
+                                                     strict=True):
+        result = simulate_row(isl, osl, requests, model)
+        sums.append(step_sums(result))
+        r = residual(result, tok_s)
+        assert expected == (f"{isl}/{osl}", f"{requests:,}", f"{r.concurrency:,}",
+                            f"{r.max_num_tokens:,}", f"{tok_s:,.0f}", f"{r.simulated:,.0f}",
+                            f"{100 * r.relative:+.1f}%")
+        assert abs(r.relative) <= float(BOUND_ALL) / 100
+        if (isl, osl) != (20000, 2000):
+            assert abs(r.relative) <= float(BOUND_REST) / 100
+    fitted, unbounded, bounded = fit(sums)
+    assert fitted == model
+    assert unbounded[0] < 0 and bounded[0] == pytest.approx(A_FLOOR)  # the floor holds a
+
+
+def test_the_docs_publish_the_tested_fit() -> None:
+    if not DOC.exists():
+        pytest.skip("docs/ is not beside this tests/ (e.g. a wheel test run)")
+    text = DOC.read_text(encoding="utf-8")
+    rows = [tuple(cell.strip() for cell in line.strip().strip("|").split("|"))
+            for line in text.splitlines() if re.match(r"\| \d+/\d+ \|", line)]
+    assert rows == PUBLISHED_FIT
+    sentence = (f"every row is within {BOUND_ALL}% of its published figure, and the nine other "
+                f"than 20000/2000 within {BOUND_REST}%.")
+    assert re.search(re.escape(sentence).replace(r"\ ", r"\s+"), text), sentence
     m = LatencyModel()
-    for isl, osl, tok_s in TRTLLM_H100_LLAMA31_8B_FP8:
-        per_request = m.b * (isl + osl) + m.c * (isl + osl * isl + osl * osl / 2)
-        assert abs(per_request / (osl / tok_s) - 1) < 0.065
+    assert (f"a = {m.a * 1e3:g} ms, b = {m.b * 1e6:g} us/token, c = {m.c * 1e9:g} ns/position"
+            in text)
+
+
+def test_the_fit_solves_nonnegative_least_squares() -> None:
+    matrix = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 2.0, 3.0]])
+    truth = np.array([0.5, 0.0, 2.0])
+    assert np.allclose(nonnegative_least_squares(matrix, matrix @ truth), truth)
+    # the unconstrained optimum has a negative first coefficient: the bound holds it at 0
+    target = matrix @ np.array([-1.0, 1.0, 1.0])
+    x = nonnegative_least_squares(matrix, target)
+    assert x[0] == 0 and np.all(x >= 0)
+    assert np.sum((matrix @ x - target) ** 2) <= min(
+        np.sum((matrix @ np.array(p) - target) ** 2)
+        for p in ([0, 1, 1], [0, 0.9, 1.1], [0, 1.1, 0.9], [0.1, 1, 1]))
+
+
+@pytest.mark.usefixtures("fastest_planner")
+def test_a_saturated_run_is_linear_in_the_model() -> None:
+    """What makes the fit in tools/fit_latency.py exact: with every request there at t=0 the
+    plans ignore time, so the span is a * steps + b * tokens + c * context."""
+    workload, limits, policy = saturated_run(1000, 200, 600)
+    runs = [simulate(workload, limits, policy, m) for m in
+            (LatencyModel(1.0, 0.0, 0.0), LatencyModel(0.0, 1.0, 0.0), LatencyModel(0.0, 0.0, 1.0),
+             LatencyModel())]
+    steps, tokens, context = (float(runs[k].steps["end_time"][-1]) for k in range(3))
+    assert steps == runs[0].num_steps and tokens == runs[1].steps["tokens"].sum()
+    m = LatencyModel()
+    span = m.a * steps + m.b * tokens + m.c * context
+    assert runs[3].steps["end_time"][-1] == pytest.approx(span, rel=1e-9)
+    assert limits.max_batch_size == trtllm_bench_engine(1000, 200)[0]
+    assert limits.t_max == policy.max_num_tokens == trtllm_bench_engine(1000, 200)[1]
+
+
+# By hand: (81,559 MiB - 8.03e9 B) x 0.95 / 64 KiB = 1,123,296 KV tokens. 128/128: 4,388 fit,
+# capped at 4,096; tokens 4,096 x 2. 2048/128: 516.2 fit (batch rounds up to 640, the KV cache
+# holds 516); tokens 516.2 x 17 = 8,776 -> 9,216. 20000/2000: 51.06 fit; 561.6 tokens -> 2,048.
+@pytest.mark.parametrize(("isl", "osl", "engine"), [
+    (128, 128, (4096, 8192)), (2048, 128, (516, 9216)), (20000, 2000, (51, 2048)),
+])
+def test_trtllm_bench_engine(isl: int, osl: int, engine: tuple[int, int]) -> None:
+    assert trtllm_bench_engine(isl, osl) == engine
 
 
 def test_simulate_checks_its_arguments() -> None:
@@ -193,3 +309,68 @@ def test_simulate_checks_its_arguments() -> None:
         simulate(_workload(), LIMITS, max_steps=0)
     with pytest.raises(ValueError, match="priority_reserved_slots=16"):
         simulate(_workload(), LIMITS, SchedulingOptions(priority_reserved_slots=16))
+
+
+def test_a_run_whose_every_request_is_refused_still_reports() -> None:
+    w = Workload(np.array([0.0, 1.0]), np.array([600, 700]), np.array([3, 3]), np.array([0, 1]))
+    r = simulate(w, LIMITS)
+    rep = r.report()
+    json.dumps(rep)
+    assert r.num_steps == 0 and rep["requests"]["refused"] == 2
+    assert rep["throughput"]["requests_per_s"] == 0.0
+    assert rep["latency_s"]["all"]["ttft"]["p99"] is None
+    assert rep["latency_s"]["all"]["itl"] == {"p50": None, "p90": None, "p99": None}
+
+
+class _TokenTimes:
+    """An on_step hook noting which requests emit a token in each step (an independent oracle
+    for the pooled inter-token latency)."""
+
+    def __init__(self) -> None:
+        self.emitters: list[list[int]] = []
+
+    def __call__(self, step: int, start: float, ledger, plan) -> None:
+        rows = plan.as_array()
+        emitting = rows["resident"][rows["select_last_token_logits"]]
+        self.emitters.append(ledger.request_ids[emitting].tolist())
+
+
+@pytest.mark.parametrize("name", ["fcfs", "priority_pause", "pause_forever", "prefill_first"])
+def test_itl_percentiles_pool_every_gap_between_consecutive_tokens(name: str) -> None:
+    w = synthetic(requests=300, rate=80.0, seed=5, max_prompt=512, max_output=64)
+    hook = _TokenTimes()
+    r = simulate(w, LIMITS, CONFIGS[name], on_step=hook)
+    times: dict[int, list[float]] = {}
+    for step, ids in enumerate(hook.emitters):
+        for rid in ids:
+            times.setdefault(rid, []).append(r.steps["end_time"][step])
+    rep = r.report()["latency_s"]
+    for key in ("all", *map(str, w.classes)):
+        gaps = np.concatenate([np.diff(t) for rid, t in times.items()
+                               if key == "all" or w.priority[rid] == int(key)])
+        assert gaps.size == sum(w.output_tokens[w.priority == int(key)] - 1 if key != "all"
+                                else w.output_tokens - 1)
+        for q in (50, 90, 99):
+            assert rep[key]["itl"][f"p{q}"] == pytest.approx(np.percentile(gaps, q), rel=1e-12)
+    # the per-request maximum gap bounds every pooled gap
+    assert rep["all"]["itl"]["p99"] <= np.nanmax(r.latencies()["max_itl"])
+
+
+def test_a_recording_made_with_max_step_tokens_replays_with_it() -> None:
+    from stepplanner import resolve_scheduling_policy
+    limits = StepPlannerLimits(16, 512, 16, max_step_tokens=64)
+    policy = resolve_scheduling_policy(SchedulingOptions(), limits)
+    out = io.StringIO()
+    r = simulate(_workload(), limits, policy, on_step=StepRecorder(out, limits, policy),
+                 max_steps=60)
+    assert r.steps["tokens"].max() <= 64 and r.report()["limits"]["max_step_tokens"] == 64
+    lines = out.getvalue().splitlines()
+    header = json.loads(lines[0])
+    assert header["limits"]["max_step_tokens"] == 64
+    replayed = replay(lines)
+    assert replayed.limits == limits and replayed.diffs == []
+    # the same ledgers without the step cap plan differently: the header is what carried it
+    header["limits"].pop("max_step_tokens")
+    header["policy"] = {**header["policy"], "max_num_tokens": 64, "max_chunk_tokens": 48}
+    uncapped = replay([json.dumps(header), *lines[1:]])
+    assert uncapped.limits.max_step_tokens == 0 and uncapped.diffs

@@ -93,6 +93,29 @@ def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, te
         load_trace(tmp_path / name)
 
 
+def test_an_empty_workload_is_an_error_at_construction() -> None:
+    with pytest.raises(ValueError, match="workload has no requests; allowed: at least one"):
+        Workload(np.zeros(0), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
+                 np.zeros(0, dtype=np.int32))
+    with pytest.raises(ValueError, match="no requests"):
+        Workload(np.array([]), np.array([], dtype=int), np.array([], dtype=int),
+                 np.array([], dtype=int))
+
+
+def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
+    """``simulate(synthetic())`` and ``stepplanner simulate`` run the same requests."""
+    pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
+    from click.testing import CliRunner
+
+    from stepplanner.cli import main
+
+    result = CliRunner().invoke(main, ["simulate", "--json", "--max-steps", "1", "--no-progress"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["workload"] == synthetic().summary()
+    assert synthetic().source == "synthetic(requests=6000, rate=28/s, seed=0)"
+
+
 def test_repr_summarises_instead_of_dumping_the_columns() -> None:
     from stepplanner.workloads import synthetic
 

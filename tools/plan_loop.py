@@ -3,7 +3,8 @@
 Four lanes run side by side for ``--iterations`` steps: {array, list} × {MIXED+PRIORITY+PAUSE,
 PREFILL_FIRST}, each over its own ledger of B residents that finish and are replaced as a
 serving loop would (so the order cache, pause counters and every kernel branch keep moving).
-Every step also fills a reasons array and, every 64 steps, takes ``copy()``/``to_dict()``.
+Every step also fills a reasons array and, every 64 steps, takes ``copy()``/``to_dict()`` and a
+``pickle`` round trip of the plan (checked equal), so the checkers see those paths too.
 
 It prints one line of JSON: iterations, steps planned, and the traced Python heap (tracemalloc)
 after a warm-up and at the end, so a caller can compare N with 10·N iterations: a loop that
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import pickle
 import tracemalloc
 
 import numpy as np
@@ -62,7 +64,9 @@ class Lane:
         plan = self.planner.plan(residents, count, self.reasons)
         plan.apply_to(residents)
         if self.steps % 64 == 0:
-            plan.copy().to_dict()
+            kept = plan.copy()
+            if pickle.loads(pickle.dumps(kept)).to_dict() != kept.to_dict():
+                raise AssertionError(f"step {self.steps}: a pickled plan differs from its copy")
         self.steps += 1
         self._retire_finished()
 

@@ -52,20 +52,38 @@ elif _IMPL == "compiled":
 else:
     raise ImportError(f"STEPPLANNER_IMPL={_IMPL!r} is not known; allowed: 'compiled' or 'python'")
 
+# The KV page table and the step inputs come from the same side as the planner.
+if _IMPL == "python":
+    from . import _kv_reference as _kv_impl
+else:
+    try:
+        from . import _kv as _kv_impl  # type: ignore[no-redef]  # same surface as _kv_reference
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise ImportError(
+            f"stepplanner's compiled KV module (stepplanner._kv) could not be imported: {exc}. "
+            "Rebuild the package (pip install -e .) or select the pure-Python reference "
+            "explicitly with STEPPLANNER_IMPL=python."
+        ) from exc
+
 if TYPE_CHECKING:
     # Type checkers see one surface, the compiled core's stub (_core.pyi); the reference has the
     # same names and signatures (tests/test_api_surface.py), so the choice above cannot change it.
     from ._core import IMPLEMENTATION, ResidentState, StepPlan, StepPlanner
+    from ._kv import KVPageTable, StepInputs
 else:
     StepPlanner = _impl.StepPlanner
     StepPlan = _impl.StepPlan
     ResidentState = _impl.ResidentState
     IMPLEMENTATION = _impl.IMPLEMENTATION
+    KVPageTable = _kv_impl.KVPageTable
+    StepInputs = _kv_impl.StepInputs
 
 # The tools around the planner (pure Python; they use whichever planner was selected above).
+from ._kv_checks import PageTableInvariantError  # noqa: E402
 from .checks import PlanInvariantError, check_plan  # noqa: E402
 from .latency import LatencyModel  # noqa: E402
 from .ledger import Ledger  # noqa: E402
+from .paging import PagedLedger, release_rows, worst_case_pages  # noqa: E402
 from .simulator import SimulationResult, simulate  # noqa: E402
 from .workloads import Workload, load_trace, synthetic  # noqa: E402
 
@@ -75,8 +93,11 @@ __all__ = [
     "RESIDENT_DTYPE",
     "SEQUENCE_DTYPE",
     "IfbSchedulingMode",
+    "KVPageTable",
     "LatencyModel",
     "Ledger",
+    "PageTableInvariantError",
+    "PagedLedger",
     "PlanInvariantError",
     "PlannedSequence",
     "PreemptionMode",
@@ -87,6 +108,7 @@ __all__ = [
     "SchedulingPolicy",
     "SequenceWork",
     "SimulationResult",
+    "StepInputs",
     "StepPlan",
     "StepPlanner",
     "StepPlannerLimits",
@@ -94,8 +116,10 @@ __all__ = [
     "__version__",
     "check_plan",
     "load_trace",
+    "release_rows",
     "resolve_scheduling_policy",
     "simulate",
     "split_reason",
     "synthetic",
+    "worst_case_pages",
 ]

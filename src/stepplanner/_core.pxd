@@ -39,6 +39,8 @@ cdef enum:
     STATUS_PAUSED_STEPS_NEGATIVE = 3
     STATUS_PROMPT_EXHAUSTED = 4
     STATUS_PROMPT_TOO_LONG = 5
+    STATUS_COMMITTED_OVERFLOW = 6      # apply_to: committed + query_length > INT32_MAX
+    STATUS_PAUSED_STEPS_OVERFLOW = 7   # apply_to: consecutive_paused_steps + 1 > INT32_MAX
 
 # One resident's ledger row; the layout is RESIDENT_DTYPE's (checked at import).
 ctypedef struct ResidentC:
@@ -112,17 +114,22 @@ cdef class _SequencesView(_PlanView):
 cdef class _PausedView(_PlanView):
     pass
 
+# Memory the core writes and Python can only read (its buffer is exported read-only).
+cdef class _CoreMemory:
+    cdef void* data
+    cdef Py_ssize_t size
+
 cdef class StepPlan:
     cdef PlanC c
     cdef int32_t capacity     # rows of each buffer; plan() never needs more than B
-    cdef object _seq_buf      # numpy arrays owning the memory c.sequences/c.paused point into
-    cdef object _paused_buf
-    cdef object _apply_buf    # 2 × capacity int32 of scratch for apply_to()
+    cdef object _seq_buf      # read-only numpy arrays over the _CoreMemory that c.sequences
+    cdef object _paused_buf   # and c.paused point into
+    cdef object _apply_buf    # a _CoreMemory of 2 × capacity int32: apply_to()'s scratch
     cdef object __weakref__
     cdef _allocate(self, int32_t capacity)
     cdef _copy_from(self, StepPlan src)
     cdef _apply_array(self, object arr)
-    cdef _apply_objects(self, object residents)
+    cdef _apply_objects(self, tuple residents)
     cdef int32_t* _apply_amounts(self)
 
 cdef class ResidentState:
@@ -135,9 +142,11 @@ cdef class StepPlanner:
     cdef StepPlan _plan
     cdef readonly object policy
     cdef readonly object limits
+    cdef bint _planning       # plan() is reading the residents: a nested plan() is refused
     cdef void _free_buffers(self) noexcept
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1
     cdef const ResidentC* _load_array(self, object arr, int32_t n,
                                       const uint8_t* reasons) except NULL
     cdef const ResidentC* _in_place(self, object arr, int32_t n, const uint8_t* reasons)
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL
+    cdef object _kernel_loop(self, object residents, Py_ssize_t iterations)

@@ -12,6 +12,7 @@ Directives are set in setup.py, not here.
 
 cimport cython
 cimport numpy as cnp
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
@@ -29,6 +30,8 @@ from ._policy import check_policy
 from ._types import (
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
+    AnyResidentState,
+    AnyStepPlan,
     PlannedSequence,
     SequenceWork,
 )
@@ -344,7 +347,10 @@ _layout = {
     ),
 }
 for _name, (_dtype, _size, _offsets) in _layout.items():
-    if _dtype.itemsize != _size or any(_dtype.fields[f][1] != o for f, o in _offsets.items()):
+    # The dtypes are the one definition of the fields (_types.ResidentRow): same names, same
+    # order, same offsets as the structs, or no import.
+    if (tuple(_offsets) != _dtype.names or _dtype.itemsize != _size
+            or any(_dtype.fields[f][1] != o for f, o in _offsets.items())):
         raise ImportError(f"stepplanner._core: the C {_name} struct does not match its dtype "
                           f"({_size} bytes, offsets {_offsets}; dtype {_dtype})")
 del _layout, _name, _dtype, _size, _offsets
@@ -444,7 +450,7 @@ cdef class ResidentState:
                 <bint>self.c.context_committed, self.c.consecutive_paused_steps)
 
     def __eq__(self, other):
-        if type(other).__name__ != "ResidentState" or not hasattr(other, "_astuple"):
+        if not isinstance(other, AnyResidentState):
             return NotImplemented
         return self._astuple() == other._astuple()
 
@@ -458,11 +464,16 @@ cdef class ResidentState:
         return (ResidentState, self._astuple())
 
 
+AnyResidentState.register(ResidentState)
+
+
 # ============================================================================================
 # 3. StepPlan
 # ============================================================================================
 
-cdef object _planned(const SequenceC* s):
+cdef object _planned(const SequenceC* s, Py_ssize_t k):
+    if s.work != WORK_CONTEXT and s.work != WORK_DECODE:  # _WORKS[s.work] would read anywhere
+        raise _errors.plan_value(f"sequences[{k}].work", s.work, "0..1")
     return PlannedSequence(s.resident, _WORKS[s.work], s.past_length, s.query_length,
                            <bint>s.select_last_token_logits)
 
@@ -477,6 +488,10 @@ cdef Py_ssize_t _index(Py_ssize_t index, Py_ssize_t length) except -1:
 
 cdef class _PlanView:
     """A live, read-only sequence over one of a plan's buffers (overwritten by ``plan()``)."""
+
+    def __cinit__(self, StepPlan plan not None):
+        # Given its plan at birth: a view made any other way (``__new__`` from Python) is refused.
+        self._plan = plan
 
     def __eq__(self, other):
         if isinstance(other, collections.abc.Sequence) and not isinstance(other, str):
@@ -493,6 +508,10 @@ cdef class _PlanView:
     def count(self, value):
         return list(self).count(value)
 
+    def __reduce__(self):
+        # A live view has nothing to be live over once pickled or copied: it goes as its items.
+        return (list, (list(self),))
+
 
 cdef class _SequencesView(_PlanView):
     """``plan.sequences``: all prompt chunks in order, then all decode rows in order."""
@@ -503,8 +522,9 @@ cdef class _SequencesView(_PlanView):
     def __getitem__(self, index):
         cdef Py_ssize_t n = len(self)
         if isinstance(index, slice):
-            return [_planned(&self._plan.c.sequences[i]) for i in range(*index.indices(n))]
-        return _planned(&self._plan.c.sequences[_index(index, n)])
+            return [_planned(&self._plan.c.sequences[i], i) for i in range(*index.indices(n))]
+        cdef Py_ssize_t i = _index(index, n)
+        return _planned(&self._plan.c.sequences[i], i)
 
 
 cdef class _PausedView(_PlanView):
@@ -524,43 +544,90 @@ collections.abc.Sequence.register(_SequencesView)
 collections.abc.Sequence.register(_PausedView)
 
 
+cdef class _CoreMemory:
+    """Memory the core writes and Python can only read.
+
+    Its buffer is exported read-only, so the numpy arrays over it cannot be made writable:
+    numpy asks the final base before it sets ``WRITEABLE``. A writable view of a plan's buffers
+    would let Python code put residents and work codes there that the core indexes by.
+    """
+
+    def __cinit__(self, Py_ssize_t size):
+        if size < 0:  # reachable from Python as type(plan.as_array().base)(size)
+            raise _errors.out_of_range("size", size, ">= 0")
+        self.data = PyMem_Calloc(<size_t>max(size, 1), 1)
+        if self.data == NULL:
+            raise MemoryError(f"{size} bytes for a plan's buffers")
+        self.size = size
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        PyBuffer_FillInfo(view, self, self.data, self.size, 1, flags)  # 1: read-only
+
+    def __releasebuffer__(self, Py_buffer* view):
+        pass
+
+
 cdef class StepPlan:
     """A planned step: ``num_prefill`` chunks, then ``num_decode`` decode rows (SPEC §3).
 
     The plan a ``StepPlanner`` returns is its one plan, **overwritten by the next call**: the
     ``sequences``/``paused`` views and the arrays from ``as_array()``/``paused_array()`` all show
-    the buffers as they are now. Use ``copy()`` or ``to_dict()`` for a plan you keep.
+    the buffers as they are now. Use ``copy()`` or ``to_dict()`` for a plan you keep;
+    ``copy.copy``, ``copy.deepcopy`` and ``pickle`` make the same independent snapshot.
     """
+
     def __cinit__(self):
+        # Every plan is whole from birth, however it was made (StepPlan(), __new__, unpickling):
+        # an empty one views the shared empty buffers, which nothing writes (the kernel and
+        # _copy_from write only plans that _allocate gave buffers of their own).
+        self._seq_buf = _EMPTY_SEQ_BUF
+        self._paused_buf = _EMPTY_PAUSED_BUF
+        self._apply_buf = _EMPTY_APPLY_BUF
+        self.c.sequences = <SequenceC*>cnp.PyArray_DATA(_EMPTY_SEQ_BUF)
+        self.c.paused = <int32_t*>cnp.PyArray_DATA(_EMPTY_PAUSED_BUF)
         self.capacity = 0
 
     cdef _allocate(self, int32_t capacity):
-        # numpy owns the memory so that as_array() can hand out views that keep it alive.
-        self._seq_buf = np.zeros(max(capacity, 1), dtype=SEQUENCE_DTYPE)
-        self._paused_buf = np.zeros(max(capacity, 1), dtype=np.int32)
-        self._apply_buf = np.zeros(max(2 * capacity, 1), dtype=np.int32)
-        self.c.sequences = <SequenceC*>cnp.PyArray_DATA(self._seq_buf)
-        self.c.paused = <int32_t*>cnp.PyArray_DATA(self._paused_buf)
+        """Buffers of ``capacity`` rows, once, before anyone else holds the plan."""
+        if self._seq_buf is not _EMPTY_SEQ_BUF:
+            raise RuntimeError("stepplanner internal error: a plan's buffers are allocated once")
+        # Sizes in Py_ssize_t: 2 * capacity does not fit int32 for every int32 capacity.
+        cdef Py_ssize_t rows = max(<Py_ssize_t>capacity, 1)
+        cdef _CoreMemory sequences = _CoreMemory(rows * <Py_ssize_t>sizeof(SequenceC))
+        cdef _CoreMemory paused = _CoreMemory(rows * <Py_ssize_t>sizeof(int32_t))
+        cdef _CoreMemory apply = _CoreMemory(2 * rows * <Py_ssize_t>sizeof(int32_t))
+        # numpy arrays over the memory, so that as_array() hands out views that keep it alive.
+        self._seq_buf = np.frombuffer(sequences, dtype=SEQUENCE_DTYPE)
+        self._paused_buf = np.frombuffer(paused, dtype=np.int32)
+        self._apply_buf = apply
+        self.c.sequences = <SequenceC*>sequences.data
+        self.c.paused = <int32_t*>paused.data
         self.capacity = capacity
 
     def __init__(self):
-        self._allocate(0)
+        """An empty plan. Called again, it empties the plan; its buffers stay as they are."""
+        with cython.critical_section(self):
+            self.c.num_paused = 0
+            self.c.num_residents = 0
+            self.c.num_prefill = 0
+            self.c.num_decode = 0
+            self.c.prefill_tokens = 0
+            self.c.total_tokens = 0
 
     # The views are made per access, not kept: a plan holding views that hold the plan would be
     # a reference cycle, and every copy() would wait for the garbage collector.
     @property
     def sequences(self):
         """All prompt chunks in order, then all decode rows in order (``PlannedSequence``)."""
-        cdef _SequencesView view = _SequencesView.__new__(_SequencesView)
-        view._plan = self
-        return view
+        return _SequencesView.__new__(_SequencesView, self)
 
     @property
     def paused(self):
         """Residents withheld by preemption=PAUSE, ascending index."""
-        cdef _PausedView view = _PausedView.__new__(_PausedView)
-        view._plan = self
-        return view
+        return _PausedView.__new__(_PausedView, self)
 
     @property
     def num_prefill(self):
@@ -587,25 +654,33 @@ cdef class StepPlan:
 
     def as_array(self):
         """The sequences as a read-only ``SEQUENCE_DTYPE`` array viewing the plan's buffer."""
-        view = self._seq_buf[:self.c.num_prefill + self.c.num_decode]
-        view.flags.writeable = False
-        return view
+        return self._seq_buf[:self.c.num_prefill + self.c.num_decode]
 
     def paused_array(self):
         """The paused indices as a read-only int32 array viewing the plan's buffer."""
-        view = self._paused_buf[:self.c.num_paused]
-        view.flags.writeable = False
-        return view
+        return self._paused_buf[:self.c.num_paused]
 
     def copy(self):
         """A plan of its own, not tied to the planner (``plan()`` will not overwrite it)."""
         # Allocate first, then copy in pure C: no Python code (and so no other thread's plan())
-        # can run between reading the first and the last byte.
+        # can run between reading the first and the last byte. The capacity is the source's:
+        # reading its row counts before the copy could race a plan() that changes them.
         cdef StepPlan other = StepPlan.__new__(StepPlan)
         other._allocate(self.capacity)
         with cython.critical_section(self):
             other._copy_from(self)
         return other
+
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()  # rows are plain ints: nothing deeper to copy
+
+    def __reduce__(self):
+        snapshot = self.copy()
+        return (_restore_plan, (snapshot.as_array().tolist(), snapshot.paused_array().tolist(),
+                                snapshot.num_residents))
 
     cdef _copy_from(self, StepPlan src):
         cdef SequenceC* seqs = self.c.sequences
@@ -613,8 +688,9 @@ cdef class StepPlan:
         self.c = src.c
         self.c.sequences = seqs
         self.c.paused = paused
-        memcpy(seqs, src.c.sequences, (src.c.num_prefill + src.c.num_decode) * sizeof(SequenceC))
-        memcpy(paused, src.c.paused, src.c.num_paused * sizeof(int32_t))
+        memcpy(seqs, src.c.sequences,
+               <size_t>(src.c.num_prefill + src.c.num_decode) * sizeof(SequenceC))
+        memcpy(paused, src.c.paused, <size_t>src.c.num_paused * sizeof(int32_t))
 
     def to_dict(self):
         """Plain data (JSON-ready): sequences as dicts, paused, and the four totals."""
@@ -627,23 +703,30 @@ cdef class StepPlan:
         ``context_committed``; paused residents count ``consecutive_paused_steps`` up and every
         other row resets it to 0. ``residents`` is the same list of ``ResidentState`` or
         writable ``RESIDENT_DTYPE`` array the plan was made from. Everything is checked before
-        anything is written.
+        anything is written: the plan's rows (each names one of its residents), then each row's
+        ``committed`` and ``consecutive_paused_steps`` (``ValueError`` when negative, as
+        ``plan()`` says; ``OverflowError`` when the result would not fit int32).
         """
-        with cython.critical_section(self):
-            if cnp.PyArray_Check(residents):
-                self._apply_array(residents)
-            elif isinstance(residents, (list, tuple)):
-                self._apply_objects(residents)
-            else:
+        cdef bint is_array = cnp.PyArray_Check(residents)
+        if not is_array:
+            if not isinstance(residents, (list, tuple)):
                 raise _errors.residents_type(residents)
+            # One read of each element, before the lock (reading a list subclass runs its
+            # code): the checks and the writes must see the same objects.
+            residents = tuple(residents)
+        with cython.critical_section(self):
+            error = _plan_error(&self.c)
+            if error is not None:
+                raise error
+            if is_array:
+                self._apply_array(residents)
+            else:
+                self._apply_objects(residents)
 
     cdef _apply_array(self, object residents):
         cdef cnp.ndarray arr = <cnp.ndarray>residents
         cdef int32_t n = self.c.num_residents
-        if not (arr.descr is _RESIDENT_DESCR or cnp.PyArray_EquivTypes(arr.descr, _RESIDENT_DESCR)):
-            raise _errors.array_dtype(arr.dtype, RESIDENT_DTYPE)
-        if arr.ndim != 1:
-            raise _errors.array_ndim(arr.ndim)
+        _check_resident_array(arr)
         if not cnp.PyArray_ISWRITEABLE(arr):
             raise _errors.apply_readonly()
         if arr.shape[0] < n:
@@ -657,17 +740,15 @@ cdef class StepPlan:
             memcpy(&row, data + i * stride, sizeof(ResidentC))
             status = _apply_status(&row, add[i], add[n + i])
             if status:
-                raise _apply_error(status, i, &row, add[i])
+                raise _row_error(status, i, &row, 0, add[i])
         for i in range(n):
             memcpy(&row, data + i * stride, sizeof(ResidentC))
             _apply_row(&row, add[i], add[n + i])
             memcpy(data + i * stride, &row, sizeof(ResidentC))
 
-    cdef _apply_objects(self, residents):
+    cdef _apply_objects(self, tuple residents):
         cdef int32_t n = self.c.num_residents
         cdef int32_t i, status
-        # One read of each element: the checks and the writes must see the same objects.
-        residents = tuple(residents)
         if len(residents) < n:
             raise _errors.apply_length(len(residents), n)
         for i in range(n):
@@ -677,17 +758,18 @@ cdef class StepPlan:
         for i in range(n):
             status = _apply_status(&(<ResidentState>residents[i]).c, add[i], add[n + i])
             if status:
-                raise _apply_error(status, i, &(<ResidentState>residents[i]).c, add[i])
+                raise _row_error(status, i, &(<ResidentState>residents[i]).c, 0, add[i])
         for i in range(n):
             _apply_row(&(<ResidentState>residents[i]).c, add[i], add[n + i])
 
     cdef int32_t* _apply_amounts(self):
-        """Per resident: tokens to commit in [0, n), flags in [n, 2n) (1 final chunk, 2 paused)."""
+        """Per resident: tokens to commit in [0, n), flags in [n, 2n) (1 final chunk, 2 paused).
+        The rows were checked by _plan_error: every index is in [0, n)."""
         cdef int32_t n = self.c.num_residents
-        cdef int32_t* add = <int32_t*>cnp.PyArray_DATA(self._apply_buf)
+        cdef int32_t* add = <int32_t*>(<_CoreMemory>self._apply_buf).data
         cdef int32_t k
         cdef const SequenceC* s
-        memset(add, 0, 2 * n * sizeof(int32_t))
+        memset(add, 0, 2 * <size_t>n * sizeof(int32_t))
         for k in range(self.c.num_prefill + self.c.num_decode):
             s = &self.c.sequences[k]
             add[s.resident] = s.query_length
@@ -698,7 +780,7 @@ cdef class StepPlan:
         return add
 
     def __eq__(self, other):
-        if type(other).__name__ != "StepPlan" or not hasattr(other, "to_dict"):
+        if not isinstance(other, AnyStepPlan):
             return NotImplemented
         return self.to_dict() == other.to_dict()
 
@@ -708,16 +790,109 @@ cdef class StepPlan:
         return _plan_repr(self.copy())
 
 
+AnyStepPlan.register(StepPlan)
+
+# The buffers every plan views until _allocate gives it its own (see StepPlan.__cinit__).
+cdef cnp.ndarray _EMPTY_SEQ_BUF = np.frombuffer(_CoreMemory(sizeof(SequenceC)),
+                                                dtype=SEQUENCE_DTYPE)
+cdef cnp.ndarray _EMPTY_PAUSED_BUF = np.frombuffer(_CoreMemory(sizeof(int32_t)), dtype=np.int32)
+cdef object _EMPTY_APPLY_BUF = _CoreMemory(2 * sizeof(int32_t))
+
+
+cdef object _plan_error(const PlanC* p):
+    """None when every row of the plan names one of its residents and a known work, else the
+    ValueError. apply_to indexes its scratch by these, so it checks them first (O(rows))."""
+    cdef int32_t n = p.num_residents, k
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        if s.resident < 0 or s.resident >= n:
+            return _errors.plan_value(f"sequences[{k}].resident", s.resident, f"0..{n - 1}")
+        if s.work != WORK_CONTEXT and s.work != WORK_DECODE:
+            return _errors.plan_value(f"sequences[{k}].work", s.work, "0..1")
+        if s.query_length < 0:
+            return _errors.plan_value(f"sequences[{k}].query_length", s.query_length,
+                                      f"0..{INT32_MAX}")
+    for k in range(p.num_paused):
+        if p.paused[k] < 0 or p.paused[k] >= n:
+            return _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{n - 1}")
+    return None
+
+
+def _restore_plan(sequences, paused, num_residents):
+    """The plan ``StepPlan.__reduce__`` pickled: plain rows back into buffers of their own, each
+    value checked for its C type, then the rows checked as ``apply_to`` checks them."""
+    cdef int32_t n = _int32("num_residents", num_residents)
+    cdef Py_ssize_t rows = len(sequences), n_paused = len(paused), k
+    if n < 0:
+        raise _errors.plan_value("num_residents", n, f"0..{INT32_MAX}")
+    if max(rows, n_paused) > n:
+        raise _errors.plan_value("num_residents", n, f">= {max(rows, n_paused)} (its rows)")
+    cdef StepPlan plan = StepPlan.__new__(StepPlan)
+    plan._allocate(n)
+    cdef SequenceC* s
+    cdef int64_t prefill_tokens = 0
+    cdef int32_t num_prefill = 0
+    for k in range(rows):
+        resident, work, past_length, query_length, select_last = sequences[k]
+        s = &plan.c.sequences[k]
+        s.resident = _int32(f"sequences[{k}].resident", resident)
+        s.work = _int32(f"sequences[{k}].work", work)
+        s.past_length = _int32(f"sequences[{k}].past_length", past_length)
+        s.query_length = _int32(f"sequences[{k}].query_length", query_length)
+        s.select_last_token_logits = as_bool(f"sequences[{k}].select_last_token_logits",
+                                             select_last)
+        if s.work == WORK_CONTEXT:
+            if num_prefill != k:
+                raise _errors.plan_value(f"sequences[{k}].work", s.work,
+                                         "1 (every chunk comes before every decode row)")
+            num_prefill += 1
+            prefill_tokens += s.query_length
+    for k in range(n_paused):
+        plan.c.paused[k] = _int32(f"paused[{k}]", paused[k])
+    if prefill_tokens + (rows - num_prefill) > INT32_MAX:
+        raise _errors.out_of_int32("total_tokens", prefill_tokens + (rows - num_prefill))
+    plan.c.num_residents = n
+    plan.c.num_prefill = num_prefill
+    plan.c.num_decode = <int32_t>(rows - num_prefill)
+    plan.c.num_paused = <int32_t>n_paused
+    plan.c.prefill_tokens = <int32_t>prefill_tokens
+    plan.c.total_tokens = <int32_t>(prefill_tokens + rows - num_prefill)
+    error = _plan_error(&plan.c)
+    if error is not None:
+        raise error
+    return plan
+
+
 cdef inline int _apply_status(const ResidentC* row, int32_t add, int32_t flags) noexcept nogil:
-    if add > INT32_MAX - row.committed:
-        return 1
-    if (flags & 2) and row.consecutive_paused_steps == INT32_MAX:
-        return 2
-    return 0
+    # In int64: INT32_MAX - committed overflows int32 once committed is negative.
+    if row.committed < 0:
+        return STATUS_COMMITTED_NEGATIVE
+    if row.consecutive_paused_steps < 0:
+        return STATUS_PAUSED_STEPS_NEGATIVE
+    if <int64_t>row.committed + add > INT32_MAX:
+        return STATUS_COMMITTED_OVERFLOW
+    if (flags & 2) and <int64_t>row.consecutive_paused_steps + 1 > INT32_MAX:
+        return STATUS_PAUSED_STEPS_OVERFLOW
+    return STATUS_OK
 
 
-cdef object _apply_error(int status, int32_t index, const ResidentC* row, int32_t add):
-    if status == 1:
+cdef object _row_error(int status, Py_ssize_t index, const ResidentC* row, int32_t s_in,
+                       int32_t add):
+    """The one place a row's status (plan()'s validation, apply_to's) becomes an exception;
+    ``s_in`` is read for STATUS_PROMPT_TOO_LONG, ``add`` for STATUS_COMMITTED_OVERFLOW."""
+    if status == STATUS_COMMITTED_NEGATIVE:
+        return _errors.resident_negative(index, "committed", row.committed)
+    if status == STATUS_PROMPT_LENGTH_NEGATIVE:
+        return _errors.resident_negative(index, "prompt_length", row.prompt_length)
+    if status == STATUS_PAUSED_STEPS_NEGATIVE:
+        return _errors.resident_negative(index, "consecutive_paused_steps",
+                                         row.consecutive_paused_steps)
+    if status == STATUS_PROMPT_EXHAUSTED:
+        return _errors.prompt_exhausted(index, row.prompt_length, row.committed)
+    if status == STATUS_PROMPT_TOO_LONG:
+        return _errors.prompt_too_long(index, row.prompt_length, s_in)
+    if status == STATUS_COMMITTED_OVERFLOW:
         return _errors.apply_overflow(index, "committed", row.committed, add)
     return _errors.apply_overflow(index, "consecutive_paused_steps",
                                   row.consecutive_paused_steps, 1)
@@ -740,20 +915,6 @@ cdef StepPlan _new_plan(int32_t capacity):
 # 4. StepPlanner
 # ============================================================================================
 
-cdef object _row_error(int status, Py_ssize_t index, const ResidentC* row, int32_t s_in):
-    """The one place a validation status becomes an exception."""
-    if status == STATUS_COMMITTED_NEGATIVE:
-        return _errors.resident_negative(index, "committed", row.committed)
-    if status == STATUS_PROMPT_LENGTH_NEGATIVE:
-        return _errors.resident_negative(index, "prompt_length", row.prompt_length)
-    if status == STATUS_PAUSED_STEPS_NEGATIVE:
-        return _errors.resident_negative(index, "consecutive_paused_steps",
-                                         row.consecutive_paused_steps)
-    if status == STATUS_PROMPT_EXHAUSTED:
-        return _errors.prompt_exhausted(index, row.prompt_length, row.committed)
-    return _errors.prompt_too_long(index, row.prompt_length, s_in)
-
-
 # What one resident slot costs: the kernel's scratch, the row copy and the plan's buffers.
 cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 3 * sizeof(int32_t) + sizeof(uint8_t)
                                + sizeof(ResidentC) + sizeof(SequenceC) + 3 * sizeof(int32_t))
@@ -769,7 +930,8 @@ cdef class StepPlanner:
 
     Threads: ``plan()`` holds a per-plan lock (a critical section on free-threaded CPython; the
     GIL elsewhere), so concurrent calls never corrupt memory, but they share the one returned
-    plan. Use one planner per thread.
+    plan. Use one planner per thread. ``plan()`` is not re-entrant: a call made while another
+    is reading its residents (from a list subclass's ``__getitem__``) raises ``RuntimeError``.
     """
 
     def __cinit__(self):
@@ -780,6 +942,7 @@ cdef class StepPlanner:
         self.scratch.prompts = NULL
         self.scratch.decodes = NULL
         self.rows = NULL
+        self._planning = False
 
     def __init__(self, policy, limits):
         check_policy(policy, limits)
@@ -852,11 +1015,7 @@ cdef class StepPlanner:
             raise RuntimeError("StepPlanner.__init__ was not called")
         cdef bint is_array = cnp.PyArray_Check(residents)
         if is_array:
-            if not ((<cnp.ndarray>residents).descr is _RESIDENT_DESCR
-                    or cnp.PyArray_EquivTypes((<cnp.ndarray>residents).descr, _RESIDENT_DESCR)):
-                raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
-            if (<cnp.ndarray>residents).ndim != 1:
-                raise _errors.array_ndim((<cnp.ndarray>residents).ndim)
+            _check_resident_array(<cnp.ndarray>residents)
         elif not isinstance(residents, (list, tuple)):
             raise _errors.residents_type(residents)
         if count is not None and type(count) is not int:
@@ -872,11 +1031,20 @@ cdef class StepPlanner:
             reasons_ptr = _reasons_pointer(reasons, n)
         cdef const ResidentC* rows
         with cython.critical_section(self._plan):
-            if is_array:
-                rows = self._load_array(residents, <int32_t>n, reasons_ptr)
-            else:
-                rows = self._load_objects(residents, <int32_t>n)
-            plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
+            # Reading a list subclass runs its code, which may call plan() on this planner; that
+            # call would overwrite the rows this one has copied in so far. It is refused instead
+            # (no Python code runs here otherwise, so on GIL builds no other thread gets in).
+            if self._planning:
+                raise _errors.plan_reentered()
+            self._planning = True
+            try:
+                if is_array:
+                    rows = self._load_array(residents, <int32_t>n, reasons_ptr)
+                else:
+                    rows = self._load_objects(residents, <int32_t>n)
+                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
+            finally:
+                self._planning = False
         return self._plan
 
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1:
@@ -910,7 +1078,8 @@ cdef class StepPlanner:
         for i in range(n):
             status = check_row(&rows[i], s_in)
             if status != STATUS_OK:
-                raise _row_error(status, i, &rows[i], s_in)
+                self._planning = False  # building the error runs Python code: not in plan()
+                raise _row_error(status, i, &rows[i], s_in, 0)
         # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
 
@@ -923,28 +1092,40 @@ cdef class StepPlanner:
         for i in range(n):
             item = residents[i]
             if type(item) is not ResidentState:
+                self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.element_type(i, item)
             rows[i] = (<ResidentState>item).c
             status = check_row(&rows[i], s_in)
             if status != STATUS_OK:
-                raise _row_error(status, i, &rows[i], s_in)
+                self._planning = False
+                raise _row_error(status, i, &rows[i], s_in, 0)
         return rows
 
-    def _run_kernel_loop(self, residents, Py_ssize_t iterations):
-        """Rerun the kernel over the rows of the last successful ``plan(residents)``; ns taken."""
+    cdef object _kernel_loop(self, object residents, Py_ssize_t iterations):
+        """Rerun the kernel over the rows of the last successful ``plan(residents)``; ns taken.
+
+        The rows are checked again, not trusted: an array shorter than that plan's count (or of
+        another dtype) is refused rather than read past its end.
+        """
         cdef Py_ssize_t k
         cdef int32_t n = self._plan.c.num_residents
         cdef const ResidentC* rows = NULL
+        cdef cnp.ndarray arr
         if cnp.PyArray_Check(residents):
-            rows = self._in_place(residents, n, NULL)
+            arr = <cnp.ndarray>residents
+            _check_resident_array(arr)
+            if arr.shape[0] < n:
+                raise _errors.count_over_length(n, arr.shape[0])
+            rows = self._in_place(arr, n, NULL)
         if rows == NULL:
-            rows = self.rows
+            rows = self.rows  # the copy plan() made: n <= B rows, all within the buffer
         with cython.critical_section(self._plan):
+            if self._planning:
+                raise _errors.plan_reentered()
             t0 = time.perf_counter_ns()
             for k in range(iterations):
                 plan_step(&self.cfg, rows, n, &self.scratch, &self._plan.c, NULL)
             return time.perf_counter_ns() - t0
-
 
     cdef const ResidentC* _in_place(self, object residents, int32_t n, const uint8_t* reasons):
         """The array's first n rows for the kernel to read where they are, or NULL when they
@@ -961,6 +1142,15 @@ cdef class StepPlanner:
                 or _overlaps(data, size, self._plan.c.paused, capacity * sizeof(int32_t))):
             return NULL
         return <const ResidentC*>data
+
+
+cdef int _check_resident_array(cnp.ndarray arr) except -1:
+    """A 1-D array of RESIDENT_DTYPE (or a dtype numpy says is the same), as the kernel reads."""
+    if not (arr.descr is _RESIDENT_DESCR or cnp.PyArray_EquivTypes(arr.descr, _RESIDENT_DESCR)):
+        raise _errors.array_dtype(arr.dtype, RESIDENT_DTYPE)
+    if arr.ndim != 1:
+        raise _errors.array_ndim(arr.ndim)
+    return 0
 
 
 cdef inline bint _overlaps(const void* a, size_t a_size, const void* b, size_t b_size) noexcept:
@@ -996,5 +1186,5 @@ def time_kernel_loop(StepPlanner planner, residents, count=None, Py_ssize_t iter
     """
     if iterations < 1:
         raise _errors.out_of_range("iterations", iterations, ">= 1")
-    planner.plan(residents, count)
-    return planner._run_kernel_loop(residents, iterations) / iterations
+    StepPlanner.plan(planner, residents, count)  # this class's plan(), whatever a subclass says
+    return planner._kernel_loop(residents, iterations) / iterations

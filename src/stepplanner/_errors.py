@@ -98,6 +98,15 @@ def count_over_length(count: int, length: int) -> ValueError:
     return ValueError(f"count={count} exceeds len(residents)={length}; allowed: 0..{length}")
 
 
+def plan_reentered() -> RuntimeError:
+    return RuntimeError(
+        "StepPlanner.plan() re-entered: it was called while a plan() on the same planner was "
+        "still reading its residents (from code the residents container ran, e.g. a list "
+        "subclass's __getitem__, or from another thread while that code ran); allowed: one "
+        "plan() at a time per planner (use one planner per thread)"
+    )
+
+
 def resident_negative(index: int, field: str, value: int) -> ValueError:
     return ValueError(f"residents[{index}].{field}={value} is negative; allowed: >= 0")
 
@@ -142,4 +151,112 @@ def apply_overflow(index: int, field: str, value: int, add: int) -> OverflowErro
     return OverflowError(
         f"residents[{index}].{field}={value} + {add} does not fit int32; "
         f"allowed: result <= {INT32_MAX}"
+    )
+
+
+def plan_value(where: str, value: int, allowed: str) -> ValueError:
+    return ValueError(
+        f"plan.{where}={value} is out of range; allowed: {allowed} (a plan's rows come from the "
+        "planner; this one was changed outside it)"
+    )
+
+
+# --- the KV page table and the step's attention inputs ------------------------------------
+
+
+def kv_tokens_over_row(num_tokens: int, max_pages: int, page_size: int) -> ValueError:
+    return ValueError(
+        f"num_tokens={num_tokens} needs more than max_pages_per_sequence={max_pages} pages of "
+        f"{page_size} tokens; allowed: 0..{max_pages * page_size}"
+    )
+
+
+def kv_move_onto_pages(dst: int, pages: int) -> ValueError:
+    return ValueError(
+        f"dst={dst} holds {pages} page(s); allowed: an empty slot (release it first)"
+    )
+
+
+def kv_page_size_mismatch(table: int, limits: int) -> ValueError:
+    return ValueError(
+        f"page_table.kv_page_size={table} differs from limits.kv_page_size={limits}; "
+        "allowed: the same page size"
+    )
+
+
+def kv_slots_short(slots: int, max_batch_size: int) -> ValueError:
+    return ValueError(
+        f"page_table.max_batch_size={slots} is smaller than limits.max_batch_size="
+        f"{max_batch_size}; allowed: >= {max_batch_size} (one slot per ledger row)"
+    )
+
+
+def kv_inputs_memory(max_batch_size: int, max_tokens: int, max_pages: int) -> MemoryError:
+    return MemoryError(
+        f"StepInputs buffers for max_batch_size={max_batch_size}, t_max={max_tokens} tokens "
+        f"and max_pages_per_sequence={max_pages} could not be allocated"
+    )
+
+
+def kv_plan_type(value: object) -> TypeError:
+    return TypeError(
+        "plan must be a StepPlan, a 1-D SEQUENCE_DTYPE array or an object whose as_array() "
+        f"gives one, got {_type_name(value)}"
+    )
+
+
+def kv_plan_dtype(dtype: object, expected: object) -> TypeError:
+    return TypeError(f"plan array has dtype {dtype}; allowed: exactly SEQUENCE_DTYPE {expected}")
+
+
+def kv_plan_ndim(ndim: int) -> ValueError:
+    return ValueError(f"plan array has ndim={ndim}; allowed: 1")
+
+
+def kv_plan_rows(rows: int, max_batch_size: int) -> ValueError:
+    return ValueError(
+        f"plan has {rows} rows; allowed: <= limits.max_batch_size={max_batch_size}"
+    )
+
+
+def kv_plan_tokens(tokens: int, max_tokens: int) -> ValueError:
+    return ValueError(
+        f"plan has {tokens} query tokens in all; allowed: <= limits.t_max={max_tokens}"
+    )
+
+
+def kv_resident_range(index: int, resident: int, slots: int) -> ValueError:
+    return ValueError(
+        f"plan row {index}: resident={resident} is not a page-table slot; "
+        f"allowed: 0..{slots - 1}"
+    )
+
+
+def kv_row_field(index: int, field: str, value: int, allowed: str) -> ValueError:
+    return ValueError(f"plan row {index}: {field}={value} is out of range; allowed: {allowed}")
+
+
+def kv_row_overflow(index: int, past_length: int, query_length: int) -> OverflowError:
+    return OverflowError(
+        f"plan row {index}: past_length + query_length = {past_length} + {query_length} "
+        f"does not fit int32; allowed: <= {INT32_MAX}"
+    )
+
+
+def kv_pages_missing(index: int, resident: int, past_length: int, query_length: int,
+                     pages: int, page_size: int) -> ValueError:
+    need = past_length + query_length
+    return ValueError(
+        f"plan row {index}: resident {resident} needs KV pages for {need} tokens "
+        f"(past_length {past_length} + query_length {query_length}) but its pages hold "
+        f"{pages * page_size} tokens ({pages} page(s) of {page_size}); "
+        f"call page_table.ensure({resident}, {need}) first"
+    )
+
+
+def kv_table_memory(max_batch_size: int, max_pages: int, num_pages: int) -> MemoryError:
+    nbytes = 4 * (max_batch_size * max_pages + num_pages) + 12 * max_batch_size
+    return MemoryError(
+        f"KVPageTable(max_batch_size={max_batch_size}, max_pages_per_sequence={max_pages}, "
+        f"num_pages={num_pages}) needs {nbytes} bytes, which could not be allocated"
     )

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+from collections.abc import Callable
 from enum import IntEnum
 from typing import Any, TypeVar, get_type_hints
 
+import numpy as np
+
 from . import _errors
+from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -42,7 +46,7 @@ def as_bool(field: str, value: object) -> bool:
     """``True``/``False``, numpy booleans, or the integers 0 and 1."""
     if isinstance(value, bool):
         return value
-    if type(value).__name__ in ("bool_", "bool") and hasattr(value, "item"):  # numpy.bool_
+    if isinstance(value, np.bool_):
         return bool(value)
     try:
         v = operator.index(value)  # type: ignore[arg-type]
@@ -51,6 +55,17 @@ def as_bool(field: str, value: object) -> bool:
     if v not in (0, 1):
         raise _errors.not_bool(field, value)
     return bool(v)
+
+
+# The converter of each resident field, from its C type in RESIDENT_DTYPE.
+_BY_CTYPE: dict[np.dtype, Callable[[str, object], object]] = {
+    np.dtype(np.int32): as_int32,
+    np.dtype(np.uint64): as_uint64,
+    np.dtype(np.bool_): as_bool,
+}
+RESIDENT_CONVERTERS: dict[str, Callable[[str, object], object]] = {
+    name: _BY_CTYPE[RESIDENT_DTYPE[name]] for name in RESIDENT_FIELDS
+}
 
 
 def as_enum(field: str, value: object, enum_type: type[E]) -> E:

@@ -47,7 +47,8 @@ class StepPlannerLimits:
 
     ``max_step_tokens`` is the step buffer a runtime has (transformers' ``max_batch_tokens``,
     vLLM's ``max_num_batched_tokens``): 0 (the default) keeps T_max = B × S_in; a given value must
-    be >= P, and T_max = min(B × S_in, max_step_tokens) then bounds every step (SPEC §2).
+    be >= P (SPEC §2) and >= B (one decode token per slot must fit, as vLLM also requires), and
+    T_max = min(B × S_in, max_step_tokens) then bounds every step.
     B, S_in and P must be >= 1, and T_max must fit int32 (every token count of a plan is int32).
     """
 
@@ -63,12 +64,14 @@ class StepPlannerLimits:
                 raise _errors.out_of_range(name, v, ">= 1")
             _set(self, name, v)
         step = as_int32("max_step_tokens", self.max_step_tokens)
-        if step != 0 and step < self.kv_page_size:
-            # Below one page, a non-final chunk could never reach a page boundary: the first
-            # prompt in order would stall forever.
+        floor = max(self.kv_page_size, self.max_batch_size)
+        if step != 0 and step < floor:
+            # Below one page, a non-final chunk could never reach a page boundary (the first
+            # prompt in order would stall); below B, a step of B decode rows would not fit.
             raise _errors.out_of_range(
                 "max_step_tokens", step,
-                f"0 (= max_batch_size * max_input_length) or >= kv_page_size={self.kv_page_size}")
+                f"0 (= max_batch_size * max_input_length) or >= max(kv_page_size, "
+                f"max_batch_size) = {floor}")
         _set(self, "max_step_tokens", step)
         full = self.max_batch_size * self.max_input_length
         if step == 0 and full > _errors.INT32_MAX:

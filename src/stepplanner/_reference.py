@@ -13,12 +13,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _errors
-from ._fields import as_bool, as_int32, as_uint64
+from ._fields import RESIDENT_CONVERTERS
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
 from ._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
+    RESIDENT_FIELDS,
     SEQUENCE_DTYPE,
+    AnyResidentState,
+    AnyStepPlan,
     IfbSchedulingMode,
     PlannedSequence,
     PreemptionMode,
@@ -31,16 +34,8 @@ from ._types import (
 
 IMPLEMENTATION = "python"
 
-_FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
-           "consecutive_paused_steps")
-_CONVERT = {
-    "priority": as_int32,
-    "arrival": as_uint64,
-    "prompt_length": as_int32,
-    "committed": as_int32,
-    "context_committed": as_bool,
-    "consecutive_paused_steps": as_int32,
-}
+_FIELDS = RESIDENT_FIELDS
+_CONVERT = RESIDENT_CONVERTERS
 
 
 class ResidentState:
@@ -72,9 +67,9 @@ class ResidentState:
         return tuple(getattr(self, f) for f in _FIELDS)
 
     def __eq__(self, other: object) -> bool:
-        if not hasattr(other, "_astuple") or type(other).__name__ != "ResidentState":
+        if not isinstance(other, AnyResidentState):
             return NotImplemented
-        return bool(self._astuple() == other._astuple())
+        return bool(self._astuple() == other._astuple())  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]  # mutable
 
@@ -86,15 +81,24 @@ class ResidentState:
         return (ResidentState, self._astuple())
 
 
+AnyResidentState.register(ResidentState)
+
+
 class _PlanView(Sequence[Any]):
     """A live, read-only sequence over one of a plan's lists (overwritten by ``plan()``)."""
 
     __slots__ = ("_plan",)
+    _plan: StepPlan
 
-    def __init__(self, plan: StepPlan) -> None:
-        self._plan = plan
+    def __new__(cls, plan: StepPlan) -> _PlanView:
+        # A view exists only over a plan (as the compiled views do): never half-made.
+        if not isinstance(plan, StepPlan):
+            raise TypeError(f"{cls.__name__} views a StepPlan, got {type(plan).__name__}")
+        view = super().__new__(cls)
+        view._plan = plan
+        return view
 
-    def _items(self) -> list[Any]:
+    def _items(self) -> Sequence[Any]:
         raise NotImplementedError
 
     def __len__(self) -> int:
@@ -111,27 +115,37 @@ class _PlanView(Sequence[Any]):
     def __repr__(self) -> str:
         return repr(list(self))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A live view has nothing to be live over once pickled or copied: it goes as its items.
+        return (list, (list(self),))
+
 
 class _SequencesView(_PlanView):
     __slots__ = ()
 
-    def _items(self) -> list[PlannedSequence]:
+    def _items(self) -> Sequence[PlannedSequence]:
         return self._plan._rows
 
 
 class _PausedView(_PlanView):
     __slots__ = ()
 
-    def _items(self) -> list[int]:
+    def _items(self) -> Sequence[int]:
         return self._plan._paused
 
 
 class StepPlan:
     """One planned step. The planner's plan is overwritten by its next call: ``copy()`` to keep."""
 
+    # An empty plan from birth, also when made with __new__ (as the compiled plan is).
+    _rows: Sequence[PlannedSequence] = ()
+    _paused: Sequence[int] = ()
+    _num_residents = 0
+    num_prefill = num_decode = prefill_tokens = total_tokens = 0
+
     def __init__(self) -> None:
-        self._rows: list[PlannedSequence] = []
-        self._paused: list[int] = []
+        self._rows = []
+        self._paused = []
         self._num_residents = 0
         self.num_prefill = 0
         self.num_decode = 0
@@ -153,19 +167,21 @@ class StepPlan:
 
     def as_array(self) -> np.ndarray:
         """The sequences as a ``SEQUENCE_DTYPE`` array (a copy here; a view in the core)."""
-        rows = np.array([tuple(r) for r in self._rows], dtype=SEQUENCE_DTYPE)
-        rows.flags.writeable = False  # read-only like the core's views
-        return rows
+        return _read_only(np.array([tuple(r) for r in self._rows], dtype=SEQUENCE_DTYPE))
 
     def paused_array(self) -> np.ndarray:
-        paused = np.array(self._paused, dtype=np.int32)
-        paused.flags.writeable = False
-        return paused
+        return _read_only(np.array(self._paused, dtype=np.int32))
 
     def copy(self) -> StepPlan:
         other = StepPlan()
         other._set(list(self._rows), list(self._paused), self._num_residents)
         return other
+
+    def __copy__(self) -> StepPlan:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> StepPlan:
+        return self.copy()  # rows are tuples of ints and enums: nothing deeper to copy
 
     def to_dict(self) -> dict[str, Any]:
         return plan_to_dict(self)
@@ -184,14 +200,22 @@ class StepPlan:
         _apply(self, residents)
 
     def __eq__(self, other: object) -> bool:
-        if not hasattr(other, "to_dict") or type(other).__name__ != "StepPlan":
+        if not isinstance(other, AnyStepPlan):
             return NotImplemented
-        return bool(self.to_dict() == other.to_dict())
+        return bool(self.to_dict() == other.to_dict())  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return plan_repr(self)
+
+
+AnyStepPlan.register(StepPlan)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` over immutable bytes: like the core's views, it cannot be made writable."""
+    return np.frombuffer(array.tobytes(), dtype=array.dtype)
 
 
 def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
@@ -277,6 +301,7 @@ class StepPlanner:
         self._policy = policy
         self._limits = limits
         self._plan = StepPlan()
+        self._planning = False  # set while plan() reads the residents: see plan()
 
     @property
     def policy(self) -> ResolvedSchedulingPolicy:
@@ -293,7 +318,15 @@ class StepPlanner:
         lim, pol = self._limits, self._policy
         n_res = _count_of(residents, count, lim.max_batch_size)
         _check_reasons(reasons, n_res)
-        rows = _load_rows(residents, n_res, lim.max_input_length)
+        # Reading a list subclass runs its code, which may call plan() on this planner again:
+        # refuse that call rather than let it replace the rows being read (as the core does).
+        if self._planning:
+            raise _errors.plan_reentered()
+        self._planning = True
+        try:
+            rows = _load_rows(residents, n_res, lim.max_input_length)
+        finally:
+            self._planning = False
 
         s_in, p, t_max = lim.max_input_length, lim.kv_page_size, lim.t_max
         by_priority = pol.scheduling_policy == SchedulingPolicy.PRIORITY
@@ -360,10 +393,29 @@ class StepPlanner:
         return self._plan
 
 
-def _apply(plan: Any, residents: Any) -> None:
+def _check_plan_rows(plan: StepPlan) -> None:
+    """Every row names a resident of the plan: apply_to indexes by these (the core in C)."""
+    n = plan.num_residents
+    for k, s in enumerate(plan._rows):
+        if not 0 <= s.resident < n:
+            raise _errors.plan_value(f"sequences[{k}].resident", s.resident, f"0..{n - 1}")
+        if s.work not in (SequenceWork.CONTEXT, SequenceWork.DECODE):
+            raise _errors.plan_value(f"sequences[{k}].work", s.work, "0..1")
+        if not 0 <= s.query_length <= _errors.INT32_MAX:
+            raise _errors.plan_value(f"sequences[{k}].query_length", s.query_length,
+                                     f"0..{_errors.INT32_MAX}")
+    for k, i in enumerate(plan._paused):
+        if not 0 <= i < n:
+            raise _errors.plan_value(f"paused[{k}]", i, f"0..{n - 1}")
+
+
+def _apply(plan: StepPlan, residents: Any) -> None:
     """SPEC §6 for one plan over the rows it was made from; checks everything before writing."""
     n = plan.num_residents
     is_array = isinstance(residents, np.ndarray)
+    if not is_array and not isinstance(residents, (list, tuple)):
+        raise _errors.residents_type(residents)
+    _check_plan_rows(plan)
     if is_array:
         if residents.dtype != RESIDENT_DTYPE:
             raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
@@ -371,8 +423,6 @@ def _apply(plan: Any, residents: Any) -> None:
             raise _errors.array_ndim(residents.ndim)
         if not residents.flags.writeable:
             raise _errors.apply_readonly()
-    elif not isinstance(residents, (list, tuple)):
-        raise _errors.residents_type(residents)
     if len(residents) < n:
         raise _errors.apply_length(len(residents), n)
     if not is_array:
@@ -391,6 +441,11 @@ def _apply(plan: Any, residents: Any) -> None:
     rows = ([list(r) for r in residents[:n].tolist()] if is_array
             else [list(residents[i]._astuple()) for i in range(n)])
     for i, row in enumerate(rows):
+        # A counter that went negative since plan() is refused as plan() would refuse it.
+        if row[3] < 0:
+            raise _errors.resident_negative(i, "committed", row[3])
+        if row[5] < 0:
+            raise _errors.resident_negative(i, "consecutive_paused_steps", row[5])
         if row[3] + add[i] > _errors.INT32_MAX:
             raise _errors.apply_overflow(i, "committed", row[3], add[i])
         if i in paused and row[5] + 1 > _errors.INT32_MAX:

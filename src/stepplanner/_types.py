@@ -7,6 +7,7 @@ directly.
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -19,6 +20,8 @@ __all__ = [
     "PreemptionMode",
     "REASON_RELEASED_FROM_PAUSE",
     "RESIDENT_DTYPE",
+    "RESIDENT_FIELDS",
+    "ResidentRow",
     "Row",
     "SEQUENCE_DTYPE",
     "Reason",
@@ -100,16 +103,28 @@ class PlannedSequence(NamedTuple):
     select_last_token_logits: bool
 
 
+class ResidentRow(NamedTuple):
+    """One ledger row as plain values: the one definition of the six resident fields.
+
+    Everything else derives from it: ``RESIDENT_FIELDS``, ``RESIDENT_DTYPE`` (with the C types
+    below), both ``ResidentState`` classes, the ledger and ``check_plan``; the compiled core
+    checks at import that its C struct has these fields in this order.
+    """
+
+    priority: int
+    arrival: int
+    prompt_length: int
+    committed: int
+    context_committed: bool
+    consecutive_paused_steps: int
+
+
+RESIDENT_FIELDS: tuple[str, ...] = ResidentRow._fields
+
 # One ledger row; the compiled core reads arrays of it in place (its C struct has this layout).
 RESIDENT_DTYPE = np.dtype(
-    [
-        ("priority", np.int32),
-        ("arrival", np.uint64),
-        ("prompt_length", np.int32),
-        ("committed", np.int32),
-        ("context_committed", np.bool_),
-        ("consecutive_paused_steps", np.int32),
-    ],
+    list(zip(RESIDENT_FIELDS,
+             (np.int32, np.uint64, np.int32, np.int32, np.bool_, np.int32), strict=True)),
     align=True,
 )
 
@@ -147,6 +162,14 @@ def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = No
     if isinstance(rows, np.ndarray):
         rows = rows.tolist()
     return [resident_type(*r) for r in rows]
+
+
+class AnyStepPlan(abc.ABC):  # noqa: B024 - a marker: both implementations register
+    """Either implementation's ``StepPlan``: plans compare equal across the two."""
+
+
+class AnyResidentState(abc.ABC):  # noqa: B024
+    """Either implementation's ``ResidentState``: rows compare equal across the two."""
 
 
 # --- plan formatting, shared so both implementations print and serialise plans alike ------

@@ -1,34 +1,27 @@
 """Check a plan against SPEC §3's guarantees, independently of any planner.
 
 ``check_plan`` does not re-plan: it reads the plan and the ledger and tests each property a
-runtime relies on (every planned resident once, budgets, page ends, layout, pause rules...), so it
+runtime relies on (every planned resident once, budgets, page ends, layout, pause rules, a
+prompt left out only when SPEC §3 step 5 trims its chunk to nothing...), so it
 can judge either implementation, a future one, or a plan that came over the wire. It raises
 :class:`PlanInvariantError` (an ``AssertionError``) naming the rule and the offending row.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy, SequenceWork
+from ._types import ResidentRow as _Row
 
 __all__ = ["PlanInvariantError", "check_plan"]
 
 
 class PlanInvariantError(AssertionError):
     """A plan breaks one of SPEC §3's guarantees; the message says which and where."""
-
-
-class _Row(NamedTuple):
-    priority: int
-    arrival: int
-    prompt_length: int
-    committed: int
-    context_committed: bool
-    consecutive_paused_steps: int
 
 
 def _rows(residents: Any, count: int) -> list[_Row]:
@@ -68,6 +61,7 @@ def check_plan(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, resi
     _check_budget(policy, limits, plan, seqs)
     _check_pause(policy, rows, paused)
     _check_coverage(policy, rows, seqs, paused)
+    _check_skips(policy, limits, rows, seqs, paused)
 
 
 def _check_indices(rows: list[_Row], seqs: list[Any], paused: list[int]) -> None:
@@ -202,14 +196,22 @@ def _check_pause(policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: lis
                   f"(priority {limit}) but is not paused")
 
 
+def _active_prompts(policy: ResolvedSchedulingPolicy, rows: list[_Row],
+                    paused: list[int]) -> list[int]:
+    """The active prompt-incomplete residents, in order (SPEC §3 steps 2-3)."""
+    is_paused = set(paused)
+    return sorted((i for i in range(len(rows)) if i not in is_paused
+                   and not rows[i].context_committed),
+                  key=lambda i: _order_key(policy, rows, i))
+
+
 def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: list[Any],
                     paused: list[int]) -> None:
     """Who must be planned: decode rows per mode, and the first eligible prompt always."""
     planned = {s.resident: s.work for s in seqs}
     is_paused = set(paused)
     active = [i for i in range(len(rows)) if i not in is_paused]
-    prompts = sorted((i for i in active if not rows[i].context_committed),
-                     key=lambda i: _order_key(policy, rows, i))
+    prompts = _active_prompts(policy, rows, paused)
     decoding = [i for i in active if rows[i].context_committed]
     prefill_first = policy.mode == IfbSchedulingMode.PREFILL_FIRST
     if prefill_first and prompts:
@@ -227,3 +229,40 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
                 _fail(f"active decoding resident {i} has no decode row")
     if prompts and prompts[0] not in planned:
         _fail(f"the first active prompt in order (resident {prompts[0]}) was skipped")
+
+
+def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, rows: list[_Row],
+                 seqs: list[Any], paused: list[int]) -> None:
+    """A prompt the plan leaves out must be one that SPEC §3 step 5 trims to nothing.
+
+    Prompts are filled in order, so the budget a prompt meets is the step's prefill budget less
+    the chunks planned for prompts before it; the skip is justified only when
+    ``n = min(rem, cap, S_in, that budget)``, trimmed back to a page end when non-final, is 0.
+    """
+    prompts = _active_prompts(policy, rows, paused)
+    if policy.mode == IfbSchedulingMode.PREFILL_FIRST and prompts:
+        if policy.scheduling_policy == SchedulingPolicy.PRIORITY:
+            best = min(rows[i].priority for i in prompts)
+            prompts = [i for i in prompts if rows[i].priority == best]
+    num_decode = sum(1 for s in seqs if s.work == SequenceWork.DECODE)
+    if policy.mode == IfbSchedulingMode.MIXED and num_decode:
+        budget, cap = policy.max_num_tokens - num_decode, policy.max_chunk_tokens
+        source = f"max_num_tokens={policy.max_num_tokens} - {num_decode} decode rows"
+    else:
+        budget, cap = limits.t_max, limits.max_input_length
+        source = f"T_max={limits.t_max}"
+    chunk = {s.resident: s.query_length for s in seqs if s.work == SequenceWork.CONTEXT}
+    p, s_in = limits.kv_page_size, limits.max_input_length
+    for i in prompts:
+        if i in chunk:
+            budget -= chunk[i]
+            continue
+        r = rows[i]
+        rem = r.prompt_length - r.committed
+        n = min(rem, cap, s_in, budget)
+        if n < rem:
+            n = (r.committed + n) // p * p - r.committed
+        if n > 0:
+            _fail(f"prompt resident {i} (remaining {rem}) was skipped, but {budget} of the "
+                  f"prefill budget ({source}) remained when its turn came: a chunk of {n} "
+                  f"tokens fits (cap {min(cap, s_in)}, kv_page_size={p})")

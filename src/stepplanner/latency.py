@@ -6,18 +6,16 @@ the planned rows: the KV positions attention reads. ``a`` is the fixed cost of o
 cost of attention over the KV cache.
 
 Default coefficients: Llama-3.1-8B-Instruct, FP8 weights, one H100 SXM 80GB, TensorRT-LLM.
-This is an approximation derived from public figures, not a measurement of ours:
-
-* ``b`` and ``c`` are a least-squares fit (relative error) to the ten "Llama 3.1 8B / H100 TP1
-  (FP8)" rows of NVIDIA's TensorRT-LLM performance overview
-  (docs/source/performance/perf-overview.md, "Throughput Measurements": total output tokens/s
-  at maximum load for ISL/OSL 128/128 ... 20000/2000). Each row gives the time per request,
-  ``OSL / throughput``, which at maximum load is ``b * (ISL + OSL) + c * (ISL + OSL*ISL +
-  OSL**2/2)``; the fit is b = 14.3 us/token, c = 25.6 ns/position and reproduces nine of the ten
-  rows within 4% (the 20000/2000 row within 6%). See :data:`TRTLLM_H100_LLAMA31_8B_FP8`.
-* ``a`` is not identifiable from maximum-load throughput (it is shared by hundreds of sequences
-  per step), so it is the weight-streaming floor: 8.03e9 parameters x 1 byte (FP8) / 3.35 TB/s
-  (H100 SXM HBM3 bandwidth, NVIDIA datasheet) = 2.4 ms.
+This is an approximation derived from public figures, not a measurement of ours. They come from
+``tools/fit_latency.py``, which fits (a, b, c) jointly so that the simulator itself reproduces
+the ten "Llama 3.1 8B / H100 TP1 (FP8)" rows of NVIDIA's TensorRT-LLM performance overview
+(docs/source/performance/perf-overview.md, "Throughput Measurements": total output tokens/s at
+maximum load for ISL/OSL 128/128 ... 20000/2000, :data:`TRTLLM_H100_LLAMA31_8B_FP8`): each row
+is simulated as a saturated run (:mod:`stepplanner.calibration`: the benchmark's requests, all at
+t=0, on the engine trtllm-bench configures), and the fit is least squares in relative run time
+with ``a`` bounded below by the weight-streaming floor (8.03e9 parameters x 1 byte / 3.35 TB/s
+H100 HBM3 = 2.4 ms), where it lands: saturated runs cannot pin ``a`` down. The residual of
+every row is tabulated in docs/simulator.md (all within 10.7%; nine within 4.7%).
 
 Real engines add CUDA-graph padding, sampling and scheduling overheads; use ``LatencyModel(a, b,
 c)`` with your own measurements for anything that matters.
@@ -30,11 +28,13 @@ import math
 
 __all__ = ["DEFAULT_LATENCY", "LatencyModel", "TRTLLM_H100_LLAMA31_8B_FP8"]
 
-# (ISL, OSL, total output tokens/s): Llama 3.1 8B, H100 TP1 (FP8), TensorRT-LLM perf overview.
-TRTLLM_H100_LLAMA31_8B_FP8: tuple[tuple[int, int, int], ...] = (
-    (128, 128, 28312), (128, 2048, 22714), (128, 4096, 14325), (500, 2000, 17660),
-    (1000, 1000, 15220), (1000, 2000, 13899), (2048, 128, 3450), (2048, 2048, 9305),
-    (5000, 500, 3459), (20000, 2000, 1351),
+# (ISL, OSL, total output tokens/s, requests in the benchmark's dataset): Llama 3.1 8B, H100 TP1
+# (FP8), TensorRT-LLM perf overview ("Throughput Measurements" and "$num_requests").
+TRTLLM_H100_LLAMA31_8B_FP8: tuple[tuple[int, int, int, int], ...] = (
+    (128, 128, 28312, 30000), (128, 2048, 22714, 3000), (128, 4096, 14325, 1500),
+    (500, 2000, 17660, 3000), (1000, 1000, 15220, 3000), (1000, 2000, 13899, 1500),
+    (2048, 128, 3450, 3000), (2048, 2048, 9305, 1500), (5000, 500, 3459, 1500),
+    (20000, 2000, 1351, 1000),
 )
 
 
@@ -42,9 +42,9 @@ TRTLLM_H100_LLAMA31_8B_FP8: tuple[tuple[int, int, int], ...] = (
 class LatencyModel:
     """Seconds one engine step takes: ``a + b * tokens + c * context`` (see the module doc)."""
 
-    a: float = 2.4e-3
-    b: float = 14.3e-6
-    c: float = 25.6e-9
+    a: float = 2.4e-3  # tools/fit_latency.py
+    b: float = 1.45e-5
+    c: float = 2.19e-8
     name: str = "Llama-3.1-8B FP8 on H100 SXM (TensorRT-LLM, approximate)"
 
     def __post_init__(self) -> None:

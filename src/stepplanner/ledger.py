@@ -36,11 +36,10 @@ import numpy as np
 
 from ._fields import as_bool, as_int, as_int32, as_uint64
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
-from ._types import RESIDENT_DTYPE, SchedulingPolicy
+from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy
 
 __all__ = ["Ledger", "RESIDENT_FIELDS"]
 
-RESIDENT_FIELDS: tuple[str, ...] = tuple(RESIDENT_DTYPE.names or ())
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 

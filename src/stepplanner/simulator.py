@@ -88,6 +88,9 @@ class SimulationResult:
     max_consecutive_paused: int
     wall_seconds: float
     truncated: bool
+    itl: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    """Per priority class (``workload.classes`` order): every gap between two consecutive output
+    tokens of its requests, as (seconds, count) pairs."""
 
     @property
     def num_steps(self) -> int:
@@ -120,6 +123,8 @@ class SimulationResult:
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
+        itl = {"all": _pooled(self.itl)}
+        itl.update({str(p): _pooled(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
         return {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),
@@ -154,8 +159,10 @@ class SimulationResult:
                 "released_by_max_pause_steps": int(self.reason_counts[-1]),
             },
             "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
-            "latency_s": {name: {metric: _percentiles(values[mask])
-                                 for metric, values in lat.items()}
+            "latency_s": {name: {**{metric: _percentiles(values[mask])
+                                    for metric, values in lat.items()},
+                                 "itl": {f"p{q}": _weighted_pct(*itl[name], q)
+                                         for q in PERCENTILES}}
                           for name, mask in classes.items()},
             "planner": {
                 "mean_plan_us": _mean(plan_us),
@@ -179,6 +186,25 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {f"p{q}": _pct(values, q) for q in PERCENTILES}
+
+
+def _pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate([v for v, _ in parts]), np.concatenate([c for _, c in parts])
+
+
+def _weighted_pct(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+    """``np.percentile(np.repeat(values, counts), q)`` without building the repeated array."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])
+    rank = q / 100 * (int(ends[-1]) - 1)  # numpy's default (linear) interpolation
+    low, high = np.searchsorted(ends, [np.floor(rank), np.ceil(rank)], side="right")
+    return float(values[low] + (values[high] - values[low]) * (rank - np.floor(rank)))
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -244,6 +270,10 @@ class _Run:
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
         self.records: list[tuple[float, ...]] = []
+        # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
+        # (request ids, their previous token's time, this token's time). Every other gap is one
+        # step's duration, so these suffice to rebuild the pooled ITL sample after the run.
+        self.apart: list[tuple[np.ndarray, np.ndarray, float]] = []
         self.now = float(workload.arrival_time[0]) if n else 0.0
         self.next_request = 0
         self.completed = 0
@@ -300,7 +330,12 @@ class _Run:
         first = gen == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
-        self.max_gap[later] = np.maximum(self.max_gap[later], now - self.last_token_time[later])
+        previous = self.last_token_time[later]
+        gaps = now - previous
+        self.max_gap[later] = np.maximum(self.max_gap[later], gaps)
+        apart = previous != start
+        if apart.any():
+            self.apart.append((later[apart], previous[apart], now))
         self.last_token_time[req] = now
         gen += 1
         self.generated[req] = gen
@@ -340,7 +375,36 @@ class _Run:
             finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated)
+            wall_seconds=wall, truncated=truncated,
+            itl=self._itl(steps["end_time"], steps["seconds"]))
+
+    def _itl(self, end_time: np.ndarray,
+             seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample.
+
+        A request's gaps end at the steps after its first token up to its last one. Those that
+        follow a step in which it also emitted last exactly that step's duration; the others
+        (``self.apart``) each span several steps, in none of which it had a back-to-back gap.
+        So each step's back-to-back count per class is a difference array over step indices.
+        """
+        w, n_steps = self.w, len(end_time)
+        classes = np.searchsorted(w.classes, w.priority)
+        spoke = np.flatnonzero(self.generated >= 2)
+        covered = np.zeros((len(w.classes), n_steps + 1), dtype=np.int64)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.first_token_time[spoke]) + 1), 1)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.last_token_time[spoke]) + 1), -1)
+        ids = np.concatenate([r for r, _, _ in self.apart] or [np.zeros(0, dtype=np.int64)])
+        before = np.concatenate([t for _, t, _ in self.apart] or [np.zeros(0)])
+        after = np.concatenate([np.full(len(r), t) for r, _, t in self.apart] or [np.zeros(0)])
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, before) + 1), -1)
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, after) + 1), 1)
+        back_to_back = np.cumsum(covered, axis=1)[:, :n_steps]
+        return [(np.concatenate([seconds, (after - before)[classes[ids] == k]]),
+                 np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
+                                                          dtype=np.int64)]))
+                for k in range(len(w.classes))]
 
 
 # --- configuration as plain data ----------------------------------------------------------

@@ -98,7 +98,7 @@ def _limits(draw: Any, max_batch_size: int, max_input_length: int,
     p = draw(st.one_of(st.just(1), st.integers(1, max_page_size)))
     step = 0
     if draw(_BOOLS):  # anything from one page up to past B × S_in (where it no longer binds)
-        step = draw(st.integers(p, max(p, b * s_in + p)))
+        step = draw(st.integers(max(p, b), max(p, b) + b * s_in))
     return StepPlannerLimits(b, s_in, p, step)
 
 

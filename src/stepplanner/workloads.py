@@ -27,6 +27,8 @@ from ._errors import INT32_MAX, INT32_MIN
 
 __all__ = [
     "DEFAULT_CLASSES",
+    "DEFAULT_RATE",
+    "DEFAULT_REQUESTS",
     "PriorityClass",
     "Workload",
     "load_trace",
@@ -36,6 +38,9 @@ __all__ = [
 
 REQUIRED_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
 OPTIONAL_COLUMNS = ("priority",)
+# The embedded default workload, which `stepplanner simulate` runs with no arguments.
+DEFAULT_REQUESTS = 6000
+DEFAULT_RATE = 28.0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -58,6 +63,9 @@ class Workload:
         lengths = {name: col.shape for name, col in cols.items()}
         if any(col.ndim != 1 for col in cols.values()) or len(set(lengths.values())) != 1:
             raise ValueError(f"workload columns must be 1-D and of one length; got shapes {lengths}")
+        if cols["arrival_time"].size == 0:
+            # A run needs a start time and a report needs a request to describe.
+            raise ValueError("workload has no requests; allowed: at least one request")
         _check(cols["arrival_time"], "arrival_time", lambda a: np.isfinite(a) & (a >= 0),
                "a finite number of seconds >= 0")
         _check(cols["prompt_tokens"], "prompt_tokens", lambda a: a >= 1, ">= 1")
@@ -85,14 +93,14 @@ class Workload:
 
     def summary(self) -> dict[str, Any]:
         n = len(self)
-        span = float(self.arrival_time[-1] - self.arrival_time[0]) if n > 1 else 0.0
+        span = float(self.arrival_time[-1] - self.arrival_time[0])
         return {
             "source": self.source,
             "requests": n,
             "duration_s": span,
             "rate_per_s": (n - 1) / span if span > 0 else None,
-            "prompt_tokens_mean": float(self.prompt_tokens.mean()) if n else 0.0,
-            "output_tokens_mean": float(self.output_tokens.mean()) if n else 0.0,
+            "prompt_tokens_mean": float(self.prompt_tokens.mean()),
+            "output_tokens_mean": float(self.output_tokens.mean()),
             "classes": {str(p): int((self.priority == p).sum()) for p in self.classes},
         }
 
@@ -149,7 +157,7 @@ DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
 )
 
 
-def synthetic(requests: int = 6000, rate: float = 22.0, seed: int = 0,
+def synthetic(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE, seed: int = 0,
               classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
               max_prompt: int = 4096, max_output: int = 2048) -> Workload:
     """Poisson arrivals at ``rate`` requests/s; class drawn by share; lognormal lengths."""

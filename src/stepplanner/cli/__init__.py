@@ -8,10 +8,12 @@ SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency
 measured step times). Needs the ``cli`` extra (click, rich).
 
 Layout: one module per command, each defining one click command that ``main`` adds below;
-``options`` holds the flags commands share, ``config`` the ``KEY=VALUE`` configuration syntax,
-``running`` the progress bar around a simulation, ``render`` every table and text report;
-``tuning_options``/``tuning_render``/``tuning_progress``/``tuning_extras`` are the same for the
-tuning commands and the SLO and vLLM-metric additions to ``simulate`` and ``compare``.
+shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
+``running`` (a simulation with its progress bar), ``render`` (every report in every
+``--format``), ``notices`` (warnings on stderr), ``errors`` (which exceptions become one-line
+errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``;
+``tuning_options``, ``tuning_render``, ``tuning_progress`` and ``tuning_extras`` are the same for
+the tuning commands and for the SLO and vLLM-metric additions to ``simulate`` and ``compare``.
 """
 
 from __future__ import annotations

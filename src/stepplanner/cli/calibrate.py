@@ -6,7 +6,7 @@ import click
 
 from ..latency_models import fit_latency, read_timings, save_latency_model
 from .errors import library_errors
-from .tuning_options import check_output_path
+from .files import check_output_path
 
 
 @click.command("calibrate")

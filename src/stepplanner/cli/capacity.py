@@ -14,7 +14,7 @@ from .errors import InputError, library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       scheduling_options, workload_options)
 from .render import emit
-from .tuning_options import (check_output_path, latency_model_option, latency_of,
+from .tuning_options import (check_output_paths, latency_model_option, latency_of,
                              output_options, slo_option)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import capacity_blocks, document, save
@@ -48,8 +48,7 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
     if not slos:
         raise InputError("capacity needs at least one --slo (without one every rate is "
                          "sustainable)")
-    for option, path in (("--save-result", save_result), ("--csv", csv_path)):
-        check_output_path(option, path)
+    check_output_paths(save_result=save_result, csv=csv_path)
     limits, options = limits_from(kw), options_from(kw)
     if kw["trace"]:
         source: Any = ScaledTrace(read_trace(kw["trace"], kw["columns"]))

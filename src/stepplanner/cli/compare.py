@@ -12,7 +12,7 @@ from ..tuning.metrics import GapRecorder
 from . import tuning_extras
 from .config import parse_config, parse_config_text
 from .errors import library_errors
-from .inputs import read_json
+from .files import read_json
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, output_format, run_options,
                       workload_from, workload_options)

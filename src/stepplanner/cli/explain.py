@@ -21,7 +21,7 @@ from ..ledger import Ledger
 from ..simulator import DEFAULT_LIMITS
 from .config import parse_config
 from .errors import library_errors
-from .inputs import read_json
+from .files import read_json
 from .options import format_options, output_format
 from .render import emit, explanation_blocks
 

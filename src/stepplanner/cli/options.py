@@ -12,11 +12,8 @@ from .._policy import SchedulingOptions, StepPlannerLimits
 from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import DEFAULT_LIMITS
 from ..traces import read_trace
-from ..workloads import Workload, synthetic
+from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
 from .render import FORMATS
-
-DEFAULT_REQUESTS = 6000
-DEFAULT_RATE = 28.0
 
 
 def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -71,7 +68,9 @@ scheduling_options = _compose(
     click.option("--mode", type=_choice(IfbSchedulingMode), default="auto", show_default=True,
                  help="ifb_scheduling_mode."),
     click.option("--max-num-tokens", type=int, default=0, show_default=True,
-                 help="Token budget per step (0 = SPEC §2 default)."),
+                 help="Token budget of a MIXED step that has decode rows (0 = SPEC §2 "
+                      "default). A step without decode rows may take T_max = B*S_in, or "
+                      "--max-step-tokens when given: cap every step with that."),
     click.option("--max-chunk-tokens", type=int, default=0, show_default=True,
                  help="Largest prompt chunk (0 = SPEC §2 default)."),
     click.option("--policy", "scheduling_policy", type=_choice(SchedulingPolicy),

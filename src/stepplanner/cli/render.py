@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import click
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -53,11 +54,13 @@ class Line:
 @dataclasses.dataclass(frozen=True)
 class Column:
     """A column: its header (``\\n`` splits it over two lines in the wide layout), the format
-    spec of its numbers (``",.1f"``; thousands separators are dropped in CSV) and alignment."""
+    spec of its numbers (``",.1f"``; thousands separators are dropped in CSV), alignment, and
+    whether its text may wrap at spaces (prose such as a rule; numbers and names never wrap)."""
 
     header: str
     spec: str = ""
     left: bool = False
+    wrap: bool = False
 
     @property
     def name(self) -> str:
@@ -125,24 +128,60 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n\n".join(parts)
 
 
+_BOX = 3  # per column: one rule and a space of padding each side (rich's default box)
+
+
+def _widths(columns: Sequence[Column], texts: Sequence[Sequence[str]]) -> tuple[list[int],
+                                                                                list[int]]:
+    """Each column's natural width and the least it can take with nothing cut: unwrappable
+    columns (and every header line) whole, wrappable ones down to their longest word."""
+    natural, least = [], []
+    for k, column in enumerate(columns):
+        cells = [row[k] for row in texts]
+        header = column.header.splitlines()
+        natural.append(max(cell_len(text) for text in [*header, *cells]))
+        pieces = [word for text in cells for word in text.split()] if column.wrap else cells
+        least.append(max(cell_len(text) for text in [*header, *pieces]))
+    return natural, least
+
+
+def grid_width(columns: Sequence[Column], texts: Sequence[Sequence[str]]) -> int:
+    """The narrowest the grid can be with nothing cut, box included."""
+    return sum(_widths(columns, texts)[1]) + _BOX * len(columns) + 1
+
+
+def fit_widths(columns: Sequence[Column], texts: Sequence[Sequence[str]],
+               width: int) -> list[int] | None:
+    """Column widths that fit ``width`` with nothing cut, narrowing the widest wrappable column
+    one cell at a time; ``None`` when even the least widths do not fit. Set explicitly, so that
+    rich never shrinks a column on its own (its shrinking cuts with an ellipsis)."""
+    natural, least = _widths(columns, texts)
+    excess = sum(natural) + _BOX * len(columns) + 1 - width
+    if excess > sum(natural) - sum(least):
+        return None
+    widths = list(natural)
+    for _ in range(max(excess, 0)):
+        k = max(range(len(widths)), key=lambda i: widths[i] - least[i])
+        widths[k] -= 1
+    return widths
+
+
 def print_table(console: Console, table: TableData) -> None:
     """The table as a grid when it fits ``console.width`` uncut, else row by row."""
-    grid = Table(title=escape(table.title) or None, title_justify="left")
-    for column in table.columns:
-        grid.add_column(escape(column.header), justify="left" if column.left else "right",
-                        no_wrap=True)
     texts = [[cell(c, v) for c, v in zip(table.columns, row)] for row in table.rows]
-    for row in texts:
-        grid.add_row(*(escape(text) for text in row))
-    # Measured with room to spare: within the console's width rich reports what it would
-    # shrink the table to, not what the table needs.
-    natural = console.measure(grid, options=console.options.update_width(1 << 20)).maximum
-    if natural <= console.width:
+    widths = fit_widths(table.columns, texts, console.width)
+    if widths is not None:
+        grid = Table(title=escape(table.title) or None, title_justify="left")
+        for column, w in zip(table.columns, widths):
+            grid.add_column(escape(column.header), justify="left" if column.left else "right",
+                            no_wrap=not column.wrap, width=w, overflow="fold")
+        for row in texts:
+            grid.add_row(*(escape(text) for text in row))
         console.print(grid)
         return
     if table.title:
         console.print(f"[bold]{escape(table.title)}[/]")
-    width = max(len(c.name) for c in table.columns[1:])
+    width = max((len(c.name) for c in table.columns[1:]), default=0)
     for row in texts:
         console.print(f"[bold]{escape(row[0])}[/]", overflow="fold")
         for column, text in zip(table.columns[1:], row[1:]):
@@ -174,11 +213,11 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     columns = [Column("class", left=True)] + [
         Column(name, _MS) for name in ("queue p50", "queue p99", "TTFT p50", "TTFT p90",
                                        "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
-                                       "max ITL p99")]
+                                       "ITL p99", "max ITL p99")]
     rows = [[class_name(key), _ms(lat["queue"]["p50"]), _ms(lat["queue"]["p99"]),
              _ms(lat["ttft"]["p50"]), _ms(lat["ttft"]["p90"]), _ms(lat["ttft"]["p99"]),
              _ms(lat["tpot"]["p50"]), _ms(lat["tpot"]["p99"]), _ms(lat["e2e"]["p50"]),
-             _ms(lat["e2e"]["p99"]), _ms(lat["max_itl"]["p99"])]
+             _ms(lat["e2e"]["p99"]), _ms(lat["itl"]["p99"]), _ms(lat["max_itl"]["p99"])]
             for key, lat in r["latency_s"].items()]
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     return [
@@ -250,7 +289,7 @@ def explanation_blocks(e: dict[str, Any]) -> list[Block]:
     """``explain``: the resolved policy with its rules, then every resident's outcome."""
     policy = TableData("resolved policy (SPEC §2)",
                        [Column("field", left=True), Column("value", left=True),
-                        Column("rule", left=True)],
+                        Column("rule", left=True, wrap=True)],
                        [[row["field"], row["value"], row["rule"]] for row in e["policy"]])
     rows = []
     for r in e["residents"]:
@@ -267,7 +306,7 @@ def explanation_blocks(e: dict[str, Any]) -> list[Block]:
         "residents",
         [Column("#"), Column("request"), Column("prio"), Column("arrival"), Column("prompt"),
          Column("committed"), Column("ctx done"), Column("paused"),
-         Column("reason", left=True), Column("planned", left=True)],
+         Column("reason", left=True, wrap=True), Column("planned", left=True, wrap=True)],
         rows, main=True)
     p, budget = e["plan"], e["step_budget"]
     return [policy, residents,

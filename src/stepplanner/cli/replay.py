@@ -13,7 +13,8 @@ from .._types import IfbSchedulingMode
 from ..simulator import policy_to_dict, read_record_header, replay
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
-from .inputs import read_text
+from .files import read_text
+from .notices import warn_no_op_options
 from .render import print_replay, stdout_console
 
 
@@ -39,6 +40,7 @@ def replay_command(record_file: Any, config_text: str, show: int, as_json: bool)
         config = parse_config(items, limits, base)
         limits = config.limits
         policy = resolve_scheduling_policy(config.options, limits)
+        warn_no_op_options(config.options, policy)
     result = replay(lines, policy, limits)
     if as_json:
         click.echo(json.dumps({"steps": result.steps, "policy": policy_to_dict(result.policy),

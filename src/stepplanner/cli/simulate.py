@@ -13,10 +13,10 @@ from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       run_options, scheduling_options, workload_from, workload_options)
-from .plot import plot_result, require_matplotlib
+from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, report_blocks
 from .running import run
-from .tuning_options import check_output_path, latency_of
+from .tuning_options import check_output_paths, latency_of
 from .tuning_render import write_json
 
 
@@ -27,8 +27,8 @@ from .tuning_render import write_json
 @run_options
 @format_options
 @click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: TTFT CDF per priority class and the batch timeline "
-                   "(needs matplotlib).")
+              help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
+                   "the batch timeline (needs matplotlib).")
 @tuning_extras.simulate_options
 @library_errors
 def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
@@ -37,7 +37,8 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         require_matplotlib()
-    check_output_path("--save-result", save_result)
+        check_plot_path(plot)
+    check_output_paths(save_result=save_result)
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)

@@ -12,9 +12,9 @@ from ..tuning.sweep import sweep
 from .errors import library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       scheduling_options, workload_from, workload_options)
-from .plot import require_matplotlib
+from .plot import check_plot_path, require_matplotlib
 from .render import emit
-from .tuning_options import (PLOT_SUFFIXES, check_output_path, latency_model_option, latency_of,
+from .tuning_options import (check_output_paths, latency_model_option, latency_of,
                              output_options, percentiles_option, slo_option)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import document, plot_front, save, sweep_blocks
@@ -44,11 +44,10 @@ def sweep_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any, la
                   **kw: Any) -> None:
     """Simulate every configuration of a grid on one workload; rank by goodput under --slo."""
     fmt = output_format(fmt, as_json)
-    for option, path in (("--save-result", save_result), ("--csv", csv_path)):
-        check_output_path(option, path)
-    check_output_path("--plot", plot, PLOT_SUFFIXES)
+    check_output_paths(save_result=save_result, csv=csv_path)
     if plot:
         require_matplotlib()
+        check_plot_path(plot)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)

@@ -8,7 +8,6 @@ are checked up front for the same reason.
 
 from __future__ import annotations
 
-import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,10 +18,8 @@ from ..latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
 from ..tuning.slo import parse_slos
+from .files import check_output_path
 from .options import _compose as compose
-
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
 
 def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
     def callback(ctx: Any, param: Any, value: Any) -> Any:
@@ -76,18 +73,6 @@ def latency_of(model: LatencyModel | None, overrides: str) -> LatencyModel:
                                **{k: getattr(custom, k) for k in given})
 
 
-def check_output_path(option: str, path: str | None, suffixes: tuple[str, ...] = ()) -> None:
-    """A path we will write after a long run: its folder must exist and its suffix be known."""
-    if path is None:
-        return
-    target = pathlib.Path(path)
-    if not target.parent.is_dir():
-        raise click.UsageError(f"{option} {path}: folder {target.parent} does not exist")
-    if suffixes and target.suffix.lower() not in suffixes:
-        raise click.UsageError(f"{option} {path}: suffix {target.suffix or '(none)'!r} is not "
-                               f"known; allowed: {', '.join(suffixes)}")
-
-
 def output_options(what: str) -> Callable[[Any], Any]:
     """--latency, the backends, --save-result/--csv files and --progress for a command over
     many configurations (``--format``/``--json`` come from ``options.format_options``)."""
@@ -102,3 +87,10 @@ def output_options(what: str) -> Callable[[Any], Any]:
         click.option("--progress/--no-progress", default=True, show_default=True,
                      help="Progress bar across configurations on stderr."),
     )
+
+
+def check_output_paths(**paths: str | None) -> None:
+    """``files.check_output_path`` for each given ``--option-name=path`` (None: not asked)."""
+    for name, path in paths.items():
+        if path is not None:
+            check_output_path(f"--{name.replace('_', '-')}", path)

@@ -1,10 +1,15 @@
-"""Reading the files commands take (ledgers, configuration lists, step records): an unreadable
-file is a ``ValueError`` naming it, never a decoder's traceback."""
+"""The files commands read (ledgers, configuration lists, step records) and write (records,
+plots): an unreadable input is a ``ValueError`` naming it, never a decoder's traceback, and an
+output path that cannot be written is refused before anything runs."""
 
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 from typing import IO, Any
+
+from .errors import InputError
 
 
 def read_text(handle: IO[str]) -> str:
@@ -25,3 +30,14 @@ def read_json(handle: IO[str]) -> Any:
         raise ValueError(f"{handle.name}: not valid JSON ({exc})") from None
     except RecursionError:
         raise ValueError(f"{handle.name}: not valid JSON (nested too deeply)") from None
+
+
+def check_output_path(option: str, path: str) -> None:
+    """Before the run: ``path``'s directory exists and is writable (``-`` is stdout)."""
+    if path in ("-", "<stdout>"):
+        return
+    folder = pathlib.Path(path).parent
+    if not folder.is_dir():
+        raise InputError(f"{option} {path}: directory {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{option} {path}: directory {str(folder)!r} is not writable")

@@ -1,0 +1,136 @@
+"""StepInputs.prepare at B=256 against the same arrays built with vectorised NumPy, and against
+plan() for the same step, grouped side by side per scenario.
+
+    pytest benchmarks/test_step_inputs.py --benchmark-group-by=group
+
+Scenarios: ``all_decode`` (every resident of the steady ledger decoding, so 256 one-token rows
+whose KV runs to thousands of tokens) and ``mixed`` (the steady ledger under the default MIXED
+policy: decode rows plus prompt chunks). The page table holds each slot's KV and nothing more.
+Before timing, each case checks that NumPy and ``prepare`` give the same arrays and that
+``prepare`` allocates nothing (tracemalloc; recorded in ``extra_info``).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from stepplanner import _core, _kv, _kv_reference, bench
+from stepplanner._types import as_resident_array
+
+BATCH = 256
+P = bench.KV_PAGE_SIZE
+NAMES = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "block_table", "kv_indptr",
+         "kv_indices", "kv_last_page_len", "logits_indices")
+SCENARIOS = ("all_decode", "mixed")
+
+
+def numpy_inputs(seqs: np.ndarray, table_rows: np.ndarray, page: int) -> dict[str, np.ndarray]:
+    """The arrays ``prepare`` fills, built the way a runtime without it would: vectorised NumPy."""
+    resident = seqs["resident"].astype(np.int64)
+    past = seqs["past_length"]
+    query = seqs["query_length"]
+    n = len(seqs)
+    cu = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(query, out=cu[1:])
+    row_of_token = np.repeat(np.arange(n), query)
+    positions = (past[row_of_token] + np.arange(cu[-1]) - cu[row_of_token]).astype(np.int32)
+    pages = table_rows[resident[row_of_token], positions // page]
+    seq_lens_k = (past + query).astype(np.int32)
+    npages = (seq_lens_k + page - 1) // page
+    block = table_rows[resident]
+    unused = np.arange(table_rows.shape[1]) >= npages[:, None]
+    block[unused] = -1
+    kv_indptr = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(npages, out=kv_indptr[1:])
+    return {
+        "positions": positions,
+        "cu_seqlens_q": cu,
+        "seq_lens_k": seq_lens_k,
+        "slot_mapping": pages.astype(np.int64) * page + positions % page,
+        "block_table": block,
+        "kv_indptr": kv_indptr,
+        "kv_indices": block[~unused],
+        "kv_last_page_len": (seq_lens_k - (npages - 1) * page).astype(np.int32),
+        "logits_indices": cu[1:][seqs["select_last_token_logits"].astype(bool)] - 1,
+    }
+
+
+def make_case(kv, scenario: str):
+    """(planner, ledger array, plan, table, inputs) for one scenario at B=256."""
+    rows = bench.steady_ledger(BATCH)
+    if scenario == "all_decode":
+        rows = [(p, a, n, max(c, n), True, s) for p, a, n, c, _, s in rows]
+    planner = bench.make_planner(_core, "mixed", BATCH)
+    ledger = as_resident_array(rows)
+    plan = planner.plan(ledger)
+    max_tokens = int(max(ledger["committed"].max(), ledger["prompt_length"].max())) + 1
+    max_pages = -(-max_tokens // P)
+    table = kv.KVPageTable(BATCH, max_pages, BATCH * max_pages, P)
+    for row in plan.as_array():
+        assert table.ensure(int(row["resident"]), int(row["past_length"] + row["query_length"]))
+    inputs = kv.StepInputs(planner.limits, table)
+    return planner, ledger, plan, table, inputs
+
+
+def allocated_by(call, repeats: int = 50) -> int:
+    call()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(repeats):
+            call()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture(params=SCENARIOS)
+def scenario(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_prepare(benchmark, scenario: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    want = numpy_inputs(plan.as_array(), np.array(table.rows), P)
+    inputs.prepare(plan)
+    for name in NAMES:
+        assert np.array_equal(getattr(inputs, name), want[name]), name
+    grown = allocated_by(lambda: inputs.prepare(plan))
+    assert grown == 0, f"prepare allocated {grown} bytes"
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark.extra_info.update(rows=inputs.num_rows, tokens=inputs.num_tokens,
+                                kv_pages=int(len(inputs.kv_indices)), bytes_allocated=grown)
+    benchmark(inputs.prepare, plan)
+
+
+def test_numpy(benchmark, scenario: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    seqs = plan.as_array()
+    table_rows = table.rows
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark(numpy_inputs, seqs, table_rows, P)
+
+
+def test_plan(benchmark, scenario: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark(planner.plan, ledger)
+
+
+def test_prepare_reference(benchmark, scenario: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv_reference, scenario)
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark.pedantic(inputs.prepare, (plan,), rounds=5, iterations=1, warmup_rounds=1)
+
+
+def test_prepare_reordered(benchmark, scenario: str) -> None:
+    """Rows in a new order every call (the plan, then the plan reversed): no block_table row
+    holds the same slot as the call before, so every row's pages are copied in full."""
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    orders = [plan.as_array().copy(), plan.as_array()[::-1].copy()]
+    turn = iter(orders * 10**6)
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark(lambda: inputs.prepare(next(turn)))

@@ -1,0 +1,500 @@
+"""Compiled KV page table and step attention inputs (the C side of stepplanner.KVPageTable and
+stepplanner.StepInputs; the pure-Python twin is _kv_reference.py).
+
+Layout of this file, top to bottom:
+  1. the kernels: page-pool bookkeeping and the fill of a step's inputs, C only, ``noexcept nogil``;
+  2. ``KVPageTable``: validation at the boundary, then the kernels;
+  3. ``StepInputs``: buffers sized once, ``prepare(plan)`` validates every row, then fills.
+
+A plan row's ``resident`` is the ledger row index, and that index is the page table's slot.
+Directives are set in setup.py, not here.
+"""
+
+cimport cython
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint64_t, INT32_MAX
+from libc.string cimport memcpy
+
+import numpy as np
+
+from . import _errors
+from ._core cimport StepPlan
+from ._fields import as_int32
+from ._kv_buffers import input_buffers, read_only
+from ._kv_checks import check_page_table
+from ._policy import StepPlannerLimits
+from ._types import SEQUENCE_DTYPE
+
+cnp.import_array()
+
+IMPLEMENTATION = "compiled"
+
+cdef cnp.dtype _SEQUENCE_DESCR = SEQUENCE_DTYPE
+
+# ============================================================================================
+# 1. The kernels
+# ============================================================================================
+
+cdef int64_t pages_for(int64_t num_tokens, int32_t page_size) noexcept nogil:
+    return (num_tokens + page_size - 1) // page_size
+
+
+cdef void grow_slot(PageTableC* t, int32_t slot, int32_t need) noexcept nogil:
+    cdef int32_t* row = t.rows + <Py_ssize_t>slot * t.max_pages
+    cdef int32_t k
+    for k in range(t.counts[slot], need):
+        t.num_free -= 1
+        row[k] = t.free_pages[t.num_free]
+    t.counts[slot] = need
+
+
+cdef void release_slot(PageTableC* t, int32_t slot) noexcept nogil:
+    # Last page first, so the slot's first page is back on top of the pool: a slot released and
+    # ensured again gets its pages back in the same order.
+    cdef int32_t* row = t.rows + <Py_ssize_t>slot * t.max_pages
+    cdef int32_t k
+    for k in range(t.counts[slot] - 1, -1, -1):
+        t.free_pages[t.num_free] = row[k]
+        t.num_free += 1
+        row[k] = -1
+    t.counts[slot] = 0
+    t.generation[slot] += 1
+
+
+cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
+    cdef int32_t* s = t.rows + <Py_ssize_t>src * t.max_pages
+    cdef int32_t* d = t.rows + <Py_ssize_t>dst * t.max_pages
+    cdef int32_t k
+    for k in range(t.max_pages):
+        d[k] = s[k]
+        s[k] = -1
+    t.counts[dst] = t.counts[src]
+    t.counts[src] = 0
+    t.generation[src] += 1
+    t.generation[dst] += 1
+
+
+cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
+    if s.resident < 0 or s.resident >= t.num_slots:
+        return ROW_RESIDENT_RANGE
+    if s.past_length < 0:
+        return ROW_PAST_NEGATIVE
+    if s.query_length < 1:
+        return ROW_QUERY_NOT_POSITIVE
+    if s.past_length > INT32_MAX - s.query_length:
+        return ROW_LENGTH_OVERFLOW
+    if <int64_t>t.counts[s.resident] * t.page_size < <int64_t>s.past_length + s.query_length:
+        return ROW_PAGES_MISSING
+    return ROW_OK
+
+
+cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
+                      InputsC* out) noexcept nogil:
+    # Every pointer is read into a local first: CPython builds with -fno-strict-aliasing, so a
+    # store through an int32_t* would otherwise make the compiler reload the struct fields.
+    cdef const int32_t* table_rows = t.rows
+    cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
+    cdef int32_t* positions = out.positions
+    cdef int64_t* slot_mapping = out.slot_mapping
+    cdef int32_t* cu_seqlens_q = out.cu_seqlens_q
+    cdef int32_t* seq_lens_k = out.seq_lens_k
+    cdef int32_t* block_table = out.block_table
+    cdef int32_t* block_fill = out.block_fill
+    cdef int32_t* block_slot = out.block_slot
+    cdef uint64_t* block_generation = out.block_generation
+    cdef const uint64_t* generation = t.generation
+    cdef int32_t* kv_indptr = out.kv_indptr
+    cdef int32_t* kv_indices = out.kv_indices
+    cdef int32_t* kv_last_page_len = out.kv_last_page_len
+    cdef int32_t* logits_indices = out.logits_indices
+    cdef SequenceC s
+    cdef const int32_t* pages
+    cdef int32_t* block
+    cdef int32_t i, k, pos, past, end, npages, page_index, offset, start
+    cdef int32_t tokens = 0, kv = 0, logits = 0
+    cdef int64_t base
+    cu_seqlens_q[0] = 0
+    kv_indptr[0] = 0
+    for i in range(count):
+        memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
+        pages = table_rows + <Py_ssize_t>s.resident * M
+        past = s.past_length
+        end = past + s.query_length
+        # Walk the new tokens page by page: no division per token (and a shift, not a
+        # division, per row when P is a power of two).
+        page_index = (past >> shift) if shift >= 0 else past // P
+        offset = past - page_index * P
+        base = <int64_t>pages[page_index] * P
+        for pos in range(past, end):
+            if offset == P:
+                page_index += 1
+                offset = 0
+                base = <int64_t>pages[page_index] * P
+            positions[tokens] = pos
+            slot_mapping[tokens] = base + offset
+            offset += 1
+            tokens += 1
+        cu_seqlens_q[i + 1] = tokens
+        seq_lens_k[i] = end
+        npages = (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1  # end >= 1
+        block = block_table + <Py_ssize_t>i * M
+        # A slot's pages only grow until its generation changes, so a block_table row that
+        # held the same slot last step needs only the pages appended since; steady decoding
+        # in an unchanged order copies almost nothing here.
+        start = 0
+        if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
+            start = block_fill[i] if block_fill[i] < npages else npages
+        if npages > 16:  # long rows: memcpy's vector stores; short ones: no call overhead
+            memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
+            memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
+        else:
+            for k in range(start, npages):
+                block[k] = pages[k]
+            for k in range(npages):
+                kv_indices[kv + k] = pages[k]
+        # Pad only what the previous step left beyond this row's pages: the cost is per live
+        # page, not per max_pages_per_sequence.
+        for k in range(npages, block_fill[i]):
+            block[k] = -1
+        block_fill[i] = npages
+        block_slot[i] = s.resident
+        block_generation[i] = generation[s.resident]
+        kv += npages
+        kv_indptr[i + 1] = kv
+        kv_last_page_len[i] = end - (npages - 1) * P
+        if s.select_last_token_logits:
+            logits_indices[logits] = tokens - 1
+            logits += 1
+    for i in range(count, out.num_rows):
+        for k in range(block_fill[i]):
+            block_table[<Py_ssize_t>i * M + k] = -1
+        block_fill[i] = 0
+        block_slot[i] = -1
+    out.num_rows = count
+    out.num_tokens = tokens
+    out.num_kv_pages = kv
+    out.num_logits = logits
+
+
+# ============================================================================================
+# 2. KVPageTable
+# ============================================================================================
+
+cdef int32_t _positive(str field, object value) except? -1:
+    cdef int32_t v = as_int32(field, value)
+    if v < 1:
+        raise _errors.out_of_range(field, v, ">= 1")
+    return v
+
+
+cdef class KVPageTable:
+    """Per resident slot a list of KV page ids over one pool of ``num_pages`` pages.
+
+    A slot is a ledger row index (the ``resident`` of a plan row). ``ensure`` grows a slot's
+    pages all or nothing, ``release`` returns them, ``move`` carries a row to another slot (the
+    ledger's swap-remove). ``rows`` is a read-only int32 ``[max_batch_size,
+    max_pages_per_sequence]`` view of the table itself, ``-1`` after each slot's last page.
+    Every method checks its arguments before it changes anything.
+    """
+
+    def __init__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
+        cdef int32_t b = _positive("max_batch_size", max_batch_size)
+        cdef int32_t m = _positive("max_pages_per_sequence", max_pages_per_sequence)
+        cdef int32_t n = _positive("num_pages", num_pages)
+        cdef int32_t p = _positive("kv_page_size", kv_page_size)
+        if <int64_t>b * m > INT32_MAX:
+            raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", <int64_t>b * m,
+                                       f"<= {INT32_MAX}, so that page indices fit int32")
+        if self._rows_buf is not None:
+            raise RuntimeError("KVPageTable is already initialised")
+        try:
+            rows = np.full((b, m), -1, dtype=np.int32)
+            counts = np.zeros(b, dtype=np.int32)
+            # The pool is a stack whose top is page 0: a fresh table hands out pages 0, 1, 2...
+            free = np.arange(n - 1, -1, -1, dtype=np.int32)
+            generation = np.zeros(b, dtype=np.uint64)
+        except MemoryError:
+            raise _errors.kv_table_memory(b, m, n) from None
+        self._rows_buf, self._counts_buf, self._free_buf = rows, counts, free
+        self._generation_buf = generation
+        self.c.generation = <uint64_t*>cnp.PyArray_DATA(generation)
+        self.c.num_slots, self.c.max_pages, self.c.num_pages, self.c.page_size = b, m, n, p
+        self.c.page_shift = (p.bit_length() - 1) if p & (p - 1) == 0 else -1
+        self.c.rows = <int32_t*>cnp.PyArray_DATA(rows)
+        self.c.counts = <int32_t*>cnp.PyArray_DATA(counts)
+        self.c.free_pages = <int32_t*>cnp.PyArray_DATA(free)
+        self.c.num_free = n
+        self.rows = rows.view()
+        self.rows.flags.writeable = False
+        self.page_counts = counts.view()
+        self.page_counts.flags.writeable = False
+
+    cdef int _ready(self) except -1:
+        if self.c.rows == NULL:
+            raise RuntimeError("KVPageTable.__init__ was not called")
+        return 0
+
+    cdef int32_t _slot(self, str field, object value) except? -1:
+        cdef int32_t v = as_int32(field, value)
+        if v < 0 or v >= self.c.num_slots:
+            raise _errors.out_of_range(field, v, f"0..{self.c.num_slots - 1} (max_batch_size - 1)")
+        return v
+
+    @property
+    def max_batch_size(self):
+        return self.c.num_slots
+
+    @property
+    def max_pages_per_sequence(self):
+        return self.c.max_pages
+
+    @property
+    def num_pages(self):
+        return self.c.num_pages
+
+    @property
+    def kv_page_size(self):
+        return self.c.page_size
+
+    @property
+    def num_free_pages(self):
+        return self.c.num_free
+
+    def tokens_held(self, slot):
+        """How many tokens the pages of ``slot`` hold (its page count × ``kv_page_size``)."""
+        self._ready()
+        cdef int32_t s = self._slot("slot", slot)
+        return <int64_t>self.c.counts[s] * self.c.page_size
+
+    def ensure(self, slot, num_tokens):
+        """Give ``slot`` pages for ``num_tokens`` tokens in all; ``False`` (and nothing changed)
+        when the pool is short. A slot never shrinks here: ``release`` empties it."""
+        self._ready()
+        cdef int32_t s = self._slot("slot", slot)
+        cdef int32_t n = as_int32("num_tokens", num_tokens)
+        if n < 0:
+            raise _errors.out_of_range("num_tokens", n, ">= 0")
+        cdef int64_t need = pages_for(n, self.c.page_size)
+        if need > self.c.max_pages:
+            raise _errors.kv_tokens_over_row(n, self.c.max_pages, self.c.page_size)
+        with cython.critical_section(self):
+            if need <= self.c.counts[s]:
+                return True
+            if need - self.c.counts[s] > self.c.num_free:
+                return False
+            grow_slot(&self.c, s, <int32_t>need)
+        return True
+
+    def release(self, slot):
+        """Return every page of ``slot`` to the pool."""
+        self._ready()
+        cdef int32_t s = self._slot("slot", slot)
+        with cython.critical_section(self):
+            release_slot(&self.c, s)
+
+    def move(self, src, dst):
+        """Move the pages of slot ``src`` to the empty slot ``dst``; ``src`` is then empty."""
+        self._ready()
+        cdef int32_t a = self._slot("src", src)
+        cdef int32_t b = self._slot("dst", dst)
+        with cython.critical_section(self):
+            if a == b:
+                return
+            if self.c.counts[b] != 0:
+                raise _errors.kv_move_onto_pages(b, self.c.counts[b])
+            move_slot(&self.c, a, b)
+
+    def check(self):
+        """Raise ``PageTableInvariantError`` unless every invariant of the table holds."""
+        self._ready()
+        with cython.critical_section(self):
+            check_page_table(self._rows_buf, self._counts_buf,
+                             self._free_buf[:self.c.num_free], self.c.num_pages)
+
+    def __repr__(self):
+        return (f"KVPageTable(max_batch_size={self.c.num_slots}, "
+                f"max_pages_per_sequence={self.c.max_pages}, num_pages={self.c.num_pages}, "
+                f"kv_page_size={self.c.page_size}, num_free_pages={self.c.num_free})")
+
+
+# ============================================================================================
+# 3. StepInputs
+# ============================================================================================
+
+cdef object _row_error(int status, int32_t index, const SequenceC* s, const PageTableC* t):
+    """The one place a row status becomes an exception."""
+    if status == ROW_RESIDENT_RANGE:
+        return _errors.kv_resident_range(index, s.resident, t.num_slots)
+    if status == ROW_PAST_NEGATIVE:
+        return _errors.kv_row_field(index, "past_length", s.past_length, ">= 0")
+    if status == ROW_QUERY_NOT_POSITIVE:
+        return _errors.kv_row_field(index, "query_length", s.query_length, ">= 1")
+    if status == ROW_LENGTH_OVERFLOW:
+        return _errors.kv_row_overflow(index, s.past_length, s.query_length)
+    return _errors.kv_pages_missing(index, s.resident, s.past_length, s.query_length,
+                                    t.counts[s.resident], t.page_size)
+
+
+cdef class StepInputs:
+    """The arrays attention kernels take for one step, filled by ``prepare(plan)`` (see
+    ``stepplanner.StepInputs`` in the package docs for every array's definition).
+
+    Buffers are sized once for ``limits`` (B rows, ``limits.t_max`` tokens); ``prepare``
+    allocates nothing. The arrays are views of the valid prefix of those buffers, so they are
+    **overwritten by the next** ``prepare``: copy what you keep.
+    """
+
+    def __init__(self, limits, page_table):
+        if not isinstance(limits, StepPlannerLimits):
+            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        if not isinstance(page_table, KVPageTable):
+            raise TypeError("page_table must be a stepplanner._kv.KVPageTable, got "
+                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+        cdef KVPageTable table = <KVPageTable>page_table
+        table._ready()
+        if table.c.page_size != limits.kv_page_size:
+            raise _errors.kv_page_size_mismatch(table.c.page_size, limits.kv_page_size)
+        if table.c.num_slots < limits.max_batch_size:
+            raise _errors.kv_slots_short(table.c.num_slots, limits.max_batch_size)
+        if self._bufs is not None:
+            raise RuntimeError("StepInputs is already initialised")
+        cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
+        cdef int32_t t = limits.t_max
+        bufs = input_buffers(b, m, t)
+        self._block_state = (np.zeros(b, dtype=np.int32), np.full(b, -1, dtype=np.int32),
+                             np.zeros(b, dtype=np.uint64))
+        self.c.positions = <int32_t*>cnp.PyArray_DATA(bufs["positions"])
+        self.c.cu_seqlens_q = <int32_t*>cnp.PyArray_DATA(bufs["cu_seqlens_q"])
+        self.c.seq_lens_k = <int32_t*>cnp.PyArray_DATA(bufs["seq_lens_k"])
+        self.c.slot_mapping = <int64_t*>cnp.PyArray_DATA(bufs["slot_mapping"])
+        self.c.block_table = <int32_t*>cnp.PyArray_DATA(bufs["block_table"])
+        self.c.kv_indptr = <int32_t*>cnp.PyArray_DATA(bufs["kv_indptr"])
+        self.c.kv_indices = <int32_t*>cnp.PyArray_DATA(bufs["kv_indices"])
+        self.c.kv_last_page_len = <int32_t*>cnp.PyArray_DATA(bufs["kv_last_page_len"])
+        self.c.logits_indices = <int32_t*>cnp.PyArray_DATA(bufs["logits_indices"])
+        self.c.block_fill = <int32_t*>cnp.PyArray_DATA(self._block_state[0])
+        self.c.block_slot = <int32_t*>cnp.PyArray_DATA(self._block_state[1])
+        self.c.block_generation = <uint64_t*>cnp.PyArray_DATA(self._block_state[2])
+        self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0
+        self._bufs = read_only(bufs)  # the views keep the writable arrays (their base) alive
+        self._table = table
+        self.max_rows = b
+        self.max_tokens = t
+        self.limits = limits
+        self.page_table = page_table
+
+    def prepare(self, plan):
+        """Fill every array for ``plan``'s rows in order; returns ``self``.
+
+        ``plan``: a ``StepPlan`` (read in place), or a 1-D ``SEQUENCE_DTYPE`` array, or any
+        object whose ``as_array()`` gives one. A row whose slot holds too few pages is a
+        ``ValueError`` naming the resident; a call that raises writes nothing.
+        """
+        if self._bufs is None:
+            raise RuntimeError("StepInputs.__init__ was not called")
+        cdef const char* rows
+        cdef Py_ssize_t stride
+        cdef Py_ssize_t count
+        cdef cnp.ndarray arr
+        if type(plan) is StepPlan:
+            with cython.critical_section(plan, self._table):
+                rows = <const char*>(<StepPlan>plan).c.sequences
+                count = (<StepPlan>plan).c.num_prefill + (<StepPlan>plan).c.num_decode
+                self._prepare(rows, sizeof(SequenceC), count)
+            return self
+        if not cnp.PyArray_Check(plan):
+            as_array = getattr(plan, "as_array", None)
+            if as_array is None:
+                raise _errors.kv_plan_type(plan)
+            plan = as_array()
+            if not cnp.PyArray_Check(plan):
+                raise _errors.kv_plan_type(plan)
+        arr = <cnp.ndarray>plan
+        if not (arr.descr is _SEQUENCE_DESCR or cnp.PyArray_EquivTypes(arr.descr, _SEQUENCE_DESCR)):
+            raise _errors.kv_plan_dtype(arr.dtype, SEQUENCE_DTYPE)
+        if arr.ndim != 1:
+            raise _errors.kv_plan_ndim(arr.ndim)
+        with cython.critical_section(self._table):
+            self._prepare(<const char*>cnp.PyArray_DATA(arr), arr.strides[0], arr.shape[0])
+        return self
+
+    cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1:
+        cdef SequenceC s
+        cdef int32_t i
+        cdef int status
+        cdef int64_t tokens = 0
+        if count > self.max_rows:
+            raise _errors.kv_plan_rows(count, self.max_rows)
+        for i in range(count):
+            memcpy(&s, rows + i * stride, sizeof(SequenceC))
+            status = check_sequence(&self._table.c, &s)
+            if status != ROW_OK:
+                raise _row_error(status, i, &s, &self._table.c)
+            tokens += s.query_length
+        if tokens > self.max_tokens:
+            raise _errors.kv_plan_tokens(tokens, self.max_tokens)
+        with nogil:
+            fill_inputs(&self._table.c, rows, stride, <int32_t>count, &self.c)
+        return 0
+
+    @property
+    def num_rows(self):
+        return self.c.num_rows
+
+    @property
+    def num_tokens(self):
+        return self.c.num_tokens
+
+    @property
+    def max_num_tokens(self):
+        """Tokens the buffers hold: ``limits.t_max``."""
+        return self.max_tokens
+
+    @property
+    def positions(self):
+        return self._bufs["positions"][:self.c.num_tokens]
+
+    @property
+    def cu_seqlens_q(self):
+        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+
+    @property
+    def qo_indptr(self):
+        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+
+    @property
+    def seq_lens_k(self):
+        return self._bufs["seq_lens_k"][:self.c.num_rows]
+
+    @property
+    def slot_mapping(self):
+        return self._bufs["slot_mapping"][:self.c.num_tokens]
+
+    @property
+    def block_table(self):
+        return self._bufs["block_table"][:self.c.num_rows]
+
+    @property
+    def kv_indptr(self):
+        return self._bufs["kv_indptr"][:self.c.num_rows + 1]
+
+    @property
+    def kv_indices(self):
+        return self._bufs["kv_indices"][:self.c.num_kv_pages]
+
+    @property
+    def kv_last_page_len(self):
+        return self._bufs["kv_last_page_len"][:self.c.num_rows]
+
+    @property
+    def logits_indices(self):
+        return self._bufs["logits_indices"][:self.c.num_logits]
+
+    def buffers(self):
+        """The full buffers by name (fixed addresses for the engine's lifetime, e.g. to capture
+        in a CUDA graph); only each one's valid prefix is meaningful after ``prepare``."""
+        return dict(self._bufs)
+
+    def __repr__(self):
+        return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
+                f"num_rows={self.c.num_rows}, num_tokens={self.c.num_tokens})")

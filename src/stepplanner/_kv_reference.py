@@ -1,0 +1,298 @@
+"""Pure-Python twin of ``_kv``: the KV page table and the step's attention inputs, written for
+clarity. The compiled module must agree with it on every array and on every error (type and
+message); ``STEPPLANNER_IMPL=python`` selects it.
+
+A plan row's ``resident`` is the ledger row index, and that index is the page table's slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _errors
+from ._fields import as_int32
+from ._kv_buffers import input_buffers, read_only
+from ._kv_checks import check_page_table
+from ._policy import StepPlannerLimits
+from ._types import SEQUENCE_DTYPE
+
+IMPLEMENTATION = "python"
+
+
+def _positive(field: str, value: object) -> int:
+    v = as_int32(field, value)
+    if v < 1:
+        raise _errors.out_of_range(field, v, ">= 1")
+    return v
+
+
+def _pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
+
+
+class KVPageTable:
+    """Per resident slot a list of KV page ids over one pool (see the compiled twin)."""
+
+    def __init__(self, max_batch_size: int, max_pages_per_sequence: int, num_pages: int,
+                 kv_page_size: int) -> None:
+        b = _positive("max_batch_size", max_batch_size)
+        m = _positive("max_pages_per_sequence", max_pages_per_sequence)
+        n = _positive("num_pages", num_pages)
+        p = _positive("kv_page_size", kv_page_size)
+        if b * m > _errors.INT32_MAX:
+            raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", b * m,
+                                       f"<= {_errors.INT32_MAX}, so that page indices fit int32")
+        try:
+            self._rows = np.full((b, m), -1, dtype=np.int32)
+            self._counts = np.zeros(b, dtype=np.int32)
+        except MemoryError:
+            raise _errors.kv_table_memory(b, m, n) from None
+        self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
+        self._num_pages = n
+        self._page_size = p
+        self._rows_view = self._rows.view()
+        self._rows_view.flags.writeable = False
+        self._counts_view = self._counts.view()
+        self._counts_view.flags.writeable = False
+
+    def _slot(self, field: str, value: object) -> int:
+        v = as_int32(field, value)
+        b = self._rows.shape[0]
+        if not 0 <= v < b:
+            raise _errors.out_of_range(field, v, f"0..{b - 1} (max_batch_size - 1)")
+        return v
+
+    @property
+    def rows(self) -> np.ndarray:
+        """Read-only int32 [max_batch_size, max_pages_per_sequence] view; -1 where unused."""
+        return self._rows_view
+
+    @property
+    def page_counts(self) -> np.ndarray:
+        return self._counts_view
+
+    @property
+    def max_batch_size(self) -> int:
+        return int(self._rows.shape[0])
+
+    @property
+    def max_pages_per_sequence(self) -> int:
+        return int(self._rows.shape[1])
+
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def kv_page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return len(self._free)
+
+    def tokens_held(self, slot: int) -> int:
+        return int(self._counts[self._slot("slot", slot)]) * self._page_size
+
+    def ensure(self, slot: int, num_tokens: int) -> bool:
+        s = self._slot("slot", slot)
+        n = as_int32("num_tokens", num_tokens)
+        if n < 0:
+            raise _errors.out_of_range("num_tokens", n, ">= 0")
+        need = _pages_for(n, self._page_size)
+        if need > self.max_pages_per_sequence:
+            raise _errors.kv_tokens_over_row(n, self.max_pages_per_sequence, self._page_size)
+        have = int(self._counts[s])
+        if need <= have:
+            return True
+        if need - have > len(self._free):
+            return False
+        for k in range(have, need):
+            self._rows[s, k] = self._free.pop()
+        self._counts[s] = need
+        return True
+
+    def release(self, slot: int) -> None:
+        s = self._slot("slot", slot)
+        for k in reversed(range(int(self._counts[s]))):
+            self._free.append(int(self._rows[s, k]))
+        self._rows[s] = -1
+        self._counts[s] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        a = self._slot("src", src)
+        b = self._slot("dst", dst)
+        if a == b:
+            return
+        if self._counts[b]:
+            raise _errors.kv_move_onto_pages(b, int(self._counts[b]))
+        self._rows[b] = self._rows[a]
+        self._counts[b] = self._counts[a]
+        self._rows[a] = -1
+        self._counts[a] = 0
+
+    def check(self) -> None:
+        check_page_table(self._rows, self._counts, np.array(self._free, dtype=np.int32),
+                         self._num_pages)
+
+    def __repr__(self) -> str:
+        return (f"KVPageTable(max_batch_size={self.max_batch_size}, "
+                f"max_pages_per_sequence={self.max_pages_per_sequence}, "
+                f"num_pages={self._num_pages}, kv_page_size={self._page_size}, "
+                f"num_free_pages={len(self._free)})")
+
+
+class StepInputs:
+    """The arrays attention kernels take for one step (see the compiled twin)."""
+
+    def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable) -> None:
+        if not isinstance(limits, StepPlannerLimits):
+            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        if not isinstance(page_table, KVPageTable):
+            raise TypeError("page_table must be a stepplanner._kv_reference.KVPageTable, got "
+                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+        if page_table.kv_page_size != limits.kv_page_size:
+            raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
+        if page_table.max_batch_size < limits.max_batch_size:
+            raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
+        b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
+        self._out = input_buffers(b, m, t)   # prepare writes these; users see _bufs
+        self._bufs = read_only(self._out)
+        self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
+        self._limits = limits
+        self._table = page_table
+
+    @property
+    def limits(self) -> StepPlannerLimits:
+        return self._limits
+
+    @property
+    def page_table(self) -> KVPageTable:
+        return self._table
+
+    def prepare(self, plan: Any) -> StepInputs:
+        rows = _plan_rows(plan)
+        table = self._table
+        if len(rows) > self.limits.max_batch_size:
+            raise _errors.kv_plan_rows(len(rows), self.limits.max_batch_size)
+        p = table.kv_page_size
+        tokens = 0
+        for i, (resident, _work, past, query, _logits) in enumerate(rows.tolist()):
+            if not 0 <= resident < table.max_batch_size:
+                raise _errors.kv_resident_range(i, resident, table.max_batch_size)
+            if past < 0:
+                raise _errors.kv_row_field(i, "past_length", past, ">= 0")
+            if query < 1:
+                raise _errors.kv_row_field(i, "query_length", query, ">= 1")
+            if past + query > _errors.INT32_MAX:
+                raise _errors.kv_row_overflow(i, past, query)
+            pages = int(table.page_counts[resident])
+            if pages * p < past + query:
+                raise _errors.kv_pages_missing(i, resident, past, query, pages, p)
+            tokens += query
+        if tokens > self.limits.t_max:
+            raise _errors.kv_plan_tokens(tokens, self.limits.t_max)
+
+        out = self._out
+        t = kv = n_logits = 0
+        out["cu_seqlens_q"][0] = 0
+        out["kv_indptr"][0] = 0
+        for i, (resident, _work, past, query, logits) in enumerate(rows.tolist()):
+            pages = table.rows[resident]
+            end = past + query
+            for pos in range(past, end):
+                out["positions"][t] = pos
+                out["slot_mapping"][t] = int(pages[pos // p]) * p + pos % p
+                t += 1
+            out["cu_seqlens_q"][i + 1] = t
+            out["seq_lens_k"][i] = end
+            used = _pages_for(end, p)
+            out["block_table"][i] = -1
+            out["block_table"][i, :used] = pages[:used]
+            out["kv_indices"][kv:kv + used] = pages[:used]
+            kv += used
+            out["kv_indptr"][i + 1] = kv
+            out["kv_last_page_len"][i] = end - (used - 1) * p
+            if logits:
+                out["logits_indices"][n_logits] = t - 1
+                n_logits += 1
+        out["block_table"][len(rows):] = -1
+        self._sizes = {"rows": len(rows), "tokens": t, "kv": kv, "logits": n_logits}
+        return self
+
+    @property
+    def num_rows(self) -> int:
+        return self._sizes["rows"]
+
+    @property
+    def num_tokens(self) -> int:
+        return self._sizes["tokens"]
+
+    @property
+    def max_num_tokens(self) -> int:
+        return self.limits.t_max
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self._bufs["positions"][:self._sizes["tokens"]]
+
+    @property
+    def cu_seqlens_q(self) -> np.ndarray:
+        return self._bufs["cu_seqlens_q"][:self._sizes["rows"] + 1]
+
+    @property
+    def qo_indptr(self) -> np.ndarray:
+        return self._bufs["cu_seqlens_q"][:self._sizes["rows"] + 1]
+
+    @property
+    def seq_lens_k(self) -> np.ndarray:
+        return self._bufs["seq_lens_k"][:self._sizes["rows"]]
+
+    @property
+    def slot_mapping(self) -> np.ndarray:
+        return self._bufs["slot_mapping"][:self._sizes["tokens"]]
+
+    @property
+    def block_table(self) -> np.ndarray:
+        return self._bufs["block_table"][:self._sizes["rows"]]
+
+    @property
+    def kv_indptr(self) -> np.ndarray:
+        return self._bufs["kv_indptr"][:self._sizes["rows"] + 1]
+
+    @property
+    def kv_indices(self) -> np.ndarray:
+        return self._bufs["kv_indices"][:self._sizes["kv"]]
+
+    @property
+    def kv_last_page_len(self) -> np.ndarray:
+        return self._bufs["kv_last_page_len"][:self._sizes["rows"]]
+
+    @property
+    def logits_indices(self) -> np.ndarray:
+        return self._bufs["logits_indices"][:self._sizes["logits"]]
+
+    def buffers(self) -> dict[str, np.ndarray]:
+        return dict(self._bufs)
+
+    def __repr__(self) -> str:
+        return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
+                f"num_rows={self.num_rows}, num_tokens={self.num_tokens})")
+
+
+def _plan_rows(plan: Any) -> np.ndarray:
+    """The plan's rows as a 1-D SEQUENCE_DTYPE array, checked like the compiled twin does."""
+    if not isinstance(plan, np.ndarray):
+        as_array = getattr(plan, "as_array", None)
+        if as_array is None:
+            raise _errors.kv_plan_type(plan)
+        plan = as_array()
+        if not isinstance(plan, np.ndarray):
+            raise _errors.kv_plan_type(plan)
+    if plan.dtype != SEQUENCE_DTYPE:
+        raise _errors.kv_plan_dtype(plan.dtype, SEQUENCE_DTYPE)
+    if plan.ndim != 1:
+        raise _errors.kv_plan_ndim(plan.ndim)
+    return plan

@@ -1,0 +1,132 @@
+"""Differential tests: the compiled KVPageTable and StepInputs must agree with the reference.
+
+Agreement means the same result and the same table (rows, page counts, free pages) after every
+operation, the same arrays after every ``prepare``, or the same exception ``(type, message)``.
+Operations and plans are drawn valid and invalid alike: out-of-range slots and token counts,
+pools too small to grow, plans naming slots without pages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stepplanner import SEQUENCE_DTYPE, StepPlannerLimits
+
+BASE = settings().max_examples
+PARITY = settings(max_examples=4 * BASE)
+
+NAMES = ("positions", "cu_seqlens_q", "qo_indptr", "seq_lens_k", "slot_mapping", "block_table",
+         "kv_indptr", "kv_indices", "kv_last_page_len", "logits_indices")
+
+
+def attempt(call: Any) -> tuple[Any, ...]:
+    try:
+        return ("ok", call())
+    except Exception as exc:  # noqa: BLE001 - the exception itself is the result compared
+        return ("raised", type(exc), str(exc))
+
+
+def table_state(table: Any) -> tuple[Any, ...]:
+    return (table.rows.tolist(), table.page_counts.tolist(), table.num_free_pages)
+
+
+def inputs_state(inputs: Any) -> dict[str, Any]:
+    return {name: getattr(inputs, name).tolist() for name in NAMES}
+
+
+@st.composite
+def shapes(draw: Any) -> tuple[int, int, int, int]:
+    b = draw(st.integers(1, 6))
+    m = draw(st.integers(1, 6))
+    n = draw(st.integers(1, b * m + 2))
+    p = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    return b, m, n, p
+
+
+def operations(b: int, m: int, p: int) -> Any:
+    slot = st.integers(-1, b)   # one past either end: the range errors
+    tokens = st.integers(-1, m * p + 1)
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("ensure"), slot, tokens),
+            st.tuples(st.just("release"), slot),
+            st.tuples(st.just("move"), slot, slot),
+        ),
+        max_size=30,
+    )
+
+
+def plan_row(b: int, m: int, p: int) -> Any:
+    return st.tuples(
+        st.integers(-1, b),                 # resident
+        st.integers(0, 1),                  # work (not read)
+        st.integers(-1, m * p),             # past_length
+        st.integers(0, 2 * p + 1),          # query_length
+        st.booleans(),                      # select_last_token_logits
+    )
+
+
+@PARITY
+@given(data=st.data(), shape=shapes())
+def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: Any,
+                                     shape: tuple[int, int, int, int]) -> None:
+    b, m, n, p = shape
+    tables = [mod.KVPageTable(b, m, n, p) for mod in (reference_kv, compiled_kv)]
+    limits = StepPlannerLimits(b, data.draw(st.integers(1, 2 * p + 2)), p)
+    inputs = [mod.StepInputs(limits, t) for mod, t in zip((reference_kv, compiled_kv), tables)]
+    for op in data.draw(operations(b, m, p)):
+        name, *args = op
+        got = [attempt(lambda t=t: getattr(t, name)(*args)) for t in tables]
+        assert got[0] == got[1], op
+        assert table_state(tables[0]) == table_state(tables[1]), op
+        # Between operations, a plan over the table as it is now: often valid, often not.
+        rows = data.draw(st.lists(plan_row(b, m, p), max_size=b + 1))
+        plan = np.array(rows, dtype=SEQUENCE_DTYPE)
+        got = [attempt(lambda i=i: inputs_state(i.prepare(plan))) for i in inputs]
+        assert got[0] == got[1], rows
+        assert inputs_state(inputs[0]) == inputs_state(inputs[1])
+    for t in tables:
+        t.check()
+
+
+@st.composite
+def valid_steps(draw: Any) -> tuple[Any, ...]:
+    """A table whose slots hold pages, and a plan that fits it: the all-valid path."""
+    b, m, n, p = draw(shapes())
+    held = draw(st.lists(st.integers(0, m * p), min_size=b, max_size=b))
+    order = draw(st.permutations(range(b)))
+    rows = []
+    for slot in order[:draw(st.integers(0, b))]:
+        end = draw(st.integers(0, held[slot]))
+        if end == 0:
+            continue
+        query = draw(st.integers(1, end))
+        rows.append((slot, 0, end - query, query, draw(st.booleans())))
+    return (b, m, n, p), held, rows
+
+
+@PARITY
+@given(valid_steps())
+def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any, ...]) -> None:
+    (b, m, n, p), held, rows = step
+    states = []
+    for mod in (reference_kv, compiled_kv):
+        table = mod.KVPageTable(b, m, b * m, p)   # a pool that always suffices
+        for slot, tokens in enumerate(held):
+            assert table.ensure(slot, tokens)
+        limits = StepPlannerLimits(b, m * p, p)
+        inputs = mod.StepInputs(limits, table)
+        states.append(inputs_state(inputs.prepare(np.array(rows, dtype=SEQUENCE_DTYPE))))
+    assert states[0] == states[1]
+    # And the arrays mean what they say: every new token's KV slot is in its row's pages.
+    got = states[1]
+    for i, (slot, _, past, query, _) in enumerate(rows):
+        start, stop = got["cu_seqlens_q"][i], got["cu_seqlens_q"][i + 1]
+        assert got["positions"][start:stop] == list(range(past, past + query))
+        pages = got["kv_indices"][got["kv_indptr"][i]:got["kv_indptr"][i + 1]]
+        assert [s // p for s in got["slot_mapping"][start:stop]] == [
+            pages[pos // p] for pos in range(past, past + query)]
