@@ -27,7 +27,7 @@ from stepplanner.tuning import (
 )
 from stepplanner.tuning.capacity import capacity
 from stepplanner.tuning.grid import expand_grid
-from stepplanner.tuning.metrics import GapRecorder, vllm_metrics
+from stepplanner.tuning.metrics import vllm_metrics
 
 # --- SLO parsing ---------------------------------------------------------------------------
 
@@ -156,20 +156,39 @@ def test_slo_for_an_absent_class_is_met_and_says_so() -> None:
 def test_itl_pools_every_gap_and_tpot_excludes_the_first_token() -> None:
     # one request at a time (B=1), constant 10 ms steps: every gap is exactly one step
     w = Workload(np.array([0.0, 0.0]), np.array([16, 16]), np.array([4, 2]), np.array([0, 0]))
-    limits = StepPlannerLimits(1, 64, 16)
-    gaps = GapRecorder(len(w))
-    result = simulate(w, limits, SchedulingOptions(), LatencyModel(0.01, 0.0, 0.0),
-                      on_step=gaps)
-    pooled = gaps.gaps(result.steps["end_time"])
-    assert pooled.size == 3 + 1  # (4 - 1) + (2 - 1) gaps
-    assert np.allclose(pooled, 0.01)
-    m = vllm_metrics(result, pooled, (50, 99.9))
+    result = simulate(w, StepPlannerLimits(1, 64, 16), SchedulingOptions(),
+                      LatencyModel(0.01, 0.0, 0.0))
+    m = vllm_metrics(result, (50, 99.9))
     assert m["completed"] == 2
     assert m["mean_ttft_ms"] == pytest.approx((10 + 50) / 2)  # second waits 4 steps, then 1
     assert m["median_tpot_ms"] == pytest.approx(10.0)
+    assert m["mean_itl_ms"] == pytest.approx(10.0) and m["std_itl_ms"] == pytest.approx(0.0)
     assert m["p99.9_itl_ms"] == pytest.approx(10.0)
     assert m["p50_e2el_ms"] == pytest.approx((40 + 60) / 2)
     assert {"std_ttft_ms", "p50_tpot_ms", "mean_itl_ms", "median_e2el_ms"} <= set(m)
+
+
+def test_itl_matches_every_gap_of_a_run_with_pauses() -> None:
+    """The pooled ITL equals the gaps between consecutive token times of every request,
+    computed here the slow way (pauses make gaps of several steps)."""
+    w = synthetic(requests=120, rate=40.0, seed=11)
+    opts = SchedulingOptions(scheduling_policy=1, preemption=1, max_pause_steps=8)
+    emitted: dict[int, list[int]] = {}
+
+    def note(step: int, start: float, ledger, plan) -> None:
+        seq = plan.as_array()
+        for req in ledger.request_ids[seq["resident"][seq["select_last_token_logits"]]]:
+            emitted.setdefault(int(req), []).append(step)
+
+    result = simulate(w, StepPlannerLimits(16, 4096, 32), opts, LatencyModel(), on_step=note)
+    end = result.steps["end_time"]
+    gaps = np.concatenate([np.diff(end[steps]) for steps in emitted.values()])
+    m = vllm_metrics(result, (50, 90, 99))
+    assert m["mean_itl_ms"] == pytest.approx(gaps.mean() * 1e3)
+    assert m["std_itl_ms"] == pytest.approx(gaps.std() * 1e3)
+    for p in (50, 90, 99):
+        assert m[f"p{p}_itl_ms"] == pytest.approx(np.percentile(gaps, p) * 1e3)
+    assert m["median_itl_ms"] == pytest.approx(np.median(gaps) * 1e3)
 
 
 # --- grids ----------------------------------------------------------------------------------

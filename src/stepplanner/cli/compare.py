@@ -8,7 +8,6 @@ from typing import Any
 import click
 
 from .._policy import SchedulingOptions, resolve_scheduling_policy
-from ..tuning.metrics import GapRecorder
 from . import tuning_extras
 from .config import parse_config, parse_config_text
 from .errors import library_errors
@@ -57,13 +56,11 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     latency = latency_of(latency_model, latency_text)
     reports = []
     for k, (config, policy) in enumerate(zip(runs, policies), start=1):
-        gaps = GapRecorder(len(workload))
         result = run(workload, config.limits, policy, latency, max_steps,
-                     progress and fmt == "table", f"{k}/{len(runs)} {config.name}",
-                     on_step=gaps)
+                     progress and fmt == "table", f"{k}/{len(runs)} {config.name}")
         warn_refused(result, config.name)
         reports.append({"name": config.name, **result.report(),
-                        **tuning_extras.section(result, gaps, slos)})
+                        **tuning_extras.section(result, slos)})
     if fmt == "json":
         click.echo(write_json(None, reports))
     else:

@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from .._policy import resolve_scheduling_policy
-from ..tuning.metrics import GapRecorder
 from . import tuning_extras
 from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
@@ -43,12 +42,11 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
-    gaps = GapRecorder(len(workload))
     result = run(workload, limits, policy, latency_of(latency_model, latency_text), max_steps,
-                 progress and fmt == "table", "simulating", on_step=gaps)
+                 progress and fmt == "table", "simulating")
     warn_refused(result)
     report = result.report()
-    report.update(tuning_extras.section(result, gaps, slos, metric_percentiles))
+    report.update(tuning_extras.section(result, slos, metric_percentiles))
     tuning_extras.save(save_result, report)
     if plot:
         plot_result(result, plot)

@@ -29,10 +29,10 @@ simulate_options = compose(
 compare_options = compose(slo_option, latency_model_option)
 
 
-def section(result: Any, gaps: Any, slos: Sequence[SloTarget],
+def section(result: Any, slos: Sequence[SloTarget],
             percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
     """``goodput``, ``meets_slo``, ``slo`` and ``vllm_metrics`` for a report."""
-    assessed = assess(result, gaps, slos, percentiles)
+    assessed = assess(result, slos, percentiles)
     chosen = {f"p{percentile_word(p)}_" for p in percentiles}
     metrics = {k: v for k, v in assessed["metrics"].items()
                if not k.startswith("p") or any(k.startswith(c) for c in chosen)}

@@ -12,14 +12,13 @@ from .capacity import (
     find_capacity,
 )
 from .grid import GridPoint, expand_grid, parse_grid
-from .metrics import GapRecorder, parse_percentiles, vllm_metrics
+from .metrics import parse_percentiles, vllm_metrics
 from .slo import SloTarget, good_requests, goodput, parse_slo, parse_slos, slo_report
 from .sweep import assess, pareto_front, sweep
 
 __all__ = [
     "BACKENDS",
     "CapacityResult",
-    "GapRecorder",
     "GridPoint",
     "Outcome",
     "ScaledTrace",

@@ -20,11 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from ..latency import LatencyModel
+from ..simulator import simulate
 from ..workloads import Workload, synthetic
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
 from .slo import SloTarget
-from .sweep import assess, run_once
+from .sweep import assess
 
 __all__ = ["CapacityResult", "ScaledTrace", "SyntheticRates", "capacity", "find_capacity"]
 
@@ -149,8 +150,8 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
     at_capacity: dict[float, dict[str, Any]] = {}
 
     def meets(rate: float) -> bool:
-        result, gaps = run_once(task.source.at(rate), limits, policy, task.latency)
-        assessed = assess(result, gaps, task.slos)
+        result = simulate(task.source.at(rate), limits, policy, task.latency)
+        assessed = assess(result, task.slos)
         at_capacity[rate] = assessed
         return bool(assessed["meets_slo"])
 

@@ -14,9 +14,9 @@ in milliseconds, under keys ``mean_ttft_ms``, ``median_ttft_ms``, ``std_ttft_ms`
 ``output_throughput``, ``total_token_throughput`` and ``request_goodput`` beside them. Percentiles
 are numpy's linear interpolation, as there. Times are simulated seconds.
 
-The simulator keeps each request's longest gap, not every gap; ``GapRecorder`` is an ``on_step``
-hook that notes which requests emitted a token at which step, so the pooled ITL comes out exact
-after the run from the step end times.
+ITL comes from the simulator's pooled sample (``SimulationResult.itl``: every gap as
+(seconds, count) pairs), which covers every request that emitted two tokens; in a run that was
+not cut short by ``max_steps`` those are exactly the completed ones.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DEFAULT_PERCENTILES", "GapRecorder", "parse_percentiles", "vllm_metrics"]
+# The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
+from ..simulator import _pooled as pooled_itl
+from ..simulator import _weighted_pct as weighted_percentile
+
+__all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -55,42 +59,6 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-class GapRecorder:
-    """``on_step`` hook: for each token a request emits, the step of its previous token.
-
-    The simulator calls it once per step, in step order, so the k-th call is step k.
-    ``gaps(end_times)`` then returns every inter-token gap of the requests in ``keep``, with no
-    sort over the millions of emissions.
-    """
-
-    def __init__(self, requests: int) -> None:
-        self._last = np.full(requests, -1, dtype=np.int64)  # step of each request's last token
-        self._requests: list[np.ndarray] = []
-        self._previous: list[np.ndarray] = []
-        self._step = 0
-
-    def __call__(self, step: int, start_time: float, ledger: Any, plan: Any) -> None:
-        seq = plan.as_array()
-        req = ledger.request_ids[seq["resident"][seq["select_last_token_logits"]]]
-        self._requests.append(req)
-        self._previous.append(self._last[req])
-        self._last[req] = self._step
-        self._step += 1
-
-    def gaps(self, end_times: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
-        """Seconds between consecutive tokens of each request (in ``keep``, a bool mask by
-        request id), pooled, in emission order."""
-        if not self._requests:
-            return np.zeros(0)
-        counts = [r.size for r in self._requests]
-        current = np.repeat(np.arange(len(counts)), counts)
-        previous = np.concatenate(self._previous)
-        chosen = previous >= 0  # a request's first token has no gap before it
-        if keep is not None:
-            chosen &= keep[np.concatenate(self._requests)]
-        return np.asarray(end_times[current[chosen]] - end_times[previous[chosen]])
-
-
 def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
     values = seconds if seconds.size else np.zeros(1)  # vLLM reports 0 for an empty series
     # One selection pass for the median and every percentile (ITL pools millions of gaps).
@@ -103,12 +71,9 @@ def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict
     return out
 
 
-def vllm_metrics(result: Any, gaps: np.ndarray, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
                  goodput: float | None = None) -> dict[str, Any]:
-    """The ``benchmark_serving`` result keys for a ``SimulationResult``.
-
-    ``gaps`` are the pooled inter-token gaps of completed requests (``GapRecorder.gaps``).
-    """
+    """The ``benchmark_serving`` result keys for a ``SimulationResult``."""
     w = result.workload
     done = ~np.isnan(result.finish_time)
     lat = result.latencies()
@@ -126,11 +91,35 @@ def vllm_metrics(result: Any, gaps: np.ndarray, percentiles: Sequence[float] = D
         "total_token_throughput": (total_input + total_output) / span,
     }
     tpot = lat["tpot"][done]
-    series = {"ttft": lat["ttft"][done], "tpot": tpot[~np.isnan(tpot)], "itl": gaps,
-              "e2el": lat["e2e"][done]}
+    series = {"ttft": lat["ttft"][done], "tpot": tpot[~np.isnan(tpot)], "e2el": lat["e2e"][done]}
     for name in VLLM_METRICS:
-        out.update(_stats(name, series[name], percentiles))
+        if name == "itl":
+            out.update(_weighted_stats(name, *pooled_itl(result.itl), percentiles))
+        else:
+            out.update(_stats(name, series[name], percentiles))
     return out
+
+
+def _weighted_stats(name: str, values: np.ndarray, counts: np.ndarray,
+                    percentiles: Sequence[float]) -> dict[str, float]:
+    """``_stats`` of ``np.repeat(values, counts)`` without building it (millions of gaps)."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return _stats(name, np.zeros(0), percentiles)
+    total = float(counts.sum())
+    mean = float((values * counts).sum()) / total
+    std = math.sqrt(float((counts * (values - mean) ** 2).sum()) / total)
+    out = {f"mean_{name}_ms": mean * 1e3,
+           f"median_{name}_ms": _ms(weighted_percentile(values, counts, 50.0)),
+           f"std_{name}_ms": std * 1e3}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{name}_ms"] = _ms(weighted_percentile(values, counts, p))
+    return out
+
+
+def _ms(seconds: float | None) -> float:
+    return 0.0 if seconds is None else seconds * 1e3
 
 
 def _span(result: Any) -> float:

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from .._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
+from .._policy import SchedulingOptions, StepPlannerLimits
 from ..latency import LatencyModel
 from ..simulator import SimulationResult, simulate
 from ..workloads import Workload
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
-from .metrics import DEFAULT_PERCENTILES, GapRecorder, vllm_metrics
+from .metrics import DEFAULT_PERCENTILES, vllm_metrics
 from .slo import SloTarget, goodput, slo_report
 
 __all__ = ["SweepTask", "assess", "evaluate", "pareto_front", "sweep"]
@@ -41,16 +41,7 @@ class SweepTask:
     percentiles: tuple[float, ...]
 
 
-def run_once(workload: Workload, limits: StepPlannerLimits,
-             policy: ResolvedSchedulingPolicy | SchedulingOptions, latency: LatencyModel,
-             max_steps: int | None = None) -> tuple[SimulationResult, GapRecorder]:
-    """One simulation with its inter-token gaps recorded."""
-    gaps = GapRecorder(len(workload))
-    result = simulate(workload, limits, policy, latency, max_steps=max_steps, on_step=gaps)
-    return result, gaps
-
-
-def assess(result: SimulationResult, gaps: GapRecorder, slos: Sequence[SloTarget],
+def assess(result: SimulationResult, slos: Sequence[SloTarget],
            percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
     """Goodput, the SLO checks and the vLLM-style metrics of one run.
 
@@ -59,8 +50,7 @@ def assess(result: SimulationResult, gaps: GapRecorder, slos: Sequence[SloTarget
     w = result.workload
     completed = ~np.isnan(result.finish_time)
     lat = result.latencies()
-    metrics = vllm_metrics(result, gaps.gaps(result.steps["end_time"], completed),
-                           sorted({*percentiles, 99.0}))
+    metrics = vllm_metrics(result, sorted({*percentiles, 99.0}))
     checks = slo_report(slos, lat, w.priority, completed, w.output_tokens)
     metrics["request_goodput"] = goodput(slos, lat, w.priority, completed, metrics["duration"])
     return {
@@ -83,8 +73,8 @@ def evaluate(task: SweepTask) -> dict[str, Any]:
     record = point.record()
     if point.limits is None or point.policy is None:
         return record
-    result, gaps = run_once(task.workload, point.limits, point.policy, task.latency)
-    record.update(assess(result, gaps, task.slos, task.percentiles))
+    result = simulate(task.workload, point.limits, point.policy, task.latency)
+    record.update(assess(result, task.slos, task.percentiles))
     return record
 
 
