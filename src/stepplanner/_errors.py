@@ -154,6 +154,107 @@ def apply_overflow(index: int, field: str, value: int, add: int) -> OverflowErro
     )
 
 
+# --- the ledger (stepplanner.Ledger: compiled and pure-Python alike) -------------------------
+
+
+class QueueFullError(RuntimeError):
+    """``Ledger.submit`` past ``max_waiting``: the backpressure signal (a server's HTTP 429)."""
+
+
+def not_int64(field: str, value: int) -> OverflowError:
+    return OverflowError(f"{field}={value} does not fit int64; allowed "
+                         f"[{-(2**63)}, {2**63 - 1}]")
+
+
+def ledger_prompt_length(request_id: int, length: int, max_input_length: int) -> ValueError:
+    if length < 1:
+        return ValueError(f"prompt_length={length} is out of range; allowed: "
+                          f"1..{max_input_length}")
+    return ValueError(
+        f"prompt_length={length} exceeds max_input_length={max_input_length}: request "
+        f"{request_id} is refused (a prompt is never truncated); allowed: 1..{max_input_length}")
+
+
+def max_new_tokens_range(value: int) -> ValueError:
+    return ValueError(f"max_new_tokens={value} is out of range; allowed: None or >= 1")
+
+
+def duplicate_request(request_id: int) -> ValueError:
+    return ValueError(f"request_id={request_id} is already waiting or resident; allowed: an id "
+                      "not in the ledger")
+
+
+def queue_full(request_id: int, max_waiting: int) -> QueueFullError:
+    return QueueFullError(
+        f"the waiting queue is full (max_waiting={max_waiting}): request {request_id} is "
+        "refused; allowed: submit again once admit() has made room (a server answers HTTP 429)")
+
+
+def stamps_exhausted(request_id: int) -> OverflowError:
+    return OverflowError(
+        f"request {request_id} cannot be stamped: the next arrival stamp would be 2**64, beyond "
+        f"uint64 (a loaded resident has arrival {UINT64_MAX}); allowed: load() arrivals below "
+        f"{UINT64_MAX} while requests are still to be submitted")
+
+
+def not_in_ledger(request_id: int) -> ValueError:
+    return ValueError(f"request_id={request_id} is not waiting or resident; allowed: an id in "
+                      "the ledger")
+
+
+def not_resident(request_id: int) -> ValueError:
+    return ValueError(f"request_id={request_id} is not resident; allowed: one of "
+                      "ledger.request_ids")
+
+
+def repeated_ids(ids: list[int]) -> ValueError:
+    return ValueError(f"request_ids {ids} repeat an id; allowed: each at most once")
+
+
+def plan_type(plan: object, expected: str) -> TypeError:
+    return TypeError(f"plan must be a {expected}, got {_type_name(plan)}")
+
+
+def plan_count(num_residents: int, count: int) -> ValueError:
+    return ValueError(f"plan was made over {num_residents} residents but the ledger holds "
+                      f"count={count}; allowed: a plan of ledger.residents")
+
+
+def finished_type(value: object) -> TypeError:
+    dtype = getattr(value, "dtype", None)
+    got = f"an array of dtype {dtype}" if dtype is not None else _type_name(value)
+    return TypeError(f"finished must be a 1-D numpy bool array (one flag per plan row) or None, "
+                     f"got {got}")
+
+
+def finished_shape(shape: tuple[int, ...], rows: int) -> ValueError:
+    return ValueError(f"finished has shape {shape}; allowed: ({rows},), one flag per plan row "
+                      "(len(plan.sequences))")
+
+
+def finished_without_token(row: int, resident: int) -> ValueError:
+    return ValueError(
+        f"finished[{row}] is True but plan row {row} (resident {resident}) emits no token "
+        "(select_last_token_logits is False: a non-final prompt chunk); allowed: True only on "
+        "rows that sampled a token")
+
+
+def nothing_pending() -> ValueError:
+    return ValueError("finished was given but no plan of this ledger's step() is waiting to be "
+                      "applied (apply(), admit(), retire or load ran since); allowed: None")
+
+
+def planner_mismatch(limits: object, expected: object) -> ValueError:
+    return ValueError(f"planner has limits {limits!r}; allowed: a StepPlanner made for the "
+                      f"ledger's limits {expected!r}")
+
+
+def load_arrival_taken(index: int, arrival: int, request_id: int) -> ValueError:
+    return ValueError(
+        f"residents[{index}].arrival={arrival} is the arrival stamp of waiting request "
+        f"{request_id}; allowed: arrivals no waiting request holds (they must stay unique)")
+
+
 def plan_value(where: str, value: int, allowed: str) -> ValueError:
     return ValueError(
         f"plan.{where}={value} is out of range; allowed: {allowed} (a plan's rows come from the "
