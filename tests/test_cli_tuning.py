@@ -183,3 +183,36 @@ def test_trace_columns_option() -> None:
 def test_latency_model_preset() -> None:
     edge = _json("simulate", *SMALL, "--latency-model", "llama-3.2-3b-int4-jetson-agx-orin")
     assert "Jetson" in edge["latency_model"]["name"]
+
+
+def test_ctrl_c_keeps_the_finished_configurations() -> None:
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: exit status 130,
+    the JSON document says interrupted, and no worker process is left behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [sys.executable, "-m", "stepplanner", "sweep", "--no-progress", "--json",
+               "--grid", "max_num_tokens=512,640,768,1024,1536,2048",
+               "--grid", "max_chunk_tokens=128,256", "--grid", "policy=fcfs,priority"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(4)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["interrupted"] is True and len(doc["results"]) < 24
+    assert "interrupted:" in err
+    # The group empties: workers, fork server and resource tracker end once the parent has.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail("processes of the interrupted sweep were still running 10 s later")
