@@ -15,6 +15,8 @@ start=$SECONDS
 "$venv/bin/pip" install -q --no-compile "vllm==0.33.0"
 "$venv/bin/pip" install -q --no-compile ".[test,vllm]"
 echo "+ .ci/integration_vllm.sh: venv ready in $((SECONDS - start)) s"
+# --prepare: only build the venv (.ci/run does that in the background, beside the main suite).
+[ "${1:-}" = "--prepare" ] && exit 0
 
 log=$(mktemp)
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py "$@" \

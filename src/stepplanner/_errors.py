@@ -361,3 +361,19 @@ def kv_table_memory(max_batch_size: int, max_pages: int, num_pages: int) -> Memo
         f"KVPageTable(max_batch_size={max_batch_size}, max_pages_per_sequence={max_pages}, "
         f"num_pages={num_pages}) needs {nbytes} bytes, which could not be allocated"
     )
+
+
+def kv_layout(value: object, allowed: tuple[str, ...]) -> ValueError:
+    return ValueError(f"layout={value!r} is not a StepInputs layout; allowed: "
+                      + ", ".join(repr(name) for name in allowed))
+
+
+def kv_layout_type(value: object) -> TypeError:
+    return TypeError(f"layout must be a str, got {_type_name(value)}")
+
+
+def kv_array_not_filled(name: str, layout: str, needed: str) -> AttributeError:
+    return AttributeError(
+        f"StepInputs(layout={layout!r}) does not fill {name}; build it with layout={needed!r} "
+        "or layout='all'"
+    )
