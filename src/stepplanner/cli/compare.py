@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from .._policy import SchedulingOptions, resolve_scheduling_policy
-from ..latency import LatencyModel
+from . import tuning_extras
 from .config import parse_config, parse_config_text
 from .errors import library_errors
 from .files import read_json
@@ -18,6 +17,8 @@ from .options import (format_options, limit_options, limits_from, output_format,
                       workload_from, workload_options)
 from .render import comparison_blocks, emit
 from .running import run
+from .tuning_options import latency_of
+from .tuning_render import write_json
 
 DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
                    "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64")
@@ -34,10 +35,11 @@ DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
 @click.option("--config-file", type=click.File("r"),
               help="A JSON list of configuration objects (same keys as --config).")
 @format_options
+@tuning_extras.compare_options
 @library_errors
 def compare_command(latency_text: str, max_steps: int | None, progress: bool,
                     configs: Sequence[str], config_file: Any, fmt: str, as_json: bool,
-                    **kw: Any) -> None:
+                    slos: Any, latency_model: Any, **kw: Any) -> None:
     """Run several configurations on one workload and show them side by side."""
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
@@ -51,17 +53,19 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     policies = [resolve_scheduling_policy(r.options, r.limits) for r in runs]
     for config, policy in zip(runs, policies):
         warn_no_op_options(config.options, policy, config.name)
-    latency = LatencyModel.parse(latency_text)
+    latency = latency_of(latency_model, latency_text)
     reports = []
     for k, (config, policy) in enumerate(zip(runs, policies), start=1):
         result = run(workload, config.limits, policy, latency, max_steps,
                      progress and fmt == "table", f"{k}/{len(runs)} {config.name}")
         warn_refused(result, config.name)
-        reports.append({"name": config.name, **result.report()})
+        reports.append({"name": config.name, **result.report(),
+                        **tuning_extras.section(result, slos)})
     if fmt == "json":
-        click.echo(json.dumps(reports, indent=2))
+        click.echo(write_json(None, reports))
     else:
-        emit(comparison_blocks(reports), fmt)
+        emit([*comparison_blocks(reports),
+              *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:
