@@ -15,6 +15,7 @@ cimport numpy as cnp
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
 from libc.string cimport memcpy, memset
 
@@ -179,6 +180,35 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
         if row.prompt_length > max_input_length:
             return STATUS_PROMPT_TOO_LONG
     return STATUS_OK
+
+
+cdef inline size_t seen_size(size_t n) noexcept nogil:
+    """Slots of a seen-set for n items: a power of two >= 2n, so probes stay short."""
+    cdef size_t size = 4
+    while size < 2 * n:
+        size <<= 1
+    return size
+
+
+cdef int32_t seen_before(const void* const* items, int32_t i, int32_t* slots,
+                         size_t mask) noexcept nogil:
+    """Add items[i] to the seen-set ``slots``; the earlier index of the same address, or -1.
+
+    A resident listed twice would get two plan rows and be advanced twice by apply_to (its
+    checks pass per row, the sum overflows), so plan() and apply_to() refuse it; comparing
+    addresses in a set keeps that O(n) without allocating.
+    """
+    # Fibonacci hashing of the address (its low bits are alignment, always the same).
+    cdef size_t k = <size_t>(((<uint64_t><uintptr_t>items[i] >> 4) * 0x9E3779B97F4A7C15ULL)
+                             >> 32) & mask
+    cdef int32_t j
+    while slots[k] != 0:
+        j = slots[k] - 1
+        if items[j] == items[i]:
+            return j
+        k = (k + 1) & mask
+    slots[k] = i + 1
+    return -1
 
 
 cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
@@ -557,7 +587,7 @@ cdef class _CoreMemory:
             raise _errors.out_of_range("size", size, ">= 0")
         self.data = PyMem_Calloc(<size_t>max(size, 1), 1)
         if self.data == NULL:
-            raise MemoryError(f"{size} bytes for a plan's buffers")
+            raise _errors.buffer_memory(size)
         self.size = size
 
     def __dealloc__(self):
@@ -589,6 +619,7 @@ cdef class StepPlan:
         self.c.sequences = <SequenceC*>cnp.PyArray_DATA(_EMPTY_SEQ_BUF)
         self.c.paused = <int32_t*>cnp.PyArray_DATA(_EMPTY_PAUSED_BUF)
         self.capacity = 0
+        self.version = 0
 
     cdef _allocate(self, int32_t capacity):
         """Buffers of ``capacity`` rows, once, before anyone else holds the plan."""
@@ -598,7 +629,8 @@ cdef class StepPlan:
         cdef Py_ssize_t rows = max(<Py_ssize_t>capacity, 1)
         cdef _CoreMemory sequences = _CoreMemory(rows * <Py_ssize_t>sizeof(SequenceC))
         cdef _CoreMemory paused = _CoreMemory(rows * <Py_ssize_t>sizeof(int32_t))
-        cdef _CoreMemory apply = _CoreMemory(2 * rows * <Py_ssize_t>sizeof(int32_t))
+        cdef _CoreMemory apply = _CoreMemory(
+            (2 * rows + <Py_ssize_t>seen_size(<size_t>rows)) * <Py_ssize_t>sizeof(int32_t))
         # numpy arrays over the memory, so that as_array() hands out views that keep it alive.
         self._seq_buf = np.frombuffer(sequences, dtype=SEQUENCE_DTYPE)
         self._paused_buf = np.frombuffer(paused, dtype=np.int32)
@@ -610,6 +642,7 @@ cdef class StepPlan:
     def __init__(self):
         """An empty plan. Called again, it empties the plan; its buffers stay as they are."""
         with cython.critical_section(self):
+            self.version += 1
             self.c.num_paused = 0
             self.c.num_residents = 0
             self.c.num_prefill = 0
@@ -705,9 +738,12 @@ cdef class StepPlan:
         writable ``RESIDENT_DTYPE`` array the plan was made from. Everything is checked before
         anything is written: the plan's rows (each names one of its residents), then each row's
         ``committed`` and ``consecutive_paused_steps`` (``ValueError`` when negative, as
-        ``plan()`` says; ``OverflowError`` when the result would not fit int32).
+        ``plan()`` says; ``OverflowError`` when the result would not fit int32). A resident
+        listed twice (the same object, or array rows that overlap) is a ``ValueError``; a
+        ``plan()`` on the owning planner while the residents are read is a ``RuntimeError``.
         """
         cdef bint is_array = cnp.PyArray_Check(residents)
+        cdef uint64_t version = self.version
         if not is_array:
             if not isinstance(residents, (list, tuple)):
                 raise _errors.residents_type(residents)
@@ -715,6 +751,10 @@ cdef class StepPlan:
             # code): the checks and the writes must see the same objects.
             residents = tuple(residents)
         with cython.critical_section(self):
+            if self.version != version:
+                # That code called plan() on the planner that owns this plan: the plan is not
+                # the one the caller asked to apply.
+                raise _errors.apply_reentered()
             error = _plan_error(&self.c)
             if error is not None:
                 raise error
@@ -733,6 +773,8 @@ cdef class StepPlan:
             raise _errors.apply_length(arr.shape[0], n)
         cdef char* data = <char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
+        if n > 1 and abs(stride) < <Py_ssize_t>sizeof(ResidentC):
+            raise _errors.rows_overlap(stride, sizeof(ResidentC))
         cdef ResidentC row
         cdef int32_t i, status
         cdef int32_t* add = self._apply_amounts()
@@ -751,9 +793,18 @@ cdef class StepPlan:
         cdef int32_t i, status
         if len(residents) < n:
             raise _errors.apply_length(len(residents), n)
+        cdef const void* const* items = <const void* const*>PySequence_Fast_ITEMS(residents)
+        cdef int32_t* seen = <int32_t*>(<_CoreMemory>self._apply_buf).data + 2 * self.capacity
+        cdef size_t mask = seen_size(<size_t>n) - 1
+        cdef int32_t j
+        if n > 1:  # n <= capacity: the set fits the buffer _allocate sized for capacity
+            memset(seen, 0, (mask + 1) * sizeof(int32_t))
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
+            j = seen_before(items, i, seen, mask) if n > 1 else -1
+            if j >= 0:
+                raise _errors.duplicate_resident(j, i)
         cdef int32_t* add = self._apply_amounts()
         for i in range(n):
             status = _apply_status(&(<ResidentState>residents[i]).c, add[i], add[n + i])
@@ -917,7 +968,8 @@ cdef StepPlan _new_plan(int32_t capacity):
 
 # What one resident slot costs: the kernel's scratch, the row copy and the plan's buffers.
 cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 3 * sizeof(int32_t) + sizeof(uint8_t)
-                               + sizeof(ResidentC) + sizeof(SequenceC) + 3 * sizeof(int32_t))
+                               + sizeof(void*) + 4 * sizeof(int32_t)
+                               + sizeof(ResidentC) + sizeof(SequenceC) + 7 * sizeof(int32_t))
 
 
 cdef class StepPlanner:
@@ -925,7 +977,7 @@ cdef class StepPlanner:
 
     ``policy`` comes from ``resolve_scheduling_policy(options, limits)``; a hand-built one is
     checked here (``RuntimeError`` for an unresolved mode, ``ValueError`` for broken budgets).
-    All buffers are sized for ``limits.max_batch_size`` now (about 110 bytes per slot; a
+    All buffers are sized for ``limits.max_batch_size`` now (about 150 bytes per slot; a
     ``MemoryError`` naming B when that cannot be had); ``plan()`` allocates nothing.
 
     Threads: ``plan()`` holds a per-plan lock (a critical section on free-threaded CPython; the
@@ -941,13 +993,15 @@ cdef class StepPlanner:
         self.scratch.paused = NULL
         self.scratch.prompts = NULL
         self.scratch.decodes = NULL
+        self.scratch.items = NULL
+        self.scratch.seen = NULL
         self.rows = NULL
         self._planning = False
 
     def __init__(self, policy, limits):
         check_policy(policy, limits)
         if self.rows != NULL:
-            raise RuntimeError("StepPlanner is already initialised")
+            raise _errors.already_initialised("StepPlanner")
         cdef int32_t b = limits.max_batch_size
         self.cfg.mode = policy.mode
         self.cfg.scheduling_policy = policy.scheduling_policy
@@ -966,10 +1020,13 @@ cdef class StepPlanner:
         self.scratch.order_count = 0
         self.scratch.prompts = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.scratch.decodes = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
+        self.scratch.items = <const void**>PyMem_Calloc(b, sizeof(void*))
+        self.scratch.seen = <int32_t*>PyMem_Calloc(seen_size(<size_t>b), sizeof(int32_t))
         self.rows = <ResidentC*>PyMem_Calloc(b, sizeof(ResidentC))
         if (self.scratch.keys == NULL or self.scratch.merge_tmp == NULL
                 or self.scratch.order == NULL or self.scratch.paused == NULL
                 or self.scratch.prompts == NULL or self.scratch.decodes == NULL
+                or self.scratch.items == NULL or self.scratch.seen == NULL
                 or self.rows == NULL):
             self._free_buffers()  # so that nothing is half-made if __init__ is called again
             raise _errors.planner_memory(b, b * _BYTES_PER_SLOT)
@@ -991,10 +1048,14 @@ cdef class StepPlanner:
         PyMem_Free(self.scratch.paused)
         PyMem_Free(self.scratch.prompts)
         PyMem_Free(self.scratch.decodes)
+        PyMem_Free(self.scratch.items)
+        PyMem_Free(self.scratch.seen)
         PyMem_Free(self.rows)
         self.scratch.keys = self.scratch.merge_tmp = NULL
         self.scratch.order = self.scratch.prompts = self.scratch.decodes = NULL
         self.scratch.paused = NULL
+        self.scratch.items = NULL
+        self.scratch.seen = NULL
         self.rows = NULL
 
     def __repr__(self):
@@ -1012,7 +1073,7 @@ cdef class StepPlanner:
         is checked before anything is written: a call that raises leaves the previous plan.
         """
         if self.rows == NULL:
-            raise RuntimeError("StepPlanner.__init__ was not called")
+            raise _errors.not_initialised("StepPlanner")
         cdef bint is_array = cnp.PyArray_Check(residents)
         if is_array:
             _check_resident_array(<cnp.ndarray>residents)
@@ -1041,8 +1102,13 @@ cdef class StepPlanner:
                 if is_array:
                     rows = self._load_array(residents, <int32_t>n, reasons_ptr)
                 else:
+                    if type(residents) is not list and type(residents) is not tuple:
+                        # A subclass's __getitem__ may hand out a new object per call, freed
+                        # before the next: held in a tuple, no two share an address by chance.
+                        residents = tuple([residents[i] for i in range(n)])
                     rows = self._load_objects(residents, <int32_t>n)
                 plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
+                self._plan.version += 1
             finally:
                 self._planning = False
         return self._plan
@@ -1068,9 +1134,13 @@ cdef class StepPlanner:
         cdef cnp.ndarray arr = <cnp.ndarray>residents
         cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
-        cdef const ResidentC* rows = self._in_place(arr, n, reasons)
+        cdef const ResidentC* rows
         cdef int32_t i, s_in = self.cfg.max_input_length
         cdef int status
+        if n > 1 and abs(stride) < <Py_ssize_t>sizeof(ResidentC):
+            self._planning = False  # building the error runs Python code: not in plan()
+            raise _errors.rows_overlap(stride, sizeof(ResidentC))
+        rows = self._in_place(arr, n, reasons)
         if rows == NULL:
             for i in range(n):
                 memcpy(&self.rows[i], data + i * stride, sizeof(ResidentC))
@@ -1083,17 +1153,27 @@ cdef class StepPlanner:
         # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
 
-    @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
+    @cython.boundscheck(True)  # another thread may shrink a list (free-threaded builds)
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
-        cdef int32_t i, s_in = self.cfg.max_input_length
+        """Copy in and check the rows of an exact list or tuple (no user code runs here)."""
+        cdef int32_t i, j, s_in = self.cfg.max_input_length
         cdef int status
         cdef object item
         cdef ResidentC* rows = self.rows
+        cdef const void** items = self.scratch.items
+        cdef size_t mask = seen_size(<size_t>n) - 1
+        if n > 1:
+            memset(self.scratch.seen, 0, (mask + 1) * sizeof(int32_t))
         for i in range(n):
             item = residents[i]
             if type(item) is not ResidentState:
                 self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.element_type(i, item)
+            items[i] = <const void*>item
+            j = seen_before(items, i, self.scratch.seen, mask) if n > 1 else -1
+            if j >= 0:
+                self._planning = False
+                raise _errors.duplicate_resident(j, i)
             rows[i] = (<ResidentState>item).c
             status = check_row(&rows[i], s_in)
             if status != STATUS_OK:
