@@ -190,8 +190,8 @@ cdef inline size_t seen_size(size_t n) noexcept nogil:
     return size
 
 
-cdef int32_t seen_before(const void* const* items, int32_t i, int32_t* slots,
-                         size_t mask) noexcept nogil:
+cdef inline int32_t seen_before(const void* const* items, int32_t i, int32_t* slots,
+                                size_t mask) noexcept nogil:
     """Add items[i] to the seen-set ``slots``; the earlier index of the same address, or -1.
 
     A resident listed twice would get two plan rows and be advanced twice by apply_to (its
@@ -1161,16 +1161,16 @@ cdef class StepPlanner:
         cdef object item
         cdef ResidentC* rows = self.rows
         cdef const void** items = self.scratch.items
-        cdef size_t mask = seen_size(<size_t>n) - 1
-        if n > 1:
-            memset(self.scratch.seen, 0, (mask + 1) * sizeof(int32_t))
+        cdef int32_t* seen = self.scratch.seen
+        cdef size_t mask = seen_size(<size_t>n) - 1  # the set __init__ sized for B holds it
+        memset(seen, 0, (mask + 1) * sizeof(int32_t))
         for i in range(n):
             item = residents[i]
             if type(item) is not ResidentState:
                 self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.element_type(i, item)
             items[i] = <const void*>item
-            j = seen_before(items, i, self.scratch.seen, mask) if n > 1 else -1
+            j = seen_before(items, i, seen, mask)
             if j >= 0:
                 self._planning = False
                 raise _errors.duplicate_resident(j, i)
