@@ -49,6 +49,10 @@ def _type_name(value: object) -> str:
 # --- scalar fields ---------------------------------------------------------------------------
 
 
+def wrong_type(field: str, expected: str, value: object) -> StepPlannerTypeError:
+    return StepPlannerTypeError(f"{field} must be a {expected}, got {_type_name(value)}")
+
+
 def not_integer(field: str, value: object) -> StepPlannerTypeError:
     return StepPlannerTypeError(f"{field} must be an integer, got {_type_name(value)} {value!r}")
 

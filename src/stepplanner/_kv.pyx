@@ -206,7 +206,7 @@ cdef class KVPageTable:
             raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", <int64_t>b * m,
                                        f"<= {INT32_MAX}, so that page indices fit int32")
         if self._rows_buf is not None:
-            raise RuntimeError("KVPageTable is already initialised")
+            raise _errors.already_initialised("KVPageTable")
         try:
             rows = np.full((b, m), -1, dtype=np.int32)
             counts = np.zeros(b, dtype=np.int32)
@@ -231,7 +231,7 @@ cdef class KVPageTable:
 
     cdef int _ready(self) except -1:
         if self.c.rows == NULL:
-            raise RuntimeError("KVPageTable.__init__ was not called")
+            raise _errors.not_initialised("KVPageTable")
         return 0
 
     cdef int32_t _slot(self, str field, object value) except? -1:
@@ -346,10 +346,11 @@ cdef class StepInputs:
 
     def __init__(self, limits, page_table):
         if not isinstance(limits, StepPlannerLimits):
-            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
-            raise TypeError("page_table must be a stepplanner._kv.KVPageTable, got "
-                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+            raise _errors.StepPlannerTypeError(
+                "page_table must be a stepplanner._kv.KVPageTable, got "
+                f"{type(page_table).__module__}.{type(page_table).__name__}")
         cdef KVPageTable table = <KVPageTable>page_table
         table._ready()
         if table.c.page_size != limits.kv_page_size:
@@ -357,7 +358,7 @@ cdef class StepInputs:
         if table.c.num_slots < limits.max_batch_size:
             raise _errors.kv_slots_short(table.c.num_slots, limits.max_batch_size)
         if self._bufs is not None:
-            raise RuntimeError("StepInputs is already initialised")
+            raise _errors.already_initialised("StepInputs")
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
         bufs = input_buffers(b, m, t)
@@ -391,7 +392,7 @@ cdef class StepInputs:
         ``ValueError`` naming the resident; a call that raises writes nothing.
         """
         if self._bufs is None:
-            raise RuntimeError("StepInputs.__init__ was not called")
+            raise _errors.not_initialised("StepInputs")
         cdef const char* rows
         cdef Py_ssize_t stride
         cdef Py_ssize_t count

@@ -149,10 +149,11 @@ class StepInputs:
 
     def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable) -> None:
         if not isinstance(limits, StepPlannerLimits):
-            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
-            raise TypeError("page_table must be a stepplanner._kv_reference.KVPageTable, got "
-                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+            raise _errors.StepPlannerTypeError(
+                "page_table must be a stepplanner._kv_reference.KVPageTable, got "
+                f"{type(page_table).__module__}.{type(page_table).__name__}")
         if page_table.kv_page_size != limits.kv_page_size:
             raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
         if page_table.max_batch_size < limits.max_batch_size:

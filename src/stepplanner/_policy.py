@@ -194,7 +194,7 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
     b, p, t_max = limits.max_batch_size, limits.kv_page_size, limits.t_max
     if max_num_tokens == 0:
         if not mixed_feasible(limits):
-            raise ValueError(
+            raise _errors.StepPlannerValueError(
                 f"max_num_tokens=0 (default) needs mixed batching to be feasible, but "
                 f"rd(T_max)={rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
                 f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
@@ -242,9 +242,9 @@ def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
     ``max_chunk_tokens`` the SPEC §2 rule that set each, in words (what ``stepplanner explain``
     prints): the one resolution, so the explanation cannot drift from what was resolved."""
     if not isinstance(options, SchedulingOptions):
-        raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+        raise _errors.wrong_type("options", "SchedulingOptions", options)
     if not isinstance(limits, StepPlannerLimits):
-        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
     check_reserved_slots(options.priority_reserved_slots, limits)
 
     mode = options.ifb_scheduling_mode
@@ -285,9 +285,9 @@ def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
 def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> None:
     """What a planner constructor checks: a plannable mode, and §2's budgets for ``limits``."""
     if not isinstance(policy, ResolvedSchedulingPolicy):
-        raise TypeError(f"policy must be a ResolvedSchedulingPolicy, got {type(policy).__name__}")
+        raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
     if not isinstance(limits, StepPlannerLimits):
-        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
     if policy.mode not in (IfbSchedulingMode.MIXED, IfbSchedulingMode.PREFILL_FIRST):
         raise _errors.unresolved_mode(policy.mode)
     check_reserved_slots(policy.priority_reserved_slots, limits)

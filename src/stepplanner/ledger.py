@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _errors
+from ._errors import StepPlannerOverflowError, StepPlannerTypeError, StepPlannerValueError
 from ._fields import as_bool, as_int, as_int32, as_uint64
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy
@@ -46,7 +48,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 def _request_id(value: object, field: str = "request_id") -> int:
     rid = as_int(field, value)
     if not INT64_MIN <= rid <= INT64_MAX:
-        raise OverflowError(f"{field}={rid} does not fit int64")
+        raise StepPlannerOverflowError(f"{field}={rid} does not fit int64")
     return rid
 
 
@@ -60,10 +62,11 @@ class Ledger:
     def __init__(self, limits: StepPlannerLimits,
                  policy: ResolvedSchedulingPolicy | None = None) -> None:
         if not isinstance(limits, StepPlannerLimits):
-            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if policy is not None and not isinstance(policy, ResolvedSchedulingPolicy):
-            raise TypeError("policy must be a ResolvedSchedulingPolicy or None, got "
-                            f"{type(policy).__name__}")
+            raise StepPlannerTypeError(
+                "policy must be a ResolvedSchedulingPolicy or None, got "
+                f"{type(policy).__name__}")
         reserved = policy.priority_reserved_slots if policy is not None else 0
         check_reserved_slots(reserved, limits)
         self.limits = limits
@@ -130,14 +133,16 @@ class Ledger:
         prio = as_int32("priority", priority)
         s_in = self.limits.max_input_length
         if length < 1:
-            raise ValueError(f"prompt_length={length} is out of range; allowed: 1..{s_in}")
+            raise StepPlannerValueError(
+                f"prompt_length={length} is out of range; allowed: 1..{s_in}")
         if length > s_in:
-            raise ValueError(
+            raise StepPlannerValueError(
                 f"prompt_length={length} exceeds max_input_length={s_in}: request {rid} is "
                 f"refused (a prompt is never truncated); allowed: 1..{s_in}")
         if rid in self._known:
-            raise ValueError(f"request_id={rid} is already waiting or resident; allowed: an id "
-                             "not in the ledger")
+            raise StepPlannerValueError(
+                f"request_id={rid} is already waiting or resident; allowed: an id "
+                "not in the ledger")
         arrival = self._next_arrival
         self._next_arrival += 1
         key = (prio, arrival) if self.by_priority else (arrival,)
@@ -190,24 +195,27 @@ class Ledger:
             n = plan.num_residents
             apply_to = plan.apply_to
         except AttributeError:
-            raise TypeError(f"plan must be a StepPlan, got {type(plan).__name__}") from None
+            raise _errors.wrong_type("plan", "StepPlan", plan) from None
         if n != self._count:
-            raise ValueError(f"plan was made over {n} residents but the ledger holds "
-                             f"count={self._count}; allowed: a plan of ledger.residents")
+            raise StepPlannerValueError(
+                f"plan was made over {n} residents but the ledger holds "
+                f"count={self._count}; allowed: a plan of ledger.residents")
         apply_to(self._view)
 
     def retire(self, request_ids: Iterable[int]) -> None:
         """Remove finished requests by id; the last rows move into the freed slots."""
         ids = [_request_id(r) for r in request_ids]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"request_ids {ids} repeat an id; allowed: each at most once")
+            raise StepPlannerValueError(
+                f"request_ids {ids} repeat an id; allowed: each at most once")
         live = self._ids[:self._count]
         rows = []
         for rid in ids:
             hit = np.flatnonzero(live == rid)
             if not hit.size:
-                raise ValueError(f"request_id={rid} is not resident; allowed: one of "
-                                 "ledger.request_ids")
+                raise StepPlannerValueError(
+                    f"request_id={rid} is not resident; allowed: one of "
+                    "ledger.request_ids")
             rows.append(int(hit[0]))
         self._remove(rows)
 
@@ -216,15 +224,17 @@ class Ledger:
         try:
             arr = np.asarray(rows)
         except ValueError:  # ragged nesting: numpy's message would not say which argument
-            raise ValueError(f"rows={rows!r} is not a flat sequence of row indices") from None
+            raise StepPlannerValueError(
+                f"rows={rows!r} is not a flat sequence of row indices") from None
         if arr.size and arr.dtype.kind not in "iu":
-            raise TypeError(f"rows must be integers, got dtype {arr.dtype}")
+            raise StepPlannerTypeError(f"rows must be integers, got dtype {arr.dtype}")
         listed = arr.ravel().tolist()
         for row in listed:
             if not 0 <= row < self._count:
-                raise ValueError(f"row {row} is out of range; allowed: 0..{self._count - 1}")
+                raise StepPlannerValueError(
+                    f"row {row} is out of range; allowed: 0..{self._count - 1}")
         if len(set(listed)) != len(listed):
-            raise ValueError(f"rows {listed} repeat a row; allowed: each at most once")
+            raise StepPlannerValueError(f"rows {listed} repeat a row; allowed: each at most once")
         self._remove(listed)
 
     def _remove(self, rows: list[int]) -> None:
@@ -251,8 +261,9 @@ class Ledger:
         field's). Arrivals must be unique; new stamps continue after the largest. The waiting
         queue is kept."""
         if len(residents) > self.capacity:
-            raise ValueError(f"{len(residents)} residents exceed max_batch_size="
-                             f"{self.capacity}; allowed: 0..{self.capacity}")
+            raise StepPlannerValueError(
+                f"{len(residents)} residents exceed max_batch_size="
+                f"{self.capacity}; allowed: 0..{self.capacity}")
         table = np.zeros(len(residents), dtype=RESIDENT_DTYPE)
         ids = np.arange(len(residents), dtype=np.int64)
         for i, record in enumerate(residents):
@@ -261,11 +272,12 @@ class Ledger:
                 ids[i] = rid
         for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
             if np.unique(column).size != column.size:
-                raise ValueError(f"two residents have the same {name}; allowed: unique values")
+                raise StepPlannerValueError(
+                    f"two residents have the same {name}; allowed: unique values")
         waiting = self._known_waiting()
         clash = waiting & set(ids.tolist())
         if clash:
-            raise ValueError(f"request_id {sorted(clash)[0]} is also waiting")
+            raise StepPlannerValueError(f"request_id {sorted(clash)[0]} is also waiting")
         self._known = waiting | set(ids.tolist())
         n = len(residents)
         self._rows[:] = 0
@@ -293,12 +305,14 @@ class Ledger:
 
 def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
     if not isinstance(record, Mapping):
-        raise TypeError(f"residents[{index}] must be an object/dict, got "
-                        f"{type(record).__name__}")
+        raise StepPlannerTypeError(
+            f"residents[{index}] must be an object/dict, got "
+            f"{type(record).__name__}")
     unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id"}
     if unknown:
-        raise ValueError(f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(RESIDENT_FIELDS)}, request_id")
+        raise StepPlannerValueError(
+            f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(RESIDENT_FIELDS)}, request_id")
     get = record.get
     where = f"residents[{index}]."
     row = (as_int32(where + "priority", get("priority", 0)),

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .._errors import StepPlannerValueError
 from .._policy import SchedulingOptions, resolve_scheduling_policy
 from ..latency import LatencyModel
 from .config import parse_config, parse_config_text
@@ -69,5 +70,5 @@ def _config_file(handle: Any) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise ValueError(f"--config-file {handle.name}: expected a JSON list of objects")
+        raise StepPlannerValueError(f"--config-file {handle.name}: expected a JSON list of objects")
     return data
