@@ -73,7 +73,7 @@ class StepPlannerLimits:
                 f"0 (= max_batch_size * max_input_length) or >= max(kv_page_size, "
                 f"max_batch_size) = {floor}")
         _set(self, "max_step_tokens", step)
-        full = self.max_batch_size * self.max_input_length
+        full = self._uncapped_t_max
         if step == 0 and full > _errors.INT32_MAX:
             raise _errors.out_of_range(
                 "max_batch_size * max_input_length (T_max)",
@@ -83,9 +83,14 @@ class StepPlannerLimits:
             )
 
     @property
+    def _uncapped_t_max(self) -> int:
+        """B × S_in: T_max before ``max_step_tokens`` caps it (the one place it is computed)."""
+        return self.max_batch_size * self.max_input_length
+
+    @property
     def t_max(self) -> int:
         """T_max: the most tokens one step may hold, B × S_in capped by ``max_step_tokens``."""
-        full = self.max_batch_size * self.max_input_length
+        full = self._uncapped_t_max
         return min(full, self.max_step_tokens) if self.max_step_tokens else full
 
 
@@ -180,7 +185,7 @@ def chunk_cap(limits: StepPlannerLimits) -> int:
 
 def t_max_text(limits: StepPlannerLimits) -> str:
     """How T_max came about, for messages: ``B*S_in = 2400`` or ``min(B*S_in, ...) = 64``."""
-    full = limits.max_batch_size * limits.max_input_length
+    full = limits._uncapped_t_max
     if limits.max_step_tokens:
         return (f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = "
                 f"{limits.t_max}")
