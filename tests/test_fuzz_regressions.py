@@ -211,7 +211,7 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
         except MemoryError as exc:
             print("MemoryError", exc)
         else:
-            raise SystemExit("a 9.3 GiB planner was built under a 3 GiB address-space cap")
+            raise SystemExit("a 6.8 GiB planner was built under a 3 GiB address-space cap")
         small = sp.StepPlannerLimits(4, 64, 16)
         planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), small), small)
         plan = planner.plan([_core.ResidentState(prompt_length=20)])
@@ -219,7 +219,7 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
     """)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, then = proc.stdout.splitlines()
-    assert first.startswith("MemoryError max_batch_size=67108864 needs 9.3 GiB"), first
+    assert first.startswith("MemoryError max_batch_size=67108864 needs 6.8 GiB"), first
     assert "sizes its buffers for max_batch_size up front" in first
     assert then == "then [(0, 20)]"
 

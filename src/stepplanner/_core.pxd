@@ -87,8 +87,6 @@ ctypedef struct ScratchC:
     uint8_t* paused         # per resident: 1 when paused in this plan
     int32_t* prompts        # the active prompt-incomplete residents, in order
     int32_t* decodes        # the active decoding residents, in order
-    const void** items      # the call's ResidentState objects by index, to find one listed twice
-    int32_t* seen           # open-addressing set over items (index + 1; 0 empty), 2^k >= 2B
 
 ctypedef struct PlanC:
     SequenceC* sequences    # num_prefill chunks, then num_decode decode rows
@@ -126,8 +124,7 @@ cdef class StepPlan:
     cdef int32_t capacity     # rows of each buffer; plan() never needs more than B
     cdef object _seq_buf      # read-only numpy arrays over the _CoreMemory that c.sequences
     cdef object _paused_buf   # and c.paused point into
-    cdef object _apply_buf    # a _CoreMemory of 2 × capacity int32 and a seen-set (see
-                              # ScratchC.seen): apply_to()'s scratch
+    cdef object _apply_buf    # a _CoreMemory of 2 × capacity int32: apply_to()'s scratch
     cdef uint64_t version     # bumped by every plan() that writes this plan; apply_to() checks it
     cdef object __weakref__
     cdef _allocate(self, int32_t capacity)
@@ -138,6 +135,8 @@ cdef class StepPlan:
 
 cdef class ResidentState:
     cdef ResidentC c
+    cdef uint64_t stamp       # the last plan()/apply_to() call that read it (see _core.pyx)
+    cdef int32_t stamp_index  # and the index that call read it at
 
 cdef class StepPlanner:
     cdef ConfigC cfg

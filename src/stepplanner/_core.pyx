@@ -15,7 +15,6 @@ cimport numpy as cnp
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
-from cpython.sequence cimport PySequence_Fast_ITEMS
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
 from libc.string cimport memcpy, memset
 
@@ -182,35 +181,6 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
     return STATUS_OK
 
 
-cdef inline size_t seen_size(size_t n) noexcept nogil:
-    """Slots of a seen-set for n items: a power of two >= 2n, so probes stay short."""
-    cdef size_t size = 4
-    while size < 2 * n:
-        size <<= 1
-    return size
-
-
-cdef inline int32_t seen_before(const void* const* items, int32_t i, int32_t* slots,
-                                size_t mask) noexcept nogil:
-    """Add items[i] to the seen-set ``slots``; the earlier index of the same address, or -1.
-
-    A resident listed twice would get two plan rows and be advanced twice by apply_to (its
-    checks pass per row, the sum overflows), so plan() and apply_to() refuse it; comparing
-    addresses in a set keeps that O(n) without allocating.
-    """
-    # Fibonacci hashing of the address (its low bits are alignment, always the same).
-    cdef size_t k = <size_t>(((<uint64_t><uintptr_t>items[i] >> 4) * 0x9E3779B97F4A7C15ULL)
-                             >> 32) & mask
-    cdef int32_t j
-    while slots[k] != 0:
-        j = slots[k] - 1
-        if items[j] == items[i]:
-            return j
-        k = (k + 1) & mask
-    slots[k] = i + 1
-    return -1
-
-
 cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                              const int32_t* order, uint8_t* paused, int32_t* out_paused,
                              uint8_t* reasons) noexcept nogil:
@@ -351,6 +321,30 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
 
 cdef ResidentC _r
 cdef SequenceC _s
+
+# Listing stamps: a resident listed twice would get two plan rows and be advanced twice by
+# apply_to (its checks pass per row, the sum overflows), so plan() and apply_to() refuse it. Each
+# call takes a stamp no other call has had and marks every ResidentState it reads with it and the
+# index it was read at; finding its own stamp already on an object is the second listing. That
+# is O(n) with two stores into memory the call reads anyway, and no allocation.
+cdef uint64_t _last_stamp = 0
+cdef cython.pymutex _stamp_lock  # free-threaded builds: two planners may take stamps at once
+
+
+cdef inline uint64_t _new_stamp() noexcept:
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp += 1
+        return _last_stamp
+
+
+cdef inline int32_t _listed_before(ResidentState r, uint64_t stamp, int32_t index) noexcept:
+    """The index this call first read ``r`` at, or -1 (and ``r`` marked as read at ``index``)."""
+    if r.stamp == stamp:
+        return r.stamp_index
+    r.stamp = stamp
+    r.stamp_index = index
+    return -1
 _layout = {
     "resident": (
         RESIDENT_DTYPE,
@@ -629,8 +623,7 @@ cdef class StepPlan:
         cdef Py_ssize_t rows = max(<Py_ssize_t>capacity, 1)
         cdef _CoreMemory sequences = _CoreMemory(rows * <Py_ssize_t>sizeof(SequenceC))
         cdef _CoreMemory paused = _CoreMemory(rows * <Py_ssize_t>sizeof(int32_t))
-        cdef _CoreMemory apply = _CoreMemory(
-            (2 * rows + <Py_ssize_t>seen_size(<size_t>rows)) * <Py_ssize_t>sizeof(int32_t))
+        cdef _CoreMemory apply = _CoreMemory(2 * rows * <Py_ssize_t>sizeof(int32_t))
         # numpy arrays over the memory, so that as_array() hands out views that keep it alive.
         self._seq_buf = np.frombuffer(sequences, dtype=SEQUENCE_DTYPE)
         self._paused_buf = np.frombuffer(paused, dtype=np.int32)
@@ -793,16 +786,12 @@ cdef class StepPlan:
         cdef int32_t i, status
         if len(residents) < n:
             raise _errors.apply_length(len(residents), n)
-        cdef const void* const* items = <const void* const*>PySequence_Fast_ITEMS(residents)
-        cdef int32_t* seen = <int32_t*>(<_CoreMemory>self._apply_buf).data + 2 * self.capacity
-        cdef size_t mask = seen_size(<size_t>n) - 1
+        cdef uint64_t stamp = _new_stamp()
         cdef int32_t j
-        if n > 1:  # n <= capacity: the set fits the buffer _allocate sized for capacity
-            memset(seen, 0, (mask + 1) * sizeof(int32_t))
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
-            j = seen_before(items, i, seen, mask) if n > 1 else -1
+            j = _listed_before(<ResidentState>residents[i], stamp, i)
             if j >= 0:
                 raise _errors.duplicate_resident(j, i)
         cdef int32_t* add = self._apply_amounts()
@@ -968,8 +957,7 @@ cdef StepPlan _new_plan(int32_t capacity):
 
 # What one resident slot costs: the kernel's scratch, the row copy and the plan's buffers.
 cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 3 * sizeof(int32_t) + sizeof(uint8_t)
-                               + sizeof(void*) + 4 * sizeof(int32_t)
-                               + sizeof(ResidentC) + sizeof(SequenceC) + 7 * sizeof(int32_t))
+                               + sizeof(ResidentC) + sizeof(SequenceC) + 3 * sizeof(int32_t))
 
 
 cdef class StepPlanner:
@@ -977,7 +965,7 @@ cdef class StepPlanner:
 
     ``policy`` comes from ``resolve_scheduling_policy(options, limits)``; a hand-built one is
     checked here (``RuntimeError`` for an unresolved mode, ``ValueError`` for broken budgets).
-    All buffers are sized for ``limits.max_batch_size`` now (about 150 bytes per slot; a
+    All buffers are sized for ``limits.max_batch_size`` now (about 110 bytes per slot; a
     ``MemoryError`` naming B when that cannot be had); ``plan()`` allocates nothing.
 
     Threads: ``plan()`` holds a per-plan lock (a critical section on free-threaded CPython; the
@@ -993,8 +981,6 @@ cdef class StepPlanner:
         self.scratch.paused = NULL
         self.scratch.prompts = NULL
         self.scratch.decodes = NULL
-        self.scratch.items = NULL
-        self.scratch.seen = NULL
         self.rows = NULL
         self._planning = False
 
@@ -1020,13 +1006,10 @@ cdef class StepPlanner:
         self.scratch.order_count = 0
         self.scratch.prompts = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.scratch.decodes = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
-        self.scratch.items = <const void**>PyMem_Calloc(b, sizeof(void*))
-        self.scratch.seen = <int32_t*>PyMem_Calloc(seen_size(<size_t>b), sizeof(int32_t))
         self.rows = <ResidentC*>PyMem_Calloc(b, sizeof(ResidentC))
         if (self.scratch.keys == NULL or self.scratch.merge_tmp == NULL
                 or self.scratch.order == NULL or self.scratch.paused == NULL
                 or self.scratch.prompts == NULL or self.scratch.decodes == NULL
-                or self.scratch.items == NULL or self.scratch.seen == NULL
                 or self.rows == NULL):
             self._free_buffers()  # so that nothing is half-made if __init__ is called again
             raise _errors.planner_memory(b, b * _BYTES_PER_SLOT)
@@ -1048,14 +1031,10 @@ cdef class StepPlanner:
         PyMem_Free(self.scratch.paused)
         PyMem_Free(self.scratch.prompts)
         PyMem_Free(self.scratch.decodes)
-        PyMem_Free(self.scratch.items)
-        PyMem_Free(self.scratch.seen)
         PyMem_Free(self.rows)
         self.scratch.keys = self.scratch.merge_tmp = NULL
         self.scratch.order = self.scratch.prompts = self.scratch.decodes = NULL
         self.scratch.paused = NULL
-        self.scratch.items = NULL
-        self.scratch.seen = NULL
         self.rows = NULL
 
     def __repr__(self):
@@ -1102,10 +1081,6 @@ cdef class StepPlanner:
                 if is_array:
                     rows = self._load_array(residents, <int32_t>n, reasons_ptr)
                 else:
-                    if type(residents) is not list and type(residents) is not tuple:
-                        # A subclass's __getitem__ may hand out a new object per call, freed
-                        # before the next: held in a tuple, no two share an address by chance.
-                        residents = tuple([residents[i] for i in range(n)])
                     rows = self._load_objects(residents, <int32_t>n)
                 plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
                 self._plan.version += 1
@@ -1153,24 +1128,19 @@ cdef class StepPlanner:
         # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
 
-    @cython.boundscheck(True)  # another thread may shrink a list (free-threaded builds)
+    @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
-        """Copy in and check the rows of an exact list or tuple (no user code runs here)."""
         cdef int32_t i, j, s_in = self.cfg.max_input_length
         cdef int status
         cdef object item
         cdef ResidentC* rows = self.rows
-        cdef const void** items = self.scratch.items
-        cdef int32_t* seen = self.scratch.seen
-        cdef size_t mask = seen_size(<size_t>n) - 1  # the set __init__ sized for B holds it
-        memset(seen, 0, (mask + 1) * sizeof(int32_t))
+        cdef uint64_t stamp = _new_stamp()
         for i in range(n):
             item = residents[i]
             if type(item) is not ResidentState:
                 self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.element_type(i, item)
-            items[i] = <const void*>item
-            j = seen_before(items, i, seen, mask)
+            j = _listed_before(<ResidentState>item, stamp, i)
             if j >= 0:
                 self._planning = False
                 raise _errors.duplicate_resident(j, i)

@@ -254,12 +254,10 @@ def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[
         _check_no_overlap(residents, count)
         rows = [tuple(row) for row in residents[:count].tolist()]
     else:
-        # Each element read once, in order, before any is checked (as the core reads a list
-        # subclass); then type, identity and values per index.
-        items = [residents[i] for i in range(count)]
-        seen: dict[int, int] = {}
+        seen: dict[int, tuple[int, ResidentState]] = {}
         rows = []
-        for i, r in enumerate(items):
+        for i in range(count):
+            r = residents[i]
             if type(r) is not ResidentState:
                 raise _errors.element_type(i, r)
             _check_listed_once(seen, i, r)
@@ -271,9 +269,12 @@ def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[
     return rows
 
 
-def _check_listed_once(seen: dict[int, int], i: int, resident: ResidentState) -> None:
+def _check_listed_once(seen: dict[int, tuple[int, ResidentState]], i: int,
+                       resident: ResidentState) -> None:
     """A resident listed twice would be planned twice and advanced twice by apply_to."""
-    first = seen.setdefault(id(resident), i)
+    # Keyed by id() and kept alive by ``seen``: a list subclass may hand out a new object per
+    # read, and a freed one's id could come back.
+    first, _ = seen.setdefault(id(resident), (i, resident))
     if first != i:
         raise _errors.duplicate_resident(first, i)
 
@@ -457,7 +458,7 @@ def _apply(plan: StepPlan, residents: Any) -> None:
         _check_no_overlap(residents, n)
     else:
         residents = residents[:n]
-        seen: dict[int, int] = {}
+        seen: dict[int, tuple[int, ResidentState]] = {}
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
