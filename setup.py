@@ -43,7 +43,7 @@ extensions = [
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG and os.name != "nt" else [],
     )
-    for name in ("_core", "_kv")  # _kv cimports _core's structs (the plan it reads)
+    for name in ("_core", "_kv", "_ledger_core")  # _kv and _ledger_core cimport _core's structs
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

@@ -3,6 +3,7 @@ plan() for the same step, grouped side by side per scenario.
 
     pytest benchmarks/test_step_inputs.py --benchmark-group-by=group
 
+Each ``prepare`` case runs for every layout (``all``, ``flash_attn``, ``flashinfer``).
 Scenarios: ``all_decode`` (every resident of the steady ledger decoding, so 256 one-token rows
 whose KV runs to thousands of tokens) and ``mixed`` (the steady ledger under the default MIXED
 policy: decode rows plus prompt chunks). The page table holds each slot's KV and nothing more.
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from stepplanner import _core, _kv, _kv_reference, bench
+from stepplanner._kv_buffers import LAYOUTS, layout_arrays
 from stepplanner._types import as_resident_array
 
 BATCH = 256
@@ -58,7 +60,7 @@ def numpy_inputs(seqs: np.ndarray, table_rows: np.ndarray, page: int) -> dict[st
     }
 
 
-def make_case(kv, scenario: str):
+def make_case(kv, scenario: str, layout: str = "all"):
     """(planner, ledger array, plan, table, inputs) for one scenario at B=256."""
     rows = bench.steady_ledger(BATCH)
     if scenario == "all_decode":
@@ -71,7 +73,7 @@ def make_case(kv, scenario: str):
     table = kv.KVPageTable(BATCH, max_pages, BATCH * max_pages, P)
     for row in plan.as_array():
         assert table.ensure(int(row["resident"]), int(row["past_length"] + row["query_length"]))
-    inputs = kv.StepInputs(planner.limits, table)
+    inputs = kv.StepInputs(planner.limits, table, layout)
     return planner, ledger, plan, table, inputs
 
 
@@ -92,17 +94,22 @@ def scenario(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def test_prepare(benchmark, scenario: str) -> None:
-    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_prepare(benchmark, scenario: str, layout: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario, layout)
     want = numpy_inputs(plan.as_array(), np.array(table.rows), P)
     inputs.prepare(plan)
-    for name in NAMES:
+    for name in layout_arrays(layout):
         assert np.array_equal(getattr(inputs, name), want[name]), name
     grown = allocated_by(lambda: inputs.prepare(plan))
     assert grown == 0, f"prepare allocated {grown} bytes"
     benchmark.group = f"{scenario} B={BATCH}"
     benchmark.extra_info.update(rows=inputs.num_rows, tokens=inputs.num_tokens,
-                                kv_pages=int(len(inputs.kv_indices)), bytes_allocated=grown)
+                                kv_pages=int(want["kv_indptr"][-1]), bytes_allocated=grown)
     benchmark(inputs.prepare, plan)
 
 
@@ -126,10 +133,10 @@ def test_prepare_reference(benchmark, scenario: str) -> None:
     benchmark.pedantic(inputs.prepare, (plan,), rounds=5, iterations=1, warmup_rounds=1)
 
 
-def test_prepare_reordered(benchmark, scenario: str) -> None:
+def test_prepare_reordered(benchmark, scenario: str, layout: str) -> None:
     """Rows in a new order every call (the plan, then the plan reversed): no block_table row
     holds the same slot as the call before, so every row's pages are copied in full."""
-    planner, ledger, plan, table, inputs = make_case(_kv, scenario)
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario, layout)
     orders = [plan.as_array().copy(), plan.as_array()[::-1].copy()]
     turn = iter(orders * 10**6)
     benchmark.group = f"{scenario} B={BATCH}"

@@ -93,6 +93,20 @@ def reference_kv():
 
 
 @pytest.fixture(scope="session")
+def ledger_impl(core):
+    """(Ledger, StepPlanner) of one implementation: the compiled ledger with the compiled
+    planner, the pure-Python twin with the reference planner."""
+    import types
+
+    if core.IMPLEMENTATION == "compiled":
+        from stepplanner._ledger_core import Ledger
+    else:
+        from stepplanner._ledger_reference import Ledger
+    return types.SimpleNamespace(Ledger=Ledger, StepPlanner=core.StepPlanner,
+                                 name=core.IMPLEMENTATION)
+
+
+@pytest.fixture(scope="session")
 def make_planner(core):
     """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for resolved options."""
     from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplanner import SEQUENCE_DTYPE, StepPlannerLimits
+from stepplanner._kv_buffers import LAYOUTS, layout_arrays
 
 BASE = settings().max_examples
 PARITY = settings(max_examples=4 * BASE)
@@ -35,7 +36,8 @@ def table_state(table: Any) -> tuple[Any, ...]:
 
 
 def inputs_state(inputs: Any) -> dict[str, Any]:
-    return {name: getattr(inputs, name).tolist() for name in NAMES}
+    """Every array, or the error reading it raises (an array the layout does not fill)."""
+    return {name: attempt(lambda name=name: getattr(inputs, name).tolist()) for name in NAMES}
 
 
 @st.composite
@@ -77,7 +79,9 @@ def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: 
     b, m, n, p = shape
     tables = [mod.KVPageTable(b, m, n, p) for mod in (reference_kv, compiled_kv)]
     limits = StepPlannerLimits(b, data.draw(st.integers(1, 2 * p + 2)), p)
-    inputs = [mod.StepInputs(limits, t) for mod, t in zip((reference_kv, compiled_kv), tables)]
+    layout = data.draw(st.sampled_from(LAYOUTS))
+    inputs = [mod.StepInputs(limits, t, layout)
+              for mod, t in zip((reference_kv, compiled_kv), tables)]
     for op in data.draw(operations(b, m, p)):
         name, *args = op
         got = [attempt(lambda t=t: getattr(t, name)(*args)) for t in tables]
@@ -106,24 +110,31 @@ def valid_steps(draw: Any) -> tuple[Any, ...]:
             continue
         query = draw(st.integers(1, end))
         rows.append((slot, 0, end - query, query, draw(st.booleans())))
-    return (b, m, n, p), held, rows
+    return (b, m, n, p), held, rows, draw(st.sampled_from(LAYOUTS))
 
 
 @PARITY
 @given(valid_steps())
 def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any, ...]) -> None:
-    (b, m, n, p), held, rows = step
+    (b, m, n, p), held, rows, layout = step
     states = []
-    for mod in (reference_kv, compiled_kv):
+    for mod, kind in [(reference_kv, layout), (compiled_kv, layout), (compiled_kv, "all")]:
         table = mod.KVPageTable(b, m, b * m, p)   # a pool that always suffices
         for slot, tokens in enumerate(held):
             assert table.ensure(slot, tokens)
         limits = StepPlannerLimits(b, m * p, p)
-        inputs = mod.StepInputs(limits, table)
+        inputs = mod.StepInputs(limits, table, kind)
         states.append(inputs_state(inputs.prepare(np.array(rows, dtype=SEQUENCE_DTYPE))))
     assert states[0] == states[1]
+    # A layout fills exactly what "all" fills for its arrays, and refuses to show the others.
+    filled = set(layout_arrays(layout)) | {"qo_indptr"}
+    for name, result in states[1].items():
+        if name in filled:
+            assert result == states[2][name], name
+        else:
+            assert result[:2] == ("raised", AttributeError), name
     # And the arrays mean what they say: every new token's KV slot is in its row's pages.
-    got = states[1]
+    got = {name: result[1] for name, result in states[2].items()}
     for i, (slot, _, past, query, _) in enumerate(rows):
         start, stop = got["cu_seqlens_q"][i], got["cu_seqlens_q"][i + 1]
         assert got["positions"][start:stop] == list(range(past, past + query))

@@ -1,4 +1,8 @@
-"""The ledger against SPEC §6: apply, consecutive_paused_steps, admission, refusal, retire."""
+"""The ledger against SPEC §6: apply, consecutive_paused_steps, admission, refusal, retire.
+
+Every test runs on the compiled ledger (with the compiled planner) and on the pure-Python twin
+(with the reference planner): ``_both`` rebinds this module's ``Ledger`` and ``StepPlanner``.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ from stepplanner import (
 from stepplanner.ledger import Ledger
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
+
+
+@pytest.fixture(autouse=True)
+def _both(ledger_impl, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(globals(), "Ledger", ledger_impl.Ledger)
+    monkeypatch.setitem(globals(), "StepPlanner", ledger_impl.StepPlanner)
 
 
 def _policy(**kw: object) -> ResolvedSchedulingPolicy:

@@ -1,15 +1,20 @@
 """The ledger as a state machine against a plain model of SPEC §6 and its admission rules.
 
-Hypothesis drives long mixed sequences of submit / admit / step / retire / retire_rows / load
-(the states a serving loop reaches after many steps, which example tests and the fuzzer rarely
-reach), and after every operation the ledger must hold exactly what the model holds: the same
-requests, each once, with the same row values, and the same queue in the same order.
+Hypothesis drives long mixed sequences of submit / cancel / admit / step / fused step / apply
+with the sampler's mask / retire_finished / retire / retire_rows / load (the states a serving
+loop reaches after many steps, which example tests and the fuzzer rarely reach), and after every
+operation the ledger must hold exactly what the model holds: the same requests, each once, with
+the same row values and output counts, and the same queue in the same order. It runs on the
+compiled ledger and on the pure-Python twin.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -23,12 +28,16 @@ from stepplanner import (
     PreemptionMode,
     SchedulingOptions,
     SchedulingPolicy,
-    StepPlanner,
     StepPlannerLimits,
+    _ledger_reference,
+    _reference,
     resolve_scheduling_policy,
 )
+from stepplanner._errors import QueueFullError
 from stepplanner.checks import check_plan
-from stepplanner.ledger import RESIDENT_FIELDS, Ledger
+from stepplanner.ledger import RESIDENT_FIELDS
+
+REFUSALS = (TypeError, ValueError, OverflowError, QueueFullError)
 
 
 @dataclass
@@ -37,15 +46,19 @@ class Waiting:
     prompt_length: int
     priority: int
     arrival: int
+    max_new: int  # 0: no limit
 
 
 class LedgerMachine(RuleBasedStateMachine):
-    """Model: ``resident`` maps request id -> row dict; ``waiting`` is a plain list."""
+    """Model: ``resident`` maps request id -> row dict; ``waiting`` is a plain list; ``accounts``
+    maps resident id -> [tokens emitted, max_new (0: none), done]."""
+
+    impl = "python"
 
     @initialize(b=st.integers(1, 6), s_in=st.integers(1, 48), page=st.integers(1, 16),
                 by_priority=st.booleans(), pause=st.booleans(), max_pause=st.integers(0, 3),
-                reserved=st.integers(0, 5))
-    def start(self, b, s_in, page, by_priority, pause, max_pause, reserved):
+                reserved=st.integers(0, 5), max_waiting=st.integers(0, 12))
+    def start(self, b, s_in, page, by_priority, pause, max_pause, reserved, max_waiting):
         # Limits with rd(T_max) < B + P admit no policy; those are the config layer's tests.
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
@@ -54,14 +67,22 @@ class LedgerMachine(RuleBasedStateMachine):
             preemption=PreemptionMode.PAUSE if pause else PreemptionMode.NONE,
             max_pause_steps=max_pause, priority_reserved_slots=min(reserved, b - 1)),
             self.limits)
-        self.ledger = Ledger(self.limits, self.policy)
-        self.planner = StepPlanner(self.policy, self.limits)
+        if self.impl == "compiled":
+            from stepplanner import _core, _ledger_core
+            ledger_type, planner_type = _ledger_core.Ledger, _core.StepPlanner
+        else:
+            ledger_type, planner_type = _ledger_reference.Ledger, _reference.StepPlanner
+        self.ledger = ledger_type(self.limits, self.policy, max_waiting=max_waiting)
+        self.planner = planner_type(self.policy, self.limits)
+        self.max_waiting = max_waiting
         self.resident: dict[int, dict] = {}
+        self.accounts: dict[int, list[int]] = {}
         self.waiting: list[Waiting] = []
+        self.pending = None  # (plan rows as dicts, paused, ids) of a step() not yet applied
         self.next_id = 0
         self.next_arrival = 0
 
-    # --- the model's own admission rule -------------------------------------------------------
+    # --- the model's own rules ----------------------------------------------------------------
 
     def _key(self, w: Waiting) -> tuple:
         return (w.priority, w.arrival) if self.ledger.by_priority else (w.arrival,)
@@ -81,8 +102,48 @@ class LedgerMachine(RuleBasedStateMachine):
                 "priority": best.priority, "arrival": best.arrival,
                 "prompt_length": best.prompt_length, "committed": 0,
                 "context_committed": False, "consecutive_paused_steps": 0}
+            self.accounts[best.rid] = [0, best.max_new, 0]
             admitted.append(best.rid)
         return admitted
+
+    def _apply_model(self, ids: list[int], sequences: list, paused: set,
+                     mask: np.ndarray | None, retire: bool) -> list[int]:
+        """SPEC §6 and the output accounting, written out; returns the finished ids."""
+        finished = []
+        for k, seq in enumerate(sequences):
+            rid = ids[seq["resident"]]
+            row = self.resident[rid]
+            row["committed"] += seq["query_length"]
+            if seq["select_last_token_logits"]:
+                row["context_committed"] = True
+                account = self.accounts[rid]
+                account[0] += 1
+                hit = (account[1] and account[0] >= account[1]) or (mask is not None and mask[k])
+                if hit and not account[2]:
+                    account[2] = 1
+                    finished.append(rid)
+        for i, rid in enumerate(ids):
+            row = self.resident[rid]
+            row["consecutive_paused_steps"] = (row["consecutive_paused_steps"] + 1
+                                               if i in paused else 0)
+        if retire:
+            self._retire_done()
+        self.pending = None
+        return finished
+
+    def _retire_done(self) -> None:
+        for rid in [r for r, a in self.accounts.items() if a[2]]:
+            del self.resident[rid], self.accounts[rid]
+
+    def _mask(self, data, sequences: list) -> np.ndarray | None:
+        if data.draw(st.booleans()):
+            return None
+        emits = [bool(s["select_last_token_logits"]) for s in sequences]
+        return np.array([e and data.draw(st.booleans()) for e in emits], dtype=bool)
+
+    def _plan_rows(self, plan) -> tuple[list, set]:
+        d = plan.to_dict()
+        return d["sequences"], set(d["paused"])
 
     # --- rules ------------------------------------------------------------------------------
 
@@ -91,36 +152,65 @@ class LedgerMachine(RuleBasedStateMachine):
         for _ in range(burst):
             length = data.draw(st.integers(1, self.limits.max_input_length))
             priority = data.draw(st.integers(-2, 2))
-            arrival = self.ledger.submit(self.next_id, length, priority)
+            max_new = data.draw(st.one_of(st.none(), st.integers(1, 4)))
+            if len(self.waiting) >= self.max_waiting:
+                with pytest.raises(QueueFullError, match="max_waiting"):
+                    self.ledger.submit(self.next_id, length, priority, max_new)
+                return
+            arrival = self.ledger.submit(self.next_id, length, priority, max_new)
             assert arrival == self.next_arrival
-            self.waiting.append(Waiting(self.next_id, length, priority, arrival))
+            self.waiting.append(Waiting(self.next_id, length, priority, arrival, max_new or 0))
             self.next_id += 1
             self.next_arrival += 1
+
+    @precondition(lambda self: self.waiting or self.resident)
+    @rule(data=st.data())
+    def cancel(self, data):
+        rid = data.draw(st.sampled_from(sorted([w.rid for w in self.waiting]
+                                               + list(self.resident))))
+        self.ledger.cancel(rid)
+        if rid in self.resident:
+            del self.resident[rid], self.accounts[rid]
+            self.pending = None
+        else:
+            self.waiting = [w for w in self.waiting if w.rid != rid]
 
     @rule()
     def admit(self):
         assert self.ledger.admit() == self._admit_model()
+        self.pending = None
 
     @precondition(lambda self: self.ledger.count > 0)
-    @rule(steps=st.integers(1, 3))
-    def step(self, steps):
-        for _ in range(steps):
-            ids = self.ledger.request_ids.tolist()
-            plan = self.planner.plan(self.ledger.residents)
-            check_plan(self.policy, self.limits, self.ledger.residents, plan)
-            expected = {rid: dict(self.resident[rid]) for rid in ids}
-            for seq in plan.sequences:  # SPEC §6, written out
-                row = expected[ids[seq.resident]]
-                row["committed"] += seq.query_length
-                if seq.select_last_token_logits:
-                    row["context_committed"] = True
-            paused = set(plan.paused)
-            for i, rid in enumerate(ids):
-                row = expected[rid]
-                row["consecutive_paused_steps"] = (row["consecutive_paused_steps"] + 1
-                                                   if i in paused else 0)
-            self.ledger.apply(plan)
-            self.resident.update(expected)
+    @rule(data=st.data(), retire=st.booleans())
+    def plan_and_apply(self, data, retire):
+        ids = self.ledger.request_ids.tolist()
+        plan = self.planner.plan(self.ledger.residents)
+        check_plan(self.policy, self.limits, self.ledger.residents, plan)
+        sequences, paused = self._plan_rows(plan)
+        mask = self._mask(data, sequences)
+        got = self.ledger.apply(plan, mask, retire=retire).tolist()
+        assert got == self._apply_model(ids, sequences, paused, mask, retire)
+
+    @rule()
+    def retire_finished(self):
+        self.ledger.retire_finished()
+        self._retire_done()
+        self.pending = None
+
+    @rule(data=st.data())
+    def fused_step(self, data):
+        mask = None
+        if self.pending is not None:
+            ids, sequences, paused = self.pending
+            mask = self._mask(data, sequences)
+        plan = self.ledger.step(self.planner, mask)
+        if self.pending is not None:
+            finished = self._apply_model(ids, sequences, paused, mask, retire=True)
+            assert self.ledger.finished_ids.tolist() == finished
+        assert self.ledger.admitted_ids.tolist() == self._admit_model()
+        check_plan(self.policy, self.limits, self.ledger.residents, plan)
+        sequences, paused = self._plan_rows(plan)
+        self.pending = (self.ledger.request_ids.tolist(), sequences, paused)
 
     @precondition(lambda self: self.ledger.count > 0)
     @rule(data=st.data())
@@ -129,7 +219,8 @@ class LedgerMachine(RuleBasedStateMachine):
                                  max_size=len(self.resident), unique=True))
         self.ledger.retire(ids)
         for rid in ids:
-            del self.resident[rid]
+            del self.resident[rid], self.accounts[rid]
+        self.pending = None
 
     @precondition(lambda self: self.ledger.count > 0)
     @rule(data=st.data())
@@ -139,30 +230,51 @@ class LedgerMachine(RuleBasedStateMachine):
         ids = self.ledger.request_ids.tolist()
         self.ledger.retire_rows(rows)
         for row in rows:
-            del self.resident[ids[row]]
+            del self.resident[ids[row]], self.accounts[ids[row]]
+        self.pending = None
 
     @rule()
     def snapshot_round_trip(self):
-        self.ledger.load(self.ledger.to_records())  # the model does not change
+        self.ledger.load(self.ledger.to_records())  # rows unchanged; accounting starts afresh
+        for account in self.accounts.values():
+            account[:] = [0, 0, 0]
+        self.pending = None
 
     @rule(data=st.data())
     def refused_operations_change_nothing(self, data):
-        before = (self.ledger.to_records(), self.ledger.waiting_ids())
+        before = self._snapshot()
+        waiting_stamp = min((w.arrival for w in self.waiting), default=None)
+        n = self.ledger.count
         call = data.draw(st.sampled_from([
             lambda: self.ledger.submit(self.next_id, self.limits.max_input_length + 1),
             lambda: self.ledger.submit(self.next_id, 0),
+            lambda: self.ledger.submit(self.next_id, 1, 0, 0),
+            lambda: self.ledger.submit(next(iter(self.resident), -1) if self.resident
+                                       else "id", 1),
+            lambda: self.ledger.cancel(self.next_id),
             lambda: self.ledger.retire([self.next_id]),
             lambda: self.ledger.retire_rows([self.ledger.count]),
             lambda: self.ledger.load([{"request_id": w.rid} for w in self.waiting[:1]]
                                      or [{"arrival": 0}, {"arrival": 0}]),
+            lambda: self.ledger.load([{"arrival": waiting_stamp, "prompt_length": 1}]
+                                     if waiting_stamp is not None else [{"bogus": 1}]),
+            lambda: self.ledger.apply(self.planner.plan(self.ledger.residents),
+                                      np.ones(n + 1, dtype=bool)),
+            lambda: self.ledger.apply(self.planner.plan(self.ledger.residents),
+                                      np.zeros(n, dtype=np.int8)),
+            lambda: self.ledger.step(self.planner, [True]),
         ]))
         try:
             call()
-        except (TypeError, ValueError, OverflowError):
+        except REFUSALS:
             pass
         else:
             raise AssertionError("a bad ledger operation was accepted")
-        assert (self.ledger.to_records(), self.ledger.waiting_ids()) == before
+        assert self._snapshot() == before
+
+    def _snapshot(self) -> tuple:
+        return (self.ledger.to_records(), self.ledger.waiting_ids(),
+                self.ledger.output_tokens.tolist(), self.ledger.waiting)
 
     # --- what must hold after every operation ---------------------------------------------------
 
@@ -172,7 +284,20 @@ class LedgerMachine(RuleBasedStateMachine):
         got = {r["request_id"]: {f: r[f] for f in RESIDENT_FIELDS} for r in records}
         assert len(got) == len(records) == self.ledger.count  # each request once
         assert got == self.resident
+        tokens = dict(zip(self.ledger.request_ids.tolist(), self.ledger.output_tokens.tolist()))
+        assert tokens == {rid: a[0] for rid, a in self.accounts.items()}
         assert self.ledger.waiting_ids() == [w.rid for w in sorted(self.waiting, key=self._key)]
+        assert self.ledger.waiting == len(self.waiting)
+
+
+class CompiledLedgerMachine(LedgerMachine):
+    impl = "compiled"
 
 
 TestLedgerMachine = LedgerMachine.TestCase
+
+
+@pytest.mark.skipif(os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python",
+                    reason="STEPPLANNER_IMPL=python: reference-only run")
+class TestCompiledLedgerMachine(CompiledLedgerMachine.TestCase):
+    pass

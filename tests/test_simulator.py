@@ -151,7 +151,7 @@ def test_report_is_json_ready_and_has_per_class_percentiles() -> None:
     json.dumps(rep)
     assert set(rep["latency_s"]) == {"all", "-1", "0", "1"}
     assert set(rep["latency_s"]["0"]["ttft"]) == {"p50", "p90", "p99"}
-    assert rep["planner"]["mean_plan_us"] > 0 and rep["planner"]["steps_per_s"] > 0
+    assert rep["planner"]["mean_step_us"] > 0 and rep["planner"]["steps_per_s"] > 0
 
 
 def test_record_then_replay_matches_and_a_tampered_record_differs() -> None:

@@ -150,6 +150,47 @@ def test_constructor_checks(kv):
     assert big.buffers()["positions"].shape == (16,)
 
 
+FLASH_ATTN_ONLY = ("block_table",)
+FLASHINFER_ONLY = ("kv_indptr", "kv_indices", "kv_last_page_len")
+
+
+@pytest.mark.parametrize("layout, skipped", [("flash_attn", FLASHINFER_ONLY),
+                                             ("flashinfer", FLASH_ATTN_ONLY)])
+def test_a_layout_fills_its_kernel_familys_arrays_and_shows_no_other(kv, layout, skipped):
+    table = kv.KVPageTable(4, 4, 16, 4)
+    assert table.ensure(0, 6) and table.ensure(1, 10) and table.ensure(2, 1)
+    limits = StepPlannerLimits(4, 8, 4)
+    full, one = kv.StepInputs(limits, table), kv.StepInputs(limits, table, layout)
+    assert (full.layout, one.layout) == ("all", layout)
+    # Two steps, the second shorter and reordered: the incremental block_table must still match.
+    for plan in (plan_rows((0, 0, 3, 3, 1), (2, 0, 0, 1, 0), (1, 1, 9, 1, 1)),
+                 plan_rows((1, 1, 9, 1, 1), (0, 0, 5, 1, 1))):
+        full.prepare(plan)
+        assert one.prepare(plan) is one
+        for name in NAMES:
+            if name in skipped:
+                with pytest.raises(AttributeError, match=(
+                        rf"StepInputs\(layout='{layout}'\) does not fill {name}; build it with "
+                        rf"layout='(flash_attn|flashinfer)' or layout='all'")):
+                    getattr(one, name)
+                assert not hasattr(one, name)
+            else:
+                assert getattr(one, name).tolist() == getattr(full, name).tolist(), name
+    # The skipped family's buffers are never allocated, so nothing stale can be read.
+    assert set(one.buffers()) == set(full.buffers()) - set(skipped)
+    assert f"layout='{layout}'" in repr(one)
+
+
+def test_layout_is_checked(kv):
+    table = kv.KVPageTable(4, 4, 16, 4)
+    limits = StepPlannerLimits(4, 8, 4)
+    with pytest.raises(ValueError, match="layout='flash' is not a StepInputs layout; allowed: "
+                                         "'all', 'flash_attn', 'flashinfer'"):
+        kv.StepInputs(limits, table, "flash")
+    with pytest.raises(TypeError, match="layout must be a str, got int"):
+        kv.StepInputs(limits, table, layout=1)
+
+
 def test_arrays_are_zero_copy_views_of_fixed_buffers(worked):
     _, inputs = worked
     buffers = inputs.buffers()
@@ -203,7 +244,8 @@ def test_plans_from_both_planners_give_the_same_arrays(kv):
     assert any(len(s["logits_indices"]) < len(s["seq_lens_k"]) for s in ours)  # chunked
 
 
-def test_prepare_allocates_nothing(compiled):
+@pytest.mark.parametrize("layout", ["all", "flash_attn", "flashinfer"])
+def test_prepare_allocates_nothing(compiled, layout):
     from stepplanner import _kv
     limits = StepPlannerLimits(64, 64, 16)
     policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
@@ -214,7 +256,7 @@ def test_prepare_allocates_nothing(compiled):
     table = _kv.KVPageTable(64, 8, 512, 16)
     for i in range(64):
         table.ensure(i, 64)
-    inputs = _kv.StepInputs(limits, table)
+    inputs = _kv.StepInputs(limits, table, layout)
     plan = planner.plan(ledger)
     arr = plan.as_array()
     for _ in range(3):

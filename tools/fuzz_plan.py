@@ -15,9 +15,10 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
 * an accepted plan breaks an invariant (``stepplanner.checks.check_plan``);
 * the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
 
-An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / admit /
-step / retire / load sequences, checked against the live ids and the reserved-slot rule (see
-``ledger_episode``).
+An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / cancel /
+admit / apply with a sampler's mask / fused step / retire / load sequences on the compiled ledger
+and its pure-Python twin side by side, checked against each other, the live ids, the queue bound
+and the reserved-slot rule (see ``ledger_episode``).
 
 The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
 the compiled core is not, unless it is rebuilt with ``-fsanitize=fuzzer-no-link`` (see
@@ -42,7 +43,7 @@ import numpy as np
 
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
-    from stepplanner import _core, _reference
+    from stepplanner import _core, _ledger_core, _ledger_reference, _reference
     from stepplanner.checks import check_plan
     from stepplanner.ledger import Ledger
 
@@ -411,21 +412,42 @@ class LedgerModel:
                                f"{waiting}, expected {sorted(map(int, self.live))}")
         if len(ledger.residents) != ledger.count or ledger.count > ledger.capacity:
             raise Disagreement(f"ledger count {ledger.count} vs {len(ledger.residents)} rows")
+        if ledger.waiting > ledger.max_waiting:
+            raise Disagreement(f"{ledger.waiting} waiting past max_waiting={ledger.max_waiting}")
         arrivals = ledger.residents["arrival"].tolist()
         if len(set(arrivals)) != len(arrivals):
             raise Disagreement(f"ledger residents repeat an arrival: {arrivals}")
 
 
 def ledger_snapshot(ledger: Ledger) -> tuple:
-    return ledger.to_records(), ledger.waiting_ids(), ledger.count
+    return (ledger.to_records(), ledger.waiting_ids(), ledger.count,
+            ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+
+
+LEDGER_ALLOWED = ALLOWED + (stepplanner.QueueFullError,)
+
+
+def ledger_outcome(call, ledger, planner) -> tuple:
+    """("ok", plain value) or ("err", type name, message), as ``outcome`` for the ledgers."""
+    try:
+        value = call(ledger, planner)
+    except LEDGER_ALLOWED as exc:
+        return ("err", type(exc).__name__, str(exc))
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    elif hasattr(value, "to_dict"):
+        value = value.to_dict()
+    return ("ok", value)
 
 
 def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
-    """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, and steps
-    planned over ``ledger.residents`` by both implementations. Fails when an operation raises
-    anything but TypeError/ValueError/OverflowError, when one that raised changed the ledger,
-    when the ledger loses, duplicates or invents a request, when admission breaks the
-    reserved-slot rule, or when the implementations disagree on a step."""
+    """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
+    compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
+    planner) side by side. Fails when the two disagree on a result, an error or the state after
+    an operation; when an operation raises anything but TypeError/ValueError/OverflowError/
+    QueueFullError, or raised and changed the ledger; when the ledger loses, duplicates or
+    invents a request, passes max_waiting, or breaks the reserved-slot rule; or when a plan
+    breaks an invariant."""
     b = fdp.ConsumeIntInRange(1, 8)
     limits = stepplanner.StepPlannerLimits(b, fdp.ConsumeIntInRange(1, 40),
                                            fdp.ConsumeIntInRange(1, 16))
@@ -436,22 +458,41 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
             max_pause_steps=fdp.ConsumeIntInRange(0, 3)), limits)
     except ALLOWED:
         return  # e.g. rd(T_max) < B + P: no policy exists for these limits
-    ledger = Ledger(limits, policy)
+    max_waiting = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 6)
+    ledgers = (_ledger_core.Ledger(limits, policy, max_waiting=max_waiting),
+               _ledger_reference.Ledger(limits, policy, max_waiting=max_waiting))
     planners = [impl.StepPlanner(policy, limits) for impl in IMPLS]
     model = LedgerModel()
     for _ in range(fdp.ConsumeIntInRange(1, 24)):
         if not fdp.remaining_bytes():
             break  # an exhausted provider answers 0 to everything: submits of nothing
-        op = fdp.ConsumeIntInRange(0, 6)
+        op = fdp.ConsumeIntInRange(0, 9)
         for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
-            before = ledger_snapshot(ledger)
-            try:
-                ledger_op(fdp, op, ledger, planners, model, limits)
-            except ALLOWED:
-                if ledger_snapshot(ledger) != before:
+            before = [ledger_snapshot(ledger) for ledger in ledgers]
+            call, accepted = ledger_op(fdp, op, ledgers[0], model, limits)
+            results = [ledger_outcome(call, ledger, planner)
+                       for ledger, planner in zip(ledgers, planners)]
+            after = [ledger_snapshot(ledger) for ledger in ledgers]
+            same(f"ledger op {op}", results[0], results[1], before[0])
+            same(f"ledger op {op} state", after[0], after[1], before[0])
+            if results[0][0] == "err":
+                if after[0] != before[0]:
                     raise Disagreement(f"ledger op {op} raised but changed the ledger: "
-                                       f"{before} -> {ledger_snapshot(ledger)}") from None
-            model.check(ledger)
+                                       f"{before[0]} -> {after[0]}")
+            else:
+                accepted(results[0][1])
+            check_after(op, results[0][0] == "ok", ledgers[0], model)
+
+
+def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
+    model.check(ledger)
+    if ok and op in (1, 8):  # an admission ran: nothing admissible may be left waiting
+        waiting = ledger.waiting_ids()
+        normal = [r for r in waiting if model.priority[r] >= 0]
+        urgent = [r for r in waiting if model.priority[r] < 0]
+        if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
+            raise Disagreement(f"admission left {waiting} waiting with {ledger.free_slots} free "
+                               f"slots ({ledger.reserved_slots} reserved)")
 
 
 def some_id(fdp: atheris.FuzzedDataProvider, model: LedgerModel) -> object:
@@ -469,40 +510,63 @@ def pick_distinct(fdp: atheris.FuzzedDataProvider, pool: list) -> list:
     return picked
 
 
-def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger,
-              planners: list, model: LedgerModel, limits: object) -> None:
-    """One operation; the model is updated only after the ledger accepted it."""
+def some_mask(fdp: atheris.FuzzedDataProvider, plan: object) -> object:
+    """The sampler's finished mask for ``plan``: None, a valid one, or a hostile one."""
+    if plan is None or fdp.ConsumeProbability() < 0.3:
+        return None
+    rows = plan.as_array()["select_last_token_logits"].copy()
+    mask = np.array([e and fdp.ConsumeBool() for e in rows.tolist()], dtype=bool)
+    roll = fdp.ConsumeProbability()
+    if roll < 0.05:
+        return np.ones(len(rows) + 1, dtype=bool)
+    if roll < 0.1:
+        return mask.astype(np.uint8)
+    if roll < 0.15:
+        return mask.tolist()
+    if roll < 0.2:
+        return np.ones(len(rows), dtype=bool)  # True on rows that emitted nothing, maybe
+    return mask
+
+
+def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: LedgerModel,
+              limits: object) -> tuple:
+    """(call(ledger, planner), accepted(result)): one operation with its arguments drawn once,
+    for both ledgers; ``accepted`` updates the model after the ledgers took it."""
+    def nothing(_: object) -> None:
+        pass
+
     if op == 0:
         rid = some_id(fdp, model) if fdp.ConsumeProbability() < 0.2 else fdp.ConsumeInt(2)
         prio = int_or_hostile(fdp, -2, 2)
-        ledger.submit(rid, int_or_hostile(fdp, 1, limits.max_input_length + 1), prio)
-        model.live.add(rid)  # accepted: rid and prio were ints in range
-        model.priority[rid] = prio
-    elif op == 1:
-        free_before = ledger.free_slots
-        admitted = ledger.admit()
-        if len(admitted) > free_before:
-            raise Disagreement(f"admitted {admitted} into {free_before} free slots")
-        waiting = ledger.waiting_ids()
-        normal = [r for r in waiting if model.priority[r] >= 0]
-        urgent = [r for r in waiting if model.priority[r] < 0]
-        if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
-            raise Disagreement(f"admit left {waiting} waiting with {ledger.free_slots} free "
-                               f"slots ({ledger.reserved_slots} reserved)")
-    elif op in (2, 3):  # a step: plan on both, then apply the compiled plan
-        raw = [outcome(p.plan, ledger.residents) for p in planners]
-        results = [(r[0], r[1].to_dict()) if r[0] == "ok" else r for r in raw]
-        same("ledger step", results[0], results[1], ledger.to_records())
-        if raw[0][0] == "ok":
-            check_plan(planners[0].policy, limits, ledger.residents, raw[0][1])
-            ledger.apply(raw[0][1])
-    elif op == 4:
+        length = int_or_hostile(fdp, 1, limits.max_input_length + 1)
+        max_new = None if fdp.ConsumeBool() else int_or_hostile(fdp, 0, 4)
+
+        def accepted(_: object) -> None:
+            model.live.add(rid)  # accepted: rid and prio were ints in range
+            model.priority[rid] = prio
+
+        return (lambda led, _p: led.submit(rid, length, prio, max_new)), accepted
+    if op == 1:
+        return (lambda led, _p: led.admit()), nothing
+    if op in (2, 3):  # a step by hand: plan on each side, then apply with a mask
+        retire = fdp.ConsumeBool()
+        draw = fdp.ConsumeBytes(8)
+        masks: dict[int, object] = {}
+
+        def plan_and_apply(led: Ledger, planner: object) -> object:
+            plan = planner.plan(led.residents)
+            check_plan(planner.policy, limits, led.residents, plan)
+            key = len(masks)  # the same mask for both sides, drawn from the same bytes
+            masks[key] = some_mask(atheris.FuzzedDataProvider(draw), plan)
+            return led.apply(plan, masks[key], retire=retire)
+
+        return plan_and_apply, lambda _: retire_gone(ledger, model)
+    if op == 4:
         ids = pick_distinct(fdp, ledger.request_ids.tolist())
         if fdp.ConsumeProbability() < 0.2:  # a waiting, unknown, repeated or hostile id
             ids.append(some_id(fdp, model))
-        ledger.retire(ids)
-        model.live.difference_update(ids)
-    elif op == 5:
+        return (lambda led, _p: led.retire(ids)), lambda _: model.live.difference_update(ids)
+    if op == 5:
         rows = pick_distinct(fdp, list(range(ledger.count)))
         roll = fdp.ConsumeProbability()
         if roll < 0.15:
@@ -510,19 +574,49 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger,
         elif roll < 0.2:
             rows = fdp.PickValueInList([[1.0], ["0"], [[0, 1], [2]], [True], np.array([0.5])])
         ids = ledger.request_ids.tolist()
-        ledger.retire_rows(rows)
-        model.live.difference_update(ids[r] for r in rows)
-    else:  # a snapshot round trip must change nothing; a tampered one is checked in full
+        return ((lambda led, _p: led.retire_rows(rows)),
+                lambda _: model.live.difference_update(ids[r] for r in rows))
+    if op == 6:  # a snapshot round trip must change nothing; a tampered one is checked in full
         records = ledger.to_records()
+        untouched = True  # (comparing a hostile numpy scalar with an int may itself raise)
         if records and fdp.ConsumeProbability() < 0.5:
             i = fdp.ConsumeIntInRange(0, len(records) - 1)
             field = fdp.PickValueInList(list(FIELDS) + ["request_id", "extra"])
             records[i][field] = int_or_hostile(fdp, -1, 50)
-        before = ledger_snapshot(ledger)
-        ledger.load(records)
-        if records == before[0] and ledger_snapshot(ledger) != before:
-            raise Disagreement(f"load(to_records()) changed the ledger: {before}")
-        model.live = set(ledger.waiting_ids()) | {r["request_id"] for r in records}
+            untouched = False
+        elif fdp.ConsumeProbability() < 0.2:
+            records.append({"arrival": fdp.PickValueInList([UINT64_MAX, 0, 1, 2]),
+                            "prompt_length": 1, "request_id": 10**6})
+            untouched = False
+
+        def loaded(_: object) -> None:
+            model.live = set(ledger.waiting_ids()) | {r.get("request_id", k)
+                                                      for k, r in enumerate(records)}
+            if untouched and ledger.to_records() != records:
+                raise Disagreement(f"load(to_records()) changed the rows: {records}")
+
+        return (lambda led, _p: led.load([dict(r) for r in records])), loaded
+    if op == 7:
+        rid = some_id(fdp, model)
+        return (lambda led, _p: led.cancel(rid)), lambda _: model.live.discard(rid)
+    if op == 8:  # the fused step; its mask is over the previous step's plan on each side
+        draw = fdp.ConsumeBytes(8)
+        use_mask = fdp.ConsumeBool()
+
+        def fused(led: Ledger, planner: object) -> object:
+            plan = planner.plan(led.residents) if use_mask and led.count else None
+            mask = some_mask(atheris.FuzzedDataProvider(draw), plan)
+            got = led.step(planner, mask)
+            check_plan(planner.policy, limits, led.residents, got)
+            return got
+
+        return fused, lambda _: retire_gone(ledger, model)
+    return (lambda led, _p: led.retire_finished()), lambda _: retire_gone(ledger, model)
+
+
+def retire_gone(ledger: Ledger, model: LedgerModel) -> None:
+    """The model after a call that may have retired finished requests: they left the ledger."""
+    model.live = set(ledger.waiting_ids()) | set(ledger.request_ids.tolist())
 
 
 def one_input(data: bytes) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the compiled core with AddressSanitizer + UndefinedBehaviorSanitizer and run the test
-# suite against that build. Nothing outside a fresh temp dir is touched: the source is copied,
-# built and installed into a throwaway venv (never the developer's venv or .venv).
+# Build the compiled extensions (every .pyx) with AddressSanitizer + UndefinedBehaviorSanitizer
+# and run the test suite against that build. Nothing outside a fresh temp dir is touched: the
+# source is copied, built and installed into a throwaway venv (never the developer's venv).
 #
 #   tools/sanitize.sh                 # the working tree as it is (tracked + untracked files)
 #   tools/sanitize.sh --head          # the last commit instead
@@ -38,7 +38,7 @@ else
   (cd "$repo" && git ls-files -co --exclude-standard -z | grep -zv '\.so$' |
     xargs -0 cp --parents -t "$work/src")
 fi
-rm -f "$work/src/src/stepplanner/_core.c"  # regenerate from the .pyx being tested
+rm -f "$work"/src/src/stepplanner/_*.c  # regenerate every extension from the .pyx being tested
 
 "$python" -m venv "$work/venv"
 pip=("$work/venv/bin/python" -m pip --disable-pip-version-check -q)
@@ -52,10 +52,22 @@ CC=gcc CFLAGS="$san -g -O1" LDFLAGS="-fsanitize=address,undefined" \
 
 asan_rt=$(gcc -print-file-name=libasan.so)
 ubsan_rt=$(gcc -print-file-name=libubsan.so)
-if ! ldd "$work"/venv/lib/python3*/site-packages/stepplanner/_core*.so | grep -q libasan; then
-  echo "sanitize: the built _core is not linked against libasan; refusing to report a pass" >&2
-  exit 2
-fi
+# Every extension (one per .pyx) must be built and carry the sanitizers. ldd's output goes to a
+# variable first: `ldd | grep -q` under pipefail fails falsely when grep exits early and ldd
+# gets SIGPIPE.
+for pyx in "$work"/src/src/stepplanner/*.pyx; do
+  ext=$(basename "$pyx" .pyx)
+  so=$(ls "$work"/venv/lib/python3*/site-packages/stepplanner/"$ext".*.so 2>/dev/null || true)
+  if [ -z "$so" ]; then
+    echo "sanitize: the extension $ext was not built; refusing to report a pass" >&2
+    exit 2
+  fi
+  linked=$(ldd "$so")
+  if [[ "$linked" != *libasan* ]]; then
+    echo "sanitize: the built $ext is not linked against libasan; refusing to report a pass" >&2
+    exit 2
+  fi
+done
 
 log="$work/pytest.log"
 status=0

@@ -58,20 +58,28 @@ def not_integer(field: str, value: object) -> StepPlannerTypeError:
 
 
 def not_bool(field: str, value: object) -> StepPlannerTypeError:
-    return StepPlannerTypeError(f"{field} must be a bool (or 0/1), got {_type_name(value)} {value!r}")
+    return StepPlannerTypeError(
+        f"{field} must be a bool (or 0/1), got {_type_name(value)} {value!r}"
+    )
 
 
 def out_of_int32(field: str, value: int) -> StepPlannerOverflowError:
-    return StepPlannerOverflowError(f"{field}={value} does not fit int32; allowed [{INT32_MIN}, {INT32_MAX}]")
+    return StepPlannerOverflowError(
+        f"{field}={value} does not fit int32; allowed [{INT32_MIN}, {INT32_MAX}]"
+    )
 
 
 def out_of_uint64(field: str, value: int) -> StepPlannerOverflowError:
-    return StepPlannerOverflowError(f"{field}={value} does not fit uint64; allowed [0, {UINT64_MAX}]")
+    return StepPlannerOverflowError(
+        f"{field}={value} does not fit uint64; allowed [0, {UINT64_MAX}]"
+    )
 
 
 def not_enum(field: str, value: object, enum_type: type) -> StepPlannerValueError:
     allowed = ", ".join(f"{m.name}({int(m)})" for m in enum_type)  # type: ignore[attr-defined]
-    return StepPlannerValueError(f"{field}={value!r} is not a {enum_type.__name__}; allowed: {allowed}")
+    return StepPlannerValueError(
+        f"{field}={value!r} is not a {enum_type.__name__}; allowed: {allowed}"
+    )
 
 
 def out_of_range(field: str, value: int, allowed: str) -> StepPlannerValueError:
@@ -96,7 +104,9 @@ def residents_type(value: object) -> StepPlannerTypeError:
 
 
 def element_type(index: int, value: object) -> StepPlannerTypeError:
-    return StepPlannerTypeError(f"residents[{index}] must be a ResidentState, got {_type_name(value)}")
+    return StepPlannerTypeError(
+        f"residents[{index}] must be a ResidentState, got {_type_name(value)}"
+    )
 
 
 def array_dtype(dtype: object, expected: object) -> StepPlannerTypeError:
@@ -111,7 +121,9 @@ def array_ndim(ndim: int) -> StepPlannerValueError:
 
 
 def count_negative(count: int) -> StepPlannerValueError:
-    return StepPlannerValueError(f"count={count} is negative; allowed: 0 <= count <= max_batch_size")
+    return StepPlannerValueError(
+        f"count={count} is negative; allowed: 0 <= count <= max_batch_size"
+    )
 
 
 def planner_memory(max_batch_size: int, nbytes: int) -> StepPlannerMemoryError:
@@ -129,7 +141,9 @@ def count_over_batch(count: int, max_batch_size: int) -> StepPlannerValueError:
 
 
 def count_over_length(count: int, length: int) -> StepPlannerValueError:
-    return StepPlannerValueError(f"count={count} exceeds len(residents)={length}; allowed: 0..{length}")
+    return StepPlannerValueError(
+        f"count={count} exceeds len(residents)={length}; allowed: 0..{length}"
+    )
 
 
 def plan_reentered() -> StepPlannerRuntimeError:
@@ -224,6 +238,129 @@ def apply_overflow(index: int, field: str, value: int, add: int) -> StepPlannerO
     )
 
 
+# --- the ledger (stepplanner.Ledger: compiled and pure-Python alike) -------------------------
+
+
+class QueueFullError(StepPlannerError, RuntimeError):
+    """``Ledger.submit`` past ``max_waiting``: the backpressure signal (a server's HTTP 429)."""
+
+
+def not_int64(field: str, value: int) -> StepPlannerOverflowError:
+    return StepPlannerOverflowError(
+        f"{field}={value} does not fit int64; allowed "
+        f"[{-(2**63)}, {2**63 - 1}]"
+    )
+
+
+def ledger_prompt_length(
+    request_id: int, length: int, max_input_length: int,
+) -> StepPlannerValueError:
+    if length < 1:
+        return StepPlannerValueError(
+            f"prompt_length={length} is out of range; allowed: "
+            f"1..{max_input_length}"
+        )
+    return StepPlannerValueError(
+        f"prompt_length={length} exceeds max_input_length={max_input_length}: request "
+        f"{request_id} is refused (a prompt is never truncated); allowed: 1..{max_input_length}")
+
+
+def max_new_tokens_range(value: int) -> StepPlannerValueError:
+    return StepPlannerValueError(f"max_new_tokens={value} is out of range; allowed: None or >= 1")
+
+
+def duplicate_request(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request_id={request_id} is already waiting or resident; allowed: an id "
+        "not in the ledger"
+    )
+
+
+def queue_full(request_id: int, max_waiting: int) -> QueueFullError:
+    return QueueFullError(
+        f"the waiting queue is full (max_waiting={max_waiting}): request {request_id} is "
+        "refused; allowed: submit again once admit() has made room (a server answers HTTP 429)")
+
+
+def stamps_exhausted(request_id: int) -> StepPlannerOverflowError:
+    return StepPlannerOverflowError(
+        f"request {request_id} cannot be stamped: the next arrival stamp would be 2**64, beyond "
+        f"uint64 (a loaded resident has arrival {UINT64_MAX}); allowed: load() arrivals below "
+        f"{UINT64_MAX} while requests are still to be submitted")
+
+
+def not_in_ledger(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request_id={request_id} is not waiting or resident; allowed: an id in "
+        "the ledger"
+    )
+
+
+def not_resident(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request_id={request_id} is not resident; allowed: one of "
+        "ledger.request_ids"
+    )
+
+
+def repeated_ids(ids: list[int]) -> StepPlannerValueError:
+    return StepPlannerValueError(f"request_ids {ids} repeat an id; allowed: each at most once")
+
+
+def plan_type(plan: object, expected: str) -> StepPlannerTypeError:
+    return StepPlannerTypeError(f"plan must be a {expected}, got {_type_name(plan)}")
+
+
+def plan_count(num_residents: int, count: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"plan was made over {num_residents} residents but the ledger holds "
+        f"count={count}; allowed: a plan of ledger.residents"
+    )
+
+
+def finished_type(value: object) -> StepPlannerTypeError:
+    dtype = getattr(value, "dtype", None)
+    got = f"an array of dtype {dtype}" if dtype is not None else _type_name(value)
+    return StepPlannerTypeError(
+        f"finished must be a 1-D numpy bool array (one flag per plan row) or None, "
+        f"got {got}"
+    )
+
+
+def finished_shape(shape: tuple[int, ...], rows: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"finished has shape {shape}; allowed: ({rows},), one flag per plan row "
+        "(len(plan.sequences))"
+    )
+
+
+def finished_without_token(row: int, resident: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"finished[{row}] is True but plan row {row} (resident {resident}) emits no token "
+        "(select_last_token_logits is False: a non-final prompt chunk); allowed: True only on "
+        "rows that sampled a token")
+
+
+def nothing_pending() -> StepPlannerValueError:
+    return StepPlannerValueError(
+        "finished was given but no plan of this ledger's step() is waiting to be "
+        "applied (apply(), admit(), retire or load ran since); allowed: None"
+    )
+
+
+def planner_mismatch(limits: object, expected: object) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"planner has limits {limits!r}; allowed: a StepPlanner made for the "
+        f"ledger's limits {expected!r}"
+    )
+
+
+def load_arrival_taken(index: int, arrival: int, request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"residents[{index}].arrival={arrival} is the arrival stamp of waiting request "
+        f"{request_id}; allowed: arrivals no waiting request holds (they must stay unique)")
+
+
 def plan_value(where: str, value: int, allowed: str) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"plan.{where}={value} is out of range; allowed: {allowed} (a plan's rows come from the "
@@ -261,7 +398,9 @@ def kv_slots_short(slots: int, max_batch_size: int) -> StepPlannerValueError:
     )
 
 
-def kv_inputs_memory(max_batch_size: int, max_tokens: int, max_pages: int) -> StepPlannerMemoryError:
+def kv_inputs_memory(
+    max_batch_size: int, max_tokens: int, max_pages: int,
+) -> StepPlannerMemoryError:
     return StepPlannerMemoryError(
         f"StepInputs buffers for max_batch_size={max_batch_size}, t_max={max_tokens} tokens "
         f"and max_pages_per_sequence={max_pages} could not be allocated"
@@ -276,7 +415,9 @@ def kv_plan_type(value: object) -> StepPlannerTypeError:
 
 
 def kv_plan_dtype(dtype: object, expected: object) -> StepPlannerTypeError:
-    return StepPlannerTypeError(f"plan array has dtype {dtype}; allowed: exactly SEQUENCE_DTYPE {expected}")
+    return StepPlannerTypeError(
+        f"plan array has dtype {dtype}; allowed: exactly SEQUENCE_DTYPE {expected}"
+    )
 
 
 def kv_plan_ndim(ndim: int) -> StepPlannerValueError:
@@ -303,7 +444,9 @@ def kv_resident_range(index: int, resident: int, slots: int) -> StepPlannerValue
 
 
 def kv_row_field(index: int, field: str, value: int, allowed: str) -> StepPlannerValueError:
-    return StepPlannerValueError(f"plan row {index}: {field}={value} is out of range; allowed: {allowed}")
+    return StepPlannerValueError(
+        f"plan row {index}: {field}={value} is out of range; allowed: {allowed}"
+    )
 
 
 def kv_row_overflow(index: int, past_length: int, query_length: int) -> StepPlannerOverflowError:
@@ -329,4 +472,22 @@ def kv_table_memory(max_batch_size: int, max_pages: int, num_pages: int) -> Step
     return StepPlannerMemoryError(
         f"KVPageTable(max_batch_size={max_batch_size}, max_pages_per_sequence={max_pages}, "
         f"num_pages={num_pages}) needs {nbytes} bytes, which could not be allocated"
+    )
+
+
+def kv_layout(value: object, allowed: tuple[str, ...]) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"layout={value!r} is not a StepInputs layout; allowed: "
+        + ", ".join(repr(name) for name in allowed)
+    )
+
+
+def kv_layout_type(value: object) -> StepPlannerTypeError:
+    return StepPlannerTypeError(f"layout must be a str, got {_type_name(value)}")
+
+
+def kv_array_not_filled(name: str, layout: str, needed: str) -> AttributeError:
+    return AttributeError(
+        f"StepInputs(layout={layout!r}) does not fill {name}; build it with layout={needed!r} "
+        "or layout='all'"
     )

@@ -19,7 +19,9 @@ ctypedef struct PageTableC:
     int32_t num_free
     uint64_t* generation       # per slot: bumped whenever its pages change other than by growth
 
-# The buffers `prepare` fills, sized once for B rows and T tokens.
+# The buffers `prepare` fills, sized once for B rows and T tokens. A layout that skips a kernel
+# family leaves that family's pointers NULL (block_table and its bookkeeping, or kv_indptr,
+# kv_indices and kv_last_page_len), and fill_inputs writes none of them.
 ctypedef struct InputsC:
     int32_t* positions         # [T]
     int32_t* cu_seqlens_q      # [B + 1]; also FlashInfer's qo_indptr
@@ -86,4 +88,6 @@ cdef class StepInputs:
     cdef object _block_state   # block_fill, block_slot, block_generation
     cdef readonly object limits
     cdef readonly object page_table
+    cdef readonly str layout
+    cdef object _view(self, str name, Py_ssize_t length)
     cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1

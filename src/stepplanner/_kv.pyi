@@ -3,7 +3,7 @@
 same surface.
 """
 
-from typing import Any, SupportsIndex
+from typing import Any, Literal, SupportsIndex
 
 from typing_extensions import Self, disjoint_base
 
@@ -53,7 +53,14 @@ class StepInputs:
     def limits(self) -> StepPlannerLimits: ...
     @property
     def page_table(self) -> KVPageTable: ...
-    def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable) -> None: ...
+    @property
+    def layout(self) -> Literal["all", "flash_attn", "flashinfer"]: ...
+    def __init__(
+        self,
+        limits: StepPlannerLimits,
+        page_table: KVPageTable,
+        layout: Literal["all", "flash_attn", "flashinfer"] = "all",
+    ) -> None: ...
     def prepare(self, plan: Any) -> Self: ...
     @property
     def num_rows(self) -> int: ...

@@ -12,15 +12,15 @@ Directives are set in setup.py, not here.
 
 cimport cython
 cimport numpy as cnp
-from libc.stdint cimport int32_t, int64_t, uint64_t, INT32_MAX
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, INT32_MAX
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
 from . import _errors
 from ._core cimport StepPlan
 from ._fields import as_int32
-from ._kv_buffers import input_buffers, read_only
+from ._kv_buffers import check_layout, input_buffers, read_only, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -75,7 +75,7 @@ cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
 
 
 cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
-    if s.resident < 0 or s.resident >= t.num_slots:
+    if <uint32_t>s.resident >= <uint32_t>t.num_slots:  # negative wraps to huge: one compare
         return ROW_RESIDENT_RANGE
     if s.past_length < 0:
         return ROW_PAST_NEGATIVE
@@ -88,92 +88,120 @@ cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
     return ROW_OK
 
 
+cdef inline int32_t pages_to(int32_t end, int32_t P, int32_t shift) noexcept nogil:
+    """ceil(end / P) for end >= 1: a shift, not a division, when P is a power of two."""
+    return (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1
+
+
+cdef inline void copy_block_row(int32_t* block, const int32_t* pages, int32_t start,
+                                int32_t npages, int32_t fill) noexcept nogil:
+    """block[start:npages] = pages[start:npages], then -1 over what the last step left beyond
+    npages (fill entries): the cost is per changed page, not per max_pages_per_sequence."""
+    cdef int32_t k
+    if npages - start > 16:  # long runs: memcpy's vector stores; short ones: no call
+        memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
+    else:
+        for k in range(start, npages):
+            block[k] = pages[k]
+    if fill > npages:
+        memset(block + npages, 0xFF, (fill - npages) * sizeof(int32_t))  # all-ones bytes: -1
+
+
 cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
                       InputsC* out) noexcept nogil:
     # Every pointer is read into a local first: CPython builds with -fno-strict-aliasing, so a
     # store through an int32_t* would otherwise make the compiler reload the struct fields.
     cdef const int32_t* table_rows = t.rows
+    cdef const uint64_t* generation = t.generation
     cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
     cdef int32_t* positions = out.positions
     cdef int64_t* slot_mapping = out.slot_mapping
     cdef int32_t* cu_seqlens_q = out.cu_seqlens_q
     cdef int32_t* seq_lens_k = out.seq_lens_k
+    cdef int32_t* logits_indices = out.logits_indices
     cdef int32_t* block_table = out.block_table
     cdef int32_t* block_fill = out.block_fill
     cdef int32_t* block_slot = out.block_slot
     cdef uint64_t* block_generation = out.block_generation
-    cdef const uint64_t* generation = t.generation
     cdef int32_t* kv_indptr = out.kv_indptr
     cdef int32_t* kv_indices = out.kv_indices
     cdef int32_t* kv_last_page_len = out.kv_last_page_len
-    cdef int32_t* logits_indices = out.logits_indices
+    cdef bint blocks = block_table != NULL
+    cdef bint page_list = kv_indices != NULL
     cdef SequenceC s
     cdef const int32_t* pages
-    cdef int32_t* block
-    cdef int32_t i, k, pos, past, end, npages, page_index, offset, start
-    cdef int32_t tokens = 0, kv = 0, logits = 0
-    cdef int64_t base
+    cdef int32_t i, k, n, pos, end, page_index, npages, fill
+    cdef int32_t tokens = 0, logits = 0, kv = 0
+    cdef int64_t delta, stop
     cu_seqlens_q[0] = 0
-    kv_indptr[0] = 0
+    if page_list:
+        kv_indptr[0] = 0
     for i in range(count):
         memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
         pages = table_rows + <Py_ssize_t>s.resident * M
-        past = s.past_length
-        end = past + s.query_length
-        # Walk the new tokens page by page: no division per token (and a shift, not a
-        # division, per row when P is a power of two).
-        page_index = (past >> shift) if shift >= 0 else past // P
-        offset = past - page_index * P
-        base = <int64_t>pages[page_index] * P
-        for pos in range(past, end):
-            if offset == P:
-                page_index += 1
-                offset = 0
-                base = <int64_t>pages[page_index] * P
+        pos = s.past_length
+        end = pos + s.query_length
+        if shift >= 0 and s.query_length == 1:  # a decode row: one token, no loop
             positions[tokens] = pos
-            slot_mapping[tokens] = base + offset
-            offset += 1
+            slot_mapping[tokens] = (<int64_t>pages[pos >> shift] << shift) + (pos & (P - 1))
             tokens += 1
+        else:
+            # The new tokens a page at a time: within one page, slot = page * P + pos % P is
+            # pos + (page - page_index) * P, a contiguous run, so the inner loop has no
+            # division and no branch (and vectorises).
+            page_index = (pos >> shift) if shift >= 0 else pos // P
+            while pos < end:
+                stop = <int64_t>(page_index + 1) * P
+                if stop > end:
+                    stop = end
+                n = <int32_t>stop - pos
+                delta = (<int64_t>pages[page_index] - page_index) * P
+                for k in range(n):
+                    positions[tokens + k] = pos + k
+                    slot_mapping[tokens + k] = delta + pos + k
+                tokens += n
+                pos += n
+                page_index += 1
         cu_seqlens_q[i + 1] = tokens
         seq_lens_k[i] = end
-        npages = (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1  # end >= 1
-        block = block_table + <Py_ssize_t>i * M
-        # A slot's pages only grow until its generation changes, so a block_table row that
-        # held the same slot last step needs only the pages appended since; steady decoding
-        # in an unchanged order copies almost nothing here.
-        start = 0
-        if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
-            start = block_fill[i] if block_fill[i] < npages else npages
-        if npages > 16:  # long rows: memcpy's vector stores; short ones: no call overhead
-            memcpy(block + start, pages + start, (npages - start) * sizeof(int32_t))
-            memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
-        else:
-            for k in range(start, npages):
-                block[k] = pages[k]
-            for k in range(npages):
-                kv_indices[kv + k] = pages[k]
-        # Pad only what the previous step left beyond this row's pages: the cost is per live
-        # page, not per max_pages_per_sequence.
-        for k in range(npages, block_fill[i]):
-            block[k] = -1
-        block_fill[i] = npages
-        block_slot[i] = s.resident
-        block_generation[i] = generation[s.resident]
-        kv += npages
-        kv_indptr[i + 1] = kv
-        kv_last_page_len[i] = end - (npages - 1) * P
         if s.select_last_token_logits:
             logits_indices[logits] = tokens - 1
             logits += 1
-    for i in range(count, out.num_rows):
-        for k in range(block_fill[i]):
-            block_table[<Py_ssize_t>i * M + k] = -1
-        block_fill[i] = 0
-        block_slot[i] = -1
+        npages = pages_to(end, P, shift)
+        if blocks:
+            fill = block_fill[i]
+            # A slot's pages only grow until its generation changes, so a row that held the
+            # same slot at the same generation last step needs only the pages appended since:
+            # steady decoding in an unchanged order copies a page per row every P steps.
+            if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
+                if fill != npages:
+                    copy_block_row(block_table + <Py_ssize_t>i * M, pages,
+                                   fill if fill < npages else npages, npages, fill)
+                    block_fill[i] = npages
+            else:
+                copy_block_row(block_table + <Py_ssize_t>i * M, pages, 0, npages, fill)
+                block_fill[i] = npages
+                block_slot[i] = s.resident
+                block_generation[i] = generation[s.resident]
+        if page_list:
+            # Rewritten whole every step: one row's new page moves every later row's pages.
+            if npages > 16:
+                memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
+            else:
+                for k in range(npages):
+                    kv_indices[kv + k] = pages[k]
+            kv += npages
+            kv_indptr[i + 1] = kv
+            kv_last_page_len[i] = end - (npages - 1) * P
+    if blocks:
+        for i in range(count, out.num_rows):
+            memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
+            block_fill[i] = 0
+            block_slot[i] = -1
     out.num_rows = count
     out.num_tokens = tokens
-    out.num_kv_pages = kv
     out.num_logits = logits
+    out.num_kv_pages = kv
 
 
 # ============================================================================================
@@ -335,22 +363,34 @@ cdef object _row_error(int status, int32_t index, const SequenceC* s, const Page
                                     t.counts[s.resident], t.page_size)
 
 
+cdef void* _data(dict bufs, str name):
+    """The data pointer of ``bufs[name]``, or NULL when the layout has no such buffer."""
+    buf = bufs.get(name)
+    return NULL if buf is None else cnp.PyArray_DATA(<cnp.ndarray>buf)
+
+
 cdef class StepInputs:
     """The arrays attention kernels take for one step, filled by ``prepare(plan)`` (see
     ``stepplanner.StepInputs`` in the package docs for every array's definition).
+
+    ``layout`` picks the kernel family: ``"flash_attn"`` fills ``block_table``,
+    ``"flashinfer"`` fills ``kv_indptr``/``kv_indices``/``kv_last_page_len``, ``"all"`` (the
+    default) both; the token and row arrays are filled always. Reading an array the layout
+    skips raises ``AttributeError`` (its buffer is never allocated, so nothing stale is shown).
 
     Buffers are sized once for ``limits`` (B rows, ``limits.t_max`` tokens); ``prepare``
     allocates nothing. The arrays are views of the valid prefix of those buffers, so they are
     **overwritten by the next** ``prepare``: copy what you keep.
     """
 
-    def __init__(self, limits, page_table):
+    def __init__(self, limits, page_table, layout="all"):
         if not isinstance(limits, StepPlannerLimits):
             raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
             raise _errors.StepPlannerTypeError(
                 "page_table must be a stepplanner._kv.KVPageTable, got "
                 f"{type(page_table).__module__}.{type(page_table).__name__}")
+        layout = check_layout(layout)
         cdef KVPageTable table = <KVPageTable>page_table
         table._ready()
         if table.c.page_size != limits.kv_page_size:
@@ -361,21 +401,23 @@ cdef class StepInputs:
             raise _errors.already_initialised("StepInputs")
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
-        bufs = input_buffers(b, m, t)
-        self._block_state = (np.zeros(b, dtype=np.int32), np.full(b, -1, dtype=np.int32),
-                             np.zeros(b, dtype=np.uint64))
-        self.c.positions = <int32_t*>cnp.PyArray_DATA(bufs["positions"])
-        self.c.cu_seqlens_q = <int32_t*>cnp.PyArray_DATA(bufs["cu_seqlens_q"])
-        self.c.seq_lens_k = <int32_t*>cnp.PyArray_DATA(bufs["seq_lens_k"])
-        self.c.slot_mapping = <int64_t*>cnp.PyArray_DATA(bufs["slot_mapping"])
-        self.c.block_table = <int32_t*>cnp.PyArray_DATA(bufs["block_table"])
-        self.c.kv_indptr = <int32_t*>cnp.PyArray_DATA(bufs["kv_indptr"])
-        self.c.kv_indices = <int32_t*>cnp.PyArray_DATA(bufs["kv_indices"])
-        self.c.kv_last_page_len = <int32_t*>cnp.PyArray_DATA(bufs["kv_last_page_len"])
-        self.c.logits_indices = <int32_t*>cnp.PyArray_DATA(bufs["logits_indices"])
-        self.c.block_fill = <int32_t*>cnp.PyArray_DATA(self._block_state[0])
-        self.c.block_slot = <int32_t*>cnp.PyArray_DATA(self._block_state[1])
-        self.c.block_generation = <uint64_t*>cnp.PyArray_DATA(self._block_state[2])
+        bufs = input_buffers(b, m, t, layout)
+        self.c.positions = <int32_t*>_data(bufs, "positions")
+        self.c.cu_seqlens_q = <int32_t*>_data(bufs, "cu_seqlens_q")
+        self.c.seq_lens_k = <int32_t*>_data(bufs, "seq_lens_k")
+        self.c.slot_mapping = <int64_t*>_data(bufs, "slot_mapping")
+        self.c.logits_indices = <int32_t*>_data(bufs, "logits_indices")
+        self.c.block_table = <int32_t*>_data(bufs, "block_table")
+        self.c.kv_indptr = <int32_t*>_data(bufs, "kv_indptr")
+        self.c.kv_indices = <int32_t*>_data(bufs, "kv_indices")
+        self.c.kv_last_page_len = <int32_t*>_data(bufs, "kv_last_page_len")
+        if self.c.block_table != NULL:
+            self._block_state = {"fill": np.zeros(b, dtype=np.int32),
+                                 "slot": np.full(b, -1, dtype=np.int32),
+                                 "generation": np.zeros(b, dtype=np.uint64)}
+            self.c.block_fill = <int32_t*>_data(self._block_state, "fill")
+            self.c.block_slot = <int32_t*>_data(self._block_state, "slot")
+            self.c.block_generation = <uint64_t*>_data(self._block_state, "generation")
         self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0
         self._bufs = read_only(bufs)  # the views keep the writable arrays (their base) alive
         self._table = table
@@ -383,6 +425,7 @@ cdef class StepInputs:
         self.max_tokens = t
         self.limits = limits
         self.page_table = page_table
+        self.layout = layout
 
     def prepare(self, plan):
         """Fill every array for ``plan``'s rows in order; returns ``self``.
@@ -424,13 +467,14 @@ cdef class StepInputs:
         cdef int32_t i
         cdef int status
         cdef int64_t tokens = 0
+        cdef const PageTableC* t = &self._table.c
         if count > self.max_rows:
             raise _errors.kv_plan_rows(count, self.max_rows)
         for i in range(count):
             memcpy(&s, rows + i * stride, sizeof(SequenceC))
-            status = check_sequence(&self._table.c, &s)
+            status = check_sequence(t, &s)
             if status != ROW_OK:
-                raise _row_error(status, i, &s, &self._table.c)
+                raise _row_error(status, i, &s, t)
             tokens += s.query_length
         if tokens > self.max_tokens:
             raise _errors.kv_plan_tokens(tokens, self.max_tokens)
@@ -451,51 +495,56 @@ cdef class StepInputs:
         """Tokens the buffers hold: ``limits.t_max``."""
         return self.max_tokens
 
+    cdef object _view(self, str name, Py_ssize_t length):
+        return view_of(self._bufs, name, length, self.layout)
+
     @property
     def positions(self):
-        return self._bufs["positions"][:self.c.num_tokens]
+        return self._view("positions", self.c.num_tokens)
 
     @property
     def cu_seqlens_q(self):
-        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+        return self._view("cu_seqlens_q", self.c.num_rows + 1)
 
     @property
     def qo_indptr(self):
-        return self._bufs["cu_seqlens_q"][:self.c.num_rows + 1]
+        return self._view("cu_seqlens_q", self.c.num_rows + 1)
 
     @property
     def seq_lens_k(self):
-        return self._bufs["seq_lens_k"][:self.c.num_rows]
+        return self._view("seq_lens_k", self.c.num_rows)
 
     @property
     def slot_mapping(self):
-        return self._bufs["slot_mapping"][:self.c.num_tokens]
+        return self._view("slot_mapping", self.c.num_tokens)
 
     @property
     def block_table(self):
-        return self._bufs["block_table"][:self.c.num_rows]
+        return self._view("block_table", self.c.num_rows)
 
     @property
     def kv_indptr(self):
-        return self._bufs["kv_indptr"][:self.c.num_rows + 1]
+        return self._view("kv_indptr", self.c.num_rows + 1)
 
     @property
     def kv_indices(self):
-        return self._bufs["kv_indices"][:self.c.num_kv_pages]
+        return self._view("kv_indices", self.c.num_kv_pages)
 
     @property
     def kv_last_page_len(self):
-        return self._bufs["kv_last_page_len"][:self.c.num_rows]
+        return self._view("kv_last_page_len", self.c.num_rows)
 
     @property
     def logits_indices(self):
-        return self._bufs["logits_indices"][:self.c.num_logits]
+        return self._view("logits_indices", self.c.num_logits)
 
     def buffers(self):
-        """The full buffers by name (fixed addresses for the engine's lifetime, e.g. to capture
-        in a CUDA graph); only each one's valid prefix is meaningful after ``prepare``."""
+        """The full buffers of this layout by name (fixed addresses for the engine's lifetime,
+        e.g. to capture in a CUDA graph); only each one's valid prefix is meaningful after
+        ``prepare``."""
         return dict(self._bufs)
 
     def __repr__(self):
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
-                f"num_rows={self.c.num_rows}, num_tokens={self.c.num_tokens})")
+                f"layout={self.layout!r}, num_rows={self.c.num_rows}, "
+                f"num_tokens={self.c.num_tokens})")

@@ -1,29 +1,67 @@
-"""The buffers of ``StepInputs``, sized once: one layout for both implementations."""
+"""The buffers of ``StepInputs``, sized once, and which of them each layout fills: one
+definition for both implementations."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from . import _errors
 
-__all__ = ["input_buffers"]
+__all__ = ["LAYOUTS", "check_layout", "family_of", "input_buffers", "layout_arrays", "read_only",
+           "view_of"]
+
+# Every layout fills these: the token and row arrays every kernel family shares.
+SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
+# FlashAttention (flash_attn_varlen_func / flash_attn_with_kvcache) and vLLM take a padded
+# block_table; FlashInfer's paged wrappers take a CSR page list.
+FAMILY = {
+    "flash_attn": ("block_table",),
+    "flashinfer": ("kv_indptr", "kv_indices", "kv_last_page_len"),
+}
+LAYOUTS = ("all", "flash_attn", "flashinfer")
 
 
-def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int) -> dict[str, np.ndarray]:
-    """Every array ``prepare`` fills, by name, at its largest size (B rows, T tokens)."""
+def check_layout(layout: object) -> str:
+    """``layout`` itself, or the TypeError/ValueError naming it."""
+    if not isinstance(layout, str):
+        raise _errors.kv_layout_type(layout)
+    if layout not in LAYOUTS:
+        raise _errors.kv_layout(layout, LAYOUTS)
+    return layout
+
+
+def layout_arrays(layout: str) -> tuple[str, ...]:
+    """The names of the arrays a ``layout`` fills (``qo_indptr`` is ``cu_seqlens_q``)."""
+    families = FAMILY.values() if layout == "all" else (FAMILY[layout],)
+    return SHARED + tuple(name for family in families for name in family)
+
+
+def family_of(name: str) -> str:
+    """The layout that fills array ``name`` besides ``'all'``."""
+    return next(layout for layout, names in FAMILY.items() if name in names)
+
+
+def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int,
+                  layout: str) -> dict[str, np.ndarray]:
+    """The arrays ``prepare`` fills for ``layout``, by name, at their largest size (B rows,
+    T tokens); the other family's arrays are not allocated at all."""
     b, m, t = max_batch_size, max_pages, max_tokens
+    shapes: dict[str, tuple[tuple[int, ...], type[np.integer[Any]], int]] = {
+        "positions": ((t,), np.int32, 0),
+        "cu_seqlens_q": ((b + 1,), np.int32, 0),
+        "seq_lens_k": ((b,), np.int32, 0),
+        "slot_mapping": ((t,), np.int64, 0),
+        "logits_indices": ((b,), np.int32, 0),
+        "block_table": ((b, m), np.int32, -1),
+        "kv_indptr": ((b + 1,), np.int32, 0),
+        "kv_indices": ((b * m,), np.int32, 0),
+        "kv_last_page_len": ((b,), np.int32, 0),
+    }
     try:
-        return {
-            "positions": np.zeros(t, dtype=np.int32),
-            "cu_seqlens_q": np.zeros(b + 1, dtype=np.int32),
-            "seq_lens_k": np.zeros(b, dtype=np.int32),
-            "slot_mapping": np.zeros(t, dtype=np.int64),
-            "block_table": np.full((b, m), -1, dtype=np.int32),
-            "kv_indptr": np.zeros(b + 1, dtype=np.int32),
-            "kv_indices": np.zeros(b * m, dtype=np.int32),
-            "kv_last_page_len": np.zeros(b, dtype=np.int32),
-            "logits_indices": np.zeros(b, dtype=np.int32),
-        }
+        return {name: np.full(shape, fill, dtype=dtype)
+                for name, (shape, dtype, fill) in shapes.items() if name in layout_arrays(layout)}
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
 
@@ -37,3 +75,12 @@ def read_only(buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         view.flags.writeable = False
         views[name] = view
     return views
+
+
+def view_of(buffers: dict[str, np.ndarray], name: str, length: int,
+            layout: str) -> np.ndarray:
+    """The valid prefix of buffer ``name``, or the AttributeError saying the layout skips it."""
+    buf = buffers.get(name)
+    if buf is None:
+        raise _errors.kv_array_not_filled(name, layout, family_of(name))
+    return buf[:length]

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import input_buffers, read_only
+from ._kv_buffers import check_layout, input_buffers, read_only, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -147,23 +147,30 @@ class KVPageTable:
 class StepInputs:
     """The arrays attention kernels take for one step (see the compiled twin)."""
 
-    def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable) -> None:
+    def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable,
+                 layout: str = "all") -> None:
         if not isinstance(limits, StepPlannerLimits):
             raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
             raise _errors.StepPlannerTypeError(
                 "page_table must be a stepplanner._kv_reference.KVPageTable, got "
                 f"{type(page_table).__module__}.{type(page_table).__name__}")
+        layout = check_layout(layout)
         if page_table.kv_page_size != limits.kv_page_size:
             raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
         if page_table.max_batch_size < limits.max_batch_size:
             raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
-        self._out = input_buffers(b, m, t)   # prepare writes these; users see _bufs
+        self._out = input_buffers(b, m, t, layout)   # prepare writes these; users see _bufs
         self._bufs = read_only(self._out)
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
         self._limits = limits
         self._table = page_table
+        self._layout = layout
+
+    @property
+    def layout(self) -> str:
+        return self._layout
 
     @property
     def limits(self) -> StepPlannerLimits:
@@ -197,9 +204,11 @@ class StepInputs:
             raise _errors.kv_plan_tokens(tokens, self.limits.t_max)
 
         out = self._out
+        blocks, page_list = "block_table" in out, "kv_indices" in out
         t = kv = n_logits = 0
         out["cu_seqlens_q"][0] = 0
-        out["kv_indptr"][0] = 0
+        if page_list:
+            out["kv_indptr"][0] = 0
         for i, (resident, _work, past, query, logits) in enumerate(rows.tolist()):
             pages = table.rows[resident]
             end = past + query
@@ -210,16 +219,19 @@ class StepInputs:
             out["cu_seqlens_q"][i + 1] = t
             out["seq_lens_k"][i] = end
             used = _pages_for(end, p)
-            out["block_table"][i] = -1
-            out["block_table"][i, :used] = pages[:used]
-            out["kv_indices"][kv:kv + used] = pages[:used]
-            kv += used
-            out["kv_indptr"][i + 1] = kv
-            out["kv_last_page_len"][i] = end - (used - 1) * p
+            if blocks:
+                out["block_table"][i] = -1
+                out["block_table"][i, :used] = pages[:used]
+            if page_list:
+                out["kv_indices"][kv:kv + used] = pages[:used]
+                kv += used
+                out["kv_indptr"][i + 1] = kv
+                out["kv_last_page_len"][i] = end - (used - 1) * p
             if logits:
                 out["logits_indices"][n_logits] = t - 1
                 n_logits += 1
-        out["block_table"][len(rows):] = -1
+        if blocks:
+            out["block_table"][len(rows):] = -1
         self._sizes = {"rows": len(rows), "tokens": t, "kv": kv, "logits": n_logits}
         return self
 
@@ -235,52 +247,56 @@ class StepInputs:
     def max_num_tokens(self) -> int:
         return self.limits.t_max
 
+    def _view(self, name: str, length: int) -> np.ndarray:
+        return view_of(self._bufs, name, length, self._layout)
+
     @property
     def positions(self) -> np.ndarray:
-        return self._bufs["positions"][:self._sizes["tokens"]]
+        return self._view("positions", self._sizes["tokens"])
 
     @property
     def cu_seqlens_q(self) -> np.ndarray:
-        return self._bufs["cu_seqlens_q"][:self._sizes["rows"] + 1]
+        return self._view("cu_seqlens_q", self._sizes["rows"] + 1)
 
     @property
     def qo_indptr(self) -> np.ndarray:
-        return self._bufs["cu_seqlens_q"][:self._sizes["rows"] + 1]
+        return self._view("cu_seqlens_q", self._sizes["rows"] + 1)
 
     @property
     def seq_lens_k(self) -> np.ndarray:
-        return self._bufs["seq_lens_k"][:self._sizes["rows"]]
+        return self._view("seq_lens_k", self._sizes["rows"])
 
     @property
     def slot_mapping(self) -> np.ndarray:
-        return self._bufs["slot_mapping"][:self._sizes["tokens"]]
+        return self._view("slot_mapping", self._sizes["tokens"])
 
     @property
     def block_table(self) -> np.ndarray:
-        return self._bufs["block_table"][:self._sizes["rows"]]
+        return self._view("block_table", self._sizes["rows"])
 
     @property
     def kv_indptr(self) -> np.ndarray:
-        return self._bufs["kv_indptr"][:self._sizes["rows"] + 1]
+        return self._view("kv_indptr", self._sizes["rows"] + 1)
 
     @property
     def kv_indices(self) -> np.ndarray:
-        return self._bufs["kv_indices"][:self._sizes["kv"]]
+        return self._view("kv_indices", self._sizes["kv"])
 
     @property
     def kv_last_page_len(self) -> np.ndarray:
-        return self._bufs["kv_last_page_len"][:self._sizes["rows"]]
+        return self._view("kv_last_page_len", self._sizes["rows"])
 
     @property
     def logits_indices(self) -> np.ndarray:
-        return self._bufs["logits_indices"][:self._sizes["logits"]]
+        return self._view("logits_indices", self._sizes["logits"])
 
     def buffers(self) -> dict[str, np.ndarray]:
         return dict(self._bufs)
 
     def __repr__(self) -> str:
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
-                f"num_rows={self.num_rows}, num_tokens={self.num_tokens})")
+                f"layout={self._layout!r}, num_rows={self.num_rows}, "
+                f"num_tokens={self.num_tokens})")
 
 
 def _plan_rows(plan: Any) -> np.ndarray:

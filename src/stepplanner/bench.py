@@ -388,6 +388,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="priority_pause",
                         help="scheduling scenario (default: priority_pause)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--loop", choices=("on", "off", "only"), default="on",
+                        help="also time the whole host step of a serving loop (ledger.step) "
+                             "against plan() at B=64,256,1024 (default: on)")
     parser.add_argument("--reference-max-batch", type=int, default=max(BATCH_SIZES),
                         metavar="B", help="time the pure-Python reference up to this B")
     return parser
@@ -397,6 +400,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench
     """Entry point of ``python -m stepplanner.bench`` and ``stepplanner bench`` (which passes
     its own name as ``prog``, for usage lines and errors); returns 0."""
     args = _parser(prog).parse_args(argv)
+    from . import bench_loop
+
+    loop = bench_loop.measure_loop() if args.loop != "off" else []
+    if args.loop == "only":
+        print(json.dumps([asdict(t) for t in loop], indent=2) if args.json
+              else bench_loop.render_loop(loop))
+        return 0
     timings = measure_all(args.scenario, args.batch_sizes, args.reference_max_batch)
     results = checks(timings)
     if args.json:
@@ -407,9 +417,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench
             "machine": machine(),
             "timings": [asdict(t) for t in timings],
             "targets": [asdict(c) for c in results],
+            "loop": [asdict(t) for t in loop],
         }, indent=2))
     else:
         print(render(args.scenario, timings, results))
+        if loop:
+            print()
+            print(bench_loop.render_loop(loop))
     return 0
 
 

@@ -1,15 +1,16 @@
 """A discrete-step simulator: workload -> admission -> plan -> step latency -> apply -> retire.
 
-Each step: requests that have arrived are submitted to the ``Ledger`` and admitted into free
-slots; the planner plans over ``ledger.residents``; the step takes ``LatencyModel`` seconds of
-simulated time; every planned row that selects its last token's logits emits one output token
-(the chunk completing a prompt emits the first, each decode row one more); the ledger applies the
-plan and retires requests that have produced all their output tokens. With nobody resident the
+Each step: requests that have arrived are submitted to the ``Ledger`` (with their output length
+as ``max_new_tokens``); one ``ledger.step(planner)`` call applies the previous step's plan, counts
+the tokens it emitted (the chunk completing a prompt emits the first, each decode row one more),
+retires the requests that have produced all their output tokens, admits into the free slots and
+plans; the step then takes ``LatencyModel`` seconds of simulated time. With nobody resident the
 clock jumps to the next arrival.
 
-Per-step bookkeeping is numpy over the plan's and ledger's arrays (no per-request Python per
-step); Python only loops per event (an arrival). ``plan()`` and ``apply`` are timed with
-``perf_counter_ns``: those are real microseconds of this machine, unlike the simulated seconds.
+The ledger's bookkeeping is C; the simulator's own measurements (token times, gaps, pauses) are
+numpy over the plan's and ledger's arrays, with no per-request Python per step; Python only loops
+per event (an arrival). The ``ledger.step`` call is timed with ``perf_counter_ns`` (``step_ns``):
+those are real microseconds of this machine, unlike the simulated seconds.
 
 Record/replay: ``StepRecorder`` writes one JSON line per step (the ledger rows the plan was made
 over and the plan); ``replay`` re-plans each recorded step and reports the steps whose plan
@@ -41,6 +42,7 @@ from ._types import (
     Reason,
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
+from . import _ledger_reference
 from .ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
 
@@ -60,7 +62,7 @@ DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv
 RECORD_FORMAT = "stepplanner-steps/1"
 PERCENTILES = (50, 90, 99)
 STEP_FIELDS = ("end_time", "seconds", "tokens", "context", "num_prefill", "num_decode",
-               "num_paused", "residents", "waiting", "plan_ns", "apply_ns")
+               "num_paused", "residents", "waiting", "step_ns")
 
 OnStep = Callable[[int, float, Ledger, Any], None]
 Progress = Callable[[int, float, int], None]
@@ -121,7 +123,7 @@ class SimulationResult:
         start = float(w.arrival_time[0])
         end = float(st["end_time"][-1]) if self.num_steps else start
         span = max(end - start, 1e-12)
-        plan_us = st["plan_ns"] / 1e3
+        step_us = st["step_ns"] / 1e3
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
@@ -167,10 +169,9 @@ class SimulationResult:
                                          for q in PERCENTILES}}
                           for name, mask in classes.items()},
             "planner": {
-                "mean_plan_us": _mean(plan_us),
-                "p50_plan_us": _pct(plan_us, 50),
-                "p99_plan_us": _pct(plan_us, 99),
-                "mean_apply_us": _mean(st["apply_ns"] / 1e3),
+                "mean_step_us": _mean(step_us),
+                "p50_step_us": _pct(step_us, 50),
+                "p99_step_us": _pct(step_us, 99),
                 "wall_seconds": self.wall_seconds,
                 "steps_per_s": self.num_steps / self.wall_seconds if self.wall_seconds else None,
             },
@@ -261,7 +262,8 @@ class _Run:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.planner = planner
-        self.ledger = Ledger(limits, policy)
+        # Every request may wait: the workload is the whole demand, nothing is pushed back.
+        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1))
         self.admit_time = np.full(n, np.nan)
         self.first_token_time = np.full(n, np.nan)
         self.finish_time = np.full(n, np.nan)
@@ -273,6 +275,8 @@ class _Run:
         self.reasons = np.zeros(limits.max_batch_size, dtype=np.uint8)
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
+        self.fused = True
+        self.pending: Any = None  # the plan _step_by_calls made and has not applied yet
         self.records: list[tuple[float, ...]] = []
         # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
         # (request ids, their previous token's time, this token's time). Every other gap is one
@@ -285,10 +289,19 @@ class _Run:
     def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
              progress_every: int) -> bool:
         n = len(self.w)
+        # A wrapper around the ledger (paged_simulator's PagedLedger keeps KV pages beside it)
+        # takes the same step through its separate calls; a Ledger takes it in one.
+        self.fused = isinstance(self.ledger, (Ledger, _ledger_reference.Ledger))
+        host_step = self._fused_step if self.fused else self._step_by_calls
         while True:
             self._arrivals()
-            admitted = self.ledger.admit()
-            if admitted:
+            t0 = time.perf_counter_ns()
+            plan, finished, admitted = host_step()
+            step_ns = time.perf_counter_ns() - t0
+            if finished.size:
+                self.finish_time[finished] = self.now
+                self.completed += finished.size
+            if admitted.size:
                 self.admit_time[admitted] = self.now
             if self.ledger.count == 0:
                 if self.next_request >= n:
@@ -297,27 +310,52 @@ class _Run:
                 continue
             if max_steps is not None and len(self.records) >= max_steps:
                 return True
-            self._step(on_step)
+            self._step(plan, step_ns, on_step)
             if progress is not None and len(self.records) % progress_every == 0:
                 progress(len(self.records), self.now, self.completed)
+
+    def _fused_step(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
+        ledger = self.ledger
+        plan = ledger.step(self.planner, reasons=self.reasons)
+        return plan, ledger.finished_ids, ledger.admitted_ids
+
+    def _step_by_calls(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """The same step through the separate calls a ledger wrapper provides."""
+        ledger, plan = self.ledger, self.pending
+        finished = np.zeros(0, dtype=np.int64)
+        if plan is not None:
+            seq = plan.as_array()
+            rows = seq["resident"][seq["select_last_token_logits"]]
+            req = ledger.request_ids[rows]
+            done = self.generated[req] >= np.maximum(self.w.output_tokens[req], 1)
+            ledger.apply(plan)
+            finished = req[done]
+            if finished.size:
+                ledger.retire_rows(rows[done])
+        admitted = np.asarray(ledger.admit(), dtype=np.int64)
+        self.pending = self.planner.plan(ledger.residents, reasons=self.reasons)
+        return self.pending, finished, admitted
 
     def _arrivals(self) -> None:
         w, ledger = self.w, self.ledger
         stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
         for i in range(self.next_request, stop):
             try:
-                ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]))
+                if self.fused:
+                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
+                                  max_new_tokens=max(1, int(w.output_tokens[i])))
+                else:
+                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]))
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
 
-    def _step(self, on_step: OnStep | None) -> None:
+    def _step(self, plan: Any, step_ns: int, on_step: OnStep | None) -> None:
+        """The step's simulated time and per-request token times; the ledger's own bookkeeping
+        (apply, output counts, retirement) happens in the next ``ledger.step``."""
         ledger, reasons = self.ledger, self.reasons
-        residents = ledger.residents
-        count = len(residents)
-        t0 = time.perf_counter_ns()
-        plan = self.planner.plan(residents, reasons=reasons)
-        t1 = time.perf_counter_ns()
+        count = ledger.count
         seq = plan.as_array()
         rows = seq["resident"]
         tokens = plan.total_tokens
@@ -328,10 +366,8 @@ class _Run:
             on_step(len(self.records), start, ledger, plan)
 
         ids = ledger.request_ids
-        out_rows = rows[seq["select_last_token_logits"]]
-        req = ids[out_rows]  # one row per resident, so fancy assignment below is safe
-        gen = self.generated[req]
-        first = gen == 0
+        req = ids[rows[seq["select_last_token_logits"]]]  # one row per resident
+        first = self.generated[req] == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
         previous = self.last_token_time[later]
@@ -341,28 +377,16 @@ class _Run:
         if apart.any():
             self.apart.append((later[apart], previous[apart], now))
         self.last_token_time[req] = now
-        gen += 1
-        self.generated[req] = gen
+        self.generated[req] += 1
         paused = plan.paused_array()
         if paused.size:
             self.paused_steps[ids[paused]] += 1
-        self.reason_counts += np.bincount(reasons[:count], minlength=len(self.reason_counts))
-        num_prefill, num_decode, num_paused = plan.num_prefill, plan.num_decode, paused.size
-
-        t2 = time.perf_counter_ns()
-        ledger.apply(plan)
-        t3 = time.perf_counter_ns()
-        if num_paused:
             self.max_consecutive_paused = max(
                 self.max_consecutive_paused,
-                int(residents["consecutive_paused_steps"].max()))
-        done = gen >= self.w.output_tokens[req]
-        if done.any():
-            self.finish_time[req[done]] = now
-            self.completed += int(done.sum())
-            ledger.retire_rows(out_rows[done])
-        self.records.append((now, now - start, tokens, context, num_prefill, num_decode,
-                             num_paused, count, ledger.waiting, t1 - t0, t3 - t2))
+                int(ledger.residents["consecutive_paused_steps"][paused].max()) + 1)
+        self.reason_counts += np.bincount(reasons[:count], minlength=len(self.reason_counts))
+        self.records.append((now, now - start, tokens, context, plan.num_prefill,
+                             plan.num_decode, paused.size, count, ledger.waiting, step_ns))
 
     def result(self, wall: float, truncated: bool) -> SimulationResult:
         table = (np.array(self.records, dtype=np.float64) if self.records

@@ -245,10 +245,10 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
                        f"{p['released_by_max_pause_steps']:,} releases by max_pause_steps"),
         TableData("latency by priority class (ms)", columns, rows, main=True),
         Line("reasons", f"(resident-steps) {reasons}"),
-        Line("planner", f"plan() {pl['mean_plan_us']:.2f} us/step mean, p50 "
-                        f"{pl['p50_plan_us']:.2f}, p99 {pl['p99_plan_us']:.2f}; ledger apply "
-                        f"{pl['mean_apply_us']:.2f} us/step; {s['count']:,} steps in "
-                        f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s"),
+        Line("host step", f"ledger.step (apply, retire, admit, plan) {pl['mean_step_us']:.2f} "
+                          f"us/step mean, p50 {pl['p50_step_us']:.2f}, p99 "
+                          f"{pl['p99_step_us']:.2f}; {s['count']:,} steps in "
+                          f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s"),
     ]
 
 
@@ -262,7 +262,7 @@ def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
                Column("TTFT\np50", _MS), Column("TTFT\np99", _MS),
                *(Column(f"TTFT p99\n[{c}]", _MS) for c in classes),
                Column("TPOT\np99", _MS), Column("max ITL\np99", _MS), Column("E2E\np99", _MS),
-               Column("paused\nsteps", ","), Column("plan\nus", ".2f")]
+               Column("paused\nsteps", ","), Column("step\nus", ".2f")]
     rows = []
     for r in reports:
         lat, pol = r["latency_s"], r["policy"]
@@ -274,14 +274,14 @@ def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
             *(_ms(lat[c]["ttft"]["p99"]) if c in lat else None for c in classes),
             _ms(lat["all"]["tpot"]["p99"]), _ms(lat["all"]["max_itl"]["p99"]),
             _ms(lat["all"]["e2e"]["p99"]), r["pauses"]["paused_resident_steps"],
-            r["planner"]["mean_plan_us"]])
+            r["planner"]["mean_step_us"]])
     return [
         Line("workload", f"{w['source']}: {w['requests']} requests; engine "
                          f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
                          f"P={lim['kv_page_size']}; {first['latency_model']['name']}"),
         TableData("", columns, rows, main=True),
-        Line("units", "latencies in ms of simulated time; plan us = measured planner "
-                      "microseconds per step on this machine"),
+        Line("units", "latencies in ms of simulated time; step us = measured microseconds "
+                      "of the host step (ledger.step) on this machine"),
     ]
 
 

@@ -1,0 +1,27 @@
+"""The whole host step of a serving loop (``ledger.step``: apply with the sampler's mask, count
+tokens, retire, admit, plan) against ``plan()`` alone over the same steady ledger, per B; grouped
+side by side. Every round is one step. Cases come from ``stepplanner.bench_loop``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stepplanner import bench_loop
+
+
+@pytest.fixture(params=bench_loop.LOOP_BATCH_SIZES, ids=lambda b: f"B{b}")
+def batch(request: pytest.FixtureRequest) -> int:
+    return request.param
+
+
+def test_fused_step(benchmark, batch: int) -> None:
+    run = bench_loop.fused_batch(batch, calls=1)
+    benchmark.group = f"loop B={batch:>4}"
+    benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
+
+
+def test_plan_alone(benchmark, batch: int) -> None:
+    run = bench_loop.plan_alone_batch(batch, calls=1)
+    benchmark.group = f"loop B={batch:>4}"
+    benchmark.pedantic(run, rounds=2000, warmup_rounds=20)

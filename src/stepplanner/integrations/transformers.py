@@ -1,0 +1,379 @@
+"""stepplanner as the per-step scheduler of Hugging Face transformers' continuous batching.
+
+``register(options)`` puts a ``Scheduler`` subclass into transformers' scheduler table
+(``transformers.generation.continuous_batching.scheduler.SCHEDULER_MAPPING``) and returns its
+name; ``ContinuousBatchingConfig(scheduler_type=name)`` then makes ``generate_batch``,
+``init_continuous_batching`` and ``transformers serve`` plan every step with stepplanner.
+
+The adapter is glue, not a second policy. Every ``schedule_batch`` call:
+
+1. forgets residents the runtime no longer holds (finished, cancelled, offloaded) and admits
+   waiting requests into free slots through :class:`stepplanner.Ledger` (SPEC §6: queue order,
+   ``priority_reserved_slots``);
+2. derives each resident's ledger row afresh from the runtime's ``RequestState``: ``committed``
+   is its KV length (prefix-cache hits included), ``prompt_length`` what it must prefill; only
+   the pause count is kept between steps, per request, in the ledger row;
+3. calls ``plan()`` once and hands back exactly its rows as ``FutureRequestState``s, chunks
+   first, then decode rows, ``has_new_token == select_last_token_logits``.
+
+A row whose KV pages cannot be allocated is withheld for this step (the request keeps its slot
+and its pages) and reported to the runtime as starved; when no row can be allocated, the call
+returns the runtime's "cache full" signal (``None``) and the runtime offloads. Limits come from
+the runtime: B = ``max_requests_per_batch``, P = the cache's page size, ``max_step_tokens`` =
+``max_batch_tokens``, S_in = ``max_input_length`` or what the whole cache holds.
+
+transformers' scheduler interface is private, so this module supports only the versions it is
+tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import (
+    Ledger,
+    PreemptionMode,
+    SchedulingOptions,
+    SequenceWork,
+    StepPlanner,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+
+__all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
+
+SUPPORTED_TRANSFORMERS = ">=5.18,<5.25"
+_LOWEST, _BEYOND = (5, 18), (5, 25)
+_INSTALL_HINT = ('pip install "stepplanner[transformers]" (on a CPU-only machine install '
+                 "torch==2.13.0 first, so pip does not pull a CUDA build)")
+
+try:
+    import transformers
+    from transformers.generation.continuous_batching import scheduler as _runtime
+    from transformers.generation.continuous_batching.requests import (
+        FutureRequestState,
+        RequestState,
+        RequestStatus,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(f"stepplanner.integrations.transformers needs transformers"
+                      f"{SUPPORTED_TRANSFORMERS} with torch: {exc}. {_INSTALL_HINT}") from exc
+
+
+def _release(version: str) -> tuple[int, int]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) or "0"
+        parts.append(int(digits))
+    return (parts + [0])[0], (parts + [0, 0])[1]
+
+
+if not _LOWEST <= _release(transformers.__version__) < _BEYOND:
+    raise ImportError(
+        f"transformers {transformers.__version__} is installed, but "
+        f"stepplanner.integrations.transformers supports transformers{SUPPORTED_TRANSFORMERS} "
+        "only: the continuous-batching scheduler interface it plugs into is private and changes "
+        f"between releases. {_INSTALL_HINT}")
+
+_DECODE = int(SequenceWork.DECODE)
+_DECODING = RequestStatus.DECODING
+_PENDING = RequestStatus.PENDING
+
+PriorityOf = Mapping[str, int] | Callable[[str], int] | None
+
+
+class StepPlannerScheduler(_runtime.Scheduler):
+    """A transformers ``Scheduler`` whose every step is one stepplanner ``plan()``.
+
+    Not built directly: :func:`register` makes a subclass bound to options and puts it in the
+    runtime's table. ``on_step`` is a hook (a no-op here) that sees every plan with the ledger rows
+    it was made from, their request states and the batch handed back; tests and monitoring
+    override it.
+    """
+
+    options: SchedulingOptions = SchedulingOptions()
+    priority_of: PriorityOf = None
+    max_input_length: int | None = None
+
+    def __init__(self, cache: Any, safety_margin: float | None,
+                 max_requests_per_batch: int) -> None:
+        # Settings are checked before the runtime's own init, so a bad one fails the start with
+        # a message that names it (the runtime fails every request with that message).
+        self.limits, self.policy = self._resolve(cache, max_requests_per_batch,
+                                                 cache.max_batch_tokens)
+        self.planner = StepPlanner(self.policy, self.limits)
+        # The runtime's safety margin throttles prefill admission, which is the planner's job
+        # here; it is accepted for the constructor's contract and otherwise unused.
+        super().__init__(cache, 0.0 if safety_margin is None else safety_margin,
+                         max_requests_per_batch)
+
+    # --- settings -----------------------------------------------------------------------------
+
+    def _resolve(self, cache: Any, batch: int, step_tokens: int) -> tuple[Any, Any]:
+        page = math.lcm(*(a.tokens_per_page for a in cache.cache_allocators.values()))
+        if page > step_tokens:
+            raise ValueError(
+                f"ContinuousBatchingConfig.page_size={page} exceeds max_batch_tokens="
+                f"{step_tokens}: a non-final prompt chunk must end on a page boundary, so one "
+                "step must hold at least one page (SPEC §2: max_step_tokens >= kv_page_size); "
+                f"lower page_size to at most {step_tokens} or raise max_batch_tokens to at least "
+                f"{page}")
+        if batch > step_tokens:  # the runtime clamps this itself today; say which if it ever won't
+            raise ValueError(
+                f"ContinuousBatchingConfig.max_requests_per_batch={batch} exceeds "
+                f"max_batch_tokens={step_tokens}: a step where every resident decodes holds one "
+                f"token per request (SPEC §2: max_step_tokens >= max_batch_size); lower "
+                f"max_requests_per_batch to at most {step_tokens} or raise max_batch_tokens to "
+                f"at least {batch}")
+        s_in = self.max_input_length
+        if s_in is None:
+            s_in = cache.num_blocks * page  # what the whole cache holds for one request
+        limits = StepPlannerLimits(batch, s_in, page, max_step_tokens=step_tokens)
+        return limits, resolve_scheduling_policy(self.options, limits)
+
+    def _priority(self, request_id: str) -> int:
+        source = self.priority_of
+        if source is None:
+            return 0
+        if callable(source):
+            return source(request_id)  # type: ignore[no-any-return]
+        return source.get(request_id, 0)
+
+    # --- the runtime's hooks ----------------------------------------------------------------------
+
+    def reset(self) -> None:
+        super().reset()
+        self.ledger = Ledger(self.limits, self.policy)
+        self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
+        self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
+        self._departed: list[int] = []  # ledger ids the runtime let go since the last step
+        self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
+        self._row_of: dict[int, int] = {}  # ledger id -> row, valid with _row_states
+        self._next_id = 0
+
+    def finish_request(self, request_id: str) -> None:
+        """The runtime's one exit for a resident (finished, failed, offloaded): free its slot."""
+        super().finish_request(request_id)
+        departed = self._resident.pop(request_id, None)
+        if departed is not None:
+            self._departed.append(departed)
+
+    def clear_cancelled_requests(self) -> list[RequestState]:
+        cancelled = super().clear_cancelled_requests()
+        for state in cancelled:
+            departed = self._resident.get(state.request_id)
+            if departed is not None and self._states[departed] is state:
+                del self._resident[state.request_id]
+                self._departed.append(departed)
+        return cancelled
+
+    def add_waiting_request(self, state: RequestState) -> None:
+        """Queue a request; a prompt longer than S_in is refused here, naming it.
+
+        The runtime calls this for each new request inside its own error handling, so a refusal
+        fails that request alone, with this message, and nothing else changes."""
+        rid = state.request_id
+        if state.num_children > 0:
+            raise ValueError(f"request {rid}: num_return_sequences > 1 (parallel sampling) is not "
+                             "supported by the stepplanner scheduler; allowed: 1")
+        length = (len(state.initial_tokens) if state.generated_tokens
+                  else state.position_offset + len(state.remaining_prefill_tokens))
+        s_in = self.limits.max_input_length
+        if length > s_in:
+            raise ValueError(
+                f"request {rid}: prompt of {length} tokens exceeds max_input_length (S_in)={s_in}; "
+                "it is refused, never truncated (raise max_input_length, or the KV cache, to "
+                "admit it)")
+        try:
+            self.ledger.submit(self._next_id, length, self._priority(rid))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise type(exc)(f"request {rid}: {exc}") from None
+        self._states[self._next_id] = state
+        self._next_id += 1
+        super().add_waiting_request(state)
+
+    def schedule_batch(self, token_budget: int, cache_budget: int
+                       ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+        if token_budget != self.limits.max_step_tokens:
+            self.limits, self.policy = self._resolve(self.cache, self.max_requests_per_batch,
+                                                     token_budget)
+            self.planner = StepPlanner(self.policy, self.limits)
+        self._sync_residents()
+        self.starved_requests = []
+        ledger = self.ledger
+        if ledger.count == 0:
+            return [], False, 0, 0
+        states = self._row_states
+        if states is None:  # rows move only when residents come or go
+            ids = ledger.request_ids.tolist()
+            states = self._row_states = [self._states[i] for i in ids]
+            self._row_of = {i: row for row, i in enumerate(ids)}
+        rows = ledger.residents
+        self._derive_rows(rows, states)
+        plan = self.planner.plan(rows)
+        batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
+        self.on_step(rows, states, plan, batch)
+        if self.policy.preemption == PreemptionMode.PAUSE:
+            plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
+        if not batch and full:
+            return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
+        fast = self.cache.max_blocks_per_request > 0 and plan.num_prefill == 0 and all(
+            f.state.position_offset < self.cache.max_decode_fast_path_length for f in batch)
+        return batch, fast, tokens, reads
+
+    def on_step(self, residents: Any, states: list[RequestState], plan: Any,
+                batch: list[FutureRequestState]) -> None:
+        """Called once per step with the ledger rows planned from, the runtime's state of each
+        row, the plan and the batch handed back (before the runtime runs it; ``plan`` and
+        ``residents`` are overwritten by the next step)."""
+
+    # --- the step -------------------------------------------------------------------------------
+
+    def _sync_residents(self) -> None:
+        """Retire residents the runtime let go; admit waiting ones into the free slots."""
+        ledger, states = self.ledger, self._states
+        if self._departed:
+            # By row, found in a dict: Ledger.retire's search is numpy calls, which run cold
+            # here (once in a while, between the runtime's tensor work) at ~10x their warm cost.
+            row_of = self._row_of
+            ledger.retire_rows([row_of[i] for i in self._departed])
+            for i in self._departed:
+                del states[i]
+            self._departed = []
+            self._row_states = None
+        # After an offload the runtime holds new work back until a request finishes; a step with
+        # no resident at all admits anyway, or nothing would ever finish.
+        if self.block_new_requests and ledger.count:
+            return
+        taken: set[str] = set()
+        while admitted := ledger.admit():
+            stale = []
+            for i in admitted:
+                state = states[i]
+                rid = state.request_id
+                if self.waiting_requests.get(rid) is not state:  # cancelled while waiting
+                    stale.append(i)
+                    continue
+                # The runtime's own prefix lookup: a hit shares cached pages and moves the state
+                # to PREFILLING with position_offset (our committed) past the shared prefix.
+                self._infer_request_tokens(state, taken)
+                self.waiting_requests.pop(rid, None)
+                self.active_requests[rid] = state
+                self._resident[rid] = i
+                taken.add(rid)
+            if not stale:
+                break
+            ledger.retire(stale)
+            for i in stale:
+                del states[i]
+            self._row_states = None
+        if taken:
+            self._cleanup_waiting_queue(taken)
+            self._row_states = None
+
+    @staticmethod
+    def _derive_rows(rows: Any, states: list[RequestState]) -> None:
+        # committed is every row's KV length; a resident decodes once the runtime has marked it
+        # DECODING (it does so when it schedules the final chunk). The few other rows are
+        # prompt-incomplete, with prompt_length = KV length + tokens still to prefill, except a
+        # request restored from the CPU with output already (PENDING, one token): it decodes.
+        # A decoding row's prompt_length is never read (SPEC §3), so it is not rewritten.
+        # (``_status``: the ``status`` property is a Python call per row, on the hot path.)
+        rows["committed"] = [s.position_offset for s in states]
+        decoding = [s._status is _DECODING for s in states]
+        rows["context_committed"] = decoding
+        if all(decoding):
+            return
+        context, prompt = rows["context_committed"], rows["prompt_length"]
+        for k, state in enumerate(states):
+            if not decoding[k]:
+                if state.generated_tokens:
+                    context[k] = True
+                else:
+                    prompt[k] = state.position_offset + len(state.remaining_prefill_tokens)
+
+    def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
+                   ) -> tuple[list[FutureRequestState], bool, int, int]:
+        cache = self.cache
+        read_limit = cache.read_cache_limit
+        # A decode-only batch on the runtime's fast path reads through a block table, not the
+        # bounded read index, so only a varlen batch spends the cache-read budget.
+        varlen = plan.num_prefill > 0 or cache.max_blocks_per_request <= 0
+        batch: list[FutureRequestState] = []
+        starved: list[tuple[RequestState, int]] = []
+        full = False
+        tokens = reads = 0
+        s_in = self.limits.max_input_length
+        unused: set[str] = set()
+        sharing = cache.use_prefix_sharing
+        can_store = cache.can_store_request_tokens
+        append = batch.append
+        rows = plan.as_array()  # columns, not records: a record tolist() costs 10x more
+        for index, work, length, last in zip(rows["resident"].tolist(), rows["work"].tolist(),
+                                             rows["query_length"].tolist(),
+                                             rows["select_last_token_logits"].tolist()):
+            state = states[index]
+            need = state.position_offset
+            if read_limit is not None and need > read_limit:
+                need = read_limit
+            if varlen and need > cache_budget:
+                continue  # withheld: the step's read index cannot hold its KV this time
+            if not can_store(state, length):
+                full = True
+                # The runtime may reset an offloaded request, folding its output into its prompt;
+                # one that would then exceed S_in is never offered, so it can never be refused.
+                if len(state.initial_tokens) + len(state.generated_tokens) <= s_in:
+                    starved.append((state, length))
+                continue
+            # A decoding request's one token is already its tokens_to_process; anything else
+            # moves through the runtime's own transition (status, token slices).
+            if work != _DECODE or state._status is not _DECODING:
+                self._schedule_request(state, state.remaining_prefill_tokens, length, unused)
+                if len(state.tokens_to_process) != length:
+                    raise RuntimeError(f"request {state.request_id}: the runtime took "
+                                       f"{len(state.tokens_to_process)} tokens for a planned "
+                                       f"row of {length}")
+            cache_budget -= need
+            reads += need
+            tokens += length
+            append(FutureRequestState(
+                state, last, cache.count_new_complete_blocks(state, length) if sharing else {},
+                length))
+        # The runtime offloads from the end of this list: the resident last in plan order first.
+        self.starved_requests = starved
+        return batch, full, tokens, reads
+
+
+def register(options: SchedulingOptions, *, name: str = "stepplanner",
+             priority: PriorityOf = None, max_input_length: int | None = None) -> str:
+    """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
+
+    ``options``: the :class:`SchedulingOptions` every step is planned with (checked against the
+    runtime's limits when the runtime starts; a bad value fails the start, naming it).
+    ``priority``: a mapping or a callable ``request_id -> int`` (lower is served first under
+    ``PRIORITY``; below 0 may use ``priority_reserved_slots``); default 0 for every request, and
+    0 for an id a mapping lacks. ``max_input_length``: S_in; default what the whole KV cache
+    holds. Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
+    """
+    if not isinstance(options, SchedulingOptions):
+        raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name={name!r} is not a scheduler name; allowed: a non-empty str")
+    if priority is not None and not (callable(priority) or isinstance(priority, Mapping)):
+        raise TypeError("priority must be a mapping or a callable request_id -> int, got "
+                        f"{type(priority).__name__}")
+    if max_input_length is not None and (isinstance(max_input_length, bool)
+                                         or not isinstance(max_input_length, int)
+                                         or max_input_length < 1):
+        raise ValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
+                         "int >= 1, or None for what the KV cache holds")
+    bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
+        "options": options,
+        "priority_of": staticmethod(priority) if callable(priority) else priority,
+        "max_input_length": max_input_length,
+        "__module__": __name__,
+    })
+    _runtime.SCHEDULER_MAPPING[name] = bound
+    return name

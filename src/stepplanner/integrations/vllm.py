@@ -1,0 +1,497 @@
+"""stepplanner as vLLM's v1 scheduler.
+
+``vllm serve ... --scheduler-cls stepplanner.integrations.vllm.StepPlannerScheduler``.
+
+``StepPlannerScheduler`` subclasses vLLM's ``Scheduler`` and replaces only ``schedule()``: every
+per-step decision (who decodes, which prompt gets a chunk of how many tokens, who is paused, who is
+admitted) comes from ``StepPlanner.plan()``. vLLM's KV cache manager, prefix caching, request
+queues, ``SchedulerOutput`` construction, ``update_from_output`` and ``finish_requests`` are vLLM's
+own. The mapping, and where vLLM's contract forced a choice, is in docs/integrations.md ("vLLM").
+
+Options come from ``--additional-config '{"stepplanner": {...}}'``: keys are ``SchedulingOptions``
+fields, enum values as the CLI spells them (``"priority"``, ``"pause"``, ``"prefill-first"``).
+B = ``max_num_seqs``, P = ``block_size``, S_in = ``max_model_len``, ``max_step_tokens`` =
+``max_num_batched_tokens``.
+
+vLLM's scheduler interface is private and changes between releases, so this module runs only on
+the version it is tested with (``SUPPORTED_VLLM_VERSION``) and says so otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+SUPPORTED_VLLM_VERSION = "0.33.0"
+
+try:
+    import vllm as _vllm
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError(
+        f"stepplanner.integrations.vllm needs vllm=={SUPPORTED_VLLM_VERSION} ({exc}); "
+        'install it with pip install "stepplanner[vllm]"'
+    ) from exc
+_found = getattr(_vllm, "__version__", "of unknown version")
+if _found != SUPPORTED_VLLM_VERSION:
+    raise ImportError(
+        f"stepplanner.integrations.vllm supports vllm=={SUPPORTED_VLLM_VERSION} only (its "
+        f"scheduler interface is private); found vllm {_found}. "
+        'Install the tested version with pip install "stepplanner[vllm]"'
+    )
+
+from vllm.config import VllmConfig  # noqa: E402
+from vllm.outputs import RequestError  # noqa: E402
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from .. import (  # noqa: E402
+    IfbSchedulingMode,
+    PreemptionMode,
+    ResidentState,
+    SchedulingOptions,
+    SchedulingPolicy,
+    StepPlan,
+    StepPlanner,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from .._fields import enum_from_text  # noqa: E402
+
+__all__ = ["SUPPORTED_VLLM_VERSION", "StepPlannerScheduler", "StepPlannerStats", "StepRecord",
+           "limits_from_config", "options_from_config"]
+
+CONFIG_KEY = "stepplanner"
+_ENUM_FIELDS = {"ifb_scheduling_mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
+                "preemption": PreemptionMode}
+_OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
+_INT32_MAX = 2**31 - 1
+_NS = 1_000_000_000
+
+
+def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
+    """``SchedulingOptions`` from ``additional_config["stepplanner"]`` and vLLM's own policy.
+
+    ``scheduling_policy`` defaults to vLLM's ``--scheduling-policy`` (the waiting queue is
+    vLLM's and is ordered by it); naming a different one is an error. When ``max_num_tokens`` is
+    not given, the step budget is vLLM's ``max_num_batched_tokens`` rounded down to a block.
+    """
+    raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+    if not isinstance(raw, Mapping):
+        raise TypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
+                        f"fields, got {type(raw).__name__} {raw!r}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _OPTION_FIELDS:
+            raise ValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
+                             f"allowed: {', '.join(_OPTION_FIELDS)}")
+        try:
+            values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
+                           else _strict_int(key, value))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
+    vllm_policy = SchedulingPolicy[str(vllm_config.scheduler_config.policy).upper()]
+    given = values.setdefault("scheduling_policy", vllm_policy)
+    if given != vllm_policy:
+        raise ValueError(
+            f'additional_config["{CONFIG_KEY}"]: scheduling_policy={given.name.lower()!r} differs '
+            f"from vLLM's --scheduling-policy {vllm_policy.name.lower()!r}; allowed: the same "
+            "policy (vLLM orders its waiting queue by it, and admission follows that queue)")
+    try:
+        return SchedulingOptions(**values)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
+
+
+def _strict_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+    return value
+
+
+def limits_from_config(vllm_config: VllmConfig, block_size: int) -> StepPlannerLimits:
+    """B = max_num_seqs, S_in = max_model_len, P = block_size, max_step_tokens = the step buffer."""
+    sched = vllm_config.scheduler_config
+    step_tokens = sched.max_num_batched_tokens
+    if sched.max_num_scheduled_tokens is not None:
+        step_tokens = min(step_tokens, sched.max_num_scheduled_tokens)
+    try:
+        return StepPlannerLimits(max_batch_size=sched.max_num_seqs,
+                                 max_input_length=vllm_config.model_config.max_model_len,
+                                 kv_page_size=block_size, max_step_tokens=step_tokens)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise type(exc)(
+            f"vLLM's max_num_seqs={sched.max_num_seqs}, max_model_len="
+            f"{vllm_config.model_config.max_model_len}, block_size={block_size} and "
+            f"max_num_batched_tokens={step_tokens} are stepplanner's max_batch_size, "
+            f"max_input_length, kv_page_size and max_step_tokens: {exc}") from None
+
+
+def _with_vllm_budget(options: SchedulingOptions, limits: StepPlannerLimits) -> SchedulingOptions:
+    if options.max_num_tokens or options.ifb_scheduling_mode == IfbSchedulingMode.PREFILL_FIRST:
+        return options
+    p = limits.kv_page_size
+    t_max = min(limits.max_batch_size * limits.max_input_length, limits.max_step_tokens)
+    budget = t_max // p * p
+    if budget < limits.max_batch_size + p:  # MIXED infeasible: leave it to SPEC §2 rule 2
+        return options
+    return dataclasses.replace(options, max_num_tokens=budget)
+
+
+def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
+    """Features whose per-step work the planner does not model, by the name a user knows."""
+    model, sched, par = (vllm_config.model_config, vllm_config.scheduler_config,
+                         vllm_config.parallel_config)
+    checks = [
+        (vllm_config.speculative_config is not None, "speculative decoding (speculative_config)"),
+        (vllm_config.kv_transfer_config is not None, "KV connectors (kv_transfer_config)"),
+        (vllm_config.ec_transfer_config is not None,
+         "encoder-cache connectors (ec_transfer_config)"),
+        (par.pipeline_parallel_size > 1, "pipeline parallel (pipeline_parallel_size > 1)"),
+        (par.decode_context_parallel_size > 1 or par.prefill_context_parallel_size > 1,
+         "context parallel (decode/prefill_context_parallel_size > 1)"),
+        (model.supports_multimodal_inputs or model.is_encoder_decoder,
+         "multimodal encoder budgets (a multimodal or encoder-decoder model)"),
+        (model.runner_type == "pooling" or model.is_diffusion,
+         "pooling and diffusion models (no sampled token per step)"),
+        (vllm_config.lora_config is not None, "LoRA adapters (max_loras admission)"),
+        (bool(sched.async_scheduling), "async scheduling (start vLLM with --no-async-scheduling)"),
+        (not sched.enable_chunked_prefill,
+         "disabled chunked prefill (the planner chunks prompts; keep --enable-chunked-prefill)"),
+        (sched.long_prefill_token_threshold > 0,
+         "long_prefill_token_threshold (use the stepplanner option max_chunk_tokens)"),
+        (sched.prefill_schedule_interval > 1, "prefill_schedule_interval > 1 (prefill cadence)"),
+        (model.is_hybrid, "hybrid Mamba/attention models (state-cache alignment)"),
+    ]
+    return [name for bad, name in checks if bad]
+
+
+@dataclasses.dataclass
+class StepPlannerStats:
+    """Counters since start-up (read them from ``scheduler.stepplanner_stats``)."""
+
+    steps: int = 0
+    planned_rows: int = 0
+    scheduled_rows: int = 0
+    withheld_rows: int = 0          # a planned row whose KV blocks could not be allocated
+    stale_prefix_rows: int = 0      # an admission whose cached prefix was evicted before allocation
+    paused_rows: int = 0
+    recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What the last ``schedule()`` decided, by request id (for tests and debugging)."""
+
+    planned: dict[str, int]
+    paused: list[str]      # running requests the plan paused (they stay running, unscheduled)
+    withheld: list[str]
+    preempted: list[str]
+    admitted: list[str]
+
+
+class StepPlannerScheduler(Scheduler):
+    """vLLM's v1 scheduler with every per-step decision taken by ``StepPlanner.plan()``."""
+
+    def __init__(self, vllm_config: VllmConfig, kv_cache_config: Any,
+                 structured_output_manager: Any, block_size: int, *args: Any,
+                 **kwargs: Any) -> None:
+        unsupported = _unsupported_features(vllm_config)
+        if unsupported:
+            raise ValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
+                             + ": the planner does not model their per-step work")
+        options = options_from_config(vllm_config)
+        limits = limits_from_config(vllm_config, block_size)
+        try:
+            policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
+        super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
+                         *args, **kwargs)
+        late = [name for bad, name in (
+            (self.has_mamba_layers, "Mamba state caching (a hybrid KV cache config)"),
+            (self.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
+            (self.num_prefill_lookahead > 0, "multi-module MTP prefill lookahead"),
+        ) if bad]
+        if late:
+            raise ValueError("StepPlannerScheduler does not support " + "; ".join(late)
+                             + ": the planner does not model their per-step work")
+        self.stepplanner_limits = limits
+        self.stepplanner_policy = policy
+        self.planner = StepPlanner(policy, limits)
+        self.stepplanner_stats = StepPlannerStats()
+        self.last_step = StepRecord({}, [], [], [], [])
+        # Called as on_plan(residents, plan, requests) after every plan() when set (tests use it
+        # to hold each plan to stepplanner.check_plan); the plan is overwritten by the next call.
+        self.on_plan: Callable[[list[ResidentState], StepPlan, list[Request]], None] | None = None
+        self._rows: dict[str, ResidentState] = {}
+        self._priority_order = policy.scheduling_policy == SchedulingPolicy.PRIORITY
+        self._reserved = policy.priority_reserved_slots
+        self._slots = min(self.max_num_running_reqs, self.max_num_active_reqs)
+
+    # --- requests in and out ------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        reason = self._unsupported_request(request)
+        super().add_request(request)
+        if reason is not None:
+            # A per-request error (not an engine crash): update_from_output finishes it.
+            self.grammar_compile_error_reqs[request.request_id] = RequestError(
+                code="validation_error",
+                message=f"StepPlannerScheduler does not support {reason}")
+
+    @staticmethod
+    def _unsupported_request(request: Request) -> str | None:
+        if request.use_structured_output:
+            return "structured output"
+        if request.resumable:
+            return "streaming-input sessions"
+        if not -(2**31) <= request.priority <= _INT32_MAX:
+            return f"priority={request.priority} (allowed: an int32)"
+        return None
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        self._rows.pop(request.request_id, None)
+        return super()._free_request(request, delay_free_blocks)
+
+    # --- the step -----------------------------------------------------------------------------
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        # throttle_prefills (data-parallel prefill balancing) is not applied: the plan decides.
+        self.current_step += 1
+        self.kv_cache_manager.new_step_starts()
+        stats = self.stepplanner_stats
+        stats.steps += 1
+        if self._pause_state == PauseState.PAUSED_ALL:
+            self.last_step = StepRecord({}, [], [], [], [])
+            return self._make_output({}, {}, [], [], [])
+
+        running = self.running
+        candidates = self._admission_candidates()
+        residents = self._resident_rows(running, candidates)
+        requests = running + [c[0] for c in candidates]
+        plan = self.planner.plan(residents)
+        if self.on_plan is not None:
+            self.on_plan(residents, plan, requests)
+
+        rows = plan.as_array()
+        row_req = rows["resident"].tolist()
+        row_tokens = rows["query_length"].tolist()
+        paused = plan.paused_array().tolist()
+        for i in paused:
+            residents[i].consecutive_paused_steps += 1
+        paused_set = set(paused)
+        for i, row in enumerate(residents):
+            if i not in paused_set:
+                row.consecutive_paused_steps = 0
+        stats.paused_rows += len(paused)
+        stats.planned_rows += len(row_req)
+
+        # Decode rows need at most one block and bring a request nearer its end, so they are
+        # allocated first; then running chunks; admissions last (in plan order within each).
+        n_running = len(running)
+        first_decode = len(row_req) - plan.num_decode
+        decode_rows = list(zip(row_req[first_decode:], row_tokens[first_decode:]))
+        chunk_rows = list(zip(row_req[:first_decode], row_tokens[:first_decode]))
+        resident_rows = decode_rows + [r for r in chunk_rows if r[0] < n_running]
+        admission_rows = [r for r in chunk_rows if r[0] >= n_running]
+
+        planned = {requests[i].request_id: n for i, n in zip(row_req, row_tokens)}
+        timestamp = time.monotonic()
+        scheduled_running: list[Request] = []
+        admitted: list[Request] = []
+        num_scheduled: dict[str, int] = {}
+        new_blocks: dict[str, KVCacheBlocks] = {}
+        preempted: list[Request] = []
+        while True:
+            withheld_resident = False
+            for i, n in resident_rows:
+                request = requests[i]
+                if request.status != RequestStatus.RUNNING:
+                    continue  # preempted earlier in this step
+                blocks = self.kv_cache_manager.allocate_slots(
+                    request, n, num_lookahead_tokens=self.num_lookahead_tokens)
+                if blocks is None:
+                    withheld_resident = True
+                    continue
+                scheduled_running.append(request)
+                num_scheduled[request.request_id] = n
+                new_blocks[request.request_id] = blocks
+            if not withheld_resident and self._pause_state == PauseState.UNPAUSED:
+                for i, n in admission_rows:
+                    request, hit = candidates[i - n_running][0], candidates[i - n_running][2]
+                    if self._admit(request, hit, n, new_blocks, timestamp):
+                        admitted.append(request)
+                        num_scheduled[request.request_id] = n
+            if num_scheduled or not (resident_rows or admission_rows) or not self.running:
+                break
+            # Nothing could be allocated: recompute-preempt the resident last in order (vLLM's
+            # own preemption) and try the rest of the plan again.
+            victim = max(self.running, key=self._order_key)
+            self.running.remove(victim)
+            self._rows.pop(victim.request_id, None)
+            self._preempt_request(victim, timestamp)
+            preempted.append(victim)
+            stats.recompute_preemptions += 1
+            resident_rows = [r for r in resident_rows if requests[r[0]] is not victim]
+            admission_rows = []  # like vLLM: no admission in a step that preempted
+
+        if admitted:
+            self.waiting.remove_requests(admitted)
+            self.deferred_waiting.difference_update(admitted)
+        preempted_ids = [r.request_id for r in preempted]
+        withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
+        stats.scheduled_rows += len(num_scheduled)
+        stats.withheld_rows += len(withheld)
+        self.last_step = StepRecord(planned, [requests[i].request_id for i in paused
+                                              if i < n_running], withheld, preempted_ids,
+                                    [r.request_id for r in admitted])
+        new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
+        resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
+        for request in admitted:
+            request.status = RequestStatus.RUNNING
+        return self._make_output(num_scheduled, new_blocks, scheduled_running, new_reqs, resumed)
+
+    def _order_key(self, request: Request) -> tuple[int, int]:
+        return (request.priority if self._priority_order else 0,
+                int(request.arrival_time * _NS))
+
+    def _admission_candidates(self) -> list[tuple[Request, KVCacheBlocks, int]]:
+        """Waiting requests the free slots admit (SPEC §6), in vLLM's queue order, with their
+        prefix-cache hits (committed before planning, so a first chunk ends on a block)."""
+        free = self._slots - len(self.running) - self.num_waiting_for_streaming_input
+        if free <= 0 or self._pause_state != PauseState.UNPAUSED or not self.waiting:
+            return []
+        budget = self.stepplanner_policy.max_num_tokens
+        wanted = 0
+        out: list[tuple[Request, KVCacheBlocks, int]] = []
+        for request in self.waiting:
+            if len(out) == free or wanted >= budget:
+                break
+            if request.priority >= 0 and free - len(out) <= self._reserved:
+                if self._priority_order:
+                    break  # urgent requests sort first: none follows
+                continue
+            if (self._is_blocked_waiting_status(request.status)
+                    or request.request_id in self.grammar_compile_error_reqs):
+                continue  # refused at add_request: update_from_output finishes it
+            blocks, hit = self._prefix_hit(request)
+            out.append((request, blocks, hit))
+            wanted += request.num_tokens - hit
+        return out
+
+    def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
+        return blocks, hit
+
+    def _resident_rows(self, running: list[Request],
+                       candidates: list[tuple[Request, KVCacheBlocks, int]]
+                       ) -> list[ResidentState]:
+        rows = self._rows
+        out: list[ResidentState] = []
+        for request in running:
+            row = rows.get(request.request_id)
+            if row is None:
+                row = rows[request.request_id] = ResidentState(
+                    priority=request.priority, arrival=int(request.arrival_time * _NS))
+            computed = request.num_computed_tokens
+            total = request.num_tokens
+            decoding = total - computed == 1 and computed >= request.num_prompt_tokens
+            row.committed = computed
+            row.context_committed = decoding
+            row.prompt_length = request.num_prompt_tokens if decoding else total
+            out.append(row)
+        for request, _, hit in candidates:
+            # A waiting request the plan pauses stays waiting but counts its paused steps like
+            # a resident, so max_pause_steps releases it as SPEC §3 says.
+            row = rows.get(request.request_id)
+            if row is None:
+                row = rows[request.request_id] = ResidentState(
+                    priority=request.priority, arrival=int(request.arrival_time * _NS))
+            row.committed = hit
+            row.context_committed = False
+            row.prompt_length = request.num_tokens
+            out.append(row)
+        return out
+
+    def _admit(self, request: Request, hit: int, n: int, new_blocks: dict[str, KVCacheBlocks],
+               timestamp: float) -> bool:
+        """Allocate an admission's first chunk on top of its cached prefix; False withholds it."""
+        blocks = self.kv_cache_manager.empty_kv_cache_blocks
+        if hit:
+            # Allocations earlier in this step may have evicted part of the prefix found before
+            # planning; the planned chunk assumed that prefix, so then it waits a step.
+            blocks, now = self._prefix_hit(request)
+            if now != hit:
+                self.stepplanner_stats.stale_prefix_rows += 1
+                return False
+        allocated = self.kv_cache_manager.allocate_slots(
+            request, n, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            full_sequence_must_fit=self.scheduler_reserve_full_isl,
+            has_scheduled_reqs=bool(self.running))
+        if allocated is None:
+            return False
+        self.kv_cache_manager.record_prefix_cache_stats(request, hit)
+        if request.prefill_stats and request.num_preemptions <= 0:
+            request.prefill_stats.set(num_prompt_tokens=request.num_prompt_tokens,
+                                      num_local_cached_tokens=hit, num_external_cached_tokens=0)
+        self.running.append(request)
+        request.num_computed_tokens = hit
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.SCHEDULED, timestamp)
+        if hit + n < request.num_tokens:
+            self._inflight_prefills.add(request)
+        new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(request.request_id)
+        return True
+
+    def _make_output(self, num_scheduled: dict[str, int], new_blocks: dict[str, KVCacheBlocks],
+                     scheduled_running: list[Request], new_reqs: list[Request],
+                     resumed: list[Request]) -> SchedulerOutput:
+        """vLLM's SchedulerOutput for these decisions (the tail of vLLM's own schedule())."""
+        total = sum(num_scheduled.values())
+        if total > 0:
+            self.num_executed_steps += 1
+        if self.use_v2_model_runner:
+            new_reqs = new_reqs + resumed
+            resumed = []
+        new_reqs_data = [
+            NewRequestData.from_request(
+                r, new_blocks[r.request_id].get_block_ids(),
+                *((r._all_token_ids,) if self.use_v2_model_runner else ()),
+                uses_mrope=self.model_uses_mrope)
+            for r in new_reqs]
+        cached = self._make_cached_request_data(scheduled_running, resumed, num_scheduled, {},
+                                                new_blocks)
+        if not self.use_v2_model_runner:
+            self.prev_step_scheduled_req_ids.clear()
+            self.prev_step_scheduled_req_ids.update(num_scheduled)
+        self.kv_cache_manager.take_boundary_state_offloads()
+        copies, cow_retained = self.kv_cache_manager.take_kv_cache_block_copies()
+        if copies:
+            self._free_cow_retained_blocks(cow_retained, self.sched_step_seq + 1)
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=total,
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
+            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_reqs_data,
+                                                                  {}),
+            new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
+            kv_cache_block_copies=copies or None,
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+            skip_drafts=self.can_skip_drafts,
+            ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
+        )
+        self._update_after_schedule(output)
+        return output

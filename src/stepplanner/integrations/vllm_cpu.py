@@ -1,0 +1,144 @@
+"""Drive a vLLM v1 scheduler on the CPU with fake model outputs, no GPU and no model weights.
+
+What vLLM's own scheduler tests do, as a library: a model directory holding only a tiny Llama
+``config.json`` (no tokenizer, no weights; ``HF_HUB_OFFLINE=1`` is enough), a ``KVCacheConfig``
+with a fixed block count, and a fake ``ModelRunnerOutput`` per step that samples one token for
+every request whose prompt is complete. The tests and benchmarks of
+``stepplanner.integrations.vllm`` use it; so can a runtime author checking a configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
+
+import torch  # noqa: E402  (vLLM's dependency)
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+SAMPLED_TOKEN = 7
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+}
+
+
+def write_model_dir(path: str | os.PathLike[str]) -> Path:
+    """A model directory holding only a hand-written tiny Llama ``config.json``."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return out
+
+
+def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[str], *,
+                   max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
+                   block_size: int = 16, max_model_len: int = 1024,
+                   enable_prefix_caching: bool = False, policy: str = "fcfs",
+                   stepplanner: dict[str, Any] | None = None, log_stats: bool = False,
+                   **scheduler_kwargs: Any) -> Scheduler:
+    """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
+                        max_model_len=max_model_len, dtype="float32")
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            max_model_len=max_model_len, is_encoder_decoder=False,
+                            policy=policy, async_scheduling=False, **scheduler_kwargs)
+    cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
+    additional = {} if stepplanner is None else {"stepplanner": stepplanner}
+    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                        device_config=DeviceConfig(device="cpu"), additional_config=additional)
+    cache.num_gpu_blocks = num_blocks
+    return scheduler_cls(vllm_config=config,
+                         kv_cache_config=kv_cache_config(num_blocks, block_size),
+                         structured_output_manager=StructuredOutputManager(config),
+                         block_size=block_size, log_stats=log_stats)
+
+
+def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
+    """One full-attention group of exactly ``num_blocks`` blocks (no tensors: nothing runs)."""
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
+                                                      head_size=1, dtype=torch.float32))])
+
+
+_hasher: dict[int, Callable[[Request], Any]] = {}
+
+
+def make_request(request_id: str, prompt: list[int], max_tokens: int, *, priority: int = 0,
+                 arrival_time: float, block_size: int = 16) -> Request:
+    """A request that samples exactly ``max_tokens`` tokens (EOS ignored)."""
+    if not _hasher:
+        init_none_hash(sha256)
+    hasher = _hasher.get(block_size)
+    if hasher is None:
+        hasher = _hasher[block_size] = get_request_block_hasher(block_size, sha256)
+    return Request(request_id=request_id, prompt_token_ids=list(prompt),
+                   sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   pooling_params=None, priority=priority, arrival_time=arrival_time,
+                   block_hasher=hasher)
+
+
+def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
+    """One sampled token for each scheduled request whose known tokens are all computed."""
+    ids = list(output.num_scheduled_tokens)
+    requests = scheduler.requests
+    sampled = []
+    for rid in ids:
+        request = requests.get(rid)
+        done = request is not None and request.num_computed_tokens >= request.num_tokens
+        sampled.append([SAMPLED_TOKEN] if done else [])
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=sampled)
+
+
+def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
+        max_steps: int = 100_000,
+        after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
+        before_step: Callable[[int], None] | None = None) -> int:
+    """Step until every request has finished; returns the number of steps.
+
+    ``arrivals[step]`` are added before that step's ``schedule()``.
+    """
+    step = 0
+    last_arrival = max(arrivals, default=-1)
+    while step <= last_arrival or scheduler.has_requests():
+        if step >= max_steps:
+            raise RuntimeError(f"not finished after {max_steps} steps: "
+                               f"{scheduler.get_request_counts()} running/waiting")
+        for request in arrivals.get(step, ()):
+            scheduler.add_request(request)
+        if before_step is not None:
+            before_step(step)
+        output = scheduler.schedule()
+        if after_schedule is not None:
+            after_schedule(step, output)
+        scheduler.update_from_output(output, fake_output(scheduler, output))
+        step += 1
+    return step
