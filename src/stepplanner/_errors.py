@@ -174,10 +174,6 @@ def not_initialised(cls: str) -> StepPlannerRuntimeError:
     return StepPlannerRuntimeError(f"{cls}.__init__ was not called")
 
 
-def already_initialised(cls: str) -> StepPlannerRuntimeError:
-    return StepPlannerRuntimeError(f"{cls} is already initialised")
-
-
 def resident_negative(index: int, field: str, value: int) -> StepPlannerValueError:
     return StepPlannerValueError(f"residents[{index}].{field}={value} is negative; allowed: >= 0")
 
@@ -490,4 +486,17 @@ def kv_array_not_filled(name: str, layout: str, needed: str) -> AttributeError:
     return AttributeError(
         f"StepInputs(layout={layout!r}) does not fill {name}; build it with layout={needed!r} "
         "or layout='all'"
+    )
+
+
+def already_initialised(name: str) -> StepPlannerRuntimeError:
+    return StepPlannerRuntimeError(
+        f"{name} is already initialised; allowed: __init__ once (make a new {name} instead)"
+    )
+
+
+def kv_not_copyable(name: str) -> StepPlannerTypeError:
+    return StepPlannerTypeError(
+        f"{name} cannot be copied or pickled: its page ids name KV cache memory that belongs to "
+        f"one engine, so a second copy would hand out the same pages twice; make a new {name}"
     )
