@@ -188,7 +188,7 @@ def test_apply_to_checks_the_container_before_the_plan(core):
             try:
                 plan.apply_to(target)
             except (TypeError, ValueError) as e:
-                print(type(e).__name__, str(e)[:40])
+                print(type(e).__name__.removeprefix("StepPlanner"), str(e)[:40])
     """)
     assert_ran(result, "TypeError residents must be a list or tuple",
                "ValueError plan.sequences[0].resident=99 is out o")
@@ -341,10 +341,31 @@ def test_reentry_swallowed_by_the_ledger_still_plans_the_callers_rows(core, make
     assert plan == fresh.plan(objects(core, rows))
 
 
-def test_threading_doc_no_longer_claims_unconditional_serialisation():
-    import pathlib
-    text = (pathlib.Path(__file__).parent.parent / "docs" / "threading.md").read_text()
-    assert "re-entered" in text and "RuntimeError" in text
+class Replanning(list):
+    """Residents whose __iter__ (run by apply_to's read) calls plan() on the owning planner."""
+
+    def __init__(self, rows, planner, other):
+        super().__init__(rows)
+        self.planner, self.other = planner, other
+
+    def __iter__(self):
+        self.planner.plan(self.other)
+        return super().__iter__()
+
+
+def test_apply_to_refuses_a_plan_replaced_while_it_reads_the_residents(core, planner):
+    # A nested plan() once made apply_to apply the other residents' plan to the caller's rows.
+    mine = Replanning(objects(core, [(0, 0, 10, 10, True, 0), (0, 1, 10, 10, True, 0)]),
+                      planner, objects(core, [(0, 0, 64, 0, False, 0)]))
+    plan = planner.plan(list(mine))
+    with pytest.raises(RuntimeError, match=r"apply_to\(\) saw its plan replaced"):
+        plan.apply_to(mine)
+    assert [r.committed for r in list.__iter__(mine)] == [10, 10]  # nothing written
+    # A copy is the caller's own: the same list applies it, once, as planned.
+    mine.other = objects(core, [(0, 0, 64, 0, False, 0)])
+    kept = planner.plan(list(mine)).copy()
+    kept.apply_to(mine)
+    assert [r.committed for r in list.__iter__(mine)] == [11, 11]
 
 
 # --- 4. apply_to: a row that went negative since plan() ------------------------------------
@@ -377,6 +398,65 @@ def test_apply_to_overflow_is_still_an_overflow(core, planner):
     rows[1].prompt_length = 2**31 - 1
     with pytest.raises(OverflowError, match=r"residents\[1\]\.committed=2147483638 \+ 32"):
         plan.apply_to(rows)
+
+
+# --- a resident listed twice: refused by plan() and apply_to(), on both --------------------
+
+
+NEAR_MAX = (0, 0, 10, 2**31 - 2, True, 0)
+
+
+def test_plan_refuses_the_same_resident_object_twice(core, planner):
+    before = planner.plan(objects(core, OTHER)).copy()
+    a, b = objects(core, [NEAR_MAX, (0, 1, 5, 5, True, 0)])
+    with pytest.raises(ValueError) as info:
+        planner.plan([a, b, a])
+    assert str(info.value).startswith("residents[0] and residents[2] are the same ResidentState")
+    assert planner.plan(objects(core, OTHER)) == before
+
+
+def test_apply_to_refuses_the_same_resident_object_twice(core, planner):
+    # The compiled core once checked each row alone (2**31-2 + 1 fits), then added twice:
+    # committed wrapped to -2**31 (signed overflow) while the reference kept 2**31-1.
+    a, b = objects(core, [NEAR_MAX, (0, 1, 10, 2**31 - 2, True, 0)])
+    plan = planner.plan([a, b]).copy()
+    with pytest.raises(ValueError, match=r"^residents\[0\] and residents\[1\] are the same"):
+        plan.apply_to([a, a])
+    assert a.committed == 2**31 - 2 and b.committed == 2**31 - 2
+    plan.apply_to((a, b))
+    assert (a.committed, b.committed) == (2**31 - 1, 2**31 - 1)
+
+
+@pytest.mark.parametrize("stride", [0, 16, -16])
+def test_array_rows_that_overlap_are_refused(core, planner, stride):
+    base = as_resident_array([NEAR_MAX, (0, 1, 10, 2**31 - 2, True, 0)])
+    overlapping = np.lib.stride_tricks.as_strided(base[1:] if stride < 0 else base, shape=(2,),
+                                                  strides=(stride,))
+    assert overlapping.flags.writeable
+    message = (rf"^residents\[0\] and residents\[1\] share memory \(array strides\[0\]"
+               rf"={stride}, rows of {RESIDENT_DTYPE.itemsize} bytes\)")
+    with pytest.raises(ValueError, match=message):
+        planner.plan(overlapping)
+    plan = planner.plan(base).copy()
+    before = base.copy()
+    with pytest.raises(ValueError, match=message):
+        plan.apply_to(overlapping)
+    assert base.tolist() == before.tolist()
+    planner.plan(overlapping, count=1)  # one row cannot overlap another
+
+
+def test_reversed_arrays_and_fresh_objects_are_not_duplicates(core, planner, make_planner):
+    rows = as_resident_array(ROWS)
+    fresh = make_planner(4, 64, 16, **MIXED)
+    assert planner.plan(rows[::-1]) == fresh.plan(rows[::-1].copy())
+
+    class Fresh(list):
+        """A new ResidentState per read: freed before the next, often at the same address."""
+
+        def __getitem__(self, index):
+            return core.ResidentState(*super().__getitem__(index))
+
+    assert planner.plan(Fresh(ROWS)) == fresh.plan(objects(core, ROWS))
 
 
 # --- 5. copy, deepcopy and pickle --------------------------------------------------------------

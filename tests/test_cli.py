@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
 from click.testing import CliRunner  # noqa: E402
 
+from stepplanner import StepPlannerError, _errors  # noqa: E402
 from stepplanner.cli import main  # noqa: E402
 from stepplanner.workloads import sample_trace_path  # noqa: E402
 
@@ -243,29 +244,55 @@ def test_a_usage_mistake_exits_2_whoever_catches_it(args: list[str]) -> None:
     assert "Error" in result.output and "Traceback" not in result.output
 
 
-def test_a_bug_keeps_its_traceback(monkeypatch) -> None:
-    """Only the library's own validation errors become one-line messages; an exception the
-    library did not raise on purpose (here an unsupported operand) propagates unchanged."""
+@pytest.mark.parametrize("bug", [TypeError("internal: a bad operand"),
+                                 ValueError("internal: numpy said no"),
+                                 MemoryError("internal"),
+                                 RuntimeError("internal")])
+def test_a_bug_keeps_its_traceback(monkeypatch, bug) -> None:
+    """Only the library's own validation errors (a StepPlannerError) become one-line messages;
+    a plain builtin exception is a bug and propagates unchanged, whatever file raised it."""
     import stepplanner.cli.simulate as simulate_module
 
     def broken(*args, **kwargs):
-        return None + 1  # type: ignore[operator]
+        raise bug
 
     monkeypatch.setattr(simulate_module, "run", broken)
-    with pytest.raises(TypeError, match="unsupported operand"):
+    with pytest.raises(type(bug), match="internal"):
         _invoke("simulate", *SMALL)
 
 
-def test_a_library_validation_error_is_recognised_as_such() -> None:
-    from stepplanner import StepPlannerLimits
-    from stepplanner.cli.errors import raised_by_the_library
+@pytest.mark.parametrize(("error", "exit_code"), [
+    (_errors.out_of_range("max_batch_size", 0, ">= 1"), 2),
+    (_errors.wrong_type("latency", "LatencyModel", 3), 2),
+    (_errors.out_of_int32("committed", 2**40), 2),
+    (_errors.planner_memory(2**30, 2**40), 1),
+])
+def test_a_library_error_is_one_line(monkeypatch, error, exit_code) -> None:
+    import stepplanner.cli.simulate as simulate_module
 
-    with pytest.raises(ValueError) as info:
-        StepPlannerLimits(0, 1, 1)
-    assert raised_by_the_library(info.value)
-    with pytest.raises(ValueError) as info:
-        int("x")
-    assert not raised_by_the_library(info.value)
+    assert isinstance(error, StepPlannerError)
+    assert isinstance(error, (ValueError, TypeError, OverflowError, MemoryError))
+
+    def refused(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(simulate_module, "run", refused)
+    result = _invoke("simulate", *SMALL)
+    assert result.exit_code == exit_code
+    assert result.output.strip() == f"Error: {error}"
+
+
+def test_a_runtime_error_of_the_library_keeps_its_traceback(monkeypatch) -> None:
+    """A StepPlannerRuntimeError is the API used against its contract: a bug in the caller
+    (here the CLI), never something a command line causes."""
+    import stepplanner.cli.simulate as simulate_module
+
+    def misused(*args, **kwargs):
+        raise _errors.plan_reentered()
+
+    monkeypatch.setattr(simulate_module, "run", misused)
+    with pytest.raises(RuntimeError, match="re-entered"):
+        _invoke("simulate", *SMALL)
 
 
 # --- replay --config -------------------------------------------------------------------------

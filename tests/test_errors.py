@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 
+import stepplanner as sp
 from stepplanner import RESIDENT_DTYPE, IfbSchedulingMode
 from stepplanner.testing import as_resident_array, as_resident_states
 
@@ -36,7 +38,8 @@ def rejects(core, planner):
         snapshot = np.array(sentinel, copy=True) if isinstance(sentinel, np.ndarray) else None
         with pytest.raises(exc, match=matching(*fragments)) as info:
             planner.plan(residents, count, reasons=sentinel)
-        assert type(info.value) is exc
+        # Exactly exc, or the library's subclass of exactly exc (StepPlannerValueError...).
+        assert exc in (type(info.value), *type(info.value).__bases__)
         assert plan.to_dict() == before
         assert plan.num_residents == len(GOOD)
         if snapshot is not None:
@@ -245,3 +248,57 @@ def test_field_extremes_are_accepted(core):
     assert (r.priority, r.arrival, r.context_committed) == (-(2**31), 2**64 - 1, True)
     r.committed = np.int16(9)
     assert r.committed == 9 and type(r.committed) is int
+
+
+# --- every library validation error is a StepPlannerError that is also the builtin -------------
+
+
+def _library_refusals(core):
+    from stepplanner import Ledger, LatencyModel, StepPlannerLimits, synthetic
+    from stepplanner.workloads import load_trace
+
+    limits = StepPlannerLimits(4, 64, 16)
+    policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
+    planner = core.StepPlanner(policy, limits)
+    return [
+        (ValueError, lambda: StepPlannerLimits(0, 64, 16)),
+        (TypeError, lambda: sp.resolve_scheduling_policy("mixed", limits)),
+        (ValueError, lambda: sp.resolve_scheduling_policy(
+            sp.SchedulingOptions(max_num_tokens=5), limits)),
+        (TypeError, lambda: planner.plan({})),
+        (ValueError, lambda: planner.plan([core.ResidentState(committed=-1)])),
+        (OverflowError, lambda: core.ResidentState(committed=2**31)),
+        (RuntimeError, lambda: core.StepPlanner(
+            dataclasses.replace(policy, mode=IfbSchedulingMode.AUTO), limits)),
+        (ValueError, lambda: Ledger(limits).submit(1, 65)),
+        (TypeError, lambda: Ledger("limits")),
+        (ValueError, lambda: synthetic(requests=0)),
+        (ValueError, lambda: LatencyModel.parse("q=1")),
+        (ValueError, lambda: load_trace("trace.xlsx")),
+    ]
+
+
+def test_library_errors_are_step_planner_errors_and_builtins(core):
+    for builtin, call in _library_refusals(core):
+        with pytest.raises(builtin) as info:
+            call()
+        assert isinstance(info.value, sp.StepPlannerError), (builtin, info.value)
+        assert builtin in type(info.value).__bases__
+
+
+def test_every_error_builder_returns_a_step_planner_error():
+    import inspect
+
+    from stepplanner import _errors
+
+    samples = {"int": 1, "str": "x", "object": 1, "type": sp.SequenceWork,
+               "tuple[str, ...]": ("x",), "tuple[int, ...]": (1,), "list[int]": [1]}
+    # Every builder but the attribute protocol's (an AttributeError is how hasattr() works).
+    builders = [f for name, f in vars(_errors).items()
+                if inspect.isfunction(f) and not name.startswith("_")
+                and f.__annotations__["return"] != "AttributeError"]
+    assert len(builders) > 40
+    for f in builders:
+        params = inspect.signature(f).parameters.values()
+        args = [samples.get(p.annotation, 1) for p in params]  # annotations are strings here
+        assert isinstance(f(*args), sp.StepPlannerError), f.__name__

@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepplanner import StepPlannerLimits
+from stepplanner import StepPlannerError, StepPlannerLimits
 from stepplanner.testing import (
     PlanningCase,
     as_resident_array,
@@ -97,7 +97,8 @@ def test_invalid_ledgers(compiled, reference, data):
     case = data.draw(planning_cases().filter(lambda c: c.rows))
     rows = data.draw(broken_rows(case))
     result = assert_same(case, compiled, reference, rows)
-    assert result[0] == "raised" and result[1] is ValueError, result
+    assert result[0] == "raised" and issubclass(result[1], ValueError), result
+    assert issubclass(result[1], StepPlannerError), result
 
 
 @OTHER_ERRORS

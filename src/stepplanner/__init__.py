@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ._errors import StepPlannerError
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -112,6 +113,7 @@ __all__ = [
     "StepInputs",
     "StepPlan",
     "StepPlanner",
+    "StepPlannerError",
     "StepPlannerLimits",
     "Workload",
     "__version__",

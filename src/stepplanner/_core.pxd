@@ -125,6 +125,7 @@ cdef class StepPlan:
     cdef object _seq_buf      # read-only numpy arrays over the _CoreMemory that c.sequences
     cdef object _paused_buf   # and c.paused point into
     cdef object _apply_buf    # a _CoreMemory of 2 × capacity int32: apply_to()'s scratch
+    cdef uint64_t version     # bumped by every plan() that writes this plan; apply_to() checks it
     cdef object __weakref__
     cdef _allocate(self, int32_t capacity)
     cdef _copy_from(self, StepPlan src)
@@ -134,6 +135,8 @@ cdef class StepPlan:
 
 cdef class ResidentState:
     cdef ResidentC c
+    cdef uint64_t stamp       # the last plan()/apply_to() call that read it (see _core.pyx)
+    cdef int32_t stamp_index  # and the index that call read it at
 
 cdef class StepPlanner:
     cdef ConfigC cfg

@@ -321,6 +321,30 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
 
 cdef ResidentC _r
 cdef SequenceC _s
+
+# Listing stamps: a resident listed twice would get two plan rows and be advanced twice by
+# apply_to (its checks pass per row, the sum overflows), so plan() and apply_to() refuse it. Each
+# call takes a stamp no other call has had and marks every ResidentState it reads with it and the
+# index it was read at; finding its own stamp already on an object is the second listing. That
+# is O(n) with two stores into memory the call reads anyway, and no allocation.
+cdef uint64_t _last_stamp = 0
+cdef cython.pymutex _stamp_lock  # free-threaded builds: two planners may take stamps at once
+
+
+cdef inline uint64_t _new_stamp() noexcept:
+    global _last_stamp
+    with _stamp_lock:
+        _last_stamp += 1
+        return _last_stamp
+
+
+cdef inline int32_t _listed_before(ResidentState r, uint64_t stamp, int32_t index) noexcept:
+    """The index this call first read ``r`` at, or -1 (and ``r`` marked as read at ``index``)."""
+    if r.stamp == stamp:
+        return r.stamp_index
+    r.stamp = stamp
+    r.stamp_index = index
+    return -1
 _layout = {
     "resident": (
         RESIDENT_DTYPE,
@@ -557,7 +581,7 @@ cdef class _CoreMemory:
             raise _errors.out_of_range("size", size, ">= 0")
         self.data = PyMem_Calloc(<size_t>max(size, 1), 1)
         if self.data == NULL:
-            raise MemoryError(f"{size} bytes for a plan's buffers")
+            raise _errors.buffer_memory(size)
         self.size = size
 
     def __dealloc__(self):
@@ -589,6 +613,7 @@ cdef class StepPlan:
         self.c.sequences = <SequenceC*>cnp.PyArray_DATA(_EMPTY_SEQ_BUF)
         self.c.paused = <int32_t*>cnp.PyArray_DATA(_EMPTY_PAUSED_BUF)
         self.capacity = 0
+        self.version = 0
 
     cdef _allocate(self, int32_t capacity):
         """Buffers of ``capacity`` rows, once, before anyone else holds the plan."""
@@ -610,6 +635,7 @@ cdef class StepPlan:
     def __init__(self):
         """An empty plan. Called again, it empties the plan; its buffers stay as they are."""
         with cython.critical_section(self):
+            self.version += 1
             self.c.num_paused = 0
             self.c.num_residents = 0
             self.c.num_prefill = 0
@@ -705,9 +731,12 @@ cdef class StepPlan:
         writable ``RESIDENT_DTYPE`` array the plan was made from. Everything is checked before
         anything is written: the plan's rows (each names one of its residents), then each row's
         ``committed`` and ``consecutive_paused_steps`` (``ValueError`` when negative, as
-        ``plan()`` says; ``OverflowError`` when the result would not fit int32).
+        ``plan()`` says; ``OverflowError`` when the result would not fit int32). A resident
+        listed twice (the same object, or array rows that overlap) is a ``ValueError``; a
+        ``plan()`` on the owning planner while the residents are read is a ``RuntimeError``.
         """
         cdef bint is_array = cnp.PyArray_Check(residents)
+        cdef uint64_t version = self.version
         if not is_array:
             if not isinstance(residents, (list, tuple)):
                 raise _errors.residents_type(residents)
@@ -715,6 +744,10 @@ cdef class StepPlan:
             # code): the checks and the writes must see the same objects.
             residents = tuple(residents)
         with cython.critical_section(self):
+            if self.version != version:
+                # That code called plan() on the planner that owns this plan: the plan is not
+                # the one the caller asked to apply.
+                raise _errors.apply_reentered()
             error = _plan_error(&self.c)
             if error is not None:
                 raise error
@@ -733,6 +766,8 @@ cdef class StepPlan:
             raise _errors.apply_length(arr.shape[0], n)
         cdef char* data = <char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
+        if n > 1 and abs(stride) < <Py_ssize_t>sizeof(ResidentC):
+            raise _errors.rows_overlap(stride, sizeof(ResidentC))
         cdef ResidentC row
         cdef int32_t i, status
         cdef int32_t* add = self._apply_amounts()
@@ -751,9 +786,14 @@ cdef class StepPlan:
         cdef int32_t i, status
         if len(residents) < n:
             raise _errors.apply_length(len(residents), n)
+        cdef uint64_t stamp = _new_stamp()
+        cdef int32_t j
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
+            j = _listed_before(<ResidentState>residents[i], stamp, i)
+            if j >= 0:
+                raise _errors.duplicate_resident(j, i)
         cdef int32_t* add = self._apply_amounts()
         for i in range(n):
             status = _apply_status(&(<ResidentState>residents[i]).c, add[i], add[n + i])
@@ -947,7 +987,7 @@ cdef class StepPlanner:
     def __init__(self, policy, limits):
         check_policy(policy, limits)
         if self.rows != NULL:
-            raise RuntimeError("StepPlanner is already initialised")
+            raise _errors.already_initialised("StepPlanner")
         cdef int32_t b = limits.max_batch_size
         self.cfg.mode = policy.mode
         self.cfg.scheduling_policy = policy.scheduling_policy
@@ -1012,7 +1052,7 @@ cdef class StepPlanner:
         is checked before anything is written: a call that raises leaves the previous plan.
         """
         if self.rows == NULL:
-            raise RuntimeError("StepPlanner.__init__ was not called")
+            raise _errors.not_initialised("StepPlanner")
         cdef bint is_array = cnp.PyArray_Check(residents)
         if is_array:
             _check_resident_array(<cnp.ndarray>residents)
@@ -1043,6 +1083,7 @@ cdef class StepPlanner:
                 else:
                     rows = self._load_objects(residents, <int32_t>n)
                 plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
+                self._plan.version += 1
             finally:
                 self._planning = False
         return self._plan
@@ -1068,9 +1109,13 @@ cdef class StepPlanner:
         cdef cnp.ndarray arr = <cnp.ndarray>residents
         cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
-        cdef const ResidentC* rows = self._in_place(arr, n, reasons)
+        cdef const ResidentC* rows
         cdef int32_t i, s_in = self.cfg.max_input_length
         cdef int status
+        if n > 1 and abs(stride) < <Py_ssize_t>sizeof(ResidentC):
+            self._planning = False  # building the error runs Python code: not in plan()
+            raise _errors.rows_overlap(stride, sizeof(ResidentC))
+        rows = self._in_place(arr, n, reasons)
         if rows == NULL:
             for i in range(n):
                 memcpy(&self.rows[i], data + i * stride, sizeof(ResidentC))
@@ -1085,15 +1130,20 @@ cdef class StepPlanner:
 
     @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
-        cdef int32_t i, s_in = self.cfg.max_input_length
+        cdef int32_t i, j, s_in = self.cfg.max_input_length
         cdef int status
         cdef object item
         cdef ResidentC* rows = self.rows
+        cdef uint64_t stamp = _new_stamp()
         for i in range(n):
             item = residents[i]
             if type(item) is not ResidentState:
                 self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.element_type(i, item)
+            j = _listed_before(<ResidentState>item, stamp, i)
+            if j >= 0:
+                self._planning = False
+                raise _errors.duplicate_resident(j, i)
             rows[i] = (<ResidentState>item).c
             status = check_row(&rows[i], s_in)
             if status != STATUS_OK:

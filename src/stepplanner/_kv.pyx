@@ -392,10 +392,11 @@ cdef class StepInputs:
     def __cinit__(self, limits, page_table, layout="all"):
         # Everything is made here, once (see KVPageTable.__cinit__).
         if not isinstance(limits, StepPlannerLimits):
-            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
-            raise TypeError("page_table must be a stepplanner._kv.KVPageTable, got "
-                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+            raise _errors.StepPlannerTypeError(
+                "page_table must be a stepplanner._kv.KVPageTable, got "
+                f"{type(page_table).__module__}.{type(page_table).__name__}")
         layout = check_layout(layout)
         cdef KVPageTable table = <KVPageTable>page_table
         if table.c.page_size != limits.kv_page_size:

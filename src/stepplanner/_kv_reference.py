@@ -158,10 +158,11 @@ class StepInputs:
         if hasattr(self, "_out"):
             raise _errors.already_initialised("StepInputs")
         if not isinstance(limits, StepPlannerLimits):
-            raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
         if not isinstance(page_table, KVPageTable):
-            raise TypeError("page_table must be a stepplanner._kv_reference.KVPageTable, got "
-                            f"{type(page_table).__module__}.{type(page_table).__name__}")
+            raise _errors.StepPlannerTypeError(
+                "page_table must be a stepplanner._kv_reference.KVPageTable, got "
+                f"{type(page_table).__module__}.{type(page_table).__name__}")
         layout = check_layout(layout)
         if page_table.kv_page_size != limits.kv_page_size:
             raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)

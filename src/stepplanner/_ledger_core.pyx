@@ -401,8 +401,9 @@ cdef class Ledger:
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
-            raise MemoryError(f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
-                              "id map could not be allocated; allowed: a smaller max_waiting")
+            raise _errors.StepPlannerMemoryError(
+                f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
+                "id map could not be allocated; allowed: a smaller max_waiting")
         cdef int32_t i
         for i in range(w):
             self.q.free[i] = w - 1 - i

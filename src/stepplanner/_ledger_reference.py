@@ -44,10 +44,12 @@ def check_ledger_args(limits: object, policy: object,
                       max_waiting: object) -> tuple[bool, int, int]:
     """(by_priority, reserved_slots, max_waiting) of a new ledger, every argument checked."""
     if not isinstance(limits, StepPlannerLimits):
-        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        raise _errors.StepPlannerTypeError(
+            f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
     if policy is not None and not isinstance(policy, ResolvedSchedulingPolicy):
-        raise TypeError("policy must be a ResolvedSchedulingPolicy or None, got "
-                        f"{type(policy).__name__}")
+        raise _errors.StepPlannerTypeError(
+            "policy must be a ResolvedSchedulingPolicy or None, got "
+            f"{type(policy).__name__}")
     reserved = policy.priority_reserved_slots if policy is not None else 0
     check_reserved_slots(reserved, limits)
     by_priority = policy is not None and policy.scheduling_policy == SchedulingPolicy.PRIORITY
@@ -84,8 +86,9 @@ def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
     """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other and
     against ``waiting`` (request id -> arrival stamp of every waiting request)."""
     if len(residents) > capacity:
-        raise ValueError(f"{len(residents)} residents exceed max_batch_size="
-                         f"{capacity}; allowed: 0..{capacity}")
+        raise _errors.StepPlannerValueError(
+            f"{len(residents)} residents exceed max_batch_size="
+            f"{capacity}; allowed: 0..{capacity}")
     table = np.zeros(len(residents), dtype=RESIDENT_DTYPE)
     ids = np.arange(len(residents), dtype=np.int64)
     for i, record in enumerate(residents):
@@ -94,10 +97,11 @@ def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
             ids[i] = rid
     for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
         if np.unique(column).size != column.size:
-            raise ValueError(f"two residents have the same {name}; allowed: unique values")
+            raise _errors.StepPlannerValueError(
+                f"two residents have the same {name}; allowed: unique values")
     for rid in ids.tolist():
         if rid in waiting:
-            raise ValueError(f"request_id {rid} is also waiting")
+            raise _errors.StepPlannerValueError(f"request_id {rid} is also waiting")
     stamps = {arrival: rid for rid, arrival in waiting.items()}
     for i, arrival in enumerate(table["arrival"].tolist()):
         if arrival in stamps:
@@ -107,12 +111,14 @@ def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
 
 def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
     if not isinstance(record, Mapping):
-        raise TypeError(f"residents[{index}] must be an object/dict, got "
-                        f"{type(record).__name__}")
+        raise _errors.StepPlannerTypeError(
+            f"residents[{index}] must be an object/dict, got "
+            f"{type(record).__name__}")
     unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id"}
     if unknown:
-        raise ValueError(f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(RESIDENT_FIELDS)}, request_id")
+        raise _errors.StepPlannerValueError(
+            f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(RESIDENT_FIELDS)}, request_id")
     get = record.get
     where = f"residents[{index}]."
     row = (as_int32(where + "priority", get("priority", 0)),
@@ -132,15 +138,18 @@ def rows_argument(rows: object, count: int) -> list[int]:
     try:
         arr = np.asarray(rows)
     except ValueError:  # ragged nesting: numpy's message would not say which argument
-        raise ValueError(f"rows={rows!r} is not a flat sequence of row indices") from None
+        raise _errors.StepPlannerValueError(
+            f"rows={rows!r} is not a flat sequence of row indices") from None
     if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"rows must be integers, got dtype {arr.dtype}")
+        raise _errors.StepPlannerTypeError(f"rows must be integers, got dtype {arr.dtype}")
     listed: list[int] = arr.ravel().tolist()
     for row in listed:
         if not 0 <= row < count:
-            raise ValueError(f"row {row} is out of range; allowed: 0..{count - 1}")
+            raise _errors.StepPlannerValueError(
+                f"row {row} is out of range; allowed: 0..{count - 1}")
     if len(set(listed)) != len(listed):
-        raise ValueError(f"rows {listed} repeat a row; allowed: each at most once")
+        raise _errors.StepPlannerValueError(
+            f"rows {listed} repeat a row; allowed: each at most once")
     return listed
 
 

@@ -73,7 +73,7 @@ class StepPlannerLimits:
                 f"0 (= max_batch_size * max_input_length) or >= max(kv_page_size, "
                 f"max_batch_size) = {floor}")
         _set(self, "max_step_tokens", step)
-        full = self.max_batch_size * self.max_input_length
+        full = self._uncapped_t_max
         if step == 0 and full > _errors.INT32_MAX:
             raise _errors.out_of_range(
                 "max_batch_size * max_input_length (T_max)",
@@ -83,9 +83,14 @@ class StepPlannerLimits:
             )
 
     @property
+    def _uncapped_t_max(self) -> int:
+        """B × S_in: T_max before ``max_step_tokens`` caps it (the one place it is computed)."""
+        return self.max_batch_size * self.max_input_length
+
+    @property
     def t_max(self) -> int:
         """T_max: the most tokens one step may hold, B × S_in capped by ``max_step_tokens``."""
-        full = self.max_batch_size * self.max_input_length
+        full = self._uncapped_t_max
         return min(full, self.max_step_tokens) if self.max_step_tokens else full
 
 
@@ -180,7 +185,7 @@ def chunk_cap(limits: StepPlannerLimits) -> int:
 
 def t_max_text(limits: StepPlannerLimits) -> str:
     """How T_max came about, for messages: ``B*S_in = 2400`` or ``min(B*S_in, ...) = 64``."""
-    full = limits.max_batch_size * limits.max_input_length
+    full = limits._uncapped_t_max
     if limits.max_step_tokens:
         return (f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = "
                 f"{limits.t_max}")
@@ -194,7 +199,7 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
     b, p, t_max = limits.max_batch_size, limits.kv_page_size, limits.t_max
     if max_num_tokens == 0:
         if not mixed_feasible(limits):
-            raise ValueError(
+            raise _errors.StepPlannerValueError(
                 f"max_num_tokens=0 (default) needs mixed batching to be feasible, but "
                 f"rd(T_max)={rd(t_max, p)} < max_batch_size + kv_page_size={b + p}; allowed: "
                 f"give max_num_tokens in [{b + p}, {t_max}] or use PREFILL_FIRST"
@@ -242,9 +247,9 @@ def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
     ``max_chunk_tokens`` the SPEC §2 rule that set each, in words (what ``stepplanner explain``
     prints): the one resolution, so the explanation cannot drift from what was resolved."""
     if not isinstance(options, SchedulingOptions):
-        raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+        raise _errors.wrong_type("options", "SchedulingOptions", options)
     if not isinstance(limits, StepPlannerLimits):
-        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
     check_reserved_slots(options.priority_reserved_slots, limits)
 
     mode = options.ifb_scheduling_mode
@@ -285,9 +290,9 @@ def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
 def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> None:
     """What a planner constructor checks: a plannable mode, and §2's budgets for ``limits``."""
     if not isinstance(policy, ResolvedSchedulingPolicy):
-        raise TypeError(f"policy must be a ResolvedSchedulingPolicy, got {type(policy).__name__}")
+        raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
     if not isinstance(limits, StepPlannerLimits):
-        raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+        raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
     if policy.mode not in (IfbSchedulingMode.MIXED, IfbSchedulingMode.PREFILL_FIRST):
         raise _errors.unresolved_mode(policy.mode)
     check_reserved_slots(policy.priority_reserved_slots, limits)

@@ -142,8 +142,10 @@ class StepPlan:
     _paused: Sequence[int] = ()
     _num_residents = 0
     num_prefill = num_decode = prefill_tokens = total_tokens = 0
+    _version = 0  # bumped whenever the plan changes: apply_to() checks it (see _apply)
 
     def __init__(self) -> None:
+        self._version += 1
         self._rows = []
         self._paused = []
         self._num_residents = 0
@@ -187,6 +189,7 @@ class StepPlan:
         return plan_to_dict(self)
 
     def _set(self, rows: list[PlannedSequence], paused: list[int], num_residents: int) -> None:
+        self._version += 1
         self._rows = rows
         self._paused = paused
         self._num_residents = num_residents
@@ -248,19 +251,38 @@ def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
 def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[Any, ...]]:
     """The first ``count`` rows as field tuples, each checked (type, then values) in index order."""
     if isinstance(residents, np.ndarray):
+        _check_no_overlap(residents, count)
         rows = [tuple(row) for row in residents[:count].tolist()]
     else:
+        seen: dict[int, tuple[int, ResidentState]] = {}
         rows = []
         for i in range(count):
             r = residents[i]
             if type(r) is not ResidentState:
                 raise _errors.element_type(i, r)
+            _check_listed_once(seen, i, r)
             rows.append(r._astuple())
             _check_row(i, rows[-1], max_input_length)
         return rows
     for i, row in enumerate(rows):
         _check_row(i, row, max_input_length)
     return rows
+
+
+def _check_listed_once(seen: dict[int, tuple[int, ResidentState]], i: int,
+                       resident: ResidentState) -> None:
+    """A resident listed twice would be planned twice and advanced twice by apply_to."""
+    # Keyed by id() and kept alive by ``seen``: a list subclass may hand out a new object per
+    # read, and a freed one's id could come back.
+    first, _ = seen.setdefault(id(resident), (i, resident))
+    if first != i:
+        raise _errors.duplicate_resident(first, i)
+
+
+def _check_no_overlap(residents: np.ndarray, count: int) -> None:
+    """Rows closer than one row apart (a zero or short stride) are one resident seen twice."""
+    if count > 1 and abs(residents.strides[0]) < residents.itemsize:
+        raise _errors.rows_overlap(residents.strides[0], residents.itemsize)
 
 
 def _check_row(i: int, row: tuple[Any, ...], max_input_length: int) -> None:
@@ -411,10 +433,17 @@ def _check_plan_rows(plan: StepPlan) -> None:
 
 def _apply(plan: StepPlan, residents: Any) -> None:
     """SPEC §6 for one plan over the rows it was made from; checks everything before writing."""
-    n = plan.num_residents
+    version = plan._version
     is_array = isinstance(residents, np.ndarray)
     if not is_array and not isinstance(residents, (list, tuple)):
         raise _errors.residents_type(residents)
+    if not is_array:
+        # One read of each element: the checks and the writes must see the same objects.
+        residents = tuple(residents)
+    if plan._version != version:
+        # Reading a list subclass ran code that called plan() on the planner owning this plan.
+        raise _errors.apply_reentered()
+    n = plan.num_residents
     _check_plan_rows(plan)
     if is_array:
         if residents.dtype != RESIDENT_DTYPE:
@@ -425,12 +454,15 @@ def _apply(plan: StepPlan, residents: Any) -> None:
             raise _errors.apply_readonly()
     if len(residents) < n:
         raise _errors.apply_length(len(residents), n)
-    if not is_array:
-        # One read of each element: the checks and the writes must see the same objects.
-        residents = tuple(residents)[:n]
+    if is_array:
+        _check_no_overlap(residents, n)
+    else:
+        residents = residents[:n]
+        seen: dict[int, tuple[int, ResidentState]] = {}
         for i in range(n):
             if type(residents[i]) is not ResidentState:
                 raise _errors.element_type(i, residents[i])
+            _check_listed_once(seen, i, residents[i])
 
     add = [0] * n
     final = [False] * n

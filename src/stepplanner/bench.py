@@ -1,4 +1,4 @@
-"""How fast ``plan()`` is, measured against the issue's targets in one run.
+"""How fast ``plan()`` is, measured against the project's performance targets in one run.
 
 ``python -m stepplanner.bench`` (or ``stepplanner bench``) times, at each batch size B, on one
 steady-state ledger (:func:`steady_ledger`) that is left unchanged between calls:
@@ -70,7 +70,7 @@ SCENARIOS: dict[str, SchedulingOptions] = {
     "prefill_first": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.PREFILL_FIRST),
 }
 
-# The issue states its ratio targets at this B, and growth as the cost at GROWTH_TO over this.
+# The ratio targets are stated at this B, and growth as the cost at GROWTH_TO over this.
 TARGET_BATCH = 256
 GROWTH_TO = 1024
 TARGET_ARRAY_OVER_C_LOOP = 1.5
@@ -285,7 +285,7 @@ def _at_least(name: str, value: float | None, bound: float) -> Check:
 
 
 def checks(timings: Sequence[Timing]) -> list[Check]:
-    """The issue's targets, evaluated on one run's timings."""
+    """The performance targets, evaluated on one run's timings."""
     by_batch = {t.batch: t for t in timings}
     at = by_batch.get(TARGET_BATCH)
     big = by_batch.get(GROWTH_TO)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ._errors import StepPlannerTypeError, StepPlannerValueError
+
 __all__ = ["DEFAULT_LATENCY", "LatencyModel", "TRTLLM_H100_LLAMA31_8B_FP8"]
 
 # (ISL, OSL, total output tokens/s, requests in the benchmark's dataset): Llama 3.1 8B, H100 TP1
@@ -51,14 +53,17 @@ class LatencyModel:
         for field in ("a", "b", "c"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"LatencyModel.{field} must be a number of seconds, "
-                                f"got {type(value).__name__} {value!r}")
+                raise StepPlannerTypeError(
+                    f"LatencyModel.{field} must be a number of seconds, "
+                    f"got {type(value).__name__} {value!r}")
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"LatencyModel.{field}={value!r} is out of range; "
-                                 "allowed: a finite number >= 0")
+                raise StepPlannerValueError(
+                    f"LatencyModel.{field}={value!r} is out of range; "
+                    "allowed: a finite number >= 0")
         if self.a + self.b + self.c <= 0:
-            raise ValueError("LatencyModel a, b and c are all 0; allowed: at least one > 0, "
-                             "or simulated time never advances")
+            raise StepPlannerValueError(
+                "LatencyModel a, b and c are all 0; allowed: at least one > 0, "
+                "or simulated time never advances")
 
     def step_seconds(self, tokens: int, context: int) -> float:
         return self.a + self.b * tokens + self.c * context
@@ -71,12 +76,14 @@ class LatencyModel:
             key, sep, raw = item.partition("=")
             key = key.strip()
             if not sep or key not in ("a", "b", "c"):
-                raise ValueError(f"latency item {item!r} is not known; allowed: a=SECONDS, "
-                                 "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION")
+                raise StepPlannerValueError(
+                    f"latency item {item!r} is not known; allowed: a=SECONDS, "
+                    "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION")
             try:
                 values[key] = float(raw)
             except ValueError:
-                raise ValueError(f"latency {key}={raw.strip()!r} is not a number") from None
+                raise StepPlannerValueError(
+                    f"latency {key}={raw.strip()!r} is not a number") from None
         if not values:
             return cls()
         return dataclasses.replace(cls(), name="custom", **values)

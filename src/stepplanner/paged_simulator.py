@@ -14,6 +14,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from . import _errors
+from ._errors import StepPlannerTypeError
 from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import Ledger
@@ -72,7 +74,7 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
     from . import KVPageTable, StepPlanner
 
     if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+        raise _errors.wrong_type("workload", "Workload", workload)
     policy = _resolve(options, limits)
     p = limits.kv_page_size
     longest = (np.minimum(workload.prompt_tokens, limits.max_input_length).astype(np.int64)

@@ -63,7 +63,8 @@ def release_rows(page_table: Any, rows: Sequence[int], count: int) -> None:
         if not 0 <= row < n:
             raise _errors.out_of_range("rows", row, f"0..{n - 1} (a row below count)")
     if len(set(listed)) != len(listed):
-        raise ValueError(f"rows {listed} repeat a row; allowed: each at most once")
+        raise _errors.StepPlannerValueError(
+            f"rows {listed} repeat a row; allowed: each at most once")
     last = n - 1
     for row in sorted(listed, reverse=True):  # the ledger's order: highest row first
         page_table.release(row)
@@ -91,8 +92,9 @@ class PagedLedger:
 
     def __init__(self, ledger: Any, page_table: Any) -> None:
         if ledger.count:
-            raise ValueError(f"ledger holds count={ledger.count} residents; allowed: an empty "
-                             "ledger (their pages would be unknown)")
+            raise _errors.StepPlannerValueError(
+                f"ledger holds count={ledger.count} residents; allowed: an empty "
+                "ledger (their pages would be unknown)")
         if page_table.max_batch_size < ledger.capacity:
             raise _errors.kv_slots_short(page_table.max_batch_size, ledger.capacity)
         if page_table.kv_page_size != ledger.limits.kv_page_size:
@@ -155,15 +157,16 @@ class PagedLedger:
         length = as_int32("prompt_length", prompt_length)
         s_in = self.ledger.limits.max_input_length
         if not 1 <= length <= s_in:
-            raise ValueError(f"prompt_length={length} is out of range; allowed: 1..{s_in}")
+            raise _errors.StepPlannerValueError(
+                f"prompt_length={length} is out of range; allowed: 1..{s_in}")
         if rid in self._tokens or (self._outside_requests() and (
                 rid in self.ledger.request_ids.tolist() or rid in self.ledger.waiting_ids())):
-            raise ValueError(f"request_id={rid} is already waiting or resident")
+            raise _errors.StepPlannerValueError(f"request_id={rid} is already waiting or resident")
         table = self.page_table
         pages = worst_case_pages(length, max_new_tokens, table.kv_page_size)
         limit = min(table.max_pages_per_sequence, table.num_pages)
         if pages > limit:
-            raise ValueError(
+            raise _errors.StepPlannerValueError(
                 f"request_id={rid}: prompt_length + max_new_tokens = "
                 f"{length} + {max_new_tokens} needs {pages} pages; allowed: at most "
                 f"{limit} (min of max_pages_per_sequence and num_pages)")
@@ -174,7 +177,7 @@ class PagedLedger:
         """Pass held requests whose worst case fits on to the ledger, admit, reserve pages."""
         outside = self._outside_requests()
         if outside:
-            raise RuntimeError(
+            raise _errors.StepPlannerRuntimeError(
                 f"the ledger's residents and queue differ by {outside:+d} request(s) from those "
                 "that came through this PagedLedger (submitted, loaded or retired on the ledger "
                 "itself); their pages are unknown, so nothing is admitted")

@@ -27,6 +27,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from . import _errors
+from ._errors import StepPlannerTypeError, StepPlannerValueError
 from ._fields import enum_fields, enum_from_text
 from ._policy import (
     ResolvedSchedulingPolicy,
@@ -225,12 +227,13 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
     from . import StepPlanner  # the facade's choice: compiled unless STEPPLANNER_IMPL=python
 
     if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a Workload, got {type(workload).__name__}")
+        raise _errors.wrong_type("workload", "Workload", workload)
     if not isinstance(latency, LatencyModel):
-        raise TypeError(f"latency must be a LatencyModel, got {type(latency).__name__}")
+        raise _errors.wrong_type("latency", "LatencyModel", latency)
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
                                   or max_steps < 1):
-        raise ValueError(f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
+        raise StepPlannerValueError(
+            f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
     policy = _resolve(options, limits)
     run = _Run(workload, limits, policy, latency, StepPlanner(policy, limits))
     t0 = time.perf_counter()
@@ -245,8 +248,9 @@ def _resolve(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolic
     if options is None:
         options = SchedulingOptions()
     if not isinstance(options, SchedulingOptions):
-        raise TypeError("options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
-                        f"{type(options).__name__}")
+        raise StepPlannerTypeError(
+            "options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
+            f"{type(options).__name__}")
     return resolve_scheduling_policy(options, limits)
 
 
@@ -448,12 +452,13 @@ def policy_to_dict(policy: ResolvedSchedulingPolicy) -> dict[str, Any]:
 def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
     """Inverse of ``policy_to_dict``; enum values by name (any case) or number."""
     if not isinstance(data, dict):
-        raise TypeError(f"policy must be an object, got {type(data).__name__}")
+        raise _errors.wrong_type("policy", "object", data)
     fields = {f.name for f in dataclasses.fields(ResolvedSchedulingPolicy)}
     unknown = set(data) - fields
     if unknown:
-        raise ValueError(f"policy has unknown field(s) {sorted(unknown)}; allowed: "
-                         f"{', '.join(sorted(fields))}")
+        raise StepPlannerValueError(
+            f"policy has unknown field(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(sorted(fields))}")
     values = dict(data)
     for key, enum in _ENUMS.items():
         if isinstance(values.get(key), str):
@@ -504,15 +509,17 @@ def read_record_header(lines: Iterable[str]) -> tuple[StepPlannerLimits,
 def _record_header(header: tuple[int, dict[str, Any]] | None) -> tuple[StepPlannerLimits,
                                                                        ResolvedSchedulingPolicy]:
     if header is None or header[1].get("type") != "header":
-        raise ValueError("record line 1: expected the header line "
-                         f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
+        raise StepPlannerValueError(
+            "record line 1: expected the header line "
+            f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
     fmt = header[1].get("format")
     if fmt != RECORD_FORMAT:
-        raise ValueError(f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
+        raise StepPlannerValueError(
+            f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
     try:
         return StepPlannerLimits(**header[1]["limits"]), policy_from_dict(header[1]["policy"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"record line 1: bad limits/policy ({exc})") from None
+        raise StepPlannerValueError(f"record line 1: bad limits/policy ({exc})") from None
 
 
 def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
@@ -537,11 +544,11 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
             expected = record["plan"]
             step = record.get("step", steps)
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"record line {line}: not a step record ({exc})") from None
+            raise StepPlannerValueError(f"record line {line}: not a step record ({exc})") from None
         try:
             got = planner.plan(rows).to_dict()
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ValueError(f"record line {line} (step {step}): {exc}") from None
+            raise StepPlannerValueError(f"record line {line} (step {step}): {exc}") from None
         differences = plan_differences(expected, got)
         if differences:
             diffs.append({"step": step, "line": line, "differences": differences,
@@ -553,7 +560,7 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
 def _residents_from_columns(columns: dict[str, list[Any]]) -> np.ndarray:
     lengths = {len(columns[name]) for name in RESIDENT_FIELDS}
     if len(lengths) != 1:
-        raise ValueError(f"resident columns have different lengths {sorted(lengths)}")
+        raise StepPlannerValueError(f"resident columns have different lengths {sorted(lengths)}")
     rows = np.zeros(lengths.pop(), dtype=RESIDENT_DTYPE)
     for name in RESIDENT_FIELDS:
         rows[name] = columns[name]

@@ -23,7 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import INT32_MAX, INT32_MIN
+from ._errors import (
+    INT32_MAX,
+    INT32_MIN,
+    StepPlannerOverflowError,
+    StepPlannerTypeError,
+    StepPlannerValueError,
+)
 
 __all__ = [
     "DEFAULT_CLASSES",
@@ -62,10 +68,11 @@ class Workload:
         }
         lengths = {name: col.shape for name, col in cols.items()}
         if any(col.ndim != 1 for col in cols.values()) or len(set(lengths.values())) != 1:
-            raise ValueError(f"workload columns must be 1-D and of one length; got shapes {lengths}")
+            raise StepPlannerValueError(
+                f"workload columns must be 1-D and of one length; got shapes {lengths}")
         if cols["arrival_time"].size == 0:
             # A run needs a start time and a report needs a request to describe.
-            raise ValueError("workload has no requests; allowed: at least one request")
+            raise StepPlannerValueError("workload has no requests; allowed: at least one request")
         _check(cols["arrival_time"], "arrival_time", lambda a: np.isfinite(a) & (a >= 0),
                "a finite number of seconds >= 0")
         _check(cols["prompt_tokens"], "prompt_tokens", lambda a: a >= 1, ">= 1")
@@ -116,9 +123,10 @@ class Workload:
 def _int_column(name: str, values: Any) -> np.ndarray:
     arr = np.asarray(values)
     if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"workload column {name} must hold integers, got dtype {arr.dtype}")
+        raise StepPlannerTypeError(
+            f"workload column {name} must hold integers, got dtype {arr.dtype}")
     if arr.size and (arr.min() < INT32_MIN or arr.max() > INT32_MAX):
-        raise OverflowError(f"workload column {name} has values outside int32")
+        raise StepPlannerOverflowError(f"workload column {name} has values outside int32")
     return arr.astype(np.int32)
 
 
@@ -126,8 +134,9 @@ def _check(col: np.ndarray, name: str, ok: Any, allowed: str) -> None:
     bad = np.flatnonzero(~ok(col))
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"workload request {i}: {name}={col[i].item()!r} is out of range; "
-                         f"allowed: {allowed}")
+        raise StepPlannerValueError(
+            f"workload request {i}: {name}={col[i].item()!r} is out of range; "
+            f"allowed: {allowed}")
 
 
 # --- synthetic -----------------------------------------------------------------------------
@@ -162,17 +171,20 @@ def synthetic(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE, seed
               max_prompt: int = 4096, max_output: int = 2048) -> Workload:
     """Poisson arrivals at ``rate`` requests/s; class drawn by share; lognormal lengths."""
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
-        raise ValueError(f"requests={requests!r} is out of range; allowed: an integer >= 1")
+        raise StepPlannerValueError(
+            f"requests={requests!r} is out of range; allowed: an integer >= 1")
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
+        raise StepPlannerValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
     for name, value in (("max_prompt", max_prompt), ("max_output", max_output)):
         if not isinstance(value, int) or not 1 <= value <= INT32_MAX:
-            raise ValueError(f"{name}={value!r} is out of range; allowed: 1..{INT32_MAX}")
+            raise StepPlannerValueError(
+                f"{name}={value!r} is out of range; allowed: 1..{INT32_MAX}")
     if not classes:
-        raise ValueError("classes is empty; allowed: at least one PriorityClass")
+        raise StepPlannerValueError("classes is empty; allowed: at least one PriorityClass")
     shares = np.array([c.share for c in classes], dtype=np.float64)
     if not np.all(np.isfinite(shares) & (shares >= 0)) or shares.sum() <= 0:
-        raise ValueError(f"class shares {shares.tolist()} must be >= 0 with a positive sum")
+        raise StepPlannerValueError(
+            f"class shares {shares.tolist()} must be >= 0 with a positive sum")
 
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / rate, size=requests))
@@ -202,19 +214,21 @@ def load_trace(path: str | pathlib.Path) -> Workload:
     path = pathlib.Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl", ".ndjson"):
-        raise ValueError(f"trace {path}: suffix {suffix!r} is not known; "
-                         "allowed: .csv, .jsonl, .ndjson")
+        raise StepPlannerValueError(
+            f"trace {path}: suffix {suffix!r} is not known; "
+            "allowed: .csv, .jsonl, .ndjson")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ValueError(f"trace {path}: cannot be read ({exc.strerror})") from None
+        raise StepPlannerValueError(f"trace {path}: cannot be read ({exc.strerror})") from None
     records = _csv_records(path, text) if suffix == ".csv" else _jsonl_records(path, text)
     columns: dict[str, list[Any]] = {name: [] for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)}
     for line, record in records:
         for name in REQUIRED_COLUMNS:
             if name not in record or record[name] in (None, ""):
-                raise ValueError(f"trace {path} line {line}: column {name!r} is missing; "
-                                 f"required: {', '.join(REQUIRED_COLUMNS)}")
+                raise StepPlannerValueError(
+                    f"trace {path} line {line}: column {name!r} is missing; "
+                    f"required: {', '.join(REQUIRED_COLUMNS)}")
         columns["arrival_time"].append(_seconds(path, line, record["arrival_time"]))
         for name, low in (("prompt_tokens", 1), ("output_tokens", 1)):
             columns[name].append(_integer(path, line, name, record[name], low))
@@ -222,7 +236,7 @@ def load_trace(path: str | pathlib.Path) -> Workload:
         columns["priority"].append(
             0 if raw in (None, "") else _integer(path, line, "priority", raw, INT32_MIN))
     if not columns["arrival_time"]:
-        raise ValueError(f"trace {path}: no requests")
+        raise StepPlannerValueError(f"trace {path}: no requests")
     return Workload(np.array(columns["arrival_time"], dtype=np.float64),
                     np.array(columns["prompt_tokens"], dtype=np.int32),
                     np.array(columns["output_tokens"], dtype=np.int32),
@@ -234,8 +248,9 @@ def _csv_records(path: pathlib.Path, text: str) -> Iterator[tuple[int, Mapping[s
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [name for name in REQUIRED_COLUMNS if name not in header]
     if missing:
-        raise ValueError(f"trace {path} line 1: header {header} lacks column(s) "
-                         f"{', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
+        raise StepPlannerValueError(
+            f"trace {path} line 1: header {header} lacks column(s) "
+            f"{', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
     reader.fieldnames = header
     for row in reader:
         if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
@@ -257,12 +272,15 @@ def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str
         try:
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} line {line}: not valid JSON ({exc.msg})") from None
+            raise StepPlannerValueError(
+                f"{where} line {line}: not valid JSON ({exc.msg})") from None
         except RecursionError:  # json's C decoder recurses once per nesting level
-            raise ValueError(f"{where} line {line}: not valid JSON (nested too deeply)") from None
+            raise StepPlannerValueError(
+                f"{where} line {line}: not valid JSON (nested too deeply)") from None
         if not isinstance(record, dict):
-            raise ValueError(f"{where} line {line}: expected a JSON object, "
-                             f"got {type(record).__name__}")
+            raise StepPlannerValueError(
+                f"{where} line {line}: expected a JSON object, "
+                f"got {type(record).__name__}")
         yield line, record
 
 
@@ -272,11 +290,13 @@ def _seconds(path: pathlib.Path, line: int, raw: Any) -> float:
             raise ValueError
         value = float(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"trace {path} line {line}: column 'arrival_time': {raw!r} is not a "
-                         "number of seconds") from None
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column 'arrival_time': {raw!r} is not a "
+            "number of seconds") from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"trace {path} line {line}: column 'arrival_time': {raw!r} is out of "
-                         "range; allowed: a finite number of seconds >= 0")
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column 'arrival_time': {raw!r} is out of "
+            "range; allowed: a finite number of seconds >= 0")
     return value
 
 
@@ -292,9 +312,11 @@ def _integer(path: pathlib.Path, line: int, column: str, raw: Any, low: int) -> 
         except ValueError:
             value = None
     if value is None:
-        raise ValueError(f"trace {path} line {line}: column {column!r}: {raw!r} is not an "
-                         "integer")
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column {column!r}: {raw!r} is not an "
+            "integer")
     if not low <= value <= INT32_MAX:
-        raise ValueError(f"trace {path} line {line}: column {column!r}: {value} is out of range;"
-                         f" allowed: {low}..{INT32_MAX}")
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column {column!r}: {value} is out of range;"
+            f" allowed: {low}..{INT32_MAX}")
     return value

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from .._errors import StepPlannerValueError
 from .._policy import SchedulingOptions, resolve_scheduling_policy
 from . import tuning_extras
 from .config import parse_config, parse_config_text
@@ -73,5 +74,5 @@ def _config_file(handle: Any) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
-        raise ValueError(f"--config-file {handle.name}: expected a JSON list of objects")
+        raise StepPlannerValueError(f"--config-file {handle.name}: expected a JSON list of objects")
     return data

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .._errors import StepPlannerValueError
 from .._fields import enum_fields, enum_from_text
 from .._policy import SchedulingOptions, StepPlannerLimits
 
@@ -46,7 +47,8 @@ def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
             value = _int(key, value)
         else:
             allowed = sorted({*_OPTION_FIELDS, *_LIMIT_FIELDS, *_ALIASES, "name"})
-            raise ValueError(f"config key {raw_key!r} is not known; allowed: {', '.join(allowed)}")
+            raise StepPlannerValueError(
+                f"config key {raw_key!r} is not known; allowed: {', '.join(allowed)}")
         (options if key in _OPTION_FIELDS else limits)[key] = value
     label = name or ", ".join(f"{k}={v}" for k, v in items.items()) or "default"
     return Config(label, StepPlannerLimits(**limits), SchedulingOptions(**options))
@@ -64,7 +66,7 @@ def parse_config_text(text: str) -> dict[str, Any]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"config item {part!r} is not KEY=VALUE")
+            raise StepPlannerValueError(f"config item {part!r} is not KEY=VALUE")
         items[key.strip()] = value.strip()
     return items
 
@@ -75,4 +77,4 @@ def _int(key: str, value: Any) -> int:
     try:
         return int(str(value).strip())
     except ValueError:
-        raise ValueError(f"{key}={value!r} is not an integer") from None
+        raise StepPlannerValueError(f"{key}={value!r} is not an integer") from None

@@ -9,6 +9,7 @@ from typing import Any
 import click
 import numpy as np
 
+from .._errors import StepPlannerValueError
 from .._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -41,15 +42,18 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
 
     data = read_json(ledger_file)
     if not isinstance(data, dict) or not isinstance(data.get("residents"), list):
-        raise ValueError(f'{ledger_file.name}: expected an object with a "residents" list')
+        raise StepPlannerValueError(
+            f'{ledger_file.name}: expected an object with a "residents" list')
     unknown = set(data) - {"limits", "options", "residents"}
     if unknown:
-        raise ValueError(f"{ledger_file.name}: unknown key(s) {sorted(unknown)}; allowed: "
-                         "limits, options, residents")
+        raise StepPlannerValueError(
+            f"{ledger_file.name}: unknown key(s) {sorted(unknown)}; allowed: "
+            "limits, options, residents")
     for key in ("limits", "options"):
         if not isinstance(data.get(key, {}), dict):
-            raise ValueError(f'{ledger_file.name}: "{key}" must be an object, got '
-                             f"{type(data[key]).__name__}")
+            raise StepPlannerValueError(
+                f'{ledger_file.name}: "{key}" must be an object, got '
+                f"{type(data[key]).__name__}")
     config = parse_config({**data.get("options", {}), **data.get("limits", {})},
                           DEFAULT_LIMITS, SchedulingOptions())
     policy, rules = resolve_with_rules(config.options, config.limits)

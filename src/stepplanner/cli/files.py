@@ -9,6 +9,7 @@ import os
 import pathlib
 from typing import IO, Any
 
+from .._errors import StepPlannerValueError
 from .errors import InputError
 
 
@@ -17,7 +18,8 @@ def read_text(handle: IO[str]) -> str:
     try:
         return handle.read()
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{handle.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
+        raise StepPlannerValueError(
+            f"{handle.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
             from None
 
 
@@ -27,9 +29,9 @@ def read_json(handle: IO[str]) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{handle.name}: not valid JSON ({exc})") from None
+        raise StepPlannerValueError(f"{handle.name}: not valid JSON ({exc})") from None
     except RecursionError:
-        raise ValueError(f"{handle.name}: not valid JSON (nested too deeply)") from None
+        raise StepPlannerValueError(f"{handle.name}: not valid JSON (nested too deeply)") from None
 
 
 def check_output_path(option: str, path: str) -> None:
