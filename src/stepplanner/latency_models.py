@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import StepPlannerValueError
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .traces import csv_records
 
@@ -118,22 +119,22 @@ def load_latency_model(text: str) -> LatencyModel:
         return PRESETS[key.lower()]
     path = pathlib.Path(key)
     if not path.is_file():
-        raise ValueError(f"latency model {text!r} is neither a preset nor a file; presets: "
+        raise StepPlannerValueError(f"latency model {text!r} is neither a preset nor a file; presets: "
                          f"{', '.join(PRESETS)}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"latency model file {path}: cannot be read as JSON ({exc})") from None
+        raise StepPlannerValueError(f"latency model file {path}: cannot be read as JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != LATENCY_FORMAT:
-        raise ValueError(f"latency model file {path}: expected an object with "
+        raise StepPlannerValueError(f"latency model file {path}: expected an object with "
                          f'"format": "{LATENCY_FORMAT}" and a, b, c (as calibrate writes)')
     missing = [k for k in ("a", "b", "c") if k not in data]
     if missing:
-        raise ValueError(f"latency model file {path}: missing {', '.join(missing)}")
+        raise StepPlannerValueError(f"latency model file {path}: missing {', '.join(missing)}")
     try:
         return LatencyModel(data["a"], data["b"], data["c"], str(data.get("name", path.stem)))
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"latency model file {path}: {exc}") from None
+        raise StepPlannerValueError(f"latency model file {path}: {exc}") from None
 
 
 def save_latency_model(model: LatencyModel, path: str | pathlib.Path,
@@ -154,7 +155,7 @@ def read_timings(path: str | pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.n
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"timings {path}: cannot be read ({exc})") from None
+        raise StepPlannerValueError(f"timings {path}: cannot be read ({exc})") from None
     columns: dict[str, list[float]] = {c: [] for c in TIMING_COLUMNS}
     for line, row, _ in csv_records(text, f"timings {path}", TIMING_COLUMNS):
         for name in TIMING_COLUMNS:
@@ -162,12 +163,12 @@ def read_timings(path: str | pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.n
             try:
                 value = float(raw)
             except ValueError:
-                raise ValueError(f"timings {path} line {line}: column {name!r}: "
+                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
                                  f"{raw!r} is not a number") from None
             low_ok = value > 0 if name == "seconds" else value >= 0
             if not math.isfinite(value) or not low_ok:
                 allowed = "> 0" if name == "seconds" else ">= 0"
-                raise ValueError(f"timings {path} line {line}: column {name!r}: "
+                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
                                  f"{raw!r} is out of range; allowed: a finite number {allowed}")
             columns[name].append(value)
     return tuple(np.array(columns[c]) for c in TIMING_COLUMNS)  # type: ignore[return-value]
@@ -192,9 +193,9 @@ def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
     x = np.column_stack([np.ones(len(seconds)), tokens, context]).astype(np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     if len(y) < 3:
-        raise ValueError(f"timings have {len(y)} rows; allowed: at least 3 (three coefficients)")
+        raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 (three coefficients)")
     if np.linalg.matrix_rank(x) < 3:
-        raise ValueError("timings do not vary tokens and context independently, so a, b and c "
+        raise StepPlannerValueError("timings do not vary tokens and context independently, so a, b and c "
                          "cannot be told apart; allowed: steps with different token counts and "
                          "different contexts (not proportional to each other)")
     best: tuple[float, np.ndarray] | None = None
@@ -209,7 +210,7 @@ def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
             if best is None or residual < best[0]:
                 best = (residual, full)
     if best is None:
-        raise ValueError("no non-negative a, b, c fit these timings")
+        raise StepPlannerValueError("no non-negative a, b, c fit these timings")
     residual, coef = best
     total = float(np.sum((y - y.mean()) ** 2))
     relative = np.abs(x @ coef - y) / y

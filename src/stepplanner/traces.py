@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import INT32_MIN
+from ._errors import INT32_MIN, StepPlannerValueError
 from .workloads import (
     Workload,
     _integer,  # one integer rule and message for every trace reader
@@ -60,7 +60,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
-            raise ValueError(f"trace columns: unit={self.unit!r} is not known; allowed: "
+            raise StepPlannerValueError(f"trace columns: unit={self.unit!r} is not known; allowed: "
                              f"{', '.join(UNITS)}")
 
     @property
@@ -87,12 +87,12 @@ def parse_columns(text: str) -> Layout:
         key, sep, value = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in _COLUMN_KEYS or not value.strip():
-            raise ValueError(f"trace columns item {item!r} is not KEY=COLUMN; allowed keys: "
+            raise StepPlannerValueError(f"trace columns item {item!r} is not KEY=COLUMN; allowed keys: "
                              f"{', '.join(_COLUMN_KEYS)}")
         values[key] = value.strip()
     missing = [k for k in ("arrival", "prompt", "output") if k not in values]
     if missing:
-        raise ValueError(f"trace columns {text!r} lack {', '.join(missing)}; required: "
+        raise StepPlannerValueError(f"trace columns {text!r} lack {', '.join(missing)}; required: "
                          "arrival=COL,prompt=COL,output=COL")
     return Layout("columns", values["arrival"], values["prompt"], values["output"],
                   values.get("priority"), values.get("unit", "s"), public_log=False)
@@ -105,7 +105,7 @@ def detect_layout(names: Sequence[str], where: str) -> Layout:
         if present.issuperset(layout.required):
             return layout
     known = "; ".join(f"{layout.name}: {', '.join(layout.required)}" for layout in LAYOUTS)
-    raise ValueError(f"{where}: columns {sorted(present)} match no known trace layout ({known});"
+    raise StepPlannerValueError(f"{where}: columns {sorted(present)} match no known trace layout ({known});"
                      " give --columns arrival=COL,prompt=COL,output=COL")
 
 
@@ -114,25 +114,25 @@ def read_trace(path: str | pathlib.Path, columns: Layout | str | None = None) ->
     path = pathlib.Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl", ".ndjson"):
-        raise ValueError(f"trace {path}: suffix {suffix!r} is not known; allowed: .csv, .jsonl, "
+        raise StepPlannerValueError(f"trace {path}: suffix {suffix!r} is not known; allowed: .csv, .jsonl, "
                          ".ndjson")
     layout = parse_columns(columns) if isinstance(columns, str) else columns
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"trace {path}: cannot be read ({exc})") from None
+        raise StepPlannerValueError(f"trace {path}: cannot be read ({exc})") from None
     where = f"trace {path}"
     records = csv_records(text, where) if suffix == ".csv" else _jsonl(text, where)
     first = next(records, None)
     if first is None:
-        raise ValueError(f"{where}: no requests")
+        raise StepPlannerValueError(f"{where}: no requests")
     names = list(first[2])
     if layout is None:
         layout = detect_layout(names, f"{where} line {first[0] if suffix != '.csv' else 1}")
     else:
         missing = [c for c in layout.required if c not in names]
         if missing:
-            raise ValueError(f"{where} line {first[0] if suffix != '.csv' else 1}: column(s) "
+            raise StepPlannerValueError(f"{where} line {first[0] if suffix != '.csv' else 1}: column(s) "
                              f"{', '.join(repr(c) for c in missing)} not found; columns: "
                              f"{', '.join(names)}")
     return _build(path, layout, _chain(first, records), where)
@@ -154,7 +154,7 @@ def csv_records(text: str, where: str, required: Sequence[str] = ()
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in required if c not in header]
     if missing:
-        raise ValueError(f"{where} line 1: header {header} lacks column(s) "
+        raise StepPlannerValueError(f"{where} line 1: header {header} lacks column(s) "
                          f"{', '.join(missing)}; required: {', '.join(required)}")
     reader.fieldnames = header
     for row in reader:
@@ -180,7 +180,7 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
     for line, record in records:
         for column in layout.required:
             if record.get(column) in (None, ""):
-                raise ValueError(f"{where} line {line}: column {column!r} is missing")
+                raise StepPlannerValueError(f"{where} line {line}: column {column!r} is missing")
         p = _integer(path, line, layout.prompt, record[layout.prompt], low)
         o = _integer(path, line, layout.output, record[layout.output], low)
         t = _arrival(f"{where} line {line}: column {layout.arrival!r}", record[layout.arrival],
@@ -195,13 +195,13 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
         prompt.append(p)
         output.append(o)
     if not arrival:
-        raise ValueError(f"{where}: no requests with prompt and output tokens >= 1")
+        raise StepPlannerValueError(f"{where}: no requests with prompt and output tokens >= 1")
     times = np.array(arrival, dtype=np.float64)
     if layout.public_log:
         times -= times.min()
     elif times.min() < 0:
         line_index = int(np.argmin(times))
-        raise ValueError(f"{where}: column {layout.arrival!r} has a negative arrival "
+        raise StepPlannerValueError(f"{where}: column {layout.arrival!r} has a negative arrival "
                          f"({times[line_index]}) at request {line_index}; allowed: >= 0 seconds")
     source = f"{path} ({layout.name})"
     if skipped:
@@ -216,9 +216,9 @@ def _arrival(at: str, raw: Any, unit: str) -> float:
     try:
         value = float(raw) if not isinstance(raw, bool) else math.nan
     except (TypeError, ValueError):
-        raise ValueError(f"{at}: {raw!r} is not a number ({unit})") from None
+        raise StepPlannerValueError(f"{at}: {raw!r} is not a number ({unit})") from None
     if not math.isfinite(value):
-        raise ValueError(f"{at}: {raw!r} is not a finite number ({unit})")
+        raise StepPlannerValueError(f"{at}: {raw!r} is not a finite number ({unit})")
     scale = UNITS[unit]
     assert scale is not None
     return value * scale
@@ -235,7 +235,7 @@ def _datetime_seconds(at: str, raw: Any) -> float:
         if dot and not fraction.isdigit():
             raise ValueError
     except ValueError:
-        raise ValueError(f"{at}: {raw!r} is not a date-time (YYYY-MM-DD HH:MM:SS[.fraction])"
+        raise StepPlannerValueError(f"{at}: {raw!r} is not a date-time (YYYY-MM-DD HH:MM:SS[.fraction])"
                          ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)

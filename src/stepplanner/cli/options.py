@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .._errors import StepPlannerValueError
 from .._policy import SchedulingOptions, StepPlannerLimits
 from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import DEFAULT_LIMITS
@@ -140,7 +141,7 @@ def workload_from(kw: dict[str, Any]) -> Workload:
     if trace:
         return read_trace(trace, columns)
     if columns:
-        raise ValueError("--columns describes a --trace file, and none was given")
+        raise StepPlannerValueError("--columns describes a --trace file, and none was given")
     return synthetic(requests=requests, rate=rate, seed=seed)
 
 

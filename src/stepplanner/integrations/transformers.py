@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._errors import StepPlannerTypeError, StepPlannerValueError
 from .. import (
     Ledger,
     PreemptionMode,
@@ -114,14 +115,14 @@ class StepPlannerScheduler(_runtime.Scheduler):
     def _resolve(self, cache: Any, batch: int, step_tokens: int) -> tuple[Any, Any]:
         page = math.lcm(*(a.tokens_per_page for a in cache.cache_allocators.values()))
         if page > step_tokens:
-            raise ValueError(
+            raise StepPlannerValueError(
                 f"ContinuousBatchingConfig.page_size={page} exceeds max_batch_tokens="
                 f"{step_tokens}: a non-final prompt chunk must end on a page boundary, so one "
                 "step must hold at least one page (SPEC §2: max_step_tokens >= kv_page_size); "
                 f"lower page_size to at most {step_tokens} or raise max_batch_tokens to at least "
                 f"{page}")
         if batch > step_tokens:  # the runtime clamps this itself today; say which if it ever won't
-            raise ValueError(
+            raise StepPlannerValueError(
                 f"ContinuousBatchingConfig.max_requests_per_batch={batch} exceeds "
                 f"max_batch_tokens={step_tokens}: a step where every resident decodes holds one "
                 f"token per request (SPEC §2: max_step_tokens >= max_batch_size); lower "
@@ -176,13 +177,13 @@ class StepPlannerScheduler(_runtime.Scheduler):
         fails that request alone, with this message, and nothing else changes."""
         rid = state.request_id
         if state.num_children > 0:
-            raise ValueError(f"request {rid}: num_return_sequences > 1 (parallel sampling) is not "
+            raise StepPlannerValueError(f"request {rid}: num_return_sequences > 1 (parallel sampling) is not "
                              "supported by the stepplanner scheduler; allowed: 1")
         length = (len(state.initial_tokens) if state.generated_tokens
                   else state.position_offset + len(state.remaining_prefill_tokens))
         s_in = self.limits.max_input_length
         if length > s_in:
-            raise ValueError(
+            raise StepPlannerValueError(
                 f"request {rid}: prompt of {length} tokens exceeds max_input_length (S_in)={s_in}; "
                 "it is refused, never truncated (raise max_input_length, or the KV cache, to "
                 "admit it)")
@@ -201,7 +202,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
                                                      token_budget)
             self.planner = StepPlanner(self.policy, self.limits)
         self._sync_residents()
-        self.starved_requests = []
+        self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
         if ledger.count == 0:
             return [], False, 0, 0
@@ -358,16 +359,16 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
     holds. Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
-        raise TypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+        raise StepPlannerTypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"name={name!r} is not a scheduler name; allowed: a non-empty str")
+        raise StepPlannerValueError(f"name={name!r} is not a scheduler name; allowed: a non-empty str")
     if priority is not None and not (callable(priority) or isinstance(priority, Mapping)):
-        raise TypeError("priority must be a mapping or a callable request_id -> int, got "
+        raise StepPlannerTypeError("priority must be a mapping or a callable request_id -> int, got "
                         f"{type(priority).__name__}")
     if max_input_length is not None and (isinstance(max_input_length, bool)
                                          or not isinstance(max_input_length, int)
                                          or max_input_length < 1):
-        raise ValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
+        raise StepPlannerValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
                          "int >= 1, or None for what the KV cache holds")
     bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
         "options": options,

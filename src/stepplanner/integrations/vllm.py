@@ -50,6 +50,7 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
 from .. import (  # noqa: E402
     IfbSchedulingMode,
     PreemptionMode,
@@ -83,12 +84,12 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """
     raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
     if not isinstance(raw, Mapping):
-        raise TypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
+        raise StepPlannerTypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
                         f"fields, got {type(raw).__name__} {raw!r}")
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in _OPTION_FIELDS:
-            raise ValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
+            raise StepPlannerValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
                              f"allowed: {', '.join(_OPTION_FIELDS)}")
         try:
             values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
@@ -98,7 +99,7 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     vllm_policy = SchedulingPolicy[str(vllm_config.scheduler_config.policy).upper()]
     given = values.setdefault("scheduling_policy", vllm_policy)
     if given != vllm_policy:
-        raise ValueError(
+        raise StepPlannerValueError(
             f'additional_config["{CONFIG_KEY}"]: scheduling_policy={given.name.lower()!r} differs '
             f"from vLLM's --scheduling-policy {vllm_policy.name.lower()!r}; allowed: the same "
             "policy (vLLM orders its waiting queue by it, and admission follows that queue)")
@@ -110,7 +111,7 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
 
 def _strict_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+        raise StepPlannerTypeError(f"{key} must be an integer, got {type(value).__name__} {value!r}")
     return value
 
 
@@ -203,7 +204,7 @@ class StepPlannerScheduler(Scheduler):
                  **kwargs: Any) -> None:
         unsupported = _unsupported_features(vllm_config)
         if unsupported:
-            raise ValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
+            raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
                              + ": the planner does not model their per-step work")
         options = options_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
@@ -219,7 +220,7 @@ class StepPlannerScheduler(Scheduler):
             (self.num_prefill_lookahead > 0, "multi-module MTP prefill lookahead"),
         ) if bad]
         if late:
-            raise ValueError("StepPlannerScheduler does not support " + "; ".join(late)
+            raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(late)
                              + ": the planner does not model their per-step work")
         self.stepplanner_limits = limits
         self.stepplanner_policy = policy

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from .._errors import StepPlannerValueError
 from ..latency import LatencyModel
 from ..simulator import simulate
 from ..workloads import Workload, synthetic
@@ -60,7 +61,7 @@ class ScaledTrace:
     def rate(self) -> float:
         rate = self.workload.summary()["rate_per_s"]
         if rate is None:
-            raise ValueError("a trace needs at least two requests at different times to be "
+            raise StepPlannerValueError("a trace needs at least two requests at different times to be "
                              "scaled to a rate")
         return float(rate)
 
@@ -93,7 +94,7 @@ def find_capacity(meets: Callable[[float], bool], start: float, tolerance: float
     req/s fails."""
     for name, value in (("start", start), ("tolerance", tolerance), ("max_rate", max_rate)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name}={value!r} is out of range; allowed: a finite rate > 0")
+            raise StepPlannerValueError(f"{name}={value!r} is out of range; allowed: a finite rate > 0")
     probes: list[tuple[float, bool]] = []
 
     def probe(rate: float) -> bool:
@@ -179,10 +180,10 @@ def capacity(source: RateSource, grid: dict[str, list[str]], base_limits: Any,
     """Capacity of every grid point (configurations run in parallel, probes in sequence);
     records sorted by capacity, best first, errors last."""
     if not slos:
-        raise ValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE): without one "
+        raise StepPlannerValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE): without one "
                          "every rate is sustainable")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
-        raise ValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
+        raise StepPlannerValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
     points = expand_grid(grid, base_limits, base_options)
     tasks = [CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate))
              for p in points]

@@ -18,6 +18,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .._errors import StepPlannerValueError
 from .._fields import enum_from_text
 from .._policy import (
     ResolvedSchedulingPolicy,
@@ -55,7 +56,7 @@ def field_name(raw: str) -> str:
     if key in _option_fields() or key in _limit_fields():
         return key
     allowed = sorted({*_option_fields(), *_limit_fields(), *ALIASES})
-    raise ValueError(f"grid name {raw!r} is not a SchedulingOptions or limits field; allowed: "
+    raise StepPlannerValueError(f"grid name {raw!r} is not a SchedulingOptions or limits field; allowed: "
                      f"{', '.join(allowed)}")
 
 
@@ -65,7 +66,7 @@ def _value(field: str, text: str) -> Any:
     try:
         return int(text.strip())
     except ValueError:
-        raise ValueError(f"grid value {field}={text!r} is not an integer") from None
+        raise StepPlannerValueError(f"grid value {field}={text!r} is not an integer") from None
 
 
 def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
@@ -78,14 +79,14 @@ def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
     for text in texts:
         name, sep, values = text.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"grid {text!r} is not NAME=V1,V2,...")
+            raise StepPlannerValueError(f"grid {text!r} is not NAME=V1,V2,...")
         field = field_name(name)
         if field in grid:
-            raise ValueError(f"grid name {field} is given twice; allowed: once, with all its "
+            raise StepPlannerValueError(f"grid name {field} is given twice; allowed: once, with all its "
                              "values")
         items = [v.strip() for v in values.split(",") if v.strip()]
         if not items:
-            raise ValueError(f"grid {text!r} has no values; allowed: NAME=V1,V2,...")
+            raise StepPlannerValueError(f"grid {text!r} has no values; allowed: NAME=V1,V2,...")
         for item in items:
             _value(field, item)
         grid[field] = items

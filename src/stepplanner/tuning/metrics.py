@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
+from .._errors import StepPlannerValueError
 from ..simulator import _pooled as pooled_itl
 from ..simulator import _weighted_pct as weighted_percentile
 
@@ -44,13 +45,13 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
         try:
             value = float(item)
         except ValueError:
-            raise ValueError(f"metric percentile {item!r} is not a number; allowed: "
+            raise StepPlannerValueError(f"metric percentile {item!r} is not a number; allowed: "
                              "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
         if not (math.isfinite(value) and 0 < value <= 100):
-            raise ValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+            raise StepPlannerValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
         out.append(value)
     if not out:
-        raise ValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
+        raise StepPlannerValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
     return tuple(out)
 
 

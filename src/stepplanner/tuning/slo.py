@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .._errors import StepPlannerTypeError, StepPlannerValueError
+
 import numpy as np
 
 __all__ = [
@@ -54,14 +56,14 @@ class SloTarget:
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
-            raise ValueError(f"SLO metric {self.metric!r} is not known; allowed: "
+            raise StepPlannerValueError(f"SLO metric {self.metric!r} is not known; allowed: "
                              f"{', '.join(METRICS)}")
         if not (isinstance(self.percentile, (int, float)) and 0 < self.percentile <= 100):
-            raise ValueError(f"SLO percentile {self.percentile!r} is out of range; allowed: "
+            raise StepPlannerValueError(f"SLO percentile {self.percentile!r} is out of range; allowed: "
                              "0 < p <= 100")
         if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds)
                 and self.seconds >= 0):
-            raise ValueError(f"SLO threshold {self.seconds!r} s is out of range; allowed: a "
+            raise StepPlannerValueError(f"SLO threshold {self.seconds!r} s is out of range; allowed: a "
                              "finite number >= 0")
 
     @property
@@ -78,28 +80,28 @@ class SloTarget:
 def parse_slo(text: str) -> SloTarget:
     """``"ttft_p99=200ms"``, ``"tpot_p90=0.05s"``, ``"e2e_p50@-1=2s"`` -> ``SloTarget``."""
     if not isinstance(text, str):
-        raise TypeError(f"SLO must be a string METRIC_pN[@CLASS]=VALUE, got "
+        raise StepPlannerTypeError(f"SLO must be a string METRIC_pN[@CLASS]=VALUE, got "
                         f"{type(text).__name__}")
     key, sep, value = text.strip().partition("=")
     key, value = key.strip().lower(), value.strip().lower()
     match = _KEY.match(key)
     if not sep or match is None:
-        raise ValueError(f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
+        raise StepPlannerValueError(f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
                          f"tpot_p90@-1=50ms; METRIC is one of {', '.join(METRICS)}")
     metric = match["metric"]
     if metric not in METRICS:
-        raise ValueError(f"SLO {text!r}: metric {metric!r} is not known; allowed: "
+        raise StepPlannerValueError(f"SLO {text!r}: metric {metric!r} is not known; allowed: "
                          f"{', '.join(METRICS)}")
     number = _VALUE.match(value)
     if number is None:
-        raise ValueError(f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
+        raise StepPlannerValueError(f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
                          "followed by ms, s or us (e.g. 200ms, 0.2s)")
     seconds = float(number["number"]) * _UNITS[number["unit"]]
     priority = None if match["cls"] is None else int(match["cls"])
     try:
         return SloTarget(metric, float(match["pct"]), seconds, priority)
     except ValueError as exc:
-        raise ValueError(f"SLO {text!r}: {exc}") from None
+        raise StepPlannerValueError(f"SLO {text!r}: {exc}") from None
 
 
 def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
@@ -108,7 +110,7 @@ def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
     for text in texts:
         slo = parse_slo(text)
         if any(s.key == slo.key for s in out):
-            raise ValueError(f"SLO {slo.key} is given twice; allowed: one threshold per "
+            raise StepPlannerValueError(f"SLO {slo.key} is given twice; allowed: one threshold per "
                              "metric, percentile and class")
         out.append(slo)
     return tuple(out)
@@ -168,5 +170,5 @@ def goodput(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray],
             priority: np.ndarray, completed: np.ndarray, simulated_seconds: float) -> float:
     """Good requests per simulated second."""
     if not simulated_seconds > 0:
-        raise ValueError(f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0")
+        raise StepPlannerValueError(f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0")
     return float(good_requests(slos, latencies, priority, completed).sum()) / simulated_seconds
