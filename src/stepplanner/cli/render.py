@@ -252,6 +252,25 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     ]
 
 
+def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
+    """``simulate --num-pages``: page occupancy per step and the requests that waited for it."""
+    n, held = pages["num_pages"], pages["steps_with_requests_held_for_pages"]
+    refused = pages["refused_for_pages"]
+    columns = [Column("per step", left=True), Column("mean", ",.1f"), Column("p50", ",.0f"),
+               Column("p99", ",.0f"), Column("max", ",.0f"), Column("max/pool", ".1%")]
+    rows = [[label, *(pages[key][stat] for stat in ("mean", "p50", "p99", "max")),
+             pages[key]["max"] / n if pool else None]
+            for label, key, pool in (("reserved pages", "reserved", True),
+                                     ("pages in use", "in_use", True),
+                                     ("requests held back", "held_back", False))]
+    return [
+        TableData(f"KV pages: a pool of {n:,} pages, each request's worst case reserved",
+                  columns, rows),
+        Line("held back", f"requests waited for pages in {held:,} of {steps:,} steps"
+                          + (f"; {refused:,} refused (worst case > pool)" if refused else "")),
+    ]
+
+
 def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
     """``compare``: one row per configuration."""
     first = reports[0]

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from .._policy import StepPlannerLimits
 from ..latency import LatencyModel
+from ..paged_simulator import PageOccupancy, simulate_paged
 from ..simulator import SimulationResult, simulate
 from ..workloads import Workload
 
@@ -36,6 +37,12 @@ class ProgressBar:
             self.task = self.bar.add_task(self.label, total=self.total, steps=0)
         self.bar.update(self.task, completed=completed, steps=steps)
 
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
@@ -51,3 +58,12 @@ def run(workload: Workload, limits: StepPlannerLimits, options: Any,
                         on_step=on_step, progress=bar, progress_every=1024)
     finally:
         bar.close()
+
+
+def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
+              latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
+              num_pages: int) -> tuple[SimulationResult, PageOccupancy]:
+    """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
+    with ProgressBar(len(workload), progress, label) as bar:
+        return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
+                              max_steps=max_steps, progress=bar, progress_every=1024)

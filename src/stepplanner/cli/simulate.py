@@ -7,15 +7,17 @@ from typing import Any
 
 import click
 
-from .._policy import resolve_scheduling_policy
+from .._policy import StepPlannerLimits, resolve_scheduling_policy
 from ..latency import LatencyModel
-from .errors import library_errors
+from ..paged_simulator import row_pages
+from ..workloads import Workload
+from .errors import InputError, library_errors
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       run_options, scheduling_options, workload_from, workload_options)
 from .plot import check_plot_path, plot_result, require_matplotlib
-from .render import emit, report_blocks
-from .running import run
+from .render import emit, page_blocks, report_blocks
+from .running import run, run_paged
 
 
 @click.command("simulate")
@@ -24,12 +26,16 @@ from .running import run
 @scheduling_options
 @run_options
 @format_options
+@click.option("--num-pages", type=int, default=0, show_default=True,
+              help="A pool of this many KV pages (of --kv-page-size tokens): admission reserves "
+                   "each request's worst case (prompt + output tokens) and the report adds page "
+                   "occupancy (0 = unlimited pages).")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
                    "the batch timeline (needs matplotlib).")
 @library_errors
 def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
-                     as_json: bool, plot: str | None, **kw: Any) -> None:
+                     as_json: bool, num_pages: int, plot: str | None, **kw: Any) -> None:
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         require_matplotlib()
@@ -38,15 +44,38 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
-    result = run(workload, limits, policy, LatencyModel.parse(latency_text), max_steps,
-                 progress and fmt == "table", "simulating")
+    latency = LatencyModel.parse(latency_text)
+    show_progress = progress and fmt == "table"
+    check_num_pages(num_pages, workload, limits)
+    if num_pages:
+        result, occupancy = run_paged(workload, limits, policy, latency, max_steps,
+                                      show_progress, "simulating", num_pages)
+    else:
+        result = run(workload, limits, policy, latency, max_steps, show_progress, "simulating")
     warn_refused(result)
     report = result.report()
+    if num_pages:
+        report["pages"] = occupancy.report()
     if plot:
         plot_result(result, plot)
     if fmt == "json":
         click.echo(json.dumps(report, indent=2))
     else:
-        emit(report_blocks(report), fmt)
+        pages = page_blocks(report["pages"], result.num_steps) if num_pages else []
+        emit(report_blocks(report) + pages, fmt)
     if plot:
         click.echo(f"plot written to {plot}", err=True)
+
+
+def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits) -> None:
+    """``--num-pages``: 0 (unlimited) or a pool that holds the workload's largest request, the
+    way a serving engine refuses to start with a KV cache too small for one longest sequence."""
+    if num_pages < 0:
+        raise InputError(f"--num-pages={num_pages} is negative; allowed: 0 (unlimited pages) or "
+                         "a pool size >= 1")
+    need = row_pages(workload, limits) if num_pages else 0
+    if num_pages < need:
+        raise InputError(
+            f"--num-pages={num_pages} cannot hold the workload's largest request: its prompt "
+            f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
+            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}")
