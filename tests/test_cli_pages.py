@@ -94,7 +94,7 @@ def test_a_bad_pool_is_a_one_line_error(value: str, message: str) -> None:
 def test_the_text_and_markdown_reports_show_the_pages() -> None:
     table = _invoke("--num-pages", str(SHORT_POOL))
     assert table.exit_code == 0, table.output
-    assert f"a pool of {SHORT_POOL:,} pages" in table.output
+    assert f"KV pages (pool of {SHORT_POOL:,};" in table.output
     for row in ("reserved pages", "pages in use", "requests held back"):
         assert row in table.output
     assert "requests waited for pages in" in table.output

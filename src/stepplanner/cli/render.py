@@ -264,8 +264,7 @@ def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
                                      ("pages in use", "in_use", True),
                                      ("requests held back", "held_back", False))]
     return [
-        TableData(f"KV pages: a pool of {n:,} pages, each request's worst case reserved",
-                  columns, rows),
+        TableData(f"KV pages (pool of {n:,}; worst cases reserved)", columns, rows),
         Line("held back", f"requests waited for pages in {held:,} of {steps:,} steps"
                           + (f"; {refused:,} refused (worst case > pool)" if refused else "")),
     ]
