@@ -303,6 +303,27 @@ def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
     ]
 
 
+def with_page_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> list[Block]:
+    """``compare`` with ``num_pages`` in a configuration: its main table gains the pool, the
+    peak pages reserved and in use, and the steps in which requests waited for pages (``-`` for
+    configurations with unlimited pages)."""
+    if not any("pages" in r for r in reports):
+        return blocks
+    extra = [Column("KV\npages", ","), Column("reserved\nmax", ",.0f"),
+             Column("in use\nmax", ",.0f"), Column("steps\nheld", ",")]
+
+    def values(r: dict[str, Any]) -> list[Any]:
+        pages = r.get("pages")
+        if pages is None:
+            return [None] * len(extra)
+        return [pages["num_pages"], pages["reserved"]["max"], pages["in_use"]["max"],
+                pages["steps_with_requests_held_for_pages"]]
+
+    return [dataclasses.replace(b, columns=[*b.columns, *extra],
+                                rows=[[*row, *values(r)] for row, r in zip(b.rows, reports)])
+            if isinstance(b, TableData) and b.main else b for b in blocks]
+
+
 def explanation_blocks(e: dict[str, Any]) -> list[Block]:
     """``explain``: the resolved policy with its rules, then every resident's outcome."""
     policy = TableData("resolved policy (SPEC §2)",

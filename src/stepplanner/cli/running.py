@@ -9,9 +9,10 @@ from rich.console import Console
 
 from .._policy import StepPlannerLimits
 from ..latency import LatencyModel
-from ..paged_simulator import PageOccupancy, simulate_paged
+from ..paged_simulator import PageOccupancy, row_pages, simulate_paged
 from ..simulator import SimulationResult, simulate
 from ..workloads import Workload
+from .errors import InputError
 
 
 class ProgressBar:
@@ -67,3 +68,18 @@ def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
     with ProgressBar(len(workload), progress, label) as bar:
         return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
                               max_steps=max_steps, progress=bar, progress_every=1024)
+
+
+def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits,
+                    option: str = "--num-pages") -> None:
+    """``option``: 0 (unlimited) or a pool that holds the workload's largest request, the way a
+    serving engine refuses to start with a KV cache too small for one longest sequence."""
+    if num_pages < 0:
+        raise InputError(f"{option}={num_pages} is negative; allowed: 0 (unlimited pages) or "
+                         "a pool size >= 1")
+    need = row_pages(workload, limits) if num_pages else 0
+    if num_pages < need:
+        raise InputError(
+            f"{option}={num_pages} cannot hold the workload's largest request: its prompt "
+            f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
+            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}")

@@ -7,17 +7,15 @@ from typing import Any
 
 import click
 
-from .._policy import StepPlannerLimits, resolve_scheduling_policy
+from .._policy import resolve_scheduling_policy
 from ..latency import LatencyModel
-from ..paged_simulator import row_pages
-from ..workloads import Workload
-from .errors import InputError, library_errors
+from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       run_options, scheduling_options, workload_from, workload_options)
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
-from .running import run, run_paged
+from .running import check_num_pages, run, run_paged
 
 
 @click.command("simulate")
@@ -66,16 +64,3 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     if plot:
         click.echo(f"plot written to {plot}", err=True)
 
-
-def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits) -> None:
-    """``--num-pages``: 0 (unlimited) or a pool that holds the workload's largest request, the
-    way a serving engine refuses to start with a KV cache too small for one longest sequence."""
-    if num_pages < 0:
-        raise InputError(f"--num-pages={num_pages} is negative; allowed: 0 (unlimited pages) or "
-                         "a pool size >= 1")
-    need = row_pages(workload, limits) if num_pages else 0
-    if num_pages < need:
-        raise InputError(
-            f"--num-pages={num_pages} cannot hold the workload's largest request: its prompt "
-            f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
-            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}")
