@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+import stepplanner as sp
+
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
 from click.testing import CliRunner  # noqa: E402
 
@@ -109,3 +111,67 @@ def test_csv_stays_the_latency_table() -> None:
     paged = _invoke("--num-pages", str(SHORT_POOL), "--format", "csv")
     assert paged.exit_code == 0, paged.output
     assert paged.output.splitlines()[0].startswith("class,queue p50,")
+
+
+def _compare(*args: str):
+    return CliRunner().invoke(main, ["compare", *SMALL, *args], catch_exceptions=False)
+
+
+def test_compare_runs_each_configuration_on_its_own_pool() -> None:
+    result = _compare("--json", "--config", "name=unlimited",
+                      "--config", f"name=short,num_pages={SHORT_POOL}",
+                      "--config", f"name=plentiful,num-pages={32 * LARGEST_REQUEST_PAGES}")
+    assert result.exit_code == 0, result.output
+    unlimited, short, plentiful = json.loads(result.output)
+    assert "pages" not in unlimited
+    assert short["pages"]["num_pages"] == SHORT_POOL
+    assert 0 < short["pages"]["steps_with_requests_held_for_pages"]
+    assert short["pages"]["reserved"]["max"] <= SHORT_POOL
+    assert plentiful["pages"]["steps_with_requests_held_for_pages"] == 0
+    assert plentiful["latency_s"] == unlimited["latency_s"]
+    # The same pool through simulate gives the same occupancy.
+    alone = _json("--num-pages", str(SHORT_POOL))["pages"]
+    assert short["pages"] == alone
+
+
+def test_compare_names_a_configuration_by_its_pool_and_adds_page_columns() -> None:
+    result = _compare("--format", "csv", "--config", "policy=fcfs",
+                      "--config", f"policy=fcfs,num_pages={SHORT_POOL}")
+    assert result.exit_code == 0, result.output
+    header, unlimited, short = result.output.splitlines()
+    assert header.endswith(",KV pages,reserved max,in use max,steps held")
+    assert unlimited.startswith("policy=fcfs,") and unlimited.endswith(",,,,")
+    assert short.startswith(f'"policy=fcfs, num_pages={SHORT_POOL}",')
+    pool, reserved, in_use, held = short.split(",")[-4:]
+    assert int(pool) == SHORT_POOL and int(in_use) <= int(reserved) <= SHORT_POOL
+    assert int(held) > 0
+    plain = _compare("--format", "csv", "--config", "policy=fcfs")
+    assert "KV pages" not in plain.output
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ("num_pages=x", "num_pages='x' is not an integer"),
+    ("num_pages=-3", "config 'num_pages=-3': num_pages=-3 is negative"),
+    ("name=tiny,num_pages=20", "config 'tiny': num_pages=20 cannot hold the workload's largest"),
+])
+def test_compare_refuses_a_bad_pool_before_running(config: str, message: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepplanner.cli import compare as compare_module
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("a configuration ran before every pool was checked")
+
+    monkeypatch.setattr(compare_module, "run", must_not_run)
+    monkeypatch.setattr(compare_module, "run_paged", must_not_run)
+    result = _compare("--config", "name=first", "--config", config)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert message in lines[0]
+
+
+def test_replay_and_ledger_configurations_still_refuse_num_pages() -> None:
+    from stepplanner.cli.config import parse_config
+
+    with pytest.raises(ValueError, match="config key 'num_pages' is not known"):
+        parse_config({"num_pages": 8}, sp.StepPlannerLimits(4, 64, 16), sp.SchedulingOptions())
