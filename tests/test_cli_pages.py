@@ -151,6 +151,7 @@ def test_compare_names_a_configuration_by_its_pool_and_adds_page_columns() -> No
 
 @pytest.mark.parametrize(("config", "message"), [
     ("num_pages=x", "num_pages='x' is not an integer"),
+    ("num_pages=--3", "num_pages='--3' is not an integer"),
     ("num_pages=-3", "config 'num_pages=-3': num_pages=-3 is negative"),
     ("name=tiny,num_pages=20", "config 'tiny': num_pages=20 cannot hold the workload's largest"),
 ])

@@ -91,9 +91,10 @@ def _take_num_pages(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
     if not values:
         return rest, 0
     value = values[-1]
-    if isinstance(value, bool) or not str(value).strip().lstrip("-").isdigit():
-        raise ValueError(f"num_pages={value!r} is not an integer")
-    return rest, int(str(value).strip())
+    try:
+        return rest, int(str(value).strip())   # str first: a JSON true or 2.5 is no integer
+    except ValueError:
+        raise ValueError(f"num_pages={value!r} is not an integer") from None
 
 
 def _label(item: dict[str, Any]) -> str:

@@ -63,4 +63,3 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
         emit(report_blocks(report) + pages, fmt)
     if plot:
         click.echo(f"plot written to {plot}", err=True)
-
