@@ -116,3 +116,73 @@ def test_a_request_larger_than_the_pool_is_refused_not_dropped():
     result, _ = simulate_paged(workload, LIMITS, num_pages=8)
     assert result.refused.tolist() == [True, False]
     assert result.report()["requests"]["completed"] == 1
+
+
+def paged_state(ledger, table):
+    return (table.rows.tolist(), table.num_free_pages, ledger.count, ledger.waiting,
+            ledger.held_back, ledger.reserved_pages, ledger.waiting_ids(),
+            ledger.request_ids.tolist())
+
+
+def test_an_id_already_in_the_ledger_is_refused_and_nothing_changes(kv):
+    limits, table, ledger = make(kv, 64)
+    ledger.ledger.submit(5, 10)                  # behind the PagedLedger's back
+    ledger.submit(6, 4, max_new_tokens=4)
+    before = paged_state(ledger, table)
+    with pytest.raises(ValueError, match="request_id=5 is already waiting or resident"):
+        ledger.submit(5, 10, max_new_tokens=10)
+    assert paged_state(ledger, table) == before
+    # The foreign request has no promised pages: admission is refused, and nothing is lost.
+    with pytest.raises(RuntimeError, match=r"differ by \+1 request\(s\)"):
+        ledger.admit()
+    assert paged_state(ledger, table) == before
+    assert ledger.waiting_ids() == [5, 6]        # the ledger's queue, then the held request
+
+
+class RefusingOnce:
+    """A ledger whose next ``submit`` fails (as a ledger out of memory would)."""
+
+    def __init__(self, ledger):
+        self.inner = ledger
+        self.refuse = False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def submit(self, *args, **kwargs):
+        if self.refuse:
+            self.refuse = False
+            raise MemoryError("no room for the queue entry")
+        return self.inner.submit(*args, **kwargs)
+
+
+def test_admit_keeps_a_held_request_the_ledger_refuses(kv):
+    limits = StepPlannerLimits(4, 32, 4)
+    table = kv.KVPageTable(4, 16, 64, 4)
+    inner = RefusingOnce(sp.Ledger(limits))
+    ledger = PagedLedger(inner, table)
+    ledger.submit(7, 4, max_new_tokens=4)
+    before = paged_state(ledger, table)
+    inner.refuse = True
+    with pytest.raises(MemoryError):
+        ledger.admit()
+    assert paged_state(ledger, table) == before   # still held, with its worst case
+    assert ledger.admit() == [7]
+    assert table.page_counts[0] == 2 and ledger.held_back == 0
+    table.check()
+
+
+def test_state_changing_ledger_methods_are_not_forwarded(kv):
+    limits, table, ledger = make(kv, 64)
+    record = dict(priority=0, arrival=0, prompt_length=8, committed=0, context_committed=False,
+                  consecutive_paused_steps=0)
+    with pytest.raises(AttributeError, match="PagedLedger.load is refused"):
+        ledger.load([record])
+    assert ledger.count == 0 and table.num_free_pages == 64
+    with pytest.raises(AttributeError, match="no attribute '_known'"):
+        ledger._known  # noqa: B018 - private state stays the ledger's
+    for name in ("capacity", "count", "free_slots", "limits", "reserved_slots", "by_priority"):
+        assert getattr(ledger, name) == getattr(ledger.ledger, name), name
+    ledger.submit(1, 8, max_new_tokens=4)
+    ledger.admit()
+    assert ledger.to_records() == ledger.ledger.to_records()

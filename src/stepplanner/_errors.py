@@ -377,3 +377,15 @@ def kv_array_not_filled(name: str, layout: str, needed: str) -> AttributeError:
         f"StepInputs(layout={layout!r}) does not fill {name}; build it with layout={needed!r} "
         "or layout='all'"
     )
+
+
+def already_initialised(name: str) -> RuntimeError:
+    return RuntimeError(f"{name} is already initialised; allowed: __init__ once (make a new "
+                        f"{name} instead)")
+
+
+def kv_not_copyable(name: str) -> TypeError:
+    return TypeError(
+        f"{name} cannot be copied or pickled: its page ids name KV cache memory that belongs to "
+        f"one engine, so a second copy would hand out the same pages twice; make a new {name}"
+    )

@@ -68,14 +68,12 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
 
 cdef class KVPageTable:
     cdef PageTableC c
-    cdef object _rows_buf      # numpy owns rows (so `rows` can view it), counts and the pool
-    cdef object _counts_buf
-    cdef object _free_buf
-    cdef object _generation_buf
+    cdef object _free_buf        # arrays over _core._CoreMemory: memory the C code writes and
+    cdef object _generation_buf  # Python can only read
     cdef readonly object rows
     cdef readonly object page_counts
+    cdef bint _initialised
     cdef object __weakref__
-    cdef int _ready(self) except -1
     cdef int32_t _slot(self, str field, object value) except? -1
 
 
@@ -84,8 +82,11 @@ cdef class StepInputs:
     cdef KVPageTable _table
     cdef int32_t max_rows
     cdef int32_t max_tokens
-    cdef object _bufs          # name -> the full numpy buffer
-    cdef object _block_state   # block_fill, block_slot, block_generation
+    cdef object _bufs          # name -> the full buffer, a read-only array over _CoreMemory
+    cdef object _block_state   # the _CoreMemory of block_generation, block_fill, block_slot
+    cdef object _rows_copy_mem # the _CoreMemory of _rows_copy
+    cdef SequenceC* _rows_copy # prepare's copy of the plan's rows: validated, then filled from
+    cdef bint _initialised
     cdef readonly object limits
     cdef readonly object page_table
     cdef readonly str layout

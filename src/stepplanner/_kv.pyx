@@ -18,9 +18,10 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from . import _errors
-from ._core cimport StepPlan
+from ._core cimport StepPlan, _CoreMemory
 from ._fields import as_int32
-from ._kv_buffers import check_layout, input_buffers, read_only, view_of
+from . import _kv_buffers
+from ._kv_buffers import check_layout, input_buffers, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -225,7 +226,9 @@ cdef class KVPageTable:
     Every method checks its arguments before it changes anything.
     """
 
-    def __init__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
+    def __cinit__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
+        # Everything is made here, once: however the object is reached (``__init__`` called
+        # again, ``__new__`` without arguments) it is never half-made.
         cdef int32_t b = _positive("max_batch_size", max_batch_size)
         cdef int32_t m = _positive("max_pages_per_sequence", max_pages_per_sequence)
         cdef int32_t n = _positive("num_pages", num_pages)
@@ -233,34 +236,42 @@ cdef class KVPageTable:
         if <int64_t>b * m > INT32_MAX:
             raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", <int64_t>b * m,
                                        f"<= {INT32_MAX}, so that page indices fit int32")
-        if self._rows_buf is not None:
-            raise RuntimeError("KVPageTable is already initialised")
+        cdef _CoreMemory rows, counts, free, generation
         try:
-            rows = np.full((b, m), -1, dtype=np.int32)
-            counts = np.zeros(b, dtype=np.int32)
-            # The pool is a stack whose top is page 0: a fresh table hands out pages 0, 1, 2...
-            free = np.arange(n - 1, -1, -1, dtype=np.int32)
-            generation = np.zeros(b, dtype=np.uint64)
+            rows = _CoreMemory(<Py_ssize_t>b * m * sizeof(int32_t))
+            counts = _CoreMemory(b * <Py_ssize_t>sizeof(int32_t))
+            free = _CoreMemory(n * <Py_ssize_t>sizeof(int32_t))
+            generation = _CoreMemory(b * <Py_ssize_t>sizeof(uint64_t))
         except MemoryError:
             raise _errors.kv_table_memory(b, m, n) from None
-        self._rows_buf, self._counts_buf, self._free_buf = rows, counts, free
-        self._generation_buf = generation
-        self.c.generation = <uint64_t*>cnp.PyArray_DATA(generation)
+        cdef int32_t k
+        memset(rows.data, 0xFF, <size_t>b * m * sizeof(int32_t))  # every entry -1
+        self.c.free_pages = <int32_t*>free.data
+        for k in range(n):  # the pool is a stack whose top is page 0: pages 0, 1, 2... first
+            self.c.free_pages[k] = n - 1 - k
+        self.c.rows = <int32_t*>rows.data
+        self.c.counts = <int32_t*>counts.data
+        self.c.generation = <uint64_t*>generation.data
         self.c.num_slots, self.c.max_pages, self.c.num_pages, self.c.page_size = b, m, n, p
         self.c.page_shift = (p.bit_length() - 1) if p & (p - 1) == 0 else -1
-        self.c.rows = <int32_t*>cnp.PyArray_DATA(rows)
-        self.c.counts = <int32_t*>cnp.PyArray_DATA(counts)
-        self.c.free_pages = <int32_t*>cnp.PyArray_DATA(free)
         self.c.num_free = n
-        self.rows = rows.view()
-        self.rows.flags.writeable = False
-        self.page_counts = counts.view()
-        self.page_counts.flags.writeable = False
+        # Arrays over memory Python can only read: neither they nor their ``.base`` can be
+        # written, so the ids and counts the kernels index by are the table's alone.
+        self.rows = np.frombuffer(rows, dtype=np.int32).reshape(b, m)
+        self.page_counts = np.frombuffer(counts, dtype=np.int32)
+        self._free_buf = np.frombuffer(free, dtype=np.int32)
+        self._generation_buf = generation
 
-    cdef int _ready(self) except -1:
-        if self.c.rows == NULL:
-            raise RuntimeError("KVPageTable.__init__ was not called")
-        return 0
+    def __init__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
+        if self._initialised:
+            raise _errors.already_initialised("KVPageTable")
+        self._initialised = True
+
+    def __reduce_ex__(self, protocol):
+        raise _errors.kv_not_copyable("KVPageTable")
+
+    def __reduce__(self):
+        raise _errors.kv_not_copyable("KVPageTable")
 
     cdef int32_t _slot(self, str field, object value) except? -1:
         cdef int32_t v = as_int32(field, value)
@@ -290,14 +301,12 @@ cdef class KVPageTable:
 
     def tokens_held(self, slot):
         """How many tokens the pages of ``slot`` hold (its page count × ``kv_page_size``)."""
-        self._ready()
         cdef int32_t s = self._slot("slot", slot)
         return <int64_t>self.c.counts[s] * self.c.page_size
 
     def ensure(self, slot, num_tokens):
         """Give ``slot`` pages for ``num_tokens`` tokens in all; ``False`` (and nothing changed)
         when the pool is short. A slot never shrinks here: ``release`` empties it."""
-        self._ready()
         cdef int32_t s = self._slot("slot", slot)
         cdef int32_t n = as_int32("num_tokens", num_tokens)
         if n < 0:
@@ -315,14 +324,12 @@ cdef class KVPageTable:
 
     def release(self, slot):
         """Return every page of ``slot`` to the pool."""
-        self._ready()
         cdef int32_t s = self._slot("slot", slot)
         with cython.critical_section(self):
             release_slot(&self.c, s)
 
     def move(self, src, dst):
         """Move the pages of slot ``src`` to the empty slot ``dst``; ``src`` is then empty."""
-        self._ready()
         cdef int32_t a = self._slot("src", src)
         cdef int32_t b = self._slot("dst", dst)
         with cython.critical_section(self):
@@ -334,9 +341,8 @@ cdef class KVPageTable:
 
     def check(self):
         """Raise ``PageTableInvariantError`` unless every invariant of the table holds."""
-        self._ready()
         with cython.critical_section(self):
-            check_page_table(self._rows_buf, self._counts_buf,
+            check_page_table(self.rows, self.page_counts,
                              self._free_buf[:self.c.num_free], self.c.num_pages)
 
     def __repr__(self):
@@ -383,7 +389,8 @@ cdef class StepInputs:
     **overwritten by the next** ``prepare``: copy what you keep.
     """
 
-    def __init__(self, limits, page_table, layout="all"):
+    def __cinit__(self, limits, page_table, layout="all"):
+        # Everything is made here, once (see KVPageTable.__cinit__).
         if not isinstance(limits, StepPlannerLimits):
             raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
         if not isinstance(page_table, KVPageTable):
@@ -391,16 +398,28 @@ cdef class StepInputs:
                             f"{type(page_table).__module__}.{type(page_table).__name__}")
         layout = check_layout(layout)
         cdef KVPageTable table = <KVPageTable>page_table
-        table._ready()
         if table.c.page_size != limits.kv_page_size:
             raise _errors.kv_page_size_mismatch(table.c.page_size, limits.kv_page_size)
         if table.c.num_slots < limits.max_batch_size:
             raise _errors.kv_slots_short(table.c.num_slots, limits.max_batch_size)
-        if self._bufs is not None:
-            raise RuntimeError("StepInputs is already initialised")
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
-        bufs = input_buffers(b, m, t, layout)
+        # Memory Python can only read (see KVPageTable): what prepare wrote last step is what
+        # the next prepare finds, whatever the caller does with the arrays.
+        bufs = input_buffers(b, m, t, layout, _CoreMemory)
+        cdef _CoreMemory block_state, rows_copy
+        try:
+            block_state = _CoreMemory(b * <Py_ssize_t>(2 * sizeof(int32_t) + sizeof(uint64_t)))
+            rows_copy = _CoreMemory(b * <Py_ssize_t>sizeof(SequenceC))
+        except MemoryError:
+            raise _errors.kv_inputs_memory(b, t, m) from None
+        self._block_state = block_state
+        self._rows_copy_mem = rows_copy
+        self._rows_copy = <SequenceC*>rows_copy.data
+        self.c.block_generation = <uint64_t*>block_state.data
+        self.c.block_fill = <int32_t*>(self.c.block_generation + b)
+        self.c.block_slot = self.c.block_fill + b
+        memset(self.c.block_slot, 0xFF, b * sizeof(int32_t))  # no row holds a slot yet
         self.c.positions = <int32_t*>_data(bufs, "positions")
         self.c.cu_seqlens_q = <int32_t*>_data(bufs, "cu_seqlens_q")
         self.c.seq_lens_k = <int32_t*>_data(bufs, "seq_lens_k")
@@ -410,21 +429,28 @@ cdef class StepInputs:
         self.c.kv_indptr = <int32_t*>_data(bufs, "kv_indptr")
         self.c.kv_indices = <int32_t*>_data(bufs, "kv_indices")
         self.c.kv_last_page_len = <int32_t*>_data(bufs, "kv_last_page_len")
-        if self.c.block_table != NULL:
-            self._block_state = {"fill": np.zeros(b, dtype=np.int32),
-                                 "slot": np.full(b, -1, dtype=np.int32),
-                                 "generation": np.zeros(b, dtype=np.uint64)}
-            self.c.block_fill = <int32_t*>_data(self._block_state, "fill")
-            self.c.block_slot = <int32_t*>_data(self._block_state, "slot")
-            self.c.block_generation = <uint64_t*>_data(self._block_state, "generation")
+        for name in _kv_buffers.PADDED:
+            if name in bufs:
+                memset(cnp.PyArray_DATA(bufs[name]), 0xFF, cnp.PyArray_NBYTES(bufs[name]))  # -1
         self.c.num_rows = self.c.num_tokens = self.c.num_kv_pages = self.c.num_logits = 0
-        self._bufs = read_only(bufs)  # the views keep the writable arrays (their base) alive
+        self._bufs = bufs
         self._table = table
         self.max_rows = b
         self.max_tokens = t
         self.limits = limits
         self.page_table = page_table
         self.layout = layout
+
+    def __init__(self, limits, page_table, layout="all"):
+        if self._initialised:
+            raise _errors.already_initialised("StepInputs")
+        self._initialised = True
+
+    def __reduce_ex__(self, protocol):
+        raise _errors.kv_not_copyable("StepInputs")
+
+    def __reduce__(self):
+        raise _errors.kv_not_copyable("StepInputs")
 
     def prepare(self, plan):
         """Fill every array for ``plan``'s rows in order; returns ``self``.
@@ -433,8 +459,6 @@ cdef class StepInputs:
         object whose ``as_array()`` gives one. A row whose slot holds too few pages is a
         ``ValueError`` naming the resident; a call that raises writes nothing.
         """
-        if self._bufs is None:
-            raise RuntimeError("StepInputs.__init__ was not called")
         cdef const char* rows
         cdef Py_ssize_t stride
         cdef Py_ssize_t count
@@ -462,7 +486,11 @@ cdef class StepInputs:
         return self
 
     cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1:
-        cdef SequenceC s
+        # The rows are copied once, the copy is validated and the copy is filled from: a
+        # caller's array that another thread changes meanwhile cannot slip a row past the
+        # checks (free-threaded builds included). The GIL stays held: releasing it would gain
+        # nothing for a few microseconds of work.
+        cdef SequenceC* copy = self._rows_copy
         cdef int32_t i
         cdef int status
         cdef int64_t tokens = 0
@@ -470,15 +498,14 @@ cdef class StepInputs:
         if count > self.max_rows:
             raise _errors.kv_plan_rows(count, self.max_rows)
         for i in range(count):
-            memcpy(&s, rows + i * stride, sizeof(SequenceC))
-            status = check_sequence(t, &s)
+            memcpy(&copy[i], rows + i * stride, sizeof(SequenceC))
+            status = check_sequence(t, &copy[i])
             if status != ROW_OK:
-                raise _row_error(status, i, &s, t)
-            tokens += s.query_length
+                raise _row_error(status, i, &copy[i], t)
+            tokens += copy[i].query_length
         if tokens > self.max_tokens:
             raise _errors.kv_plan_tokens(tokens, self.max_tokens)
-        with nogil:
-            fill_inputs(&self._table.c, rows, stride, <int32_t>count, &self.c)
+        fill_inputs(&self._table.c, <const char*>copy, sizeof(SequenceC), <int32_t>count, &self.c)
         return 0
 
     @property
@@ -540,8 +567,22 @@ cdef class StepInputs:
     def buffers(self):
         """The full buffers of this layout by name (fixed addresses for the engine's lifetime,
         e.g. to capture in a CUDA graph); only each one's valid prefix is meaningful after
-        ``prepare``."""
+        ``prepare``.
+
+        They are read-only: a consumer must not write them. ``prepare`` updates ``block_table``
+        rows in place, trusting them to hold what it wrote; a consumer that writes them anyway
+        (a DLPack tensor does not carry the read-only flag into every framework) calls
+        ``invalidate()`` before the next ``prepare``. The page table never reads them."""
         return dict(self._bufs)
+
+    def invalidate(self):
+        """Forget what the buffers hold: the next ``prepare`` rewrites every entry of
+        ``block_table`` instead of appending each row's new pages. Nothing changes until then."""
+        cdef int32_t i
+        with cython.critical_section(self._table):
+            for i in range(self.max_rows):
+                self.c.block_slot[i] = -1                  # no row holds a slot's pages
+                self.c.block_fill[i] = self._table.c.max_pages  # and all of it is to be padded
 
     def __repr__(self):
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "

@@ -1,16 +1,18 @@
 """The buffers of ``StepInputs``, sized once, and which of them each layout fills: one
-definition for both implementations."""
+definition for both implementations, and the read-only views users get of memory the
+implementations write."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import _errors
 
-__all__ = ["LAYOUTS", "check_layout", "family_of", "input_buffers", "layout_arrays", "read_only",
-           "view_of"]
+__all__ = ["LAYOUTS", "PADDED", "check_layout", "family_of", "input_buffers", "layout_arrays",
+           "read_only", "view_of"]
 
 # Every layout fills these: the token and row arrays every kernel family shares.
 SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
@@ -21,6 +23,8 @@ FAMILY = {
     "flashinfer": ("kv_indptr", "kv_indices", "kv_last_page_len"),
 }
 LAYOUTS = ("all", "flash_attn", "flashinfer")
+# Buffers whose unused entries are -1 (the rest start at 0).
+PADDED = ("block_table",)
 
 
 def check_layout(layout: object) -> str:
@@ -43,38 +47,38 @@ def family_of(name: str) -> str:
     return next(layout for layout, names in FAMILY.items() if name in names)
 
 
-def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int,
-                  layout: str) -> dict[str, np.ndarray]:
+def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int, layout: str,
+                  memory: Callable[[int], Any] = bytearray) -> dict[str, np.ndarray]:
     """The arrays ``prepare`` fills for ``layout``, by name, at their largest size (B rows,
-    T tokens); the other family's arrays are not allocated at all."""
+    T tokens), each over its own zeroed ``memory(nbytes)``; the other family's arrays are not
+    allocated at all. ``memory`` is a writable ``bytearray`` by default; the compiled module
+    passes memory that Python can only read, so the caller fills the ``PADDED`` ones with -1."""
     b, m, t = max_batch_size, max_pages, max_tokens
-    shapes: dict[str, tuple[tuple[int, ...], type[np.integer[Any]], int]] = {
-        "positions": ((t,), np.int32, 0),
-        "cu_seqlens_q": ((b + 1,), np.int32, 0),
-        "seq_lens_k": ((b,), np.int32, 0),
-        "slot_mapping": ((t,), np.int64, 0),
-        "logits_indices": ((b,), np.int32, 0),
-        "block_table": ((b, m), np.int32, -1),
-        "kv_indptr": ((b + 1,), np.int32, 0),
-        "kv_indices": ((b * m,), np.int32, 0),
-        "kv_last_page_len": ((b,), np.int32, 0),
+    shapes: dict[str, tuple[tuple[int, ...], type[np.integer[Any]]]] = {
+        "positions": ((t,), np.int32),
+        "cu_seqlens_q": ((b + 1,), np.int32),
+        "seq_lens_k": ((b,), np.int32),
+        "slot_mapping": ((t,), np.int64),
+        "logits_indices": ((b,), np.int32),
+        "block_table": ((b, m), np.int32),
+        "kv_indptr": ((b + 1,), np.int32),
+        "kv_indices": ((b * m,), np.int32),
+        "kv_last_page_len": ((b,), np.int32),
     }
     try:
-        return {name: np.full(shape, fill, dtype=dtype)
-                for name, (shape, dtype, fill) in shapes.items() if name in layout_arrays(layout)}
+        return {name: np.frombuffer(memory(int(np.prod(shape)) * np.dtype(dtype).itemsize),
+                                    dtype=dtype).reshape(shape)
+                for name, (shape, dtype) in shapes.items() if name in layout_arrays(layout)}
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
 
 
-def read_only(buffers: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Read-only views of ``buffers``: what users see (their slices stay read-only, and DLPack
-    exports them with its read-only flag), while ``prepare`` writes the originals."""
-    views = {}
-    for name, buf in buffers.items():
-        view = buf.view()
-        view.flags.writeable = False
-        views[name] = view
-    return views
+def read_only(array: np.ndarray) -> np.ndarray:
+    """A view of ``array`` that cannot be made writable: its base is a read-only memoryview, so
+    neither the view, nor ``.base``, nor ``np.asarray(view.base)`` writes the array (DLPack
+    exports it with its read-only flag)."""
+    view = np.frombuffer(array.data.cast("B").toreadonly(), dtype=array.dtype)
+    return view.reshape(array.shape)
 
 
 def view_of(buffers: dict[str, np.ndarray], name: str, length: int,

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import check_layout, input_buffers, read_only, view_of
+from ._kv_buffers import PADDED, check_layout, input_buffers, read_only, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -37,6 +37,8 @@ class KVPageTable:
 
     def __init__(self, max_batch_size: int, max_pages_per_sequence: int, num_pages: int,
                  kv_page_size: int) -> None:
+        if hasattr(self, "_rows"):
+            raise _errors.already_initialised("KVPageTable")
         b = _positive("max_batch_size", max_batch_size)
         m = _positive("max_pages_per_sequence", max_pages_per_sequence)
         n = _positive("num_pages", num_pages)
@@ -52,10 +54,14 @@ class KVPageTable:
         self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
         self._num_pages = n
         self._page_size = p
-        self._rows_view = self._rows.view()
-        self._rows_view.flags.writeable = False
-        self._counts_view = self._counts.view()
-        self._counts_view.flags.writeable = False
+        self._rows_view = read_only(self._rows)
+        self._counts_view = read_only(self._counts)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise _errors.kv_not_copyable("KVPageTable")
+
+    def __reduce__(self) -> Any:
+        raise _errors.kv_not_copyable("KVPageTable")
 
     def _slot(self, field: str, value: object) -> int:
         v = as_int32(field, value)
@@ -149,6 +155,8 @@ class StepInputs:
 
     def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable,
                  layout: str = "all") -> None:
+        if hasattr(self, "_out"):
+            raise _errors.already_initialised("StepInputs")
         if not isinstance(limits, StepPlannerLimits):
             raise TypeError(f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
         if not isinstance(page_table, KVPageTable):
@@ -161,7 +169,10 @@ class StepInputs:
             raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
         self._out = input_buffers(b, m, t, layout)   # prepare writes these; users see _bufs
-        self._bufs = read_only(self._out)
+        for name in PADDED:
+            if name in self._out:
+                self._out[name][...] = -1
+        self._bufs = {name: read_only(buf) for name, buf in self._out.items()}
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
         self._limits = limits
         self._table = page_table
@@ -170,6 +181,12 @@ class StepInputs:
     @property
     def layout(self) -> str:
         return self._layout
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise _errors.kv_not_copyable("StepInputs")
+
+    def __reduce__(self) -> Any:
+        raise _errors.kv_not_copyable("StepInputs")
 
     @property
     def limits(self) -> StepPlannerLimits:
@@ -180,7 +197,7 @@ class StepInputs:
         return self._table
 
     def prepare(self, plan: Any) -> StepInputs:
-        rows = _plan_rows(plan)
+        rows = _plan_rows(plan).copy()  # validated and filled from the same rows (threads)
         table = self._table
         if len(rows) > self.limits.max_batch_size:
             raise _errors.kv_plan_rows(len(rows), self.limits.max_batch_size)
@@ -291,6 +308,9 @@ class StepInputs:
 
     def buffers(self) -> dict[str, np.ndarray]:
         return dict(self._bufs)
+
+    def invalidate(self) -> None:
+        """Nothing to forget: this twin rewrites every ``block_table`` entry on each prepare."""
 
     def __repr__(self) -> str:
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "

@@ -20,6 +20,11 @@ from ._fields import as_int, as_int32
 
 __all__ = ["PagedLedger", "release_rows", "worst_case_pages"]
 
+# What PagedLedger reads from its ledger as is; every state-changing method is its own or refused.
+_FORWARDED = frozenset({"capacity", "count", "free_slots", "residents", "request_ids", "limits",
+                        "by_priority", "reserved_slots", "to_records"})
+_REFUSED = frozenset({"load"})
+
 
 def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int) -> int:
     """Pages for ``prompt_length + max_new_tokens`` tokens: ``ceil(total / kv_page_size)``.
@@ -77,8 +82,11 @@ class PagedLedger:
     what is already promised to requests ahead of it. Requests wait here in arrival order, so a
     large request at the head is never overtaken for ever by smaller ones. ``admit`` reserves
     each admitted row's worst case (``ensure``), ``retire``/``retire_rows`` release the retired
-    rows' pages and move the last rows' pages as the ledger moves their rows. Everything else
-    (``residents``, ``request_ids``, ``apply``, ``count``, ...) is the wrapped ledger's.
+    rows' pages and move the last rows' pages as the ledger moves their rows. ``apply`` and the
+    ledger's read-only members (``residents``, ``request_ids``, ``count``, ...) are the wrapped
+    ledger's; its other state-changing methods (``load``) are refused here, since they would
+    make residents without pages. Requests enter the ledger only through this object:
+    ``admit`` refuses a ledger that was changed behind its back.
     """
 
     def __init__(self, ledger: Any, page_table: Any) -> None:
@@ -97,7 +105,27 @@ class PagedLedger:
         self._tokens: dict[int, int] = {}   # request id -> worst-case tokens, until it retires
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.ledger, name)
+        if name in _FORWARDED:
+            return getattr(self.ledger, name)
+        if name in _REFUSED:
+            raise AttributeError(
+                f"PagedLedger.{name} is refused: it would change the ledger's residents without "
+                "their KV pages; use submit/admit/retire here, or the ledger and page table "
+                "directly without a PagedLedger")
+        raise AttributeError(f"'PagedLedger' object has no attribute {name!r}")
+
+    def apply(self, plan: Any) -> None:
+        """The ledger's ``apply``: it advances residents' tokens, never their rows or pages."""
+        self.ledger.apply(plan)
+
+    def waiting_ids(self) -> list[int]:
+        """The ledger's queue in order, then the requests held back for pages, in arrival order."""
+        return list(self.ledger.waiting_ids()) + [held[0] for held in self._held]
+
+    def _outside_requests(self) -> int:
+        """Requests the ledger holds that did not come through this object (0 when none)."""
+        mine = len(self._tokens) - len(self._held)
+        return int(self.ledger.count) + int(self.ledger.waiting) - mine
 
     @property
     def waiting(self) -> int:
@@ -128,7 +156,8 @@ class PagedLedger:
         s_in = self.ledger.limits.max_input_length
         if not 1 <= length <= s_in:
             raise ValueError(f"prompt_length={length} is out of range; allowed: 1..{s_in}")
-        if rid in self._tokens:
+        if rid in self._tokens or (self._outside_requests() and (
+                rid in self.ledger.request_ids.tolist() or rid in self.ledger.waiting_ids())):
             raise ValueError(f"request_id={rid} is already waiting or resident")
         table = self.page_table
         pages = worst_case_pages(length, max_new_tokens, table.kv_page_size)
@@ -143,10 +172,17 @@ class PagedLedger:
 
     def admit(self) -> list[int]:
         """Pass held requests whose worst case fits on to the ledger, admit, reserve pages."""
+        outside = self._outside_requests()
+        if outside:
+            raise RuntimeError(
+                f"the ledger's residents and queue differ by {outside:+d} request(s) from those "
+                "that came through this PagedLedger (submitted, loaded or retired on the ledger "
+                "itself); their pages are unknown, so nothing is admitted")
         free = self.page_table.num_free_pages - self._promised
         while self._held and self._held[0][3] <= free:
-            rid, length, prio, pages = self._held.popleft()
+            rid, length, prio, pages = self._held[0]
             self.ledger.submit(rid, length, prio)
+            self._held.popleft()               # only once the ledger took it
             self._promised += pages
             free -= pages
         admitted = self.ledger.admit()

@@ -3,13 +3,17 @@
 Commands: ``simulate`` (one configuration on one workload), ``compare`` (several side by side),
 ``explain`` (one ledger -> its plan, every resident's reason, and which SPEC §2 rule set each
 budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diffed) and
-``bench`` (forwarded to ``stepplanner.bench``). Needs the ``cli`` extra (click, rich).
+``bench`` (forwarded to ``stepplanner.bench``); ``sweep`` (a grid of configurations against
+SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency model fitted to
+measured step times). Needs the ``cli`` extra (click, rich).
 
 Layout: one module per command, each defining one click command that ``main`` adds below;
 shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
 ``running`` (a simulation with its progress bar), ``render`` (every report in every
 ``--format``), ``notices`` (warnings on stderr), ``errors`` (which exceptions become one-line
-errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``.
+errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``;
+``tuning_options``, ``tuning_render``, ``tuning_progress`` and ``tuning_extras`` are the same for
+the tuning commands and for the SLO and vLLM-metric additions to ``simulate`` and ``compare``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
                      "install them with: pip install 'stepplanner[cli]'") from None
 
 from .bench import bench_command
+from .calibrate import calibrate_command
+from .capacity import capacity_command
 from .compare import compare_command
 from .config import parse_config
 from .explain import explain_command
 from .record import record_command
 from .replay import replay_command
 from .simulate import simulate_command
+from .sweep import sweep_command
 
 __all__ = ["main", "parse_config"]
 
@@ -39,5 +46,6 @@ def main() -> None:
 
 
 for _command in (simulate_command, compare_command, explain_command, record_command,
-                 replay_command, bench_command):
+                 replay_command, bench_command, sweep_command, capacity_command,
+                 calibrate_command):
     main.add_command(_command)

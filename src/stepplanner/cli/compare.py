@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from .._policy import SchedulingOptions, resolve_scheduling_policy
-from ..latency import LatencyModel
+from . import tuning_extras
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
 from .files import read_json
@@ -18,6 +17,8 @@ from .options import (format_options, limit_options, limits_from, output_format,
                       workload_from, workload_options)
 from .render import comparison_blocks, emit, with_page_columns
 from .running import check_num_pages, run, run_paged
+from .tuning_options import latency_of
+from .tuning_render import write_json
 
 DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
                    "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64")
@@ -35,10 +36,11 @@ DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
 @click.option("--config-file", type=click.File("r"),
               help="A JSON list of configuration objects (same keys as --config).")
 @format_options
+@tuning_extras.compare_options
 @library_errors
 def compare_command(latency_text: str, max_steps: int | None, progress: bool,
                     configs: Sequence[str], config_file: Any, fmt: str, as_json: bool,
-                    **kw: Any) -> None:
+                    slos: Any, latency_model: Any, **kw: Any) -> None:
     """Run several configurations on one workload and show them side by side."""
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
@@ -55,7 +57,7 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     for config, policy, (_, pool) in zip(runs, policies, pools):
         warn_no_op_options(config.options, policy, config.name)
         check_num_pages(pool, workload, config.limits, f"config {config.name!r}: num_pages")
-    latency = LatencyModel.parse(latency_text)
+    latency = latency_of(latency_model, latency_text)
     reports = []
     for k, (config, policy, (_, pool)) in enumerate(zip(runs, policies, pools), start=1):
         show, label = progress and fmt == "table", f"{k}/{len(runs)} {config.name}"
@@ -67,11 +69,13 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
         else:
             result = run(workload, config.limits, policy, latency, max_steps, show, label)
         warn_refused(result, config.name)
-        reports.append({"name": config.name, **result.report(), **pages})
+        reports.append({"name": config.name, **result.report(), **pages,
+                        **tuning_extras.section(result, slos)})
     if fmt == "json":
-        click.echo(json.dumps(reports, indent=2))
+        click.echo(write_json(None, reports))
     else:
-        emit(with_page_columns(comparison_blocks(reports), reports), fmt)
+        emit([*with_page_columns(comparison_blocks(reports), reports),
+              *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:

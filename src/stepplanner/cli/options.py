@@ -11,7 +11,8 @@ import click
 from .._policy import SchedulingOptions, StepPlannerLimits
 from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import DEFAULT_LIMITS
-from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, load_trace, synthetic
+from ..traces import read_trace
+from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
 from .render import FORMATS
 
 
@@ -25,24 +26,34 @@ def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 workload_options = _compose(
     click.option("--trace", type=click.Path(exists=True, dir_okay=False),
-                 help="CSV or JSONL trace (arrival_time, prompt_tokens, output_tokens[, "
-                      "priority]); default: the embedded synthetic workload."),
-    click.option("--requests", type=click.IntRange(min=1), default=DEFAULT_REQUESTS,
-                 show_default=True, help="Synthetic workload: number of requests."),
-    click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_RATE,
-                 show_default=True, help="Synthetic workload: Poisson arrivals per second."),
+                 help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+                      "columns (recognised), or any with --columns; default: the embedded "
+                      "synthetic workload."),
+    click.option("--columns", default=None,
+                 help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+                      "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
+    click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
+                 default=DEFAULT_REQUESTS, show_default=True,
+                 help="Synthetic workload: number of requests."),
+    click.option("--rate", "--request-rate", "rate", type=click.FloatRange(min=0, min_open=True),
+                 default=DEFAULT_RATE, show_default=True,
+                 help="Synthetic workload: Poisson arrivals per second."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Synthetic workload: random seed."),
 )
 
 limit_options = _compose(
-    click.option("--max-batch-size", "-B", type=int, default=DEFAULT_LIMITS.max_batch_size,
+    click.option("--max-batch-size", "-B", "--max-num-seqs", "max_batch_size", type=int,
+                 default=DEFAULT_LIMITS.max_batch_size,
                  show_default=True, help="B: resident slots."),
     click.option("--max-input-length", type=int, default=DEFAULT_LIMITS.max_input_length,
                  show_default=True, help="S_in: longest prompt; longer ones are refused."),
-    click.option("--kv-page-size", type=int, default=DEFAULT_LIMITS.kv_page_size,
+    click.option("--kv-page-size", "--block-size", "kv_page_size", type=int,
+                 default=DEFAULT_LIMITS.kv_page_size,
                  show_default=True, help="P: non-final chunks end on a multiple of P."),
-    click.option("--max-step-tokens", type=int, default=DEFAULT_LIMITS.max_step_tokens,
+    click.option("--max-step-tokens", "--max-num-batched-tokens", "max_step_tokens", type=int,
+                 default=DEFAULT_LIMITS.max_step_tokens,
                  show_default=True,
                  help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
                       "of a step without decode rows (0 = B*S_in)."),
@@ -124,8 +135,13 @@ def options_from(kw: dict[str, Any]) -> SchedulingOptions:
 
 def workload_from(kw: dict[str, Any]) -> Workload:
     """Pop the ``workload_options`` values and load or generate the workload."""
-    trace, requests, rate, seed = (kw.pop(k) for k in ("trace", "requests", "rate", "seed"))
-    return load_trace(trace) if trace else synthetic(requests=requests, rate=rate, seed=seed)
+    trace, columns, requests, rate, seed = (kw.pop(k) for k in ("trace", "columns", "requests",
+                                                                "rate", "seed"))
+    if trace:
+        return read_trace(trace, columns)
+    if columns:
+        raise ValueError("--columns describes a --trace file, and none was given")
+    return synthetic(requests=requests, rate=rate, seed=seed)
 
 
 def given(ctx: click.Context, name: str) -> Any:

@@ -1,0 +1,74 @@
+"""``stepplanner capacity``: per configuration, the highest arrival rate that meets the SLOs."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from ..traces import read_trace
+from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
+from ..tuning.grid import expand_grid, parse_grid
+from .errors import InputError, library_errors
+from .options import (format_options, limit_options, limits_from, options_from, output_format,
+                      scheduling_options, workload_options)
+from .render import emit
+from .tuning_options import (check_output_paths, latency_model_option, latency_of,
+                             output_options, slo_option)
+from .tuning_progress import ConfigProgress, report_interrupt
+from .tuning_render import capacity_blocks, document, save
+
+
+@click.command("capacity")
+@workload_options
+@limit_options
+@scheduling_options
+@click.option("--grid", "grid_texts", multiple=True,
+              help="NAME=V1,V2,... (repeatable), as for sweep: one capacity per point.")
+@slo_option
+@latency_model_option
+@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.1,
+              show_default=True, help="Stop bisecting when the bracket is this narrow (req/s).")
+@click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), default=10_000.0,
+              show_default=True, help="Stop doubling here (req/s).")
+@output_options("'options' and 'capacity' (req/s) per configuration")
+@format_options
+@library_errors
+def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
+                     latency_text: str, tolerance: float, max_rate: float, backend: str,
+                     workers: int | None, ray_address: str | None, save_result: str | None,
+                     csv_path: str | None, progress: bool, fmt: str, as_json: bool,
+                     **kw: Any) -> None:
+    """Bisect the arrival rate per configuration (same requests, time axis scaled; fixed seed).
+
+    The synthetic workload starts from --rate; a --trace from its own mean rate.
+    """
+    fmt = output_format(fmt, as_json)
+    if not slos:
+        raise InputError("capacity needs at least one --slo (without one every rate is "
+                         "sustainable)")
+    check_output_paths(save_result=save_result, csv=csv_path)
+    limits, options = limits_from(kw), options_from(kw)
+    if kw["trace"]:
+        source: Any = ScaledTrace(read_trace(kw["trace"], kw["columns"]))
+    else:
+        source = SyntheticRates(kw["requests"], kw["seed"], kw["rate"])
+    latency = latency_of(latency_model, latency_text)
+    grid = parse_grid(grid_texts)
+    total = len(expand_grid(grid, limits, options))
+    with ConfigProgress(total, progress and fmt == "table", "capacity") as tick:
+        records, outcome = capacity(source, grid, limits, options, latency, slos, tolerance,
+                                    max_rate, backend, workers, ray_address, tick)
+    report_interrupt(outcome, total)
+    workload = source.at(source.rate).summary()
+    text = save(document(workload, latency, slos, grid, outcome, records, tolerance=tolerance),
+                save_result, csv_path)
+    if fmt == "json":
+        click.echo(text)
+    else:
+        emit(capacity_blocks(records, f"{workload['source']}, time axis scaled; SLOs "
+                                      f"{', '.join(str(s) for s in slos)}; tolerance "
+                                      f"{tolerance:g} req/s; {latency.name}"), fmt)
+    if outcome.interrupted:
+        sys.exit(130)

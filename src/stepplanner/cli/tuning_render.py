@@ -1,0 +1,188 @@
+"""The reports of ``sweep`` and ``capacity`` as ``render`` blocks (so ``--format table|csv|md``
+works as for every command), their JSON documents and CSV files, and the Pareto-front plot."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from ..tuning.slo import SloTarget
+from .render import Block, Column, Line, TableData
+
+_MS = ",.1f"
+
+
+def _budget(record: dict[str, Any]) -> str | None:
+    pol = record.get("policy")
+    if not pol:
+        return None
+    return f"{pol['mode'].lower()} {pol['max_num_tokens']}/{pol['max_chunk_tokens']}"
+
+
+def _observed_ms(record: dict[str, Any], slo: SloTarget) -> str | None:
+    row = next((c for c in record.get("slo", []) if c["slo"] == slo.key), None)
+    if row is None or row["observed_s"] is None:
+        return None
+    value = row["observed_s"] * 1e3
+    text = "inf" if math.isinf(value) else format(value, _MS)
+    return text if row["met"] else f"{text} ✗"
+
+
+def _errors(records: Sequence[dict[str, Any]]) -> list[Block]:
+    return [Line("did not resolve", f"{r['label']}: {r['error']}")
+            for r in records if r.get("error") is not None]
+
+
+def sweep_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
+                 header: str) -> list[Block]:
+    """Configurations by goodput, the Pareto front marked, then those that did not resolve."""
+    columns = [Column("#"), Column("configuration", left=True),
+               Column("mode budget/\nchunk", left=True), Column("goodput", ".2f"),
+               Column("req/s", ".2f"), Column("TTFT\np99", _MS), Column("TPOT\np99", _MS),
+               Column("ITL\np99", _MS), Column("E2E\np99", _MS),
+               *(Column(f"{s.key}\n≤ {s.seconds * 1e3:g} ms") for s in slos),
+               Column("SLOs", left=True), Column("front", left=True)]
+    rows = []
+    for rank, r in enumerate((r for r in records if r.get("error") is None), start=1):
+        m = r["metrics"]
+        rows.append([rank, r["label"], _budget(r), r["goodput"], r["throughput"],
+                     m["p99_ttft_ms"], m["p99_tpot_ms"], m["p99_itl_ms"], m["p99_e2el_ms"],
+                     *(_observed_ms(r, s) for s in slos),
+                     "met" if r["meets_slo"] else "missed", "*" if r["pareto"] else ""])
+    return [Line("sweep", header),
+            TableData("configurations by goodput (* = Pareto front on TTFT p99, TPOT p99, "
+                      "throughput)", columns, rows, main=True),
+            *_errors(records),
+            Line("units", "latencies in ms of simulated time; goodput = requests/s within every "
+                          "SLO (✗ = an SLO missed)")]
+
+
+def capacity_blocks(records: Sequence[dict[str, Any]], header: str) -> list[Block]:
+    columns = [Column("configuration", left=True), Column("mode budget/\nchunk", left=True),
+               Column("capacity\nreq/s", ".2f"), Column("fails at\nreq/s", ".2f"),
+               Column("probes"), Column("TTFT p99\nat capacity", _MS),
+               Column("TPOT p99\nat capacity", _MS)]
+    rows = []
+    for r in records:
+        if r.get("error") is not None:
+            continue
+        at = r["at_capacity"] or {}
+        rows.append([r["label"], _budget(r), r["capacity"], r["upper"], len(r["probes"]),
+                     at.get("p99_ttft_ms"), at.get("p99_tpot_ms")])
+    return [Line("capacity", header),
+            TableData("highest arrival rate meeting every SLO", columns, rows, main=True),
+            *_errors(records),
+            Line("units", "'fails at' is the lowest probed rate that missed an SLO ('-': still "
+                          "met at --max-rate); latencies in ms of simulated time")]
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def document(workload: dict[str, Any], latency: Any, slos: Sequence[SloTarget],
+             grid: dict[str, list[str]], outcome: Any, records: list[dict[str, Any]],
+             **extra: Any) -> dict[str, Any]:
+    """The --json document of a command over configurations."""
+    return {"workload": workload,
+            "latency_model": {"name": latency.name, "a": latency.a, "b": latency.b,
+                              "c": latency.c},
+            "slos": [str(s) for s in slos], "grid": grid, **extra,
+            "backend": outcome.backend, "workers": outcome.workers,
+            "interrupted": outcome.interrupted, "results": records}
+
+
+def save(doc: dict[str, Any], json_path: str | None, csv_path: str | None) -> str:
+    """Write the document (JSON) and its records (CSV) where asked; the JSON text."""
+    if csv_path:
+        write_csv(csv_path, doc["results"])
+    return write_json(json_path, doc)
+
+
+def flat(record: dict[str, Any]) -> dict[str, Any]:
+    """One CSV row: grid values, resolved budgets, scalars and every metric."""
+    row: dict[str, Any] = {"index": record["index"], "label": record["label"]}
+    row.update({f"option.{k}": v for k, v in record["options"].items()})
+    for key in ("mode", "max_num_tokens", "max_chunk_tokens"):
+        row[key] = (record.get("policy") or {}).get(key)
+    for key in ("goodput", "throughput", "meets_slo", "pareto", "capacity", "upper", "error"):
+        if key in record:
+            row[key] = record[key]
+    for check in record.get("slo", []):
+        row[f"{check['slo']}_ms"] = (None if check["observed_s"] is None
+                                     else check["observed_s"] * 1e3)
+    row.update(record.get("metrics", {}))
+    return row
+
+
+def write_csv(path: str, records: Sequence[dict[str, Any]]) -> None:
+    rows = [flat(r) for r in records]
+    fields: list[str] = []
+    for row in rows:
+        fields.extend(k for k in row if k not in fields)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_json(path: str | None, doc: Any) -> str:
+    """Strict JSON (an infinite or NaN latency becomes null); written to ``path`` if given."""
+    text = json.dumps(_finite(doc), indent=2, allow_nan=False)
+    if path is not None:
+        pathlib.Path(path).write_text(text + "\n", encoding="utf-8")
+    return text
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+# --- the plot ------------------------------------------------------------------------------------
+
+
+def plot_front(path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
+               title: str) -> None:
+    """TTFT p99 against TPOT p99, coloured by throughput; the front ringed and labelled; the
+    TTFT/TPOT p99 objectives drawn as the corner of the region that meets them."""
+    importlib.import_module("matplotlib").use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+    ok = [r for r in records if r.get("error") is None]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    sc = ax.scatter([r["metrics"]["p99_tpot_ms"] for r in ok],
+                    [r["metrics"]["p99_ttft_ms"] for r in ok],
+                    c=[r["throughput"] for r in ok], cmap="viridis", s=36,
+                    edgecolors=["red" if r["pareto"] else "none" for r in ok], linewidths=1.2)
+    fig.colorbar(sc, ax=ax, label="throughput (req/s)")
+    labelled: set[tuple[float, float]] = set()
+    for r in ok:
+        point = (r["metrics"]["p99_tpot_ms"], r["metrics"]["p99_ttft_ms"])
+        if r["pareto"] and point not in labelled:
+            labelled.add(point)
+            ax.annotate(_short(r), point, fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for slo in slos:
+        if slo.priority is None and slo.percentile == 99 and slo.metric in ("tpot", "ttft"):
+            draw = ax.axvline if slo.metric == "tpot" else ax.axhline
+            draw(slo.seconds * 1e3, color="grey", ls="--", lw=1)
+    ax.set(xlabel="TPOT p99 (ms, simulated)", ylabel="TTFT p99 (ms, simulated)", yscale="log",
+           title=f"{title}: {len(ok)} configurations")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _short(record: dict[str, Any]) -> str:
+    pol = record["policy"]
+    if pol["mode"] == "PREFILL_FIRST":
+        return "prefill_first"
+    return f"{pol['max_num_tokens']}/{pol['max_chunk_tokens']}"

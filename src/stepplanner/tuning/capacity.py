@@ -1,0 +1,193 @@
+"""Capacity: the highest arrival rate at which a configuration still meets its SLOs.
+
+This is the number the chunked-prefill literature reports (Sarathi-Serve's "capacity under a
+P99 TBT SLO"). The workload is the same requests at every probed rate, only their time axis
+scaled: the synthetic workload regenerated with the same seed (its exponential inter-arrival
+draws scale exactly with 1/rate), or a trace's arrivals multiplied by ``trace_rate / rate``.
+
+``find_capacity`` brackets the answer from a starting rate (doubling while the SLOs hold,
+halving while they do not), then bisects until the bracket is no wider than ``tolerance``
+req/s, and reports the low end: a rate that was *measured* to meet the SLOs. It assumes that
+meeting the SLOs is monotone in the rate, which queueing makes true in practice; every probe is
+kept in the result so a non-monotone case can be seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from ..latency import LatencyModel
+from ..simulator import simulate
+from ..workloads import Workload, synthetic
+from .backends import Outcome, Progress, run_tasks
+from .grid import GridPoint, expand_grid
+from .slo import SloTarget
+from .sweep import assess
+
+__all__ = ["CapacityResult", "ScaledTrace", "SyntheticRates", "capacity", "find_capacity"]
+
+
+class RateSource(Protocol):
+    """A workload at any arrival rate (req/s); ``rate`` is the one it was given at."""
+
+    rate: float
+
+    def at(self, rate: float) -> Workload: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticRates:
+    """The embedded synthetic workload (``workloads.synthetic``) at any rate, fixed seed."""
+
+    requests: int = 6000
+    seed: int = 0
+    rate: float = 28.0
+
+    def at(self, rate: float) -> Workload:
+        return synthetic(requests=self.requests, rate=rate, seed=self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledTrace:
+    """A trace's requests with the time axis scaled; its own rate is (n - 1) / duration."""
+
+    workload: Workload
+
+    @property
+    def rate(self) -> float:
+        rate = self.workload.summary()["rate_per_s"]
+        if rate is None:
+            raise ValueError("a trace needs at least two requests at different times to be "
+                             "scaled to a rate")
+        return float(rate)
+
+    def at(self, rate: float) -> Workload:
+        w = self.workload
+        start = w.arrival_time[0]
+        arrival = start + (w.arrival_time - start) * (self.rate / rate)
+        return Workload(arrival, w.prompt_tokens, w.output_tokens, w.priority,
+                        source=f"{w.source} scaled to {rate:.4g}/s")
+
+
+@dataclasses.dataclass
+class CapacityResult:
+    """``capacity`` req/s met the SLOs; ``capacity + tolerance`` (or ``upper``) did not."""
+
+    capacity: float
+    upper: float | None
+    tolerance: float
+    probes: list[tuple[float, bool]]
+
+    @property
+    def bounded(self) -> bool:
+        """False when the search hit ``max_rate`` with the SLOs still met."""
+        return self.upper is not None
+
+
+def find_capacity(meets: Callable[[float], bool], start: float, tolerance: float,
+                  max_rate: float = 1e6) -> CapacityResult:
+    """Highest rate r (to within ``tolerance``) with ``meets(r)``; 0 when even ``tolerance``
+    req/s fails."""
+    for name, value in (("start", start), ("tolerance", tolerance), ("max_rate", max_rate)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name}={value!r} is out of range; allowed: a finite rate > 0")
+    probes: list[tuple[float, bool]] = []
+
+    def probe(rate: float) -> bool:
+        ok = bool(meets(rate))
+        probes.append((rate, ok))
+        return ok
+
+    low, high = 0.0, None
+    rate = min(start, max_rate)
+    if probe(rate):
+        low = rate
+        while high is None:
+            if low >= max_rate:
+                return CapacityResult(low, None, tolerance, probes)
+            rate = min(low * 2, max_rate)
+            if probe(rate):
+                low = rate
+            else:
+                high = rate
+    else:
+        high = rate
+        while low == 0.0 and high > tolerance:
+            rate = high / 2
+            if probe(rate):
+                low = rate
+            else:
+                high = rate
+    while high - low > tolerance:
+        mid = (low + high) / 2
+        if probe(mid):
+            low = mid
+        else:
+            high = mid
+    return CapacityResult(low, high, tolerance, probes)
+
+
+@dataclasses.dataclass(frozen=True)
+class CapacityTask:
+    point: GridPoint
+    source: Any  # a RateSource; Any so that dataclass pickling needs no Protocol check
+    latency: LatencyModel
+    slos: tuple[SloTarget, ...]
+    tolerance: float
+    max_rate: float
+
+
+def capacity_of(task: CapacityTask) -> dict[str, Any]:
+    """One configuration's capacity record (module-level for process and Ray workers)."""
+    point = task.point
+    record = point.record()
+    if point.limits is None or point.policy is None:
+        return record
+    limits, policy = point.limits, point.policy
+    at_capacity: dict[float, dict[str, Any]] = {}
+
+    def meets(rate: float) -> bool:
+        result = simulate(task.source.at(rate), limits, policy, task.latency)
+        assessed = assess(result, task.slos)
+        at_capacity[rate] = assessed
+        return bool(assessed["meets_slo"])
+
+    found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
+    best = at_capacity.get(found.capacity)
+    record.update({
+        "capacity": found.capacity,
+        "upper": found.upper,
+        "bounded": found.bounded,
+        "tolerance": found.tolerance,
+        "probes": [{"rate": r, "meets_slo": ok} for r, ok in found.probes],
+        "at_capacity": None if best is None else {
+            "goodput": best["goodput"], "throughput": best["throughput"], "slo": best["slo"],
+            "p99_ttft_ms": best["metrics"]["p99_ttft_ms"],
+            "p99_tpot_ms": best["metrics"]["p99_tpot_ms"]},
+    })
+    return record
+
+
+def capacity(source: RateSource, grid: dict[str, list[str]], base_limits: Any,
+             base_options: Any, latency: LatencyModel, slos: Sequence[SloTarget],
+             tolerance: float = 0.1, max_rate: float = 1e4, backend: str = "process",
+             workers: int | None = None, ray_address: str | None = None,
+             progress: Progress | None = None) -> tuple[list[dict[str, Any]], Outcome]:
+    """Capacity of every grid point (configurations run in parallel, probes in sequence);
+    records sorted by capacity, best first, errors last."""
+    if not slos:
+        raise ValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE): without one "
+                         "every rate is sustainable")
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
+        raise ValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
+    points = expand_grid(grid, base_limits, base_options)
+    tasks = [CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate))
+             for p in points]
+    outcome = run_tasks(capacity_of, tasks, backend, workers, ray_address, progress)
+    records = outcome.finished
+    records.sort(key=lambda r: (r.get("error") is not None, -r.get("capacity", 0.0),
+                                r["index"]))
+    return records, outcome

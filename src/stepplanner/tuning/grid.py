@@ -1,0 +1,145 @@
+"""A grid of configurations: ``--grid NAME=V1,V2,...`` over ``SchedulingOptions`` and limits.
+
+NAME is any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled with ``_`` or ``-``, or
+one of the aliases users bring from the CLI and from vLLM (``mode``, ``policy``, ``reserved``,
+``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
+``max_step_tokens``). Values are spelled as the CLI spells them: enum members by name in any case
+(``mixed``, ``prefill_first``) or number, integers in decimal.
+
+The grid is the Cartesian product of the value lists, in the order the names were given (the
+last name varies fastest). A point whose limits or budgets do not resolve is kept, with the
+error, so a sweep can list it instead of silently dropping it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .._fields import enum_from_text
+from .._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..simulator import policy_to_dict
+
+__all__ = ["GridPoint", "expand_grid", "field_name", "parse_grid"]
+
+_ENUMS: dict[str, Any] = {"ifb_scheduling_mode": IfbSchedulingMode,
+                          "scheduling_policy": SchedulingPolicy, "preemption": PreemptionMode}
+ALIASES = {"mode": "ifb_scheduling_mode", "policy": "scheduling_policy",
+           "reserved": "priority_reserved_slots", "reserved_slots": "priority_reserved_slots",
+           "b": "max_batch_size", "max_num_seqs": "max_batch_size",
+           "p": "kv_page_size", "block_size": "kv_page_size",
+           "s_in": "max_input_length",
+           "max_num_batched_tokens": "max_step_tokens"}
+
+
+def _option_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(SchedulingOptions))
+
+
+def _limit_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(StepPlannerLimits))
+
+
+def field_name(raw: str) -> str:
+    """The dataclass field a grid NAME means, or a ``ValueError`` listing what is allowed."""
+    key = raw.strip().lower().replace("-", "_")
+    key = ALIASES.get(key, key)
+    if key in _option_fields() or key in _limit_fields():
+        return key
+    allowed = sorted({*_option_fields(), *_limit_fields(), *ALIASES})
+    raise ValueError(f"grid name {raw!r} is not a SchedulingOptions or limits field; allowed: "
+                     f"{', '.join(allowed)}")
+
+
+def _value(field: str, text: str) -> Any:
+    if field in _ENUMS:
+        return enum_from_text(field, text, _ENUMS[field])
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"grid value {field}={text!r} is not an integer") from None
+
+
+def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
+    """``["mode=mixed,prefill_first", "max_num_tokens=320,768"]`` -> field -> value texts.
+
+    Values are checked for their type here (so a typo fails before any run); ranges, which
+    depend on the other fields, are checked per point.
+    """
+    grid: dict[str, list[str]] = {}
+    for text in texts:
+        name, sep, values = text.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"grid {text!r} is not NAME=V1,V2,...")
+        field = field_name(name)
+        if field in grid:
+            raise ValueError(f"grid name {field} is given twice; allowed: once, with all its "
+                             "values")
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not items:
+            raise ValueError(f"grid {text!r} has no values; allowed: NAME=V1,V2,...")
+        for item in items:
+            _value(field, item)
+        grid[field] = items
+    return grid
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One configuration: the grid values as given, and what they resolved to (or the error)."""
+
+    index: int
+    values: dict[str, str]
+    limits: StepPlannerLimits | None
+    policy: ResolvedSchedulingPolicy | None
+    error: str | None
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.values.items()) or "base"
+
+    def record(self) -> dict[str, Any]:
+        """The start of this point's result record: what it is, and what it resolved to."""
+        out: dict[str, Any] = {"index": self.index, "options": dict(self.values),
+                               "label": self.label, "error": self.error}
+        if self.limits is not None and self.policy is not None:
+            out["limits"] = dataclasses.asdict(self.limits)
+            out["policy"] = policy_to_dict(self.policy)
+        return out
+
+
+def resolve_point(values: Mapping[str, str], base_limits: StepPlannerLimits,
+                  base_options: SchedulingOptions) -> tuple[StepPlannerLimits,
+                                                            ResolvedSchedulingPolicy]:
+    """Base limits and options with ``values`` (field -> text) applied, resolved (SPEC §2)."""
+    options = dataclasses.asdict(base_options)
+    limits = dataclasses.asdict(base_limits)
+    for field, text in values.items():
+        (options if field in _option_fields() else limits)[field] = _value(field, text)
+    resolved_limits = StepPlannerLimits(**limits)
+    return resolved_limits, resolve_scheduling_policy(SchedulingOptions(**options),
+                                                      resolved_limits)
+
+
+def expand_grid(grid: Mapping[str, Sequence[str]], base_limits: StepPlannerLimits,
+                base_options: SchedulingOptions) -> list[GridPoint]:
+    """Every point of the grid (one point, the base, for an empty grid)."""
+    names = list(grid)
+    points = []
+    for index, combo in enumerate(itertools.product(*(grid[n] for n in names))):
+        values = dict(zip(names, combo))
+        try:
+            limits, policy = resolve_point(values, base_limits, base_options)
+        except (TypeError, ValueError, OverflowError) as exc:
+            points.append(GridPoint(index, values, None, None, str(exc)))
+            continue
+        points.append(GridPoint(index, values, limits, policy, None))
+    return points

@@ -1,0 +1,130 @@
+"""Run metrics in the dialect of vLLM's serving benchmark (``benchmark_serving.py``).
+
+vLLM reports, over *successful* (here: completed) requests, the mean, median, standard deviation
+and chosen percentiles (``--metric-percentiles``, default 99) of
+
+* TTFT: arrival to first output token;
+* TPOT: ``(e2e - ttft) / (output_tokens - 1)``, excluding the first token, for outputs of two or
+  more tokens;
+* ITL: every gap between two consecutive output tokens of a request, all requests pooled;
+* E2EL: arrival to last output token;
+
+in milliseconds, under keys ``mean_ttft_ms``, ``median_ttft_ms``, ``std_ttft_ms``,
+``p99_ttft_ms`` (``p99.9_itl_ms`` for a fractional percentile), with ``request_throughput``,
+``output_throughput``, ``total_token_throughput`` and ``request_goodput`` beside them. Percentiles
+are numpy's linear interpolation, as there. Times are simulated seconds.
+
+ITL comes from the simulator's pooled sample (``SimulationResult.itl``: every gap as
+(seconds, count) pairs), which covers every request that emitted two tokens; in a run that was
+not cut short by ``max_steps`` those are exactly the completed ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
+from ..simulator import _pooled as pooled_itl
+from ..simulator import _weighted_pct as weighted_percentile
+
+__all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """``"50,90,99"`` -> (50.0, 90.0, 99.0); each in (0, 100]."""
+    out: list[float] = []
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"metric percentile {item!r} is not a number; allowed: "
+                             "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
+        if not (math.isfinite(value) and 0 < value <= 100):
+            raise ValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+        out.append(value)
+    if not out:
+        raise ValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
+    return tuple(out)
+
+
+def percentile_word(p: float) -> str:
+    """vLLM's key spelling: 99 -> "99", 99.9 -> "99.9"."""
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
+    values = seconds if seconds.size else np.zeros(1)  # vLLM reports 0 for an empty series
+    # One selection pass for the median and every percentile (ITL pools millions of gaps).
+    ranked = np.percentile(values, [50.0, *percentiles])
+    out = {f"mean_{name}_ms": float(values.mean()) * 1e3,
+           f"median_{name}_ms": float(ranked[0]) * 1e3,
+           f"std_{name}_ms": float(values.std()) * 1e3}
+    for p, value in zip(percentiles, ranked[1:]):
+        out[f"p{percentile_word(p)}_{name}_ms"] = float(value) * 1e3
+    return out
+
+
+def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                 goodput: float | None = None) -> dict[str, Any]:
+    """The ``benchmark_serving`` result keys for a ``SimulationResult``."""
+    w = result.workload
+    done = ~np.isnan(result.finish_time)
+    lat = result.latencies()
+    span = _span(result)
+    total_input = int(w.prompt_tokens[done].sum())
+    total_output = int(result.generated[done].sum())
+    out: dict[str, Any] = {
+        "duration": span,
+        "completed": int(done.sum()),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": float(done.sum()) / span,
+        "request_goodput": goodput,
+        "output_throughput": total_output / span,
+        "total_token_throughput": (total_input + total_output) / span,
+    }
+    tpot = lat["tpot"][done]
+    series = {"ttft": lat["ttft"][done], "tpot": tpot[~np.isnan(tpot)], "e2el": lat["e2e"][done]}
+    for name in VLLM_METRICS:
+        if name == "itl":
+            out.update(_weighted_stats(name, *pooled_itl(result.itl), percentiles))
+        else:
+            out.update(_stats(name, series[name], percentiles))
+    return out
+
+
+def _weighted_stats(name: str, values: np.ndarray, counts: np.ndarray,
+                    percentiles: Sequence[float]) -> dict[str, float]:
+    """``_stats`` of ``np.repeat(values, counts)`` without building it (millions of gaps)."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return _stats(name, np.zeros(0), percentiles)
+    total = float(counts.sum())
+    mean = float((values * counts).sum()) / total
+    std = math.sqrt(float((counts * (values - mean) ** 2).sum()) / total)
+    out = {f"mean_{name}_ms": mean * 1e3,
+           f"median_{name}_ms": _ms(weighted_percentile(values, counts, 50.0)),
+           f"std_{name}_ms": std * 1e3}
+    for p in percentiles:
+        out[f"p{percentile_word(p)}_{name}_ms"] = _ms(weighted_percentile(values, counts, p))
+    return out
+
+
+def _ms(seconds: float | None) -> float:
+    return 0.0 if seconds is None else seconds * 1e3
+
+
+def _span(result: Any) -> float:
+    """Simulated seconds from the first arrival to the last step, as ``report()`` measures."""
+    st = result.steps
+    start = float(result.workload.arrival_time[0])
+    end = float(st["end_time"][-1]) if len(st["end_time"]) else start
+    return max(end - start, 1e-12)

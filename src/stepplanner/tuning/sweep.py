@@ -1,0 +1,115 @@
+"""Sweep a grid of configurations over one workload against SLOs.
+
+``sweep()`` expands the grid, runs every configuration that resolves (on a backend, see
+``backends``) and returns one record per configuration: the grid values, the resolved policy,
+goodput, throughput, whether the SLOs hold, and the vLLM-style latency metrics. Configurations
+that do not resolve are records with an ``error`` and no metrics. ``pareto_front`` marks the
+configurations no other one beats on all of TTFT p99, TPOT p99 and throughput at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .._policy import SchedulingOptions, StepPlannerLimits
+from ..latency import LatencyModel
+from ..simulator import SimulationResult, simulate
+from ..workloads import Workload
+from .backends import Outcome, Progress, run_tasks
+from .grid import GridPoint, expand_grid
+from .metrics import DEFAULT_PERCENTILES, vllm_metrics
+from .slo import SloTarget, goodput, slo_report
+
+__all__ = ["SweepTask", "assess", "evaluate", "pareto_front", "sweep"]
+
+#: The metrics the Pareto front is taken over: (result key, larger is better).
+FRONT = (("p99_ttft_ms", False), ("p99_tpot_ms", False), ("request_throughput", True))
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepTask:
+    """Everything one configuration's run needs; picklable, so any backend can run it."""
+
+    point: GridPoint
+    workload: Workload
+    latency: LatencyModel
+    slos: tuple[SloTarget, ...]
+    percentiles: tuple[float, ...]
+
+
+def assess(result: SimulationResult, slos: Sequence[SloTarget],
+           percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+    """Goodput, the SLO checks and the vLLM-style metrics of one run.
+
+    p99 is always among the percentiles (the Pareto front and the tables use it).
+    """
+    w = result.workload
+    completed = ~np.isnan(result.finish_time)
+    lat = result.latencies()
+    metrics = vllm_metrics(result, sorted({*percentiles, 99.0}))
+    checks = slo_report(slos, lat, w.priority, completed, w.output_tokens)
+    metrics["request_goodput"] = goodput(slos, lat, w.priority, completed, metrics["duration"])
+    return {
+        "goodput": metrics["request_goodput"],
+        "throughput": metrics["request_throughput"],
+        "meets_slo": all(c["met"] for c in checks) and not result.truncated,
+        "slo": checks,
+        "requests": len(w),
+        "refused": int(result.refused.sum()),
+        "truncated": result.truncated,
+        "steps": result.num_steps,
+        "metrics": metrics,
+    }
+
+
+def evaluate(task: SweepTask) -> dict[str, Any]:
+    """The record of one configuration (module-level so that process and Ray workers can
+    import it)."""
+    point = task.point
+    record = point.record()
+    if point.limits is None or point.policy is None:
+        return record
+    result = simulate(task.workload, point.limits, point.policy, task.latency)
+    record.update(assess(result, task.slos, task.percentiles))
+    return record
+
+
+def pareto_front(records: Sequence[dict[str, Any]]) -> set[int]:
+    """Indices of the records (without error) that no other record dominates on ``FRONT``."""
+    ok = [r for r in records if r.get("error") is None and "metrics" in r]
+    points = np.array([[r["metrics"][k] if not larger else -r["metrics"][k]
+                        for k, larger in FRONT] for r in ok], dtype=np.float64).reshape(-1, 3)
+    front = set()
+    for i, r in enumerate(ok):
+        others = np.delete(points, i, axis=0)
+        dominated = np.any(np.all(others <= points[i], axis=1) & np.any(others < points[i], axis=1))
+        if not dominated:
+            front.add(r["index"])
+    return front
+
+
+def sweep(workload: Workload, grid: dict[str, list[str]], base_limits: StepPlannerLimits,
+          base_options: SchedulingOptions, latency: LatencyModel,
+          slos: Sequence[SloTarget] = (), percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+          backend: str = "process", workers: int | None = None, ray_address: str | None = None,
+          progress: Progress | None = None) -> tuple[list[dict[str, Any]], Outcome]:
+    """Run the grid; records sorted by goodput (best first, errors last), front marked."""
+    points = expand_grid(grid, base_limits, base_options)
+    tasks = [SweepTask(p, workload, latency, tuple(slos), tuple(percentiles)) for p in points]
+    outcome = run_tasks(evaluate, tasks, backend, workers, ray_address, progress)
+    records = outcome.finished
+    front = pareto_front(records)
+    for r in records:
+        r["pareto"] = r["index"] in front
+    records.sort(key=_rank)
+    return records, outcome
+
+
+def _rank(record: dict[str, Any]) -> tuple[Any, ...]:
+    if record.get("error") is not None:
+        return (1, 0.0, 0.0, record["index"])
+    return (0, -record["goodput"], -record["throughput"], record["index"])
