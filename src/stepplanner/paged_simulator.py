@@ -20,10 +20,10 @@ from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLim
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import Ledger
 from .paging import PagedLedger
-from .simulator import DEFAULT_LIMITS, SimulationResult, _resolve, _Run
+from .simulator import DEFAULT_LIMITS, Progress, SimulationResult, _resolve, _Run
 from .workloads import Workload
 
-__all__ = ["PageOccupancy", "simulate_paged"]
+__all__ = ["PageOccupancy", "row_pages", "simulate_paged"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +35,14 @@ class PageOccupancy:
     reserved: np.ndarray
     in_use: np.ndarray
     held_back: np.ndarray     # requests waiting for pages (not yet in the ledger's queue)
+    # Per request (workload order): refused at submission because its worst case exceeds what
+    # one row or the whole pool can hold (a prompt over S_in is refused too, but not for pages).
+    refused_for_pages: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=bool))
 
     def report(self) -> dict[str, Any]:
+        """Means and peaks as fractions of the pool, and per series (``reserved``, ``in_use``
+        in pages; ``held_back`` in requests) the mean, p50, p99 and max over the steps."""
         n = max(self.num_pages, 1)
         empty = self.reserved.size == 0
         return {
@@ -46,7 +52,18 @@ class PageOccupancy:
             "in_use_mean": 0.0 if empty else float(self.in_use.mean() / n),
             "in_use_peak": 0.0 if empty else float(self.in_use.max() / n),
             "steps_with_requests_held_for_pages": int((self.held_back > 0).sum()),
+            "reserved": _stats(self.reserved),
+            "in_use": _stats(self.in_use),
+            "held_back": _stats(self.held_back),
+            "refused_for_pages": int(self.refused_for_pages.sum()),
         }
+
+
+def _stats(per_step: np.ndarray) -> dict[str, float]:
+    if per_step.size == 0:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+    return {"mean": float(per_step.mean()), "p50": float(np.percentile(per_step, 50)),
+            "p99": float(np.percentile(per_step, 99)), "max": float(per_step.max())}
 
 
 class _SimulatedPagedLedger(PagedLedger):
@@ -62,25 +79,32 @@ class _SimulatedPagedLedger(PagedLedger):
         super().submit(request_id, prompt_length, priority, new)
 
 
+def row_pages(workload: Workload, limits: StepPlannerLimits) -> int:
+    """Pages of the workload's largest worst case (a prompt cut at S_in, since a longer one is
+    refused before it needs pages): the page-table row width ``simulate_paged`` uses."""
+    longest = (np.minimum(workload.prompt_tokens, limits.max_input_length).astype(np.int64)
+               + workload.output_tokens)
+    p = limits.kv_page_size
+    return max(int(-(-int(longest.max()) // p)), 1) if len(workload) else 1
+
+
 def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
                    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
                    latency: LatencyModel = DEFAULT_LATENCY, *, num_pages: int,
-                   max_steps: int | None = None) -> tuple[SimulationResult, PageOccupancy]:
+                   max_steps: int | None = None, progress: Progress | None = None,
+                   progress_every: int = 2048) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
 
     A request whose worst case exceeds the whole pool (or whose prompt exceeds S_in) is refused
-    and counted as such, never dropped silently.
+    and counted as such, never dropped silently. ``progress`` as in ``simulate``.
     """
     from . import KVPageTable, StepPlanner
 
     if not isinstance(workload, Workload):
         raise _errors.wrong_type("workload", "Workload", workload)
     policy = _resolve(options, limits)
-    p = limits.kv_page_size
-    longest = (np.minimum(workload.prompt_tokens, limits.max_input_length).astype(np.int64)
-               + workload.output_tokens)
-    row_pages = int(-(-int(longest.max()) // p)) if len(workload) else 1
-    table = KVPageTable(limits.max_batch_size, max(row_pages, 1), num_pages, p)
+    table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
+                        limits.kv_page_size)
     run = _Run(workload, limits, policy, latency, StepPlanner(policy, limits))
     ledger = _SimulatedPagedLedger(run.ledger, table, workload.output_tokens)
     run.ledger = cast(Ledger, ledger)   # the loop uses only what PagedLedger provides
@@ -98,8 +122,10 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
         held.append(ledger.held_back)
 
     t0 = time.perf_counter()
-    truncated = run.loop(max_steps, record, None, 1 << 30)
+    truncated = run.loop(max_steps, record, progress, progress_every)
     result = run.result(time.perf_counter() - t0, truncated)
+    fits_s_in = (workload.prompt_tokens >= 1) & (workload.prompt_tokens <= limits.max_input_length)
     occupancy = PageOccupancy(table.num_pages, np.array(reserved, dtype=np.int64),
-                              np.array(in_use, dtype=np.int64), np.array(held, dtype=np.int64))
+                              np.array(in_use, dtype=np.int64), np.array(held, dtype=np.int64),
+                              result.refused & fits_s_in)
     return result, occupancy

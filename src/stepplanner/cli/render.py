@@ -252,6 +252,24 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     ]
 
 
+def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
+    """``simulate --num-pages``: page occupancy per step and the requests that waited for it."""
+    n, held = pages["num_pages"], pages["steps_with_requests_held_for_pages"]
+    refused = pages["refused_for_pages"]
+    columns = [Column("per step", left=True), Column("mean", ",.1f"), Column("p50", ",.0f"),
+               Column("p99", ",.0f"), Column("max", ",.0f"), Column("max/pool", ".1%")]
+    rows = [[label, *(pages[key][stat] for stat in ("mean", "p50", "p99", "max")),
+             pages[key]["max"] / n if pool else None]
+            for label, key, pool in (("reserved pages", "reserved", True),
+                                     ("pages in use", "in_use", True),
+                                     ("requests held back", "held_back", False))]
+    return [
+        TableData(f"KV pages (pool of {n:,}; worst cases reserved)", columns, rows),
+        Line("held back", f"requests waited for pages in {held:,} of {steps:,} steps"
+                          + (f"; {refused:,} refused (worst case > pool)" if refused else "")),
+    ]
+
+
 def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
     """``compare``: one row per configuration."""
     first = reports[0]
@@ -283,6 +301,27 @@ def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
         Line("units", "latencies in ms of simulated time; step us = measured microseconds "
                       "of the host step (ledger.step) on this machine"),
     ]
+
+
+def with_page_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> list[Block]:
+    """``compare`` with ``num_pages`` in a configuration: its main table gains the pool, the
+    peak pages reserved and in use, and the steps in which requests waited for pages (``-`` for
+    configurations with unlimited pages)."""
+    if not any("pages" in r for r in reports):
+        return blocks
+    extra = [Column("KV\npages", ","), Column("reserved\nmax", ",.0f"),
+             Column("in use\nmax", ",.0f"), Column("steps\nheld", ",")]
+
+    def values(r: dict[str, Any]) -> list[Any]:
+        pages = r.get("pages")
+        if pages is None:
+            return [None] * len(extra)
+        return [pages["num_pages"], pages["reserved"]["max"], pages["in_use"]["max"],
+                pages["steps_with_requests_held_for_pages"]]
+
+    return [dataclasses.replace(b, columns=[*b.columns, *extra],
+                                rows=[[*row, *values(r)] for row, r in zip(b.rows, reports)])
+            if isinstance(b, TableData) and b.main else b for b in blocks]
 
 
 def explanation_blocks(e: dict[str, Any]) -> list[Block]:

@@ -9,8 +9,10 @@ from rich.console import Console
 
 from .._policy import StepPlannerLimits
 from ..latency import LatencyModel
+from ..paged_simulator import PageOccupancy, row_pages, simulate_paged
 from ..simulator import SimulationResult, simulate
 from ..workloads import Workload
+from .errors import InputError
 
 
 class ProgressBar:
@@ -36,6 +38,12 @@ class ProgressBar:
             self.task = self.bar.add_task(self.label, total=self.total, steps=0)
         self.bar.update(self.task, completed=completed, steps=steps)
 
+    def __enter__(self) -> ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
@@ -51,3 +59,27 @@ def run(workload: Workload, limits: StepPlannerLimits, options: Any,
                         on_step=on_step, progress=bar, progress_every=1024)
     finally:
         bar.close()
+
+
+def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
+              latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
+              num_pages: int) -> tuple[SimulationResult, PageOccupancy]:
+    """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
+    with ProgressBar(len(workload), progress, label) as bar:
+        return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
+                              max_steps=max_steps, progress=bar, progress_every=1024)
+
+
+def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits,
+                    option: str = "--num-pages") -> None:
+    """``option``: 0 (unlimited) or a pool that holds the workload's largest request, the way a
+    serving engine refuses to start with a KV cache too small for one longest sequence."""
+    if num_pages < 0:
+        raise InputError(f"{option}={num_pages} is negative; allowed: 0 (unlimited pages) or "
+                         "a pool size >= 1")
+    need = row_pages(workload, limits) if num_pages else 0
+    if num_pages < need:
+        raise InputError(
+            f"{option}={num_pages} cannot hold the workload's largest request: its prompt "
+            f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
+            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}")
