@@ -99,7 +99,7 @@ def _take_num_pages(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
     try:
         return rest, int(str(value).strip())   # str first: a JSON true or 2.5 is no integer
     except ValueError:
-        raise ValueError(f"num_pages={value!r} is not an integer") from None
+        raise StepPlannerValueError(f"num_pages={value!r} is not an integer") from None
 
 
 def _label(item: dict[str, Any]) -> str:
