@@ -8,6 +8,7 @@ import pathlib
 import numpy as np
 import pytest
 
+from stepplanner._errors import StepPlannerValueError
 from stepplanner.workloads import Workload, load_trace, sample_trace_path, synthetic
 
 
@@ -71,7 +72,7 @@ def test_csv_and_jsonl_round_trip(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize(("name", "text", "match"), [
     ("a.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,1\n1,x,2\n",
      r"line 3: column 'prompt_tokens': 'x' is not an integer"),
-    ("a.csv", "arrival_time,prompt_tokens\n0,5\n", r"line 1: header .* lacks column\(s\) output_tokens"),
+    ("a.csv", "arrival_time,prompt_tokens\n0,5\n", r"line 1: column\(s\) 'output_tokens' not found"),
     ("a.csv", "arrival_time,prompt_tokens,output_tokens\n-2,5,1\n", r"line 2: column 'arrival_time'"),
     ("a.csv", "arrival_time,prompt_tokens,output_tokens,priority\n0,5,0,1\n",
      r"line 2: column 'output_tokens': 0 is out of range"),
@@ -91,6 +92,22 @@ def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, te
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=match):
         load_trace(tmp_path / name)
+
+
+def test_a_trace_that_is_not_utf8_is_a_library_error(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b"arrival_time,prompt_tokens,output_tokens\n0,\xff\xfe,3\n")
+    with pytest.raises(StepPlannerValueError, match=r"bad\.csv: cannot be read .*utf-8"):
+        load_trace(path)
+
+
+def test_load_trace_reads_the_stepplanner_layout_only(tmp_path: pathlib.Path) -> None:
+    # read_trace would recognise this as BurstGPT; load_trace promises its own columns.
+    path = tmp_path / "b.csv"
+    path.write_text("Timestamp,Request tokens,Response tokens\n0,5,1\n")
+    with pytest.raises(StepPlannerValueError, match=r"'arrival_time', 'prompt_tokens', "
+                       r"'output_tokens' not found"):
+        load_trace(path)
 
 
 def test_an_empty_workload_is_an_error_at_construction() -> None:

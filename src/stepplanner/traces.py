@@ -31,14 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import INT32_MIN, StepPlannerValueError
-from .workloads import (
-    Workload,
-    _integer,  # one integer rule and message for every trace reader
-    json_lines,
-)
+from ._errors import INT32_MAX, INT32_MIN, StepPlannerValueError
+from .workloads import TRACE_COLUMNS, Workload, json_lines
 
-__all__ = ["LAYOUTS", "Layout", "csv_records", "detect_layout", "parse_columns", "read_trace"]
+__all__ = ["LAYOUTS", "STEPPLANNER_LAYOUT", "Layout", "csv_records", "detect_layout",
+           "parse_columns", "read_trace"]
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "datetime": None}
 # Date-times count from here, not from 1970, so that a double keeps ~15 ns of the 100 ns ticks
@@ -68,9 +65,10 @@ class Layout:
         return (self.arrival, self.prompt, self.output)
 
 
+# The project's own layout, which ``workloads.load_trace`` reads and ``Workload.to_csv`` writes.
+STEPPLANNER_LAYOUT = Layout("stepplanner", *TRACE_COLUMNS, public_log=False)
 LAYOUTS: tuple[Layout, ...] = (
-    Layout("stepplanner", "arrival_time", "prompt_tokens", "output_tokens", "priority",
-           public_log=False),
+    STEPPLANNER_LAYOUT,
     Layout("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", unit="datetime"),
     Layout("burstgpt", "Timestamp", "Request tokens", "Response tokens"),
     Layout("mooncake", "timestamp", "input_length", "output_length", unit="ms"),
@@ -183,8 +181,11 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
                 raise StepPlannerValueError(f"{where} line {line}: column {column!r} is missing")
         p = _integer(path, line, layout.prompt, record[layout.prompt], low)
         o = _integer(path, line, layout.output, record[layout.output], low)
-        t = _arrival(f"{where} line {line}: column {layout.arrival!r}", record[layout.arrival],
-                     layout.unit)
+        at = f"{where} line {line}: column {layout.arrival!r}"
+        t = _arrival(at, record[layout.arrival], layout.unit)
+        if t < 0 and not layout.public_log:
+            raise StepPlannerValueError(f"{at}: {record[layout.arrival]!r} is out of range; "
+                                        "allowed: a finite number of seconds >= 0")
         if p == 0 or o == 0:
             skipped += 1
             continue
@@ -199,10 +200,6 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
     times = np.array(arrival, dtype=np.float64)
     if layout.public_log:
         times -= times.min()
-    elif times.min() < 0:
-        line_index = int(np.argmin(times))
-        raise StepPlannerValueError(f"{where}: column {layout.arrival!r} has a negative arrival "
-                         f"({times[line_index]}) at request {line_index}; allowed: >= 0 seconds")
     source = f"{path} ({layout.name})"
     if skipped:
         source += f", {skipped} rows with 0 prompt or output tokens skipped"
@@ -241,3 +238,24 @@ def _datetime_seconds(at: str, raw: Any) -> float:
         moment = moment.replace(tzinfo=datetime.UTC)
     whole = (moment - _EPOCH) // datetime.timedelta(seconds=1)
     return whole + extra
+
+
+def _integer(path: pathlib.Path, line: int, column: str, raw: Any, low: int) -> int:
+    value: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, float) and raw.is_integer():
+        value = int(raw)
+    elif isinstance(raw, str):
+        try:
+            value = int(raw)
+        except ValueError:
+            value = None
+    if value is None:
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column {column!r}: {raw!r} is not an integer")
+    if not low <= value <= INT32_MAX:
+        raise StepPlannerValueError(
+            f"trace {path} line {line}: column {column!r}: {value} is out of range;"
+            f" allowed: {low}..{INT32_MAX}")
+    return value

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 import pathlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from typing import Any
 
@@ -42,8 +42,8 @@ __all__ = [
     "synthetic",
 ]
 
-REQUIRED_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens")
-OPTIONAL_COLUMNS = ("priority",)
+# The columns of the stepplanner trace layout, as ``to_csv`` writes them and ``load_trace`` reads.
+TRACE_COLUMNS = ("arrival_time", "prompt_tokens", "output_tokens", "priority")
 # The embedded default workload, which `stepplanner simulate` runs with no arguments.
 DEFAULT_REQUESTS = 6000
 DEFAULT_RATE = 28.0
@@ -114,7 +114,7 @@ class Workload:
     def to_csv(self, path: str | pathlib.Path) -> None:
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
-            writer.writerow((*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS))
+            writer.writerow(TRACE_COLUMNS)
             for row in zip(self.arrival_time, self.prompt_tokens, self.output_tokens,
                            self.priority):
                 writer.writerow((f"{row[0]:.6f}", int(row[1]), int(row[2]), int(row[3])))
@@ -210,57 +210,13 @@ def sample_trace_path() -> pathlib.Path:
 
 
 def load_trace(path: str | pathlib.Path) -> Workload:
-    """Read a CSV (``.csv``) or JSON Lines (``.jsonl``/``.ndjson``) trace; see the module doc."""
-    path = pathlib.Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".jsonl", ".ndjson"):
-        raise StepPlannerValueError(
-            f"trace {path}: suffix {suffix!r} is not known; "
-            "allowed: .csv, .jsonl, .ndjson")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StepPlannerValueError(f"trace {path}: cannot be read ({exc.strerror})") from None
-    records = _csv_records(path, text) if suffix == ".csv" else _jsonl_records(path, text)
-    columns: dict[str, list[Any]] = {name: [] for name in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)}
-    for line, record in records:
-        for name in REQUIRED_COLUMNS:
-            if name not in record or record[name] in (None, ""):
-                raise StepPlannerValueError(
-                    f"trace {path} line {line}: column {name!r} is missing; "
-                    f"required: {', '.join(REQUIRED_COLUMNS)}")
-        columns["arrival_time"].append(_seconds(path, line, record["arrival_time"]))
-        for name, low in (("prompt_tokens", 1), ("output_tokens", 1)):
-            columns[name].append(_integer(path, line, name, record[name], low))
-        raw = record.get("priority")
-        columns["priority"].append(
-            0 if raw in (None, "") else _integer(path, line, "priority", raw, INT32_MIN))
-    if not columns["arrival_time"]:
-        raise StepPlannerValueError(f"trace {path}: no requests")
-    return Workload(np.array(columns["arrival_time"], dtype=np.float64),
-                    np.array(columns["prompt_tokens"], dtype=np.int32),
-                    np.array(columns["output_tokens"], dtype=np.int32),
-                    np.array(columns["priority"], dtype=np.int32), source=str(path))
+    """Read a CSV (``.csv``) or JSON Lines (``.jsonl``/``.ndjson``) trace; see the module doc.
 
+    The stepplanner layout of ``traces.read_trace``, which reads every layout."""
+    # Imported here: traces builds on this module's Workload and json_lines.
+    from .traces import STEPPLANNER_LAYOUT, read_trace
 
-def _csv_records(path: pathlib.Path, text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
-    reader = csv.DictReader(text.splitlines())
-    header = [h.strip() for h in (reader.fieldnames or [])]
-    missing = [name for name in REQUIRED_COLUMNS if name not in header]
-    if missing:
-        raise StepPlannerValueError(
-            f"trace {path} line 1: header {header} lacks column(s) "
-            f"{', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
-    reader.fieldnames = header
-    for row in reader:
-        if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
-            continue
-        yield reader.line_num, {k: (v.strip() if isinstance(v, str) else v)
-                                for k, v in row.items()}
-
-
-def _jsonl_records(path: pathlib.Path, text: str) -> Iterable[tuple[int, Mapping[str, Any]]]:
-    return json_lines(text.splitlines(), f"trace {path}")
+    return read_trace(path, STEPPLANNER_LAYOUT)
 
 
 def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -282,41 +238,3 @@ def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str
                 f"{where} line {line}: expected a JSON object, "
                 f"got {type(record).__name__}")
         yield line, record
-
-
-def _seconds(path: pathlib.Path, line: int, raw: Any) -> float:
-    try:
-        if isinstance(raw, bool):
-            raise ValueError
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise StepPlannerValueError(
-            f"trace {path} line {line}: column 'arrival_time': {raw!r} is not a "
-            "number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise StepPlannerValueError(
-            f"trace {path} line {line}: column 'arrival_time': {raw!r} is out of "
-            "range; allowed: a finite number of seconds >= 0")
-    return value
-
-
-def _integer(path: pathlib.Path, line: int, column: str, raw: Any, low: int) -> int:
-    value: int | None = None
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        value = raw
-    elif isinstance(raw, float) and raw.is_integer():
-        value = int(raw)
-    elif isinstance(raw, str):
-        try:
-            value = int(raw)
-        except ValueError:
-            value = None
-    if value is None:
-        raise StepPlannerValueError(
-            f"trace {path} line {line}: column {column!r}: {raw!r} is not an "
-            "integer")
-    if not low <= value <= INT32_MAX:
-        raise StepPlannerValueError(
-            f"trace {path} line {line}: column {column!r}: {value} is out of range;"
-            f" allowed: {low}..{INT32_MAX}")
-    return value
