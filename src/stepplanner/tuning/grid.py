@@ -1,10 +1,11 @@
 """A grid of configurations: ``--grid NAME=V1,V2,...`` over ``SchedulingOptions`` and limits.
 
-NAME is any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled with ``_`` or ``-``, or
-one of the aliases users bring from the CLI and from vLLM (``mode``, ``policy``, ``reserved``,
-``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
-``max_step_tokens``). Values are spelled as the CLI spells them: enum members by name in any case
-(``mixed``, ``prefill_first``) or number, integers in decimal.
+NAME and the values are the configuration keys of ``compare --config`` (one table,
+``stepplanner._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
+with ``_`` or ``-``, or an alias users bring from the CLI and from vLLM (``mode``, ``policy``,
+``reserved``, ``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
+``max_step_tokens``); enum members by name in any case (``mixed``, ``prefill_first``) or number,
+integers in decimal.
 
 The grid is the Cartesian product of the value lists, in the order the names were given (the
 last name varies fastest). A point whose limits or budgets do not resolve is kept, with the
@@ -18,55 +19,17 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .._config_keys import apply_fields, field_name, field_value
 from .._errors import StepPlannerValueError
-from .._fields import enum_from_text
 from .._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..simulator import policy_to_dict
 
-__all__ = ["GridPoint", "expand_grid", "field_name", "parse_grid"]
-
-_ENUMS: dict[str, Any] = {"ifb_scheduling_mode": IfbSchedulingMode,
-                          "scheduling_policy": SchedulingPolicy, "preemption": PreemptionMode}
-ALIASES = {"mode": "ifb_scheduling_mode", "policy": "scheduling_policy",
-           "reserved": "priority_reserved_slots", "reserved_slots": "priority_reserved_slots",
-           "b": "max_batch_size", "max_num_seqs": "max_batch_size",
-           "p": "kv_page_size", "block_size": "kv_page_size",
-           "s_in": "max_input_length",
-           "max_num_batched_tokens": "max_step_tokens"}
-
-
-def _option_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(SchedulingOptions))
-
-
-def _limit_fields() -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(StepPlannerLimits))
-
-
-def field_name(raw: str) -> str:
-    """The dataclass field a grid NAME means, or a ``ValueError`` listing what is allowed."""
-    key = raw.strip().lower().replace("-", "_")
-    key = ALIASES.get(key, key)
-    if key in _option_fields() or key in _limit_fields():
-        return key
-    allowed = sorted({*_option_fields(), *_limit_fields(), *ALIASES})
-    raise StepPlannerValueError(f"grid name {raw!r} is not a SchedulingOptions or limits field; allowed: "
-                     f"{', '.join(allowed)}")
-
-
-def _value(field: str, text: str) -> Any:
-    if field in _ENUMS:
-        return enum_from_text(field, text, _ENUMS[field])
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise StepPlannerValueError(f"grid value {field}={text!r} is not an integer") from None
+__all__ = ["GridPoint", "expand_grid", "parse_grid"]
 
 
 def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
@@ -80,7 +43,7 @@ def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
         name, sep, values = text.partition("=")
         if not sep or not name.strip():
             raise StepPlannerValueError(f"grid {text!r} is not NAME=V1,V2,...")
-        field = field_name(name)
+        field = field_name(name, "grid name")
         if field in grid:
             raise StepPlannerValueError(f"grid name {field} is given twice; allowed: once, with all its "
                              "values")
@@ -88,7 +51,7 @@ def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
         if not items:
             raise StepPlannerValueError(f"grid {text!r} has no values; allowed: NAME=V1,V2,...")
         for item in items:
-            _value(field, item)
+            field_value(field, item, "grid value ")
         grid[field] = items
     return grid
 
@@ -121,13 +84,8 @@ def resolve_point(values: Mapping[str, str], base_limits: StepPlannerLimits,
                   base_options: SchedulingOptions) -> tuple[StepPlannerLimits,
                                                             ResolvedSchedulingPolicy]:
     """Base limits and options with ``values`` (field -> text) applied, resolved (SPEC §2)."""
-    options = dataclasses.asdict(base_options)
-    limits = dataclasses.asdict(base_limits)
-    for field, text in values.items():
-        (options if field in _option_fields() else limits)[field] = _value(field, text)
-    resolved_limits = StepPlannerLimits(**limits)
-    return resolved_limits, resolve_scheduling_policy(SchedulingOptions(**options),
-                                                      resolved_limits)
+    limits, options = apply_fields(values, base_limits, base_options, "grid value ")
+    return limits, resolve_scheduling_policy(options, limits)
 
 
 def expand_grid(grid: Mapping[str, Sequence[str]], base_limits: StepPlannerLimits,
