@@ -133,3 +133,25 @@ def test_load_latency_model_errors(tmp_path: pathlib.Path, content: str | None,
         path.write_text(content)
     with pytest.raises(ValueError, match=fragment):
         load_latency_model(str(path))
+
+
+def test_one_nonnegative_least_squares_serves_both_fits() -> None:
+    from stepplanner import calibration
+    from stepplanner._least_squares import nonnegative_least_squares
+
+    assert calibration.nonnegative_least_squares is nonnegative_least_squares
+    m = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    # Unconstrained: x = (2, -1); the best x >= 0 drops the second column.
+    x = nonnegative_least_squares(m, np.array([2.0, -1.0, 1.0]))
+    assert x.tolist() == pytest.approx([1.5, 0.0])
+    # No feasible support beats x = 0 when every column points away from the target.
+    assert nonnegative_least_squares(m, np.array([-1.0, -1.0, -2.0])).tolist() == [0.0, 0.0]
+
+
+def test_fit_latency_clamps_a_negative_slope_to_zero() -> None:
+    tokens = np.array([1, 100, 200, 300, 50, 400])
+    context = np.array([10, 10, 5000, 9000, 20000, 30000])
+    # seconds fall with tokens: the best b >= 0 is 0, a and c absorb the rest
+    seconds = 0.01 + 1e-7 * context - 1e-6 * tokens
+    fit = fit_latency(tokens, context, seconds)
+    assert fit.model.b == 0.0 and fit.model.a > 0 and fit.model.c > 0

@@ -17,12 +17,12 @@ runs it and prints the residual table docs/simulator.md publishes.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from ._least_squares import nonnegative_least_squares
 from ._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -156,22 +156,6 @@ def residuals(model: LatencyModel) -> list[Residual]:
     """Every published row's saturated run, simulated under ``model``."""
     return [residual(simulate_row(isl, osl, requests, model), float(tok_s))
             for isl, osl, tok_s, requests in TRTLLM_H100_LLAMA31_8B_FP8]
-
-
-def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """argmin ||matrix @ x - target|| over x >= 0, by trying every support (3 columns: 7)."""
-    best, best_x = np.inf, np.zeros(matrix.shape[1])
-    for size in range(1, matrix.shape[1] + 1):
-        for support in itertools.combinations(range(matrix.shape[1]), size):
-            sol, *_ = np.linalg.lstsq(matrix[:, support], target, rcond=None)
-            if np.any(sol < 0):
-                continue
-            x = np.zeros(matrix.shape[1])
-            x[list(support)] = sol
-            err = float(np.sum((matrix @ x - target) ** 2))
-            if err < best:
-                best, best_x = err, x
-    return best_x
 
 
 def _significant(x: float, digits: int = 3) -> float:

@@ -26,7 +26,6 @@ relative error.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 import pathlib
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ._errors import StepPlannerValueError
+from ._least_squares import nonnegative_least_squares
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .traces import csv_records
 
@@ -198,20 +198,10 @@ def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
         raise StepPlannerValueError("timings do not vary tokens and context independently, so a, b and c "
                          "cannot be told apart; allowed: steps with different token counts and "
                          "different contexts (not proportional to each other)")
-    best: tuple[float, np.ndarray] | None = None
-    for size in (3, 2, 1):
-        for cols in itertools.combinations(range(3), size):
-            coef, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-            if np.any(coef < 0):
-                continue
-            full = np.zeros(3)
-            full[list(cols)] = coef
-            residual = float(np.sum((x @ full - y) ** 2))
-            if best is None or residual < best[0]:
-                best = (residual, full)
-    if best is None:
+    coef = nonnegative_least_squares(x, y)
+    if not np.any(coef > 0):
         raise StepPlannerValueError("no non-negative a, b, c fit these timings")
-    residual, coef = best
+    residual = float(np.sum((x @ coef - y) ** 2))
     total = float(np.sum((y - y.mean()) ** 2))
     relative = np.abs(x @ coef - y) / y
     worst = int(np.argmax(relative))
