@@ -50,12 +50,16 @@ __all__ = [
     "DEFAULT_LIMITS",
     "RECORD_FORMAT",
     "SimulationResult",
+    "SimulationRun",
     "StepRecorder",
     "policy_from_dict",
     "policy_to_dict",
+    "pooled_itl",
     "read_record_header",
     "replay",
+    "resolve_options",
     "simulate",
+    "weighted_percentile",
 ]
 
 DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
@@ -127,8 +131,8 @@ class SimulationResult:
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
-        itl = {"all": _pooled(self.itl)}
-        itl.update({str(p): _pooled(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
+        itl = {"all": pooled_itl(self.itl)}
+        itl.update({str(p): pooled_itl(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
         return {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),
@@ -165,7 +169,7 @@ class SimulationResult:
             "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
             "latency_s": {name: {**{metric: _percentiles(values[mask])
                                     for metric, values in lat.items()},
-                                 "itl": {f"p{q}": _weighted_pct(*itl[name], q)
+                                 "itl": {f"p{q}": weighted_percentile(*itl[name], q)
                                          for q in PERCENTILES}}
                           for name, mask in classes.items()},
             "planner": {
@@ -191,13 +195,14 @@ def _percentiles(values: np.ndarray) -> dict[str, float | None]:
     return {f"p{q}": _pct(values, q) for q in PERCENTILES}
 
 
-def _pooled(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def pooled_itl(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Inter-token gaps of several classes as one (seconds, count) sample."""
     if not parts:
         return np.zeros(0), np.zeros(0, dtype=np.int64)
     return np.concatenate([v for v, _ in parts]), np.concatenate([c for _, c in parts])
 
 
-def _weighted_pct(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
     """``np.percentile(np.repeat(values, counts), q)`` without building the repeated array."""
     keep = counts > 0
     values, counts = values[keep], counts[keep]
@@ -234,15 +239,17 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
                                   or max_steps < 1):
         raise StepPlannerValueError(
             f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
-    policy = _resolve(options, limits)
-    run = _Run(workload, limits, policy, latency, StepPlanner(policy, limits))
+    policy = resolve_options(options, limits)
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
     t0 = time.perf_counter()
     truncated = run.loop(max_steps, on_step, progress, max(1, progress_every))
     wall = time.perf_counter() - t0
     return run.result(wall, truncated)
 
 
-def _resolve(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+    """``options`` (SchedulingOptions, None for the defaults, or already resolved) under
+    ``limits``; anything else is a ``TypeError``."""
     if isinstance(options, ResolvedSchedulingPolicy):
         return options
     if options is None:
@@ -254,7 +261,7 @@ def _resolve(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolic
     return resolve_scheduling_policy(options, limits)
 
 
-class _Run:
+class SimulationRun:
     """The mutable state of one simulation; request ids are workload row indices."""
 
     def __init__(self, workload: Workload, limits: StepPlannerLimits,
@@ -433,6 +440,11 @@ class _Run:
                  np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
                                                           dtype=np.int64)]))
                 for k in range(len(w.classes))]
+
+
+# The names paged_simulator still imports; the public names above are the ones to use.
+_resolve = resolve_options
+_Run = SimulationRun
 
 
 # --- configuration as plain data ----------------------------------------------------------

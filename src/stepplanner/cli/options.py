@@ -17,7 +17,9 @@ from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
 from .render import FORMATS
 
 
-def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One decorator that applies ``decorators`` as if stacked in this order: flag groups that
+    several commands share."""
     def apply(f: Any) -> Any:
         for decorator in reversed(decorators):
             f = decorator(f)
@@ -25,7 +27,7 @@ def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return apply
 
 
-workload_options = _compose(
+workload_options = compose(
     click.option("--trace", type=click.Path(exists=True, dir_okay=False),
                  help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
                       "columns (recognised), or any with --columns; default: the embedded "
@@ -44,7 +46,7 @@ workload_options = _compose(
                  help="Synthetic workload: random seed."),
 )
 
-limit_options = _compose(
+limit_options = compose(
     click.option("--max-batch-size", "-B", "--max-num-seqs", "max_batch_size", type=int,
                  default=DEFAULT_LIMITS.max_batch_size,
                  show_default=True, help="B: resident slots."),
@@ -65,7 +67,7 @@ def _choice(enum: Any) -> click.Choice[str]:
     return click.Choice([m.name.lower() for m in enum], case_sensitive=False)
 
 
-scheduling_options = _compose(
+scheduling_options = compose(
     click.option("--mode", type=_choice(IfbSchedulingMode), default="auto", show_default=True,
                  help="ifb_scheduling_mode."),
     click.option("--max-num-tokens", type=int, default=0, show_default=True,
@@ -86,7 +88,7 @@ scheduling_options = _compose(
 
 def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
     """The run flags, with ``max_steps`` as the default of ``--max-steps`` (None: no limit)."""
-    return _compose(
+    return compose(
         click.option("--latency", "latency_text", default="",
                      help="Override the step-latency model: "
                           "'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'."),
@@ -103,7 +105,7 @@ def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
 run_options = run_options_stopping_at(None)
 
 
-format_options = _compose(
+format_options = compose(
     click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table",
                  show_default=True,
                  help="table: for a terminal (rows printed vertically when the table is wider "

@@ -14,7 +14,7 @@ from ..tuning.metrics import DEFAULT_PERCENTILES, VLLM_METRICS, percentile_word
 from ..tuning.slo import SloTarget
 from ..tuning.sweep import assess
 from .render import Block, Column, Line, TableData
-from .options import _compose as compose
+from .options import compose
 from .tuning_options import latency_model_option, percentiles_option, slo_option
 from .tuning_render import write_json
 

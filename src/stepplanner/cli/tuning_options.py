@@ -19,7 +19,7 @@ from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
 from ..tuning.slo import parse_slos
 from .files import check_output_path
-from .options import _compose as compose
+from .options import compose
 
 def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
     def callback(ctx: Any, param: Any, value: Any) -> Any:

@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-# The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
 from .._errors import StepPlannerValueError
-from ..simulator import _pooled as pooled_itl
-from ..simulator import _weighted_pct as weighted_percentile
+# The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
+from ..simulator import pooled_itl, weighted_percentile
 
 __all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
 
