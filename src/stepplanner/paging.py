@@ -265,10 +265,12 @@ class PagedLedger:
         """The page table's side of a ledger call that swap-removed rows of ``live``."""
         if int(self.ledger.count) == count:
             return
-        gone = np.flatnonzero(~np.isin(live, self.ledger.request_ids)).tolist()
+        now = set(self.ledger.request_ids.tolist())   # a set: np.isin costs ~5x more here
+        ids = live.tolist()
+        gone = [row for row, rid in enumerate(ids) if rid not in now]
         release_rows(self.page_table, gone, count)
         for row in gone:
-            self._tokens.pop(int(live[row]), None)
+            self._tokens.pop(ids[row], None)
 
     # --- leaving ------------------------------------------------------------------------------
 
