@@ -17,13 +17,19 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int, as_int32
+from ._ledger_reference import as_request_id, submission
 
 __all__ = ["PagedLedger", "release_rows", "worst_case_pages"]
 
 # What PagedLedger reads from its ledger as is; every state-changing method is its own or refused.
 _FORWARDED = frozenset({"capacity", "count", "free_slots", "residents", "request_ids", "limits",
-                        "by_priority", "reserved_slots", "to_records"})
-_REFUSED = frozenset({"load"})
+                        "by_priority", "reserved_slots", "max_waiting", "output_tokens",
+                        "finished_ids", "admitted_ids", "to_records"})
+_REFUSED = {
+    "load": "it would make residents without their KV pages; submit and admit here instead",
+    "step": "use apply(plan, finished, retire=True), admit() and planner.plan(residents), "
+            "which keep the pages beside the rows",
+}
 
 
 def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int) -> int:
@@ -77,17 +83,19 @@ class PagedLedger:
     """A ``Ledger`` with a ``KVPageTable`` attached: slots and pages kept together, and
     admission that reserves each request's worst case so a step never runs out of pages.
 
-    ``submit(request_id, prompt_length, priority, max_new_tokens)`` queues a request here; it
+    ``submit(request_id, prompt_length, priority, max_new_tokens=N)`` queues a request here; it
     reaches the ledger's own queue (whose order, FCFS or PRIORITY, then decides admission) only
-    once its worst case, ``prompt_length + max_new_tokens`` tokens, fits the free pool beside
-    what is already promised to requests ahead of it. Requests wait here in arrival order, so a
-    large request at the head is never overtaken for ever by smaller ones. ``admit`` reserves
-    each admitted row's worst case (``ensure``), ``retire``/``retire_rows`` release the retired
-    rows' pages and move the last rows' pages as the ledger moves their rows. ``apply`` and the
-    ledger's read-only members (``residents``, ``request_ids``, ``count``, ...) are the wrapped
-    ledger's; its other state-changing methods (``load``) are refused here, since they would
-    make residents without pages. Requests enter the ledger only through this object:
-    ``admit`` refuses a ledger that was changed behind its back.
+    once its worst case, ``prompt_length + N`` tokens, fits the free pool beside what is already
+    promised to requests ahead of it. Requests wait here in arrival order, so a large request at
+    the head is never overtaken for ever by smaller ones. ``N`` goes on to the ledger, which
+    finishes the request once it has emitted ``N`` tokens, so no request outgrows its
+    reservation. ``admit`` reserves each admitted row's worst case (``ensure``); ``apply``,
+    ``retire_finished``, ``retire``, ``retire_rows`` and ``cancel`` release the pages of the
+    requests they remove and move the last rows' pages as the ledger moves their rows. The
+    ledger's read-only members (``residents``, ``request_ids``, ``count``, ``finished_ids``,
+    ...) are the wrapped ledger's; its ``load`` is refused (it would make residents without
+    pages), and so is the fused ``step`` (the separate calls are the paged loop). Requests enter
+    the ledger only through this object: ``admit`` refuses a ledger changed behind its back.
     """
 
     def __init__(self, ledger: Any, page_table: Any) -> None:
@@ -104,21 +112,14 @@ class PagedLedger:
         self.page_table = page_table
         self._held: deque[tuple[int, int, int, int]] = deque()   # not yet in the ledger
         self._promised = 0         # pages of requests in the ledger's queue, not yet admitted
-        self._tokens: dict[int, int] = {}   # request id -> worst-case tokens, until it retires
+        self._tokens: dict[int, int] = {}   # request id -> worst-case tokens, until it leaves
 
     def __getattr__(self, name: str) -> Any:
         if name in _FORWARDED:
             return getattr(self.ledger, name)
         if name in _REFUSED:
-            raise AttributeError(
-                f"PagedLedger.{name} is refused: it would change the ledger's residents without "
-                "their KV pages; use submit/admit/retire here, or the ledger and page table "
-                "directly without a PagedLedger")
+            raise AttributeError(f"PagedLedger.{name} is refused: {_REFUSED[name]}")
         raise AttributeError(f"'PagedLedger' object has no attribute {name!r}")
-
-    def apply(self, plan: Any) -> None:
-        """The ledger's ``apply``: it advances residents' tokens, never their rows or pages."""
-        self.ledger.apply(plan)
 
     def waiting_ids(self) -> list[int]:
         """The ledger's queue in order, then the requests held back for pages, in arrival order."""
@@ -149,32 +150,46 @@ class PagedLedger:
         p = self.page_table.kv_page_size
         return int(((self.ledger.residents["committed"].astype(np.int64) + p - 1) // p).sum())
 
-    def submit(self, request_id: int, prompt_length: int, priority: int = 0,
-               max_new_tokens: int = 0) -> None:
-        """Queue a request with its worst case; refused (``ValueError``) when no pool could
-        ever hold it or its prompt is one the ledger would refuse."""
-        rid = as_int("request_id", request_id)
-        length = as_int32("prompt_length", prompt_length)
-        s_in = self.ledger.limits.max_input_length
-        if not 1 <= length <= s_in:
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // int(self.page_table.kv_page_size))
+
+    # --- admission ----------------------------------------------------------------------------
+
+    def submit(self, request_id: int, prompt_length: int, priority: int = 0, *,
+               max_new_tokens: int) -> None:
+        """Queue a request with its worst case. Every field is checked as the ledger checks it
+        (so ``admit`` never meets a request the ledger refuses); refused besides when no pool
+        could ever hold it, and with ``QueueFullError`` when ``max_waiting`` requests already
+        wait here and in the ledger's queue together."""
+        if max_new_tokens is None:
             raise _errors.StepPlannerValueError(
-                f"prompt_length={length} is out of range; allowed: 1..{s_in}")
+                "max_new_tokens=None is refused: a PagedLedger reserves each request's worst "
+                "case, so it needs a bound; allowed: >= 1")
+        rid, length, prio, new = submission(request_id, prompt_length, priority,
+                                            max_new_tokens, self.ledger.limits.max_input_length)
         if rid in self._tokens or (self._outside_requests() and (
                 rid in self.ledger.request_ids.tolist() or rid in self.ledger.waiting_ids())):
-            raise _errors.StepPlannerValueError(f"request_id={rid} is already waiting or resident")
+            raise _errors.duplicate_request(rid)
         table = self.page_table
-        pages = worst_case_pages(length, max_new_tokens, table.kv_page_size)
+        pages = worst_case_pages(length, new, table.kv_page_size)
         limit = min(table.max_pages_per_sequence, table.num_pages)
         if pages > limit:
             raise _errors.StepPlannerValueError(
                 f"request_id={rid}: prompt_length + max_new_tokens = "
-                f"{length} + {max_new_tokens} needs {pages} pages; allowed: at most "
+                f"{length} + {new} needs {pages} pages; allowed: at most "
                 f"{limit} (min of max_pages_per_sequence and num_pages)")
-        self._held.append((rid, length, as_int32("priority", priority), pages))
-        self._tokens[rid] = length + int(max_new_tokens)
+        if self.waiting >= self.ledger.max_waiting:
+            raise _errors.queue_full(rid, self.ledger.max_waiting)
+        self._held.append((rid, length, prio, new))
+        self._tokens[rid] = length + new
 
     def admit(self) -> list[int]:
-        """Pass held requests whose worst case fits on to the ledger, admit, reserve pages."""
+        """Pass held requests whose worst case fits on to the ledger, admit, reserve pages.
+
+        A request leaves the hold only once the ledger has taken it, so when passing one on
+        raises, the requests before it are in the ledger's queue with their pages promised, it
+        and those behind it are still held, and the next ``admit`` carries on from there.
+        """
         outside = self._outside_requests()
         if outside:
             raise _errors.StepPlannerRuntimeError(
@@ -182,34 +197,111 @@ class PagedLedger:
                 "that came through this PagedLedger (submitted, loaded or retired on the ledger "
                 "itself); their pages are unknown, so nothing is admitted")
         free = self.page_table.num_free_pages - self._promised
-        while self._held and self._held[0][3] <= free:
-            rid, length, prio, pages = self._held[0]
-            self.ledger.submit(rid, length, prio)
+        room = self.ledger.max_waiting - self.ledger.waiting   # submit keeps it >= len(held)
+        while self._held and room > 0:
+            rid, length, prio, new = self._held[0]
+            pages = self._pages(length + new)
+            if pages > free:
+                break
+            self.ledger.submit(rid, length, prio, max_new_tokens=new)
             self._held.popleft()               # only once the ledger took it
             self._promised += pages
             free -= pages
+            room -= 1
         admitted = self.ledger.admit()
         first = self.ledger.count - len(admitted)
         for row, rid in enumerate(admitted, start=first):
             tokens = self._tokens[rid]
             if not self.page_table.ensure(row, tokens):  # pragma: no cover - promised above
                 raise RuntimeError(f"request {rid}: its promised pages were not free")
-            self._promised -= -(-tokens // self.page_table.kv_page_size)
+            self._promised -= self._pages(tokens)
         return list(admitted)
 
+    # --- the step -----------------------------------------------------------------------------
+
+    def apply(self, plan: Any, finished: np.ndarray | None = None, *,
+              retire: bool = False) -> np.ndarray:
+        """The ledger's ``apply`` (output accounting, ``finished``, ``retire``), refused first
+        when a plan row would write KV beyond the pages reserved for it; with ``retire`` the
+        retired rows' pages go back to the pool. Returns the ledger's ``finished_ids``."""
+        self._check_reserved(plan)
+        count = int(self.ledger.count)
+        live = self.ledger.request_ids.copy() if retire else None
+        done: np.ndarray = self.ledger.apply(plan, finished, retire=retire)
+        if live is not None:
+            self._release_removed(live, count)
+        return done
+
+    def _check_reserved(self, plan: Any) -> None:
+        try:
+            seq = plan.as_array()
+            n = plan.num_residents
+        except AttributeError:
+            return                       # not a StepPlan: the ledger's apply says so
+        if n != self.ledger.count:
+            return                       # the ledger's apply says so
+        p = self.page_table.kv_page_size
+        rows = seq["resident"].astype(np.intp)
+        need = seq["past_length"].astype(np.int64) + seq["query_length"]
+        cap = self.page_table.page_counts[rows].astype(np.int64) * p
+        over = np.flatnonzero(need > cap)
+        if over.size:
+            k = int(over[0])
+            row = int(rows[k])
+            raise _errors.StepPlannerValueError(
+                f"plan row {k} (resident {row}, request {int(self.ledger.request_ids[row])}) "
+                f"would hold {int(need[k])} tokens of KV; allowed: at most the {int(cap[k])} "
+                f"its reserved pages hold (a request finished but not retired must be retired "
+                "before it is planned a second time)")
+
+    def retire_finished(self) -> None:
+        """Retire every resident the ledger marked finished and release its pages."""
+        count = int(self.ledger.count)
+        live = self.ledger.request_ids.copy()
+        self.ledger.retire_finished()
+        self._release_removed(live, count)
+
+    def _release_removed(self, live: np.ndarray, count: int) -> None:
+        """The page table's side of a ledger call that swap-removed rows of ``live``."""
+        if int(self.ledger.count) == count:
+            return
+        now = set(self.ledger.request_ids.tolist())   # a set: np.isin costs ~5x more here
+        ids = live.tolist()
+        gone = [row for row, rid in enumerate(ids) if rid not in now]
+        release_rows(self.page_table, gone, count)
+        for row in gone:
+            self._tokens.pop(ids[row], None)
+
+    # --- leaving ------------------------------------------------------------------------------
+
+    def cancel(self, request_id: object) -> None:
+        """Remove a request wherever it is: held back here, in the ledger's queue (its promised
+        pages are given back) or resident (its pages are released, the last row's move in)."""
+        rid = as_request_id(request_id)
+        if rid not in self._tokens:
+            raise _errors.not_in_ledger(rid)
+        for i, held in enumerate(self._held):
+            if held[0] == rid:
+                del self._held[i]
+                del self._tokens[rid]
+                return
+        rows = np.flatnonzero(self.ledger.request_ids == rid)
+        count = int(self.ledger.count)
+        self.ledger.cancel(rid)
+        if rows.size:
+            release_rows(self.page_table, [int(rows[0])], count)
+        else:
+            self._promised -= self._pages(self._tokens[rid])
+        del self._tokens[rid]
+
     def retire_rows(self, rows: Sequence[int] | np.ndarray) -> None:
-        count = self.ledger.count
-        live = self.ledger.request_ids.tolist()
+        count = int(self.ledger.count)
+        live = self.ledger.request_ids.copy()
         self.ledger.retire_rows(rows)          # checks everything first, then swap-removes
-        listed = np.asarray(rows).ravel().tolist()   # valid rows now: the ledger accepted them
-        ids = [live[r] for r in listed]
-        release_rows(self.page_table, listed, count)
-        for rid in ids:
-            self._tokens.pop(rid, None)
+        self._release_removed(live, count)
 
     def retire(self, request_ids: Iterable[int]) -> None:
-        ids = list(request_ids)
-        live = self.ledger.request_ids.tolist()
-        if len(set(ids)) != len(ids) or not all(r in live for r in ids):
-            self.ledger.retire(ids)            # raises the ledger's own error; nothing changed
-        self.retire_rows([live.index(r) for r in ids])
+        count = int(self.ledger.count)
+        live = self.ledger.request_ids.copy()
+        self.ledger.retire(request_ids)        # checks everything first, then swap-removes
+        self._release_removed(live, count)
