@@ -20,7 +20,13 @@ from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLim
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .ledger import Ledger
 from .paging import PagedLedger
-from .simulator import DEFAULT_LIMITS, Progress, SimulationResult, _resolve, _Run
+from .simulator import (
+    DEFAULT_LIMITS,
+    Progress,
+    SimulationResult,
+    SimulationRun,
+    resolve_options,
+)
 from .workloads import Workload
 
 __all__ = ["PageOccupancy", "row_pages", "simulate_paged"]
@@ -103,10 +109,10 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
 
     if not isinstance(workload, Workload):
         raise _errors.wrong_type("workload", "Workload", workload)
-    policy = _resolve(options, limits)
+    policy = resolve_options(options, limits)
     table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
                         limits.kv_page_size)
-    run = _Run(workload, limits, policy, latency, StepPlanner(policy, limits))
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
     ledger = _SimulatedPagedLedger(run.ledger, table, workload.output_tokens)
     run.ledger = cast(Ledger, ledger)   # the loop uses only what PagedLedger provides
     reserved: list[int] = []

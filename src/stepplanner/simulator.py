@@ -442,10 +442,6 @@ class SimulationRun:
                 for k in range(len(w.classes))]
 
 
-# The names paged_simulator still imports; the public names above are the ones to use.
-_resolve = resolve_options
-_Run = SimulationRun
-
 
 # --- configuration as plain data ----------------------------------------------------------
 
