@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -131,3 +132,33 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "limits_address_space" in item.keywords:
                 item.add_marker(skip)
+
+
+def _assert_unwritable(array: np.ndarray, compiled: bool) -> None:
+    """Neither ``array`` nor any array it views can be made writable, and the memory at the end
+    of its ``.base`` chain exports a read-only buffer. The compiled memory's exporter is read-only
+    too; the pure-Python twin's is the array it writes (nothing in pure Python is private)."""
+    assert not array.flags.writeable
+    owner = array
+    while isinstance(owner, np.ndarray):
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            owner.flags.writeable = True
+        with pytest.raises(ValueError, match="read-only"):
+            owner[...] = 0
+        with pytest.raises(ValueError, match="read-only"):
+            np.asarray(owner)[...] = 0
+        owner = owner.base
+    assert owner is not None
+    view = memoryview(owner)
+    assert view.readonly
+    with pytest.raises(TypeError):
+        view.cast("B")[0] = 1
+    if compiled:
+        assert memoryview(owner.obj).readonly  # numpy keeps a memoryview of the exporter
+
+
+@pytest.fixture(scope="session")
+def assert_unwritable():
+    """``assert_unwritable(array, compiled)``: the check that memory a kernel indexes by cannot be
+    written from Python (the page table's and the ledger's views)."""
+    return _assert_unwritable

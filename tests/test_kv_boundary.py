@@ -64,30 +64,7 @@ def assert_ran(result: subprocess.CompletedProcess, *expected: str) -> None:
 # --- the memory the kernels index by cannot be written from Python --------------------------
 
 
-def assert_unwritable(array: np.ndarray, compiled: bool) -> None:
-    """Neither ``array`` nor any array it views can be made writable, and the memory at the end
-    of its ``.base`` chain exports a read-only buffer. The compiled memory's exporter is read-only
-    too; the pure-Python twin's is the array it writes (nothing in pure Python is private)."""
-    assert not array.flags.writeable
-    owner = array
-    while isinstance(owner, np.ndarray):
-        with pytest.raises(ValueError, match="WRITEABLE"):
-            owner.flags.writeable = True
-        with pytest.raises(ValueError, match="read-only"):
-            owner[...] = 0
-        with pytest.raises(ValueError, match="read-only"):
-            np.asarray(owner)[...] = 0
-        owner = owner.base
-    assert owner is not None
-    view = memoryview(owner)
-    assert view.readonly
-    with pytest.raises(TypeError):
-        view.cast("B")[0] = 1
-    if compiled:
-        assert memoryview(owner.obj).readonly  # numpy keeps a memoryview of the exporter
-
-
-def test_table_arrays_and_their_bases_cannot_be_written(kv):
+def test_table_arrays_and_their_bases_cannot_be_written(kv, assert_unwritable):
     table, inputs = made(kv)
     before = snapshot(table, inputs)
     compiled = kv.IMPLEMENTATION == "compiled"
@@ -321,7 +298,7 @@ def test_invalidate_agrees_across_implementations(compiled_kv, reference_kv):
     assert written_then_invalidated(compiled_kv) == written_then_invalidated(reference_kv)
 
 
-def test_no_referent_of_the_compiled_objects_is_writable_memory(compiled_kv):
+def test_no_referent_of_the_compiled_objects_is_writable_memory(compiled_kv, assert_unwritable):
     """``gc.get_referents`` reaches every object field of a cdef class: none of them may be
     memory the kernels index by that Python could write."""
     import gc

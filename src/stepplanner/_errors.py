@@ -307,6 +307,15 @@ def plan_type(plan: object, expected: str) -> StepPlannerTypeError:
     return StepPlannerTypeError(f"plan must be a {expected}, got {_type_name(plan)}")
 
 
+def ledger_reentered() -> StepPlannerRuntimeError:
+    return StepPlannerRuntimeError(
+        "Ledger re-entered: a ledger call was made while another call on the same ledger was "
+        "still running (from code that call ran, e.g. an argument's __array__, __index__ or "
+        "__getitem__, a planner's plan(), or from another thread); allowed: one ledger call at "
+        "a time (one serving loop per ledger)"
+    )
+
+
 def plan_count(num_residents: int, count: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"plan was made over {num_residents} residents but the ledger holds "

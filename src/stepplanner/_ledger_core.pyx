@@ -19,6 +19,7 @@ from stepplanner._core cimport (
     ResidentC,
     SequenceC,
     StepPlan,
+    _CoreMemory,
     check_row,
 )
 
@@ -28,7 +29,11 @@ from stepplanner import _errors
 from stepplanner._ledger_reference import (
     as_request_id,
     check_ledger_args,
+    check_rows,
+    check_waiting,
     parse_records,
+    plan_classes,
+    plan_sizes,
     records_of,
     rows_argument,
     submission,
@@ -136,10 +141,16 @@ cdef inline uint64_t home(const IdMapC* m, int64_t key) noexcept nogil:
     return (z ^ (z >> 31)) & m.mask
 
 
+# Every probe loop visits each slot at most once. The load stays <= 1/2 (the map is sized for
+# every waiting and resident id twice over), so a probe always meets a free slot; the bound is
+# there so that no state, however it came about, can make a lookup spin.
+
 cdef inline int64_t map_find(const IdMapC* m, int64_t key) noexcept nogil:
     """The table index holding ``key``, or -1."""
-    cdef uint64_t i = home(m, key)
-    while m.used[i]:
+    cdef uint64_t i = home(m, key), n
+    for n in range(m.mask + 1):
+        if not m.used[i]:
+            return -1
         if m.keys[i] == key:
             return <int64_t>i
         i = (i + 1) & m.mask
@@ -147,21 +158,23 @@ cdef inline int64_t map_find(const IdMapC* m, int64_t key) noexcept nogil:
 
 
 cdef inline void map_set(IdMapC* m, int64_t key, int32_t value) noexcept nogil:
-    cdef uint64_t i = home(m, key)
-    while m.used[i] and m.keys[i] != key:
+    cdef uint64_t i = home(m, key), n
+    for n in range(m.mask + 1):
+        if not m.used[i] or m.keys[i] == key:
+            m.used[i] = 1
+            m.keys[i] = key
+            m.values[i] = value
+            return
         i = (i + 1) & m.mask
-    m.used[i] = 1
-    m.keys[i] = key
-    m.values[i] = value
 
 
 cdef void map_delete(IdMapC* m, int64_t key) noexcept nogil:
     cdef int64_t found = map_find(m, key)
-    cdef uint64_t i, j, k
+    cdef uint64_t i, j, k, n
     if found < 0:
         return
     i = j = <uint64_t>found
-    while True:
+    for n in range(m.mask):
         j = (j + 1) & m.mask
         if not m.used[j]:
             break
@@ -262,6 +275,17 @@ cdef void apply_plan(const PlanC* p, TableC* t) noexcept nogil:
             row.consecutive_paused_steps = 0
 
 
+cdef int32_t first_row_out_of_range(const PlanC* p, int32_t count) noexcept nogil:
+    """The first plan row whose resident is not a row below ``count``, or -1: the accounting
+    indexes the table's arrays by it."""
+    cdef int32_t k, r
+    for k in range(p.num_prefill + p.num_decode):
+        r = p.sequences[k].resident
+        if r < 0 or r >= count:
+            return k
+    return -1
+
+
 cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nogil:
     cdef int32_t i
     for i in range(t.count):
@@ -327,6 +351,14 @@ cdef cnp.dtype _BOOL_DESCR = np.dtype(np.bool_)
 cdef cnp.dtype _UINT8_DESCR = np.dtype(np.uint8)
 
 
+cdef object _int64_array(int32_t n, int64_t** data):
+    """A read-only int64 array of ``n`` zeros over a new ``_CoreMemory``; ``data`` gets its
+    memory, which only the C writes."""
+    cdef _CoreMemory memory = _CoreMemory(max(n, 1) * <Py_ssize_t>sizeof(int64_t))
+    data[0] = <int64_t*>memory.data
+    return np.frombuffer(memory, dtype=np.int64)[:n]
+
+
 cdef object _view(list cache, object buffer, int32_t n, bint writable):
     """``buffer[:n]``, made once per length and kept: the per-step properties allocate nothing
     once the lengths a run visits have been seen."""
@@ -353,7 +385,8 @@ cdef class Ledger:
     cdef TableC t
     cdef uint64_t next_arrival
     cdef bint stamps_exhausted      # load() gave arrival 2**64 - 1: no stamp is left
-    cdef object _rows, _ids, _generated, _finished, _admitted   # numpy owners of t's arrays
+    cdef object _rows               # numpy owner of t.rows (the writable residents)
+    cdef object _ids, _generated, _finished, _admitted   # read-only arrays over _CoreMemory
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
     cdef object _pending            # the plan of step() not yet applied, or None
     cdef object _fits               # the last planner step() found made for these limits
@@ -363,6 +396,7 @@ cdef class Ledger:
     cdef readonly bint by_priority
     cdef readonly int32_t reserved_slots
     cdef readonly int32_t max_waiting
+    cdef bint _busy                 # a call that runs caller code is under way: see _enter
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
@@ -370,15 +404,14 @@ cdef class Ledger:
         self.limits = limits
         cdef int32_t b = limits.max_batch_size, w = self.max_waiting
         self._rows = np.zeros(b, dtype=_types.RESIDENT_DTYPE)
-        self._ids = np.full(b, -1, dtype=np.int64)
-        self._generated = np.zeros(b, dtype=np.int64)
-        self._finished = np.zeros(b, dtype=np.int64)
-        self._admitted = np.zeros(b, dtype=np.int64)
         self.t.rows = <ResidentC*>cnp.PyArray_DATA(self._rows)
-        self.t.ids = <int64_t*>cnp.PyArray_DATA(self._ids)
-        self.t.generated = <int64_t*>cnp.PyArray_DATA(self._generated)
-        self.t.finished = <int64_t*>cnp.PyArray_DATA(self._finished)
-        self.t.admitted = <int64_t*>cnp.PyArray_DATA(self._admitted)
+        # What the C indexes by (ids key the id map) lives in memory Python can only read: no
+        # view of it, nor its .base, can be made writable.
+        self._ids = _int64_array(b, &self.t.ids)
+        self._generated = _int64_array(b, &self.t.generated)
+        self._finished = _int64_array(b, &self.t.finished)
+        self._admitted = _int64_array(b, &self.t.admitted)
+        memset(self.t.ids, 0xFF, b * sizeof(int64_t))  # every id -1
         self.t.capacity = b
         self.t.reserved_slots = self.reserved_slots
         self.t.max_new = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
@@ -413,9 +446,6 @@ cdef class Ledger:
         self._generated_views = [None] * (b + 1)
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
-        # Only the C writes these; read-only owners mean no view of them can be made writable.
-        for owner in (self._ids, self._generated, self._finished, self._admitted):
-            owner.flags.writeable = False
 
     def __init__(self, limits, policy=None, *, max_waiting=None):
         pass  # everything was checked and allocated by __cinit__: a second call changes nothing
@@ -480,6 +510,22 @@ cdef class Ledger:
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
                 f"order={'PRIORITY' if self.by_priority else 'FCFS'})")
 
+    cdef int _enter(self) except -1:
+        """Refuse a call while another runs caller code (an argument's ``__index__``/
+        ``__array__``/``__getitem__``, a planner), from that code or from another thread (with
+        the GIL the critical sections are no-ops, and Python code may switch threads): state read
+        before that code ran would be stale. A call that runs Python code holds ``_busy`` until
+        it returns; one that runs none only checks it."""
+        if self._busy:
+            raise _errors.ledger_reentered()
+        self._busy = True
+        return 0
+
+    cdef int _check_idle(self) except -1:
+        if self._busy:
+            raise _errors.ledger_reentered()
+        return 0
+
     # --- admission ----------------------------------------------------------------------------
 
     @cython.critical_section
@@ -487,6 +533,7 @@ cdef class Ledger:
         """Queue a request; returns its arrival stamp."""
         cdef int64_t rid, limit = 0
         cdef int32_t length, prio
+        self._check_idle()
         if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
                 and (max_new_tokens is None or type(max_new_tokens) is int)
                 and -2**63 <= request_id < 2**63 and 1 <= prompt_length <= self.limits.max_input_length
@@ -495,9 +542,14 @@ cdef class Ledger:
             rid, length, prio = request_id, prompt_length, priority
             if max_new_tokens is not None:
                 limit = max_new_tokens
-        else:  # the shared checks raise the shared messages
-            rid, length, prio, limit = submission(request_id, prompt_length, priority,
-                                                  max_new_tokens, self.limits.max_input_length)
+        else:  # the shared checks raise the shared messages (and may run caller code)
+            self._enter()
+            try:
+                rid, length, prio, limit = submission(request_id, prompt_length, priority,
+                                                      max_new_tokens,
+                                                      self.limits.max_input_length)
+            finally:
+                self._busy = False
         if map_find(&self.m, rid) >= 0:
             raise _errors.duplicate_request(rid)
         if self.q.num_free == 0:
@@ -525,7 +577,13 @@ cdef class Ledger:
     @cython.critical_section
     def cancel(self, request_id):
         """Remove a request wherever it is: out of the queue (O(log n)) or out of its row."""
-        cdef int64_t rid = as_request_id(request_id)
+        self._enter()
+        try:
+            self._cancel(as_request_id(request_id))  # may run caller code (__index__)
+        finally:
+            self._busy = False
+
+    cdef _cancel(self, int64_t rid):
         cdef int64_t at = map_find(&self.m, rid)
         if at < 0:
             raise _errors.not_in_ledger(rid)
@@ -543,6 +601,7 @@ cdef class Ledger:
     @cython.critical_section
     def admit(self):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
+        self._check_idle()
         self._pending = None
         admit_waiting(&self.q, &self.t, &self.m)
         return self.admitted_ids.tolist()
@@ -571,8 +630,13 @@ cdef class Ledger:
         requests; with ``retire`` also remove them. Returns ``finished_ids``."""
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
-        cdef const PlanC* p = self._check_apply(plan, finished, &mask, &stride)
-        self._apply(plan, p, mask, stride, retire)
+        cdef const PlanC* p
+        self._enter()
+        try:
+            p = self._check_apply(plan, finished, &mask, &stride)
+            self._apply(plan, p, mask, stride, retire)
+        finally:
+            self._busy = False
         return self.finished_ids
 
     cdef const PlanC* _plan_struct(self, object plan) except NULL:
@@ -580,22 +644,22 @@ cdef class Ledger:
         arrays (SEQUENCE_DTYPE has SequenceC's layout)."""
         if isinstance(plan, StepPlan):
             return &(<StepPlan>plan).c
-        try:
-            n = plan.num_residents
-            seq = plan.as_array()
-            paused = plan.paused_array()
-            plan.apply_to  # a StepPlan has it; anything else is refused here
-        except AttributeError:
-            raise _errors.plan_type(plan, "StepPlan") from None
-        seq = np.ascontiguousarray(seq, dtype=_types.SEQUENCE_DTYPE)
-        paused = np.ascontiguousarray(paused, dtype=np.int32)
+        if not isinstance(plan, plan_classes()):  # a duck-typed plan could name any row
+            raise _errors.plan_type(plan, "StepPlan")
+        n = plan.num_residents
+        # Copies, flat and C-ordered: apply_to() runs caller code before account() reads them.
+        seq = np.array(plan.as_array(), dtype=_types.SEQUENCE_DTYPE, order="C").reshape(-1)
+        paused = np.array(plan.paused_array(), dtype=np.int32, order="C").reshape(-1)
+        if len(seq) > INT32_MAX or len(paused) > INT32_MAX:  # then _check_plan_rows refuses it
+            seq, paused = seq[:INT32_MAX], paused[:INT32_MAX]
         self._foreign_arrays = (seq, paused)
         self._foreign.sequences = <SequenceC*>cnp.PyArray_DATA(seq)
         self._foreign.paused = <int32_t*>cnp.PyArray_DATA(paused)
         self._foreign.num_paused = len(paused)
         self._foreign.num_residents = n
-        self._foreign.num_prefill = plan.num_prefill
-        self._foreign.num_decode = len(seq) - self._foreign.num_prefill
+        # The ledger reads rows 0..num_prefill + num_decode - 1 and never the split.
+        self._foreign.num_prefill = 0
+        self._foreign.num_decode = len(seq)
         return &self._foreign
 
     cdef const PlanC* _check_apply(self, object plan, object finished, const char** mask,
@@ -603,6 +667,7 @@ cdef class Ledger:
         cdef const PlanC* p = self._plan_struct(plan)
         if p.num_residents != self.t.count:
             raise _errors.plan_count(p.num_residents, self.t.count)
+        self._check_plan_rows(p)
         if finished is None:
             return p
         cdef int32_t rows = p.num_prefill + p.num_decode, k
@@ -618,12 +683,25 @@ cdef class Ledger:
                 raise _errors.finished_without_token(k, p.sequences[k].resident)
         return p
 
+    cdef int _check_plan_rows(self, const PlanC* p) except -1:
+        cdef int32_t k, rows = p.num_prefill + p.num_decode
+        if rows > self.t.count or p.num_paused > self.t.count:
+            plan_sizes(rows, p.num_paused, self.t.count)  # raises the shared message
+        k = first_row_out_of_range(p, self.t.count)
+        if k >= 0:
+            raise _errors.plan_value(f"sequences[{k}].resident", p.sequences[k].resident,
+                                     f"0..{self.t.count - 1}")
+        return 0
+
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
                 bint retire):
         if apply_is_clean(p, &self.t):
             apply_plan(p, &self.t)
         else:  # it raises the matching error, or applies what it accepts
             plan.apply_to(self.residents)
+            # apply_to() may be a subclass's: account() indexes by the rows only once they are
+            # known to be in range again.
+            self._check_plan_rows(p)
         self._pending = None
         account(&self.t, p, mask, stride)
         self._foreign_arrays = None
@@ -633,6 +711,7 @@ cdef class Ledger:
     @cython.critical_section
     def retire_finished(self):
         """Remove every resident that an ``apply`` marked finished."""
+        self._check_idle()
         self._pending = None
         remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
 
@@ -640,6 +719,13 @@ cdef class Ledger:
     def step(self, planner, finished=None, *, reasons=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
         ``finished`` mask over its rows) and retire what finished, admit, then plan."""
+        self._enter()
+        try:
+            return self._step(planner, finished, reasons)
+        finally:
+            self._busy = False
+
+    cdef object _step(self, object planner, object finished, object reasons):
         if planner is not self._fits:  # comparing limits allocates: once per planner
             if getattr(planner, "limits", None) != self.limits:
                 raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
@@ -669,6 +755,13 @@ cdef class Ledger:
     @cython.critical_section
     def retire(self, request_ids):
         """Remove requests by id; the last rows move into the freed slots."""
+        self._enter()
+        try:
+            self._retire(request_ids)
+        finally:
+            self._busy = False
+
+    cdef _retire(self, object request_ids):
         ids = [as_request_id(r) for r in request_ids]
         if len(set(ids)) != len(ids):
             raise _errors.repeated_ids(ids)
@@ -684,7 +777,13 @@ cdef class Ledger:
     @cython.critical_section
     def retire_rows(self, rows):
         """Remove residents by row index."""
-        self._remove(rows_argument(rows, self.t.count))
+        self._enter()
+        try:
+            listed = rows_argument(rows)  # runs caller code (__array__) before count is read
+            check_rows(listed, self.t.count)
+            self._remove(listed)
+        finally:
+            self._busy = False
 
     cdef _remove(self, list rows):
         self._pending = None
@@ -707,16 +806,24 @@ cdef class Ledger:
     @cython.critical_section
     def load(self, residents):
         """Replace the resident table with ``residents`` (see ``stepplanner.ledger``)."""
-        waiting = self._waiting_stamps()
-        table, ids = parse_records(residents, self.t.capacity, waiting)
+        self._enter()
+        try:
+            self._load(residents)
+        finally:
+            self._busy = False
+
+    cdef _load(self, object residents):
+        # Every record is read (caller code: a Mapping's __getitem__) before the ledger is.
+        table, ids = parse_records(residents, self.t.capacity)
+        check_waiting(table, ids, self._waiting_stamps())
         cdef int32_t n = len(table), row
+        cdef const int64_t[::1] new_ids = ids
         self._pending = None
         self._rows[:] = 0
-        self._ids.flags.writeable = True
-        self._ids[:] = -1
         self._rows[:n] = table
-        self._ids[:n] = ids
-        self._ids.flags.writeable = False
+        memset(self.t.ids, 0xFF, self.t.capacity * sizeof(int64_t))
+        for row in range(n):
+            self.t.ids[row] = new_ids[row]
         memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))

@@ -9,15 +9,16 @@ inputs, and ``load()``'s parsing of records (that runs once per snapshot, never 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import _errors
 from ._fields import as_bool, as_int, as_int32, as_uint64
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
-from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy
+from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE, SchedulingPolicy
 
 __all__ = ["Ledger", "RESIDENT_FIELDS"]
 
@@ -81,10 +82,12 @@ def submission(rid: object, prompt_length: object, priority: object, max_new_tok
     return rid_, length, prio, limit
 
 
-def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
-                  waiting: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other and
-    against ``waiting`` (request id -> arrival stamp of every waiting request)."""
+def parse_records(residents: Sequence[Mapping[str, Any]],
+                  capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other.
+
+    Every record is read here, before the ledger's own state is: the records' code (a Mapping's
+    ``__getitem__``) runs before ``check_waiting`` sees the queue."""
     if len(residents) > capacity:
         raise _errors.StepPlannerValueError(
             f"{len(residents)} residents exceed max_batch_size="
@@ -99,6 +102,11 @@ def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
         if np.unique(column).size != column.size:
             raise _errors.StepPlannerValueError(
                 f"two residents have the same {name}; allowed: unique values")
+    return table, ids
+
+
+def check_waiting(table: np.ndarray, ids: np.ndarray, waiting: Mapping[int, int]) -> None:
+    """Parsed records against ``waiting`` (request id -> arrival stamp of each waiting request)."""
     for rid in ids.tolist():
         if rid in waiting:
             raise _errors.StepPlannerValueError(f"request_id {rid} is also waiting")
@@ -106,7 +114,6 @@ def parse_records(residents: Sequence[Mapping[str, Any]], capacity: int,
     for i, arrival in enumerate(table["arrival"].tolist()):
         if arrival in stamps:
             raise _errors.load_arrival_taken(i, arrival, stamps[arrival])
-    return table, ids
 
 
 def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
@@ -133,8 +140,9 @@ def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | 
     return row, as_request_id(record["request_id"], where + "request_id")
 
 
-def rows_argument(rows: object, count: int) -> list[int]:
-    """``retire_rows``' argument as a list of distinct row indices below ``count``."""
+def rows_argument(rows: object) -> list[int]:
+    """``retire_rows``' argument as a list of ints, converted before the ledger reads its count
+    (``__array__`` is the caller's code); ``check_rows`` then checks it against the count."""
     try:
         arr = np.asarray(rows)
     except ValueError:  # ragged nesting: numpy's message would not say which argument
@@ -143,6 +151,11 @@ def rows_argument(rows: object, count: int) -> list[int]:
     if arr.size and arr.dtype.kind not in "iu":
         raise _errors.StepPlannerTypeError(f"rows must be integers, got dtype {arr.dtype}")
     listed: list[int] = arr.ravel().tolist()
+    return listed
+
+
+def check_rows(listed: list[int], count: int) -> None:
+    """Distinct row indices below ``count``."""
     for row in listed:
         if not 0 <= row < count:
             raise _errors.StepPlannerValueError(
@@ -150,7 +163,40 @@ def rows_argument(rows: object, count: int) -> list[int]:
     if len(set(listed)) != len(listed):
         raise _errors.StepPlannerValueError(
             f"rows {listed} repeat a row; allowed: each at most once")
-    return listed
+
+
+def plan_sizes(rows: int, paused: int, count: int) -> None:
+    """A plan over ``count`` residents has at most one row and one pause per resident."""
+    for where, n in (("num_sequences", rows), ("num_paused", paused)):
+        if n > count:
+            raise _errors.plan_value(where, n, f"0..{count}, at most one per resident")
+
+
+def plan_rows_in_range(resident: np.ndarray, paused: int, count: int) -> None:
+    """Every plan row names a resident row: the accounting indexes the ledger's tables by it."""
+    plan_sizes(len(resident), paused, count)
+    bad = np.flatnonzero((resident < 0) | (resident >= count))
+    if bad.size:
+        k = int(bad[0])
+        raise _errors.plan_value(f"sequences[{k}].resident", int(resident[k]), f"0..{count - 1}")
+
+
+_PLAN_CLASSES: tuple[type, ...] = ()
+
+
+def plan_classes() -> tuple[type, ...]:
+    """The StepPlan classes a ledger applies: the reference plan's and, when built, the core's.
+    A duck-typed plan is refused: the compiled ledger indexes C arrays by what a plan holds."""
+    global _PLAN_CLASSES
+    if not _PLAN_CLASSES:
+        from ._reference import StepPlan as ReferencePlan
+        try:
+            from ._core import StepPlan as CorePlan
+        except ImportError:  # a pure-Python install
+            _PLAN_CLASSES = (ReferencePlan,)
+        else:
+            _PLAN_CLASSES = (ReferencePlan, CorePlan)
+    return _PLAN_CLASSES
 
 
 def finished_mask(finished: object, rows: int) -> np.ndarray | None:
@@ -175,11 +221,31 @@ def records_of(rows: np.ndarray, ids: np.ndarray) -> list[dict[str, Any]]:
 
 
 def read_only(view: np.ndarray) -> np.ndarray:
-    view.flags.writeable = False
-    return view
+    """A copy over immutable bytes: neither it nor its ``.base`` can be made writable, as with
+    the compiled ledger's views of C memory (the twin pays a copy per read; it is the model)."""
+    return np.frombuffer(view.tobytes(), dtype=view.dtype)
 
 
 # --- the twin -----------------------------------------------------------------------------------
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _exclusive(method: _Method) -> _Method:
+    """One call at a time: the ledger runs caller code (``__array__``, ``__index__``, a Mapping's
+    ``__getitem__``, a planner) inside its calls, and a nested call there is refused, as the
+    compiled ledger refuses it."""
+    @functools.wraps(method)
+    def call(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+        if self._busy:
+            raise _errors.ledger_reentered()
+        self._busy = True
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._busy = False
+    return call  # type: ignore[return-value]
+
 
 
 class Ledger:
@@ -212,6 +278,7 @@ class Ledger:
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
         self._row_of: dict[int, int] = {}         # resident id -> row
         self._pending: Any = None                 # the plan of step() not yet applied
+        self._busy = False                        # a call is running (see _exclusive)
 
     # --- views ------------------------------------------------------------------------------
 
@@ -258,6 +325,7 @@ class Ledger:
 
     # --- admission ----------------------------------------------------------------------------
 
+    @_exclusive
     def submit(self, request_id: int, prompt_length: int, priority: int = 0,
                max_new_tokens: int | None = None) -> int:
         rid, length, prio, limit = submission(request_id, prompt_length, priority,
@@ -276,6 +344,7 @@ class Ledger:
         self._waiting[rid] = entry
         return arrival
 
+    @_exclusive
     def cancel(self, request_id: object) -> None:
         rid = as_request_id(request_id)
         entry = self._waiting.pop(rid, None)
@@ -287,6 +356,7 @@ class Ledger:
             raise _errors.not_in_ledger(rid)
         self._remove([row])
 
+    @_exclusive
     def admit(self) -> list[int]:
         self._admit()
         admitted: list[int] = self.admitted_ids.tolist()
@@ -331,6 +401,7 @@ class Ledger:
 
     # --- the step -----------------------------------------------------------------------------
 
+    @_exclusive
     def apply(self, plan: Any, finished: np.ndarray | None = None, *,
               retire: bool = False) -> np.ndarray:
         seq, mask = self._check_apply(plan, finished)
@@ -338,14 +409,15 @@ class Ledger:
         return self.finished_ids
 
     def _check_apply(self, plan: Any, finished: object) -> tuple[np.ndarray, np.ndarray | None]:
-        try:
-            n = plan.num_residents
-            seq = plan.as_array()
-            plan.apply_to  # noqa: B018 - a StepPlan has it; anything else is refused here
-        except AttributeError:
-            raise _errors.plan_type(plan, "StepPlan") from None
+        if not isinstance(plan, plan_classes()):
+            raise _errors.plan_type(plan, "StepPlan")
+        n = plan.num_residents
         if n != self._count:
             raise _errors.plan_count(n, self._count)
+        # A copy: apply_to() runs before the accounting reads the rows.
+        seq = np.array(plan.as_array(), dtype=SEQUENCE_DTYPE, order="C").reshape(-1)
+        paused = np.array(plan.paused_array(), dtype=np.int32, order="C").reshape(-1)
+        plan_rows_in_range(seq["resident"], len(paused), self._count)
         mask = finished_mask(finished, len(seq))
         if mask is not None:
             silent = np.flatnonzero(mask & ~seq["select_last_token_logits"])
@@ -372,6 +444,7 @@ class Ledger:
         if retire:
             self._retire_done()
 
+    @_exclusive
     def retire_finished(self) -> None:
         """Remove every resident that an ``apply`` marked finished."""
         self._retire_done()
@@ -379,6 +452,7 @@ class Ledger:
     def _retire_done(self) -> None:
         self._remove(np.flatnonzero(self._done[:self._count]).tolist())
 
+    @_exclusive
     def step(self, planner: Any, finished: np.ndarray | None = None, *,
              reasons: np.ndarray | None = None) -> Any:
         if getattr(planner, "limits", None) != self.limits:
@@ -401,6 +475,7 @@ class Ledger:
         self._pending = plan
         return plan
 
+    @_exclusive
     def retire(self, request_ids: Iterable[int]) -> None:
         """Remove finished requests by id; the last rows move into the freed slots."""
         ids = [as_request_id(r) for r in request_ids]
@@ -414,9 +489,12 @@ class Ledger:
             rows.append(row)
         self._remove(rows)
 
+    @_exclusive
     def retire_rows(self, rows: Sequence[int] | np.ndarray) -> None:
         """Remove residents by row index."""
-        self._remove(rows_argument(rows, self._count))
+        listed = rows_argument(rows)
+        check_rows(listed, self._count)
+        self._remove(listed)
 
     def _remove(self, rows: list[int]) -> None:
         # Highest row first: the last row is then never one still waiting to be removed.
@@ -435,9 +513,10 @@ class Ledger:
 
     # --- snapshots (explain, record/replay) ---------------------------------------------------
 
+    @_exclusive
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None:
-        waiting = {rid: entry[4] for rid, entry in self._waiting.items()}
-        table, ids = parse_records(residents, self.capacity, waiting)
+        table, ids = parse_records(residents, self.capacity)
+        check_waiting(table, ids, {rid: entry[4] for rid, entry in self._waiting.items()})
         n = len(table)
         self._pending = None
         self._rows[:] = 0

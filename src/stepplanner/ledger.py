@@ -34,8 +34,13 @@ The surface (both implementations):
 * ``retire_finished()``, ``retire(request_ids)``, ``retire_rows(rows)``: swap-remove.
 * ``step(planner, finished=None, *, reasons=None)`` -> the plan: see above.
 * Views, each valid until the next call that changes it: ``residents`` (writable),
-  ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only). The compiled
-  ledger makes each view once per length and keeps it, so a steady loop allocates nothing.
+  ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only, and so is
+  every array down their ``.base`` chain: the compiled ledger's are over memory Python cannot
+  write, the twin's are copies). The compiled ledger makes each view once per length and keeps
+  it, so a steady loop allocates nothing.
+* ``apply``/``step`` take a ``StepPlan`` of either implementation (a duck-typed object is a
+  ``TypeError``), and refuse a plan naming a row outside the table (``ValueError``) before
+  anything changes.
 * ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
 
 Decisions where SPEC §6 is silent (also in the README):
@@ -62,8 +67,16 @@ Decisions where SPEC §6 is silent (also in the README):
   the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
   ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
   planner must not plan anything else: its one ``StepPlan`` is the pending plan.
-* Threads: one serving loop per ledger. The compiled ledger serialises its methods with a
-  critical section, so sharing one between threads never corrupts memory.
+* Threads and re-entry: one serving loop per ledger, one call at a time. The compiled ledger's
+  methods hold a critical section (a lock on free-threaded CPython), and a call that runs caller
+  code (an argument's ``__index__`` or ``__array__``, a record's ``__getitem__``, an iterator, a
+  plan subclass, the planner's ``plan()``) marks the ledger busy while it does: a ledger call made
+  from that code, or from another thread meanwhile, raises ``StepPlannerRuntimeError`` ("Ledger
+  re-entered") and changes nothing, and the outer call goes on from the state it read (both
+  ledgers alike). With the C state private (the read-only views are over memory Python cannot
+  write), every plan row checked against the table before it is used, and only a real
+  ``StepPlan`` accepted, sharing a ledger between threads never corrupts memory; a call may be
+  refused, which is why one loop per ledger is the design.
 * Every operation checks everything first; one that raises leaves the ledger unchanged
   (``step`` checks the rows before it admits when no plan is pending). The one exception is a
   row the caller writes through ``residents`` while a ``step`` plan is pending: when planning it
