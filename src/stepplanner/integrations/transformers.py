@@ -5,10 +5,11 @@
 name; ``ContinuousBatchingConfig(scheduler_type=name)`` then makes ``generate_batch``,
 ``init_continuous_batching`` and ``transformers serve`` plan every step with stepplanner.
 
-The adapter is glue, not a second policy. Every ``schedule_batch`` call:
+The adapter is glue, not a second policy. A resident leaves the :class:`stepplanner.Ledger` as
+soon as the runtime lets it go (finished, cancelled, offloaded: ``finish_request`` and
+``clear_cancelled_requests``). Every ``schedule_batch`` call:
 
-1. forgets residents the runtime no longer holds (finished, cancelled, offloaded) and admits
-   waiting requests into free slots through :class:`stepplanner.Ledger` (SPEC §6: queue order,
+1. admits waiting requests into free slots through the ledger (SPEC §6: queue order,
    ``priority_reserved_slots``);
 2. derives each resident's ledger row afresh from the runtime's ``RequestState``: ``committed``
    is its KV length (prefix-cache hits included), ``prompt_length`` what it must prefill; only
@@ -34,10 +35,10 @@ from typing import Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 from .. import (
+    IMPLEMENTATION,
     Ledger,
     PreemptionMode,
     SchedulingOptions,
-    SequenceWork,
     StepPlanner,
     StepPlannerLimits,
     resolve_scheduling_policy,
@@ -78,8 +79,10 @@ if not _LOWEST <= _release(transformers.__version__) < _BEYOND:
         "only: the continuous-batching scheduler interface it plugs into is private and changes "
         f"between releases. {_INSTALL_HINT}")
 
-_DECODE = int(SequenceWork.DECODE)
 _DECODING = RequestStatus.DECODING
+# The core's as_array() views the plan's one buffer, so column views made from it stay valid
+# for every later plan of that length; the pure-Python twin's is a fresh copy each time.
+_KEEP_PLAN_VIEWS = IMPLEMENTATION == "compiled"
 _PENDING = RequestStatus.PENDING
 
 PriorityOf = Mapping[str, int] | Callable[[str], int] | None
@@ -102,15 +105,21 @@ class StepPlannerScheduler(_runtime.Scheduler):
                  max_requests_per_batch: int) -> None:
         # Settings are checked before the runtime's own init, so a bad one fails the start with
         # a message that names it (the runtime fails every request with that message).
-        self.limits, self.policy = self._resolve(cache, max_requests_per_batch,
-                                                 cache.max_batch_tokens)
-        self.planner = StepPlanner(self.policy, self.limits)
+        self._configure(cache, max_requests_per_batch, cache.max_batch_tokens)
         # The runtime's safety margin throttles prefill admission, which is the planner's job
         # here; it is accepted for the constructor's contract and otherwise unused.
         super().__init__(cache, 0.0 if safety_margin is None else safety_margin,
                          max_requests_per_batch)
 
     # --- settings -----------------------------------------------------------------------------
+
+    def _configure(self, cache: Any, batch: int, step_tokens: int) -> None:
+        self.limits, self.policy = self._resolve(cache, batch, step_tokens)
+        self.planner = StepPlanner(self.policy, self.limits)
+        # Plain attributes for the per-step checks: reading them off limits and policy costs
+        # a property call and an enum comparison every step.
+        self._step_tokens = step_tokens
+        self._pause = self.policy.preemption == PreemptionMode.PAUSE
 
     def _resolve(self, cache: Any, batch: int, step_tokens: int) -> tuple[Any, Any]:
         page = math.lcm(*(a.tokens_per_page for a in cache.cache_allocators.values()))
@@ -149,26 +158,41 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self.ledger = Ledger(self.limits, self.policy)
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
-        self._departed: list[int] = []  # ledger ids the runtime let go since the last step
         self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
-        self._row_of: dict[int, int] = {}  # ledger id -> row, valid with _row_states
         self._next_id = 0
+        # The plan's column views, made once per length: numpy calls run cold between the
+        # runtime's tensor work (several microseconds each), so each one saved is felt.
+        self._plan: Any = None
+        self._plan_columns: dict[int, tuple[Any, Any, Any]] = {}
 
     def finish_request(self, request_id: str) -> None:
         """The runtime's one exit for a resident (finished, failed, offloaded): free its slot."""
         super().finish_request(request_id)
         departed = self._resident.pop(request_id, None)
         if departed is not None:
-            self._departed.append(departed)
+            self._retire([departed])
 
     def clear_cancelled_requests(self) -> list[RequestState]:
         cancelled = super().clear_cancelled_requests()
+        departed = []
         for state in cancelled:
-            departed = self._resident.get(state.request_id)
-            if departed is not None and self._states[departed] is state:
+            i = self._resident.get(state.request_id)
+            if i is not None and self._states[i] is state:
                 del self._resident[state.request_id]
-                self._departed.append(departed)
+                departed.append(i)
+        if departed:
+            self._retire(departed)
         return cancelled
+
+    def _retire(self, ids: list[int]) -> None:
+        # Right away, in the runtime's exit path (where it frees the request's pages too), so
+        # schedule_batch only admits. By id: the ledger finds rows in its own id map (not
+        # retire_rows, whose row list is checked through numpy, which runs cold here).
+        self.ledger.retire(ids)
+        states = self._states
+        for i in ids:
+            del states[i]
+        self._row_states = None
 
     def add_waiting_request(self, state: RequestState) -> None:
         """Queue a request; a prompt longer than S_in is refused here, naming it.
@@ -197,10 +221,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     def schedule_batch(self, token_budget: int, cache_budget: int
                        ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
-        if token_budget != self.limits.max_step_tokens:
-            self.limits, self.policy = self._resolve(self.cache, self.max_requests_per_batch,
-                                                     token_budget)
-            self.planner = StepPlanner(self.policy, self.limits)
+        if token_budget != self._step_tokens:
+            self._configure(self.cache, self.max_requests_per_batch, token_budget)
         self._sync_residents()
         self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
@@ -208,15 +230,14 @@ class StepPlannerScheduler(_runtime.Scheduler):
             return [], False, 0, 0
         states = self._row_states
         if states is None:  # rows move only when residents come or go
-            ids = ledger.request_ids.tolist()
-            states = self._row_states = [self._states[i] for i in ids]
-            self._row_of = {i: row for row, i in enumerate(ids)}
+            by_id = self._states
+            states = self._row_states = [by_id[i] for i in ledger.request_ids.tolist()]
         rows = ledger.residents
         self._derive_rows(rows, states)
         plan = self.planner.plan(rows)
         batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
         self.on_step(rows, states, plan, batch)
-        if self.policy.preemption == PreemptionMode.PAUSE:
+        if self._pause:
             plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
@@ -233,21 +254,14 @@ class StepPlannerScheduler(_runtime.Scheduler):
     # --- the step -------------------------------------------------------------------------------
 
     def _sync_residents(self) -> None:
-        """Retire residents the runtime let go; admit waiting ones into the free slots."""
+        """Admit waiting requests into the free slots (residents leave in finish_request)."""
         ledger, states = self.ledger, self._states
-        if self._departed:
-            # By row, found in a dict: Ledger.retire's search is numpy calls, which run cold
-            # here (once in a while, between the runtime's tensor work) at ~10x their warm cost.
-            row_of = self._row_of
-            ledger.retire_rows([row_of[i] for i in self._departed])
-            for i in self._departed:
-                del states[i]
-            self._departed = []
-            self._row_states = None
         # After an offload the runtime holds new work back until a request finishes; a step with
         # no resident at all admits anyway, or nothing would ever finish.
         if self.block_new_requests and ledger.count:
             return
+        if not (ledger.free_slots and ledger.waiting):
+            return  # nothing to admit: spare the call (most steps, once the slots are full)
         taken: set[str] = set()
         while admitted := ledger.admit():
             stale = []
@@ -266,10 +280,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 taken.add(rid)
             if not stale:
                 break
-            ledger.retire(stale)
-            for i in stale:
-                del states[i]
-            self._row_states = None
+            self._retire(stale)
         if taken:
             self._cleanup_waiting_queue(taken)
             self._row_states = None
@@ -301,7 +312,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         read_limit = cache.read_cache_limit
         # A decode-only batch on the runtime's fast path reads through a block table, not the
         # bounded read index, so only a varlen batch spends the cache-read budget.
-        varlen = plan.num_prefill > 0 or cache.max_blocks_per_request <= 0
+        chunks = plan.num_prefill
+        varlen = chunks > 0 or cache.max_blocks_per_request <= 0
         batch: list[FutureRequestState] = []
         starved: list[tuple[RequestState, int]] = []
         full = False
@@ -311,10 +323,19 @@ class StepPlannerScheduler(_runtime.Scheduler):
         sharing = cache.use_prefix_sharing
         can_store = cache.can_store_request_tokens
         append = batch.append
-        rows = plan.as_array()  # columns, not records: a record tolist() costs 10x more
-        for index, work, length, last in zip(rows["resident"].tolist(), rows["work"].tolist(),
-                                             rows["query_length"].tolist(),
-                                             rows["select_last_token_logits"].tolist()):
+        size = chunks + plan.num_decode
+        if plan is not self._plan:  # the planner's one plan, its buffers fixed for life
+            self._plan, self._plan_columns = plan, {}
+        columns = self._plan_columns.get(size)
+        if columns is None:  # columns, not records: a record tolist() costs 10x more
+            rows = plan.as_array()
+            columns = (rows["resident"], rows["query_length"], rows["select_last_token_logits"])
+            if _KEEP_PLAN_VIEWS:
+                self._plan_columns[size] = columns
+        resident, query_length, select_last = columns
+        # Chunks come first in a plan (SPEC §3), so row k is a chunk exactly when k < chunks.
+        for k, (index, length, last) in enumerate(zip(resident.tolist(), query_length.tolist(),
+                                                      select_last.tolist())):
             state = states[index]
             need = state.position_offset
             if read_limit is not None and need > read_limit:
@@ -330,7 +351,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 continue
             # A decoding request's one token is already its tokens_to_process; anything else
             # moves through the runtime's own transition (status, token slices).
-            if work != _DECODE or state._status is not _DECODING:
+            if k < chunks or state._status is not _DECODING:
                 self._schedule_request(state, state.remaining_prefill_tokens, length, unused)
                 if len(state.tokens_to_process) != length:
                     raise RuntimeError(f"request {state.request_id}: the runtime took "
