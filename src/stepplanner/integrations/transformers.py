@@ -293,18 +293,16 @@ class StepPlannerScheduler(_runtime.Scheduler):
         # request restored from the CPU with output already (PENDING, one token): it decodes.
         # A decoding row's prompt_length is never read (SPEC §3), so it is not rewritten.
         # (``_status``: the ``status`` property is a Python call per row, on the hot path.)
+        # Each column is written in one assignment: every numpy call here runs cold.
         rows["committed"] = [s.position_offset for s in states]
-        decoding = [s._status is _DECODING for s in states]
-        rows["context_committed"] = decoding
-        if all(decoding):
+        context = [s._status is _DECODING or len(s.generated_tokens) > 0 for s in states]
+        rows["context_committed"] = context
+        if all(context):
             return
-        context, prompt = rows["context_committed"], rows["prompt_length"]
+        prompt = rows["prompt_length"]
         for k, state in enumerate(states):
-            if not decoding[k]:
-                if state.generated_tokens:
-                    context[k] = True
-                else:
-                    prompt[k] = state.position_offset + len(state.remaining_prefill_tokens)
+            if not context[k]:
+                prompt[k] = state.position_offset + len(state.remaining_prefill_tokens)
 
     def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
                    ) -> tuple[list[FutureRequestState], bool, int, int]:
