@@ -30,6 +30,7 @@ tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any othe
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -291,18 +292,16 @@ class StepPlannerScheduler(_runtime.Scheduler):
         # DECODING (it does so when it schedules the final chunk). The few other rows are
         # prompt-incomplete, with prompt_length = KV length + tokens still to prefill, except a
         # request restored from the CPU with output already (PENDING, one token): it decodes.
-        # A decoding row's prompt_length is never read (SPEC §3), so it is not rewritten.
+        # A decoding row's prompt_length is never read nor checked (SPEC §3), so it is written
+        # only in a step that has a prompt-incomplete row, with the same formula as the others.
         # (``_status``: the ``status`` property is a Python call per row, on the hot path.)
         # Each column is written in one assignment: every numpy call here runs cold.
         rows["committed"] = [s.position_offset for s in states]
         context = [s._status is _DECODING or len(s.generated_tokens) > 0 for s in states]
         rows["context_committed"] = context
-        if all(context):
-            return
-        prompt = rows["prompt_length"]
-        for k, state in enumerate(states):
-            if not context[k]:
-                prompt[k] = state.position_offset + len(state.remaining_prefill_tokens)
+        if not all(context):
+            rows["prompt_length"] = [s.position_offset + len(s.remaining_prefill_tokens)
+                                     for s in states]
 
     def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
                    ) -> tuple[list[FutureRequestState], bool, int, int]:
@@ -331,9 +330,14 @@ class StepPlannerScheduler(_runtime.Scheduler):
             if _KEEP_PLAN_VIEWS:
                 self._plan_columns[size] = columns
         resident, query_length, select_last = columns
-        # Chunks come first in a plan (SPEC §3), so row k is a chunk exactly when k < chunks.
-        for k, (index, length, last) in enumerate(zip(resident.tolist(), query_length.tolist(),
-                                                      select_last.tolist())):
+        # Chunks come first in a plan (SPEC §3), so row k is a chunk exactly when k < chunks;
+        # a decode row is one token that selects its logits, so a plan without chunks needs
+        # only its resident column.
+        if chunks:
+            lengths, lasts = query_length.tolist(), select_last.tolist()
+        else:
+            lengths, lasts = repeat(1), repeat(True)
+        for k, (index, length, last) in enumerate(zip(resident.tolist(), lengths, lasts)):
             state = states[index]
             need = state.position_offset
             if read_limit is not None and need > read_limit:
