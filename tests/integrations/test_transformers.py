@@ -150,11 +150,13 @@ _names = iter(range(10**6))
 def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.SchedulingOptions, *,
         page_size: int, max_batch_tokens: int, batch: int = 4, num_blocks: int = 256,
         prefix_sharing: bool = False, max_input_length: int | None = S_IN,
-        late_at_step: int = 3, cancel_phases: tuple[str, ...] = ()) -> Run:
+        late_at_step: int = 3, cancel_phases: tuple[str, ...] = (),
+        max_waiting: int = tf_integration.DEFAULT_MAX_WAITING) -> Run:
     record = Run()
     priorities = {r.rid: r.priority for r in requests}
     name = tf_integration.register(options, name=f"stepplanner-test-{next(_names)}",
-                                   priority=priorities, max_input_length=max_input_length)
+                                   priority=priorities, max_input_length=max_input_length,
+                                   max_waiting=max_waiting)
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
     holder: dict[str, Any] = {}
@@ -419,6 +421,26 @@ def test_too_long_prompt_fails_alone(model: Any, monkeypatch: Any) -> None:
     assert f"S_in)={S_IN}" in failed.error
     requests.remove(long)
     assert assert_matches_generate(model, record, requests) == len(requests)
+
+
+def test_waiting_requests_past_max_waiting_fail_alone(model: Any, monkeypatch: Any) -> None:
+    # The runtime queues every request of generate_batch up front; past the ledger's bound a
+    # request fails alone (the 429 of a server), naming the bound, and the rest complete.
+    requests = workload(seed=5, n=12)
+    for r in requests:
+        r.late = False
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16,
+                                   max_chunk_tokens=8)
+    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
+                 max_waiting=8)
+    refused = [rid for rid, res in record.results.items() if res.status == RequestStatus.FAILED]
+    assert refused and all("max_waiting=8" in record.results[rid].error for rid in refused)
+    served = [r for r in requests if r.rid not in refused]
+    for rid in refused:
+        record.results.pop(rid)
+    assert len(served) >= 8
+    assert assert_matches_generate(model, record, served) == len(served)
+    assert tf_integration.StepPlannerScheduler.max_waiting == 65536  # default: not 16 x B
 
 
 @pytest.mark.parametrize("mode", [MIXED, PREFILL_FIRST], ids=["mixed", "prefill_first"])

@@ -39,6 +39,7 @@ from .. import (
     IMPLEMENTATION,
     Ledger,
     PreemptionMode,
+    QueueFullError,
     SchedulingOptions,
     StepPlanner,
     StepPlannerLimits,
@@ -48,6 +49,9 @@ from .. import (
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
 
 SUPPORTED_TRANSFORMERS = ">=5.18,<5.25"
+# transformers queues without bound; the ledger's queue is preallocated (about 80 bytes a
+# request), so the adapter's default is deep enough for minutes of traffic, not 16 x B.
+DEFAULT_MAX_WAITING = 65536
 _LOWEST, _BEYOND = (5, 18), (5, 25)
 _INSTALL_HINT = ('pip install "stepplanner[transformers]" (on a CPU-only machine install '
                  "torch==2.13.0 first, so pip does not pull a CUDA build)")
@@ -101,6 +105,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
     options: SchedulingOptions = SchedulingOptions()
     priority_of: PriorityOf = None
     max_input_length: int | None = None
+    max_waiting: int = DEFAULT_MAX_WAITING
 
     def __init__(self, cache: Any, safety_margin: float | None,
                  max_requests_per_batch: int) -> None:
@@ -156,7 +161,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     def reset(self) -> None:
         super().reset()
-        self.ledger = Ledger(self.limits, self.policy)
+        self.ledger = Ledger(self.limits, self.policy, max_waiting=self.max_waiting)
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
         self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
@@ -202,8 +207,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
         fails that request alone, with this message, and nothing else changes."""
         rid = state.request_id
         if state.num_children > 0:
-            raise StepPlannerValueError(f"request {rid}: num_return_sequences > 1 (parallel sampling) is not "
-                             "supported by the stepplanner scheduler; allowed: 1")
+            raise StepPlannerValueError(
+                f"request {rid}: num_return_sequences > 1 (parallel sampling) is not supported by "
+                "the stepplanner scheduler; allowed: 1")
         length = (len(state.initial_tokens) if state.generated_tokens
                   else state.position_offset + len(state.remaining_prefill_tokens))
         s_in = self.limits.max_input_length
@@ -214,7 +220,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 "admit it)")
         try:
             self.ledger.submit(self._next_id, length, self._priority(rid))
-        except (TypeError, ValueError, OverflowError) as exc:
+        except (TypeError, ValueError, OverflowError, QueueFullError) as exc:
             raise type(exc)(f"request {rid}: {exc}") from None
         self._states[self._next_id] = state
         self._next_id += 1
@@ -371,7 +377,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
 
 def register(options: SchedulingOptions, *, name: str = "stepplanner",
-             priority: PriorityOf = None, max_input_length: int | None = None) -> str:
+             priority: PriorityOf = None, max_input_length: int | None = None,
+             max_waiting: int = DEFAULT_MAX_WAITING) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
     ``options``: the :class:`SchedulingOptions` every step is planned with (checked against the
@@ -379,7 +386,9 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
     ``priority``: a mapping or a callable ``request_id -> int`` (lower is served first under
     ``PRIORITY``; below 0 may use ``priority_reserved_slots``); default 0 for every request, and
     0 for an id a mapping lacks. ``max_input_length``: S_in; default what the whole KV cache
-    holds. Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
+    holds. ``max_waiting``: how many requests may wait for a slot (the runtime's own queue is
+    unbounded; past this bound a new request fails alone, naming the bound). Returns ``name``,
+    for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
         raise StepPlannerTypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
@@ -393,10 +402,13 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
                                          or max_input_length < 1):
         raise StepPlannerValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
                          "int >= 1, or None for what the KV cache holds")
+    if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
+        raise StepPlannerValueError(f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1")
     bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
         "options": options,
         "priority_of": staticmethod(priority) if callable(priority) else priority,
         "max_input_length": max_input_length,
+        "max_waiting": max_waiting,
         "__module__": __name__,
     })
     _runtime.SCHEDULER_MAPPING[name] = bound
