@@ -184,7 +184,7 @@ def plan_rows_in_range(resident: np.ndarray, paused: int, count: int) -> None:
 _PLAN_CLASSES: tuple[type, ...] = ()
 
 
-def plan_classes() -> tuple[type, ...]:
+def plan_classes() -> tuple[Any, ...]:
     """The StepPlan classes a ledger applies: the reference plan's and, when built, the core's.
     A duck-typed plan is refused: the compiled ledger indexes C arrays by what a plan holds."""
     global _PLAN_CLASSES
