@@ -33,18 +33,25 @@ REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
 REFERENCE_ONLY = os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python"
 
 
-def load_core(name: str):
-    """The implementation module for a ``core`` param, or skip/fail as the environment says."""
+def load_impl(name: str, compiled: str = "stepplanner._core",
+              reference: str = "stepplanner._reference", what: str = "the compiled core"):
+    """The ``compiled`` or ``reference`` module for a ``core`` param, or skip/fail as the
+    environment says (one rule for the planner, the KV module and any later compiled twin)."""
     if name == "python":
-        return importlib.import_module("stepplanner._reference")
+        return importlib.import_module(reference)
     if REFERENCE_ONLY and not REQUIRE_COMPILED:
         pytest.skip("STEPPLANNER_IMPL=python: reference-only run")
     try:
-        return importlib.import_module("stepplanner._core")
+        return importlib.import_module(compiled)
     except ImportError as exc:
         if REQUIRE_COMPILED:
-            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but the compiled core is missing: {exc}")
-        pytest.skip(f"compiled core not built: {exc}")
+            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {what} is missing: {exc}")
+        pytest.skip(f"{what} not built: {exc}")
+
+
+def load_core(name: str):
+    """stepplanner._core or stepplanner._reference."""
+    return load_impl(name)
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
@@ -65,16 +72,8 @@ def reference():
 
 
 def load_kv(name: str):
-    """stepplanner._kv or stepplanner._kv_reference for a ``core`` param, skipping or failing
-    by the same rules as ``load_core``."""
-    load_core(name)
-    module = "stepplanner._kv" if name == "compiled" else "stepplanner._kv_reference"
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        if REQUIRE_COMPILED:
-            pytest.fail(f"STEPPLANNER_REQUIRE_COMPILED=1 but {module} is missing: {exc}")
-        pytest.skip(f"{module} not built: {exc}")
+    """stepplanner._kv or stepplanner._kv_reference."""
+    return load_impl(name, "stepplanner._kv", "stepplanner._kv_reference", "stepplanner._kv")
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
