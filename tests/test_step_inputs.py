@@ -117,6 +117,28 @@ def test_bad_plans_are_refused_before_anything_is_written(kv, rows, error, messa
     assert all(np.array_equal(before[k], v) for k, v in inputs.buffers().items())
 
 
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (((2, 0, 1, 5, 1), (1, 1, 9, 1, 1)), r"plan row 0: resident 2 needs KV pages for 6 tokens"),
+        (((0, 1, 0, 1, 1), (5, 1, 0, 1, 1)), r"plan row 1: resident=5 is not a page-table slot"),
+    ],
+)
+def test_a_step_plan_read_in_place_is_checked_like_an_array(worked, rows, message):
+    """A StepPlan's rows are validated where they lie (no copy): a plan that does not fit the
+    page table is refused the same way, and nothing is written."""
+    from stepplanner import _core
+
+    _, inputs = worked
+    inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
+    before = {k: v.copy() for k, v in inputs.buffers().items()}
+    plan = _core._restore_plan(list(rows), [], 8)   # what unpickling a StepPlan builds
+    with pytest.raises(ValueError, match=message):
+        inputs.prepare(plan)
+    assert all(np.array_equal(before[k], v) for k, v in inputs.buffers().items())
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_plan_types(worked):
     _, inputs = worked
     with pytest.raises(TypeError, match="plan must be a StepPlan, a 1-D SEQUENCE_DTYPE array"):

@@ -61,8 +61,12 @@ cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil
 # The ROW_* status of one plan row against the page table.
 cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil
 
-# Fill every buffer from `count` validated rows, `stride` bytes apart.
-cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
+# The index of the first row check_sequence refuses, or -1 (and `tokens` = the rows' tokens).
+cdef int32_t first_bad_row(const PageTableC* t, const SequenceC* rows, int32_t count,
+                           int64_t* tokens) noexcept nogil
+
+# Fill every buffer from `count` validated rows.
+cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
                       InputsC* out) noexcept nogil
 
 
@@ -91,4 +95,5 @@ cdef class StepInputs:
     cdef readonly object page_table
     cdef readonly str layout
     cdef object _view(self, str name, Py_ssize_t length)
-    cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1
+    cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count,
+                      bint in_place) except -1

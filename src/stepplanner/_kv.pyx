@@ -89,6 +89,28 @@ cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
     return ROW_OK
 
 
+cdef int32_t first_bad_row(const PageTableC* t, const SequenceC* rows, int32_t count,
+                          int64_t* tokens) noexcept nogil:
+    """The index of the first row check_sequence refuses, or -1; sums query_length meanwhile.
+    The common case (every row fine) is one branch per row: the range checks are or-ed."""
+    cdef const int32_t* counts = t.counts
+    cdef uint32_t num_slots = <uint32_t>t.num_slots
+    cdef int64_t P = t.page_size, total = 0
+    cdef int32_t i, r, past, query
+    for i in range(count):
+        r = rows[i].resident
+        past = rows[i].past_length
+        query = rows[i].query_length
+        if ((<uint32_t>r >= num_slots) | (past < 0) | (query < 1)
+                | (past > INT32_MAX - query)):
+            return i
+        if counts[r] * P < <int64_t>past + query:
+            return i
+        total += query
+    tokens[0] = total
+    return -1
+
+
 cdef inline int32_t pages_to(int32_t end, int32_t P, int32_t shift) noexcept nogil:
     """ceil(end / P) for end >= 1: a shift, not a division, when P is a power of two."""
     return (((end - 1) >> shift) if shift >= 0 else (end - 1) // P) + 1
@@ -108,41 +130,28 @@ cdef inline void copy_block_row(int32_t* block, const int32_t* pages, int32_t st
         memset(block + npages, 0xFF, (fill - npages) * sizeof(int32_t))  # all-ones bytes: -1
 
 
-cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, int32_t count,
+cdef void fill_tokens(const PageTableC* t, const SequenceC* rows, int32_t count,
                       InputsC* out) noexcept nogil:
+    """positions, slot_mapping, cu_seqlens_q, seq_lens_k, logits_indices."""
     # Every pointer is read into a local first: CPython builds with -fno-strict-aliasing, so a
     # store through an int32_t* would otherwise make the compiler reload the struct fields.
     cdef const int32_t* table_rows = t.rows
-    cdef const uint64_t* generation = t.generation
     cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
     cdef int32_t* positions = out.positions
     cdef int64_t* slot_mapping = out.slot_mapping
     cdef int32_t* cu_seqlens_q = out.cu_seqlens_q
     cdef int32_t* seq_lens_k = out.seq_lens_k
     cdef int32_t* logits_indices = out.logits_indices
-    cdef int32_t* block_table = out.block_table
-    cdef int32_t* block_fill = out.block_fill
-    cdef int32_t* block_slot = out.block_slot
-    cdef uint64_t* block_generation = out.block_generation
-    cdef int32_t* kv_indptr = out.kv_indptr
-    cdef int32_t* kv_indices = out.kv_indices
-    cdef int32_t* kv_last_page_len = out.kv_last_page_len
-    cdef bint blocks = block_table != NULL
-    cdef bint page_list = kv_indices != NULL
-    cdef SequenceC s
     cdef const int32_t* pages
-    cdef int32_t i, k, n, pos, end, page_index, npages, fill
-    cdef int32_t tokens = 0, logits = 0, kv = 0
+    cdef int32_t i, k, n, pos, end, page_index
+    cdef int32_t tokens = 0, logits = 0
     cdef int64_t delta, stop
     cu_seqlens_q[0] = 0
-    if page_list:
-        kv_indptr[0] = 0
     for i in range(count):
-        memcpy(&s, rows + i * stride, sizeof(SequenceC))  # rows may be strided or unaligned
-        pages = table_rows + <Py_ssize_t>s.resident * M
-        pos = s.past_length
-        end = pos + s.query_length
-        if shift >= 0 and s.query_length == 1:  # a decode row: one token, no loop
+        pages = table_rows + <Py_ssize_t>rows[i].resident * M
+        pos = rows[i].past_length
+        end = pos + rows[i].query_length
+        if shift >= 0 and end - pos == 1:  # a decode row: one token, no loop
             positions[tokens] = pos
             slot_mapping[tokens] = (<int64_t>pages[pos >> shift] << shift) + (pos & (P - 1))
             tokens += 1
@@ -165,44 +174,85 @@ cdef void fill_inputs(const PageTableC* t, const char* rows, Py_ssize_t stride, 
                 page_index += 1
         cu_seqlens_q[i + 1] = tokens
         seq_lens_k[i] = end
-        if s.select_last_token_logits:
-            logits_indices[logits] = tokens - 1
-            logits += 1
-        npages = pages_to(end, P, shift)
-        if blocks:
-            fill = block_fill[i]
-            # A slot's pages only grow until its generation changes, so a row that held the
-            # same slot at the same generation last step needs only the pages appended since:
-            # steady decoding in an unchanged order copies a page per row every P steps.
-            if block_slot[i] == s.resident and block_generation[i] == generation[s.resident]:
-                if fill != npages:
-                    copy_block_row(block_table + <Py_ssize_t>i * M, pages,
-                                   fill if fill < npages else npages, npages, fill)
-                    block_fill[i] = npages
-            else:
-                copy_block_row(block_table + <Py_ssize_t>i * M, pages, 0, npages, fill)
-                block_fill[i] = npages
-                block_slot[i] = s.resident
-                block_generation[i] = generation[s.resident]
-        if page_list:
-            # Rewritten whole every step: one row's new page moves every later row's pages.
-            if npages > 16:
-                memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
-            else:
-                for k in range(npages):
-                    kv_indices[kv + k] = pages[k]
-            kv += npages
-            kv_indptr[i + 1] = kv
-            kv_last_page_len[i] = end - (npages - 1) * P
-    if blocks:
-        for i in range(count, out.num_rows):
-            memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
-            block_fill[i] = 0
-            block_slot[i] = -1
-    out.num_rows = count
+        # Branch-free: a decode step's rows all sample, a prefill step's mostly not.
+        logits_indices[logits] = tokens - 1
+        logits += rows[i].select_last_token_logits != 0
     out.num_tokens = tokens
     out.num_logits = logits
+
+
+cdef void fill_block_table(const PageTableC* t, const SequenceC* rows, int32_t count,
+                           InputsC* out) noexcept nogil:
+    """block_table, updated in place: only what changed since the last step is written."""
+    cdef const int32_t* table_rows = t.rows
+    cdef const uint64_t* generation = t.generation
+    cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
+    cdef int32_t* block_table = out.block_table
+    cdef int32_t* block_fill = out.block_fill
+    cdef int32_t* block_slot = out.block_slot
+    cdef uint64_t* block_generation = out.block_generation
+    cdef int32_t i, r, npages, fill
+    for i in range(count):
+        r = rows[i].resident
+        npages = pages_to(rows[i].past_length + rows[i].query_length, P, shift)
+        fill = block_fill[i]
+        # A slot's pages only grow until its generation changes, so a row that held the same
+        # slot at the same generation last step needs only the pages appended since: steady
+        # decoding in an unchanged order copies a page per row every P steps.
+        if block_slot[i] == r and block_generation[i] == generation[r]:
+            if fill != npages:
+                copy_block_row(block_table + <Py_ssize_t>i * M, table_rows + <Py_ssize_t>r * M,
+                               fill if fill < npages else npages, npages, fill)
+                block_fill[i] = npages
+        else:
+            copy_block_row(block_table + <Py_ssize_t>i * M, table_rows + <Py_ssize_t>r * M,
+                           0, npages, fill)
+            block_fill[i] = npages
+            block_slot[i] = r
+            block_generation[i] = generation[r]
+    for i in range(count, out.num_rows):
+        memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
+        block_fill[i] = 0
+        block_slot[i] = -1
+
+
+cdef void fill_page_list(const PageTableC* t, const SequenceC* rows, int32_t count,
+                         InputsC* out) noexcept nogil:
+    """kv_indptr, kv_indices, kv_last_page_len: rewritten whole every step, since one row's new
+    page moves every later row's pages."""
+    cdef const int32_t* table_rows = t.rows
+    cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
+    cdef int32_t* kv_indptr = out.kv_indptr
+    cdef int32_t* kv_indices = out.kv_indices
+    cdef int32_t* kv_last_page_len = out.kv_last_page_len
+    cdef const int32_t* pages
+    cdef int32_t i, k, end, npages, kv = 0
+    kv_indptr[0] = 0
+    for i in range(count):
+        pages = table_rows + <Py_ssize_t>rows[i].resident * M
+        end = rows[i].past_length + rows[i].query_length
+        npages = pages_to(end, P, shift)
+        if npages > 16:
+            memcpy(kv_indices + kv, pages, npages * sizeof(int32_t))
+        else:
+            for k in range(npages):
+                kv_indices[kv + k] = pages[k]
+        kv += npages
+        kv_indptr[i + 1] = kv
+        kv_last_page_len[i] = end - (npages - 1) * P
     out.num_kv_pages = kv
+
+
+cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
+                      InputsC* out) noexcept nogil:
+    # One pass per kernel family rather than one pass for all: each loop keeps its few
+    # pointers in registers (one fused loop spilled them), and the rows are L1-hot by the second.
+    fill_tokens(t, rows, count, out)
+    if out.block_table != NULL:
+        fill_block_table(t, rows, count, out)
+    if out.kv_indices != NULL:
+        fill_page_list(t, rows, count, out)
+    out.num_rows = count
 
 
 # ============================================================================================
@@ -468,7 +518,7 @@ cdef class StepInputs:
             with cython.critical_section(plan, self._table):
                 rows = <const char*>(<StepPlan>plan).c.sequences
                 count = (<StepPlan>plan).c.num_prefill + (<StepPlan>plan).c.num_decode
-                self._prepare(rows, sizeof(SequenceC), count)
+                self._prepare(rows, sizeof(SequenceC), count, True)
             return self
         if not cnp.PyArray_Check(plan):
             as_array = getattr(plan, "as_array", None)
@@ -483,30 +533,35 @@ cdef class StepInputs:
         if arr.ndim != 1:
             raise _errors.kv_plan_ndim(arr.ndim)
         with cython.critical_section(self._table):
-            self._prepare(<const char*>cnp.PyArray_DATA(arr), arr.strides[0], arr.shape[0])
+            self._prepare(<const char*>cnp.PyArray_DATA(arr), arr.strides[0], arr.shape[0], False)
         return self
 
-    cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count) except -1:
-        # The rows are copied once, the copy is validated and the copy is filled from: a
-        # caller's array that another thread changes meanwhile cannot slip a row past the
-        # checks (free-threaded builds included). The GIL stays held: releasing it would gain
-        # nothing for a few microseconds of work.
-        cdef SequenceC* copy = self._rows_copy
-        cdef int32_t i
-        cdef int status
+    cdef int _prepare(self, const char* rows, Py_ssize_t stride, Py_ssize_t count,
+                      bint in_place) except -1:
+        # Rows another thread could change meanwhile (a caller's array, free-threaded builds
+        # included) are copied once, and the copy is validated and filled from, so no row slips
+        # past the checks. A StepPlan's rows are read in place: its memory is written only by
+        # plan() under the plan's critical section, which the caller holds. The GIL stays held:
+        # releasing it would gain nothing for a few microseconds of work.
+        cdef const SequenceC* seqs = <const SequenceC*>rows
+        cdef int32_t bad, i
         cdef int64_t tokens = 0
         cdef const PageTableC* t = &self._table.c
         if count > self.max_rows:
             raise _errors.kv_plan_rows(count, self.max_rows)
-        for i in range(count):
-            memcpy(&copy[i], rows + i * stride, sizeof(SequenceC))
-            status = check_sequence(t, &copy[i])
-            if status != ROW_OK:
-                raise _row_error(status, i, &copy[i], t)
-            tokens += copy[i].query_length
+        if not in_place:
+            if stride == sizeof(SequenceC):
+                memcpy(self._rows_copy, rows, count * sizeof(SequenceC))
+            else:
+                for i in range(count):  # strided or unaligned: a row at a time
+                    memcpy(&self._rows_copy[i], rows + i * stride, sizeof(SequenceC))
+            seqs = self._rows_copy
+        bad = first_bad_row(t, seqs, <int32_t>count, &tokens)
+        if bad >= 0:
+            raise _row_error(check_sequence(t, &seqs[bad]), bad, &seqs[bad], t)
         if tokens > self.max_tokens:
             raise _errors.kv_plan_tokens(tokens, self.max_tokens)
-        fill_inputs(&self._table.c, <const char*>copy, sizeof(SequenceC), <int32_t>count, &self.c)
+        fill_inputs(t, seqs, <int32_t>count, &self.c)
         return 0
 
     @property
