@@ -17,7 +17,8 @@ ctypedef struct PageTableC:
     int32_t* counts            # pages each slot holds (its row's live prefix)
     int32_t* free_pages        # the free pool as a stack; the top is free_pages[num_free - 1]
     int32_t num_free
-    uint64_t* generation       # per slot: bumped whenever its pages change other than by growth
+    uint64_t* stamp            # per slot: a value no other slot ever had, renewed whenever its
+    uint64_t next_stamp        # pages change other than by growth (the next one to hand out)
 
 # The buffers `prepare` fills, sized once for B rows and T tokens. A layout that skips a kernel
 # family leaves that family's pointers NULL (block_table and its bookkeeping, or kv_indptr,
@@ -29,8 +30,8 @@ ctypedef struct InputsC:
     int64_t* slot_mapping      # [T]
     int32_t* block_table       # [B × max_pages]
     int32_t* block_fill        # per block_table row: entries before its -1 padding
-    int32_t* block_slot        # per block_table row: the slot whose pages it holds, or -1
-    uint64_t* block_generation # ... and that slot's generation when they were copied
+    uint64_t* block_stamp      # per block_table row: the stamp of the slot whose pages it
+                               # holds when they were copied (NO_STAMP: none)
     int32_t* kv_indptr         # [B + 1]
     int32_t* kv_indices        # [B × max_pages]
     int32_t* kv_last_page_len  # [B]
@@ -73,7 +74,7 @@ cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
 cdef class KVPageTable:
     cdef PageTableC c
     cdef object _free_buf        # arrays over _core._CoreMemory: memory the C code writes and
-    cdef object _generation_buf  # Python can only read
+    cdef object _stamp_buf       # Python can only read
     cdef readonly object rows
     cdef readonly object page_counts
     cdef bint _initialised
@@ -87,7 +88,7 @@ cdef class StepInputs:
     cdef int32_t max_rows
     cdef int32_t max_tokens
     cdef object _bufs          # name -> the full buffer, a read-only array over _CoreMemory
-    cdef object _block_state   # the _CoreMemory of block_generation, block_fill, block_slot
+    cdef object _block_state   # the _CoreMemory of block_stamp and block_fill
     cdef object _rows_copy_mem # the _CoreMemory of _rows_copy
     cdef SequenceC* _rows_copy # prepare's copy of the plan's rows: validated, then filled from
     cdef bint _initialised

@@ -32,6 +32,10 @@ IMPLEMENTATION = "compiled"
 
 cdef cnp.dtype _SEQUENCE_DESCR = SEQUENCE_DTYPE
 
+# A block_table row's stamp when it holds no slot's pages: stamps count up from 0 and 2**64 is
+# out of reach.
+cdef uint64_t NO_STAMP = 0xFFFFFFFFFFFFFFFFULL
+
 # ============================================================================================
 # 1. The kernels
 # ============================================================================================
@@ -59,7 +63,8 @@ cdef void release_slot(PageTableC* t, int32_t slot) noexcept nogil:
         t.num_free += 1
         row[k] = -1
     t.counts[slot] = 0
-    t.generation[slot] += 1
+    t.stamp[slot] = t.next_stamp
+    t.next_stamp += 1
 
 
 cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
@@ -71,8 +76,9 @@ cdef void move_slot(PageTableC* t, int32_t src, int32_t dst) noexcept nogil:
         s[k] = -1
     t.counts[dst] = t.counts[src]
     t.counts[src] = 0
-    t.generation[src] += 1
-    t.generation[dst] += 1
+    t.stamp[src] = t.next_stamp
+    t.stamp[dst] = t.next_stamp + 1
+    t.next_stamp += 2
 
 
 cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil:
@@ -185,21 +191,20 @@ cdef void fill_block_table(const PageTableC* t, const SequenceC* rows, int32_t c
                            InputsC* out) noexcept nogil:
     """block_table, updated in place: only what changed since the last step is written."""
     cdef const int32_t* table_rows = t.rows
-    cdef const uint64_t* generation = t.generation
+    cdef const uint64_t* stamp = t.stamp
     cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
     cdef int32_t* block_table = out.block_table
     cdef int32_t* block_fill = out.block_fill
-    cdef int32_t* block_slot = out.block_slot
-    cdef uint64_t* block_generation = out.block_generation
+    cdef uint64_t* block_stamp = out.block_stamp
     cdef int32_t i, r, npages, fill
     for i in range(count):
         r = rows[i].resident
         npages = pages_to(rows[i].past_length + rows[i].query_length, P, shift)
         fill = block_fill[i]
-        # A slot's pages only grow until its generation changes, so a row that held the same
-        # slot at the same generation last step needs only the pages appended since: steady
-        # decoding in an unchanged order copies a page per row every P steps.
-        if block_slot[i] == r and block_generation[i] == generation[r]:
+        # A slot's pages only grow until its stamp changes, and no two slots ever share a
+        # stamp, so a row holding the stamp its slot has now needs only the pages appended
+        # since: steady decoding in an unchanged order copies a page per row every P steps.
+        if block_stamp[i] == stamp[r]:
             if fill != npages:
                 copy_block_row(block_table + <Py_ssize_t>i * M, table_rows + <Py_ssize_t>r * M,
                                fill if fill < npages else npages, npages, fill)
@@ -208,12 +213,11 @@ cdef void fill_block_table(const PageTableC* t, const SequenceC* rows, int32_t c
             copy_block_row(block_table + <Py_ssize_t>i * M, table_rows + <Py_ssize_t>r * M,
                            0, npages, fill)
             block_fill[i] = npages
-            block_slot[i] = r
-            block_generation[i] = generation[r]
+            block_stamp[i] = stamp[r]
     for i in range(count, out.num_rows):
         memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
         block_fill[i] = 0
-        block_slot[i] = -1
+        block_stamp[i] = NO_STAMP
 
 
 cdef void fill_page_list(const PageTableC* t, const SequenceC* rows, int32_t count,
@@ -286,12 +290,12 @@ cdef class KVPageTable:
         if <int64_t>b * m > INT32_MAX:
             raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", <int64_t>b * m,
                                        f"<= {INT32_MAX}, so that page indices fit int32")
-        cdef _CoreMemory rows, counts, free, generation
+        cdef _CoreMemory rows, counts, free, stamp
         try:
             rows = _CoreMemory(<Py_ssize_t>b * m * sizeof(int32_t))
             counts = _CoreMemory(b * <Py_ssize_t>sizeof(int32_t))
             free = _CoreMemory(n * <Py_ssize_t>sizeof(int32_t))
-            generation = _CoreMemory(b * <Py_ssize_t>sizeof(uint64_t))
+            stamp = _CoreMemory(b * <Py_ssize_t>sizeof(uint64_t))
         except MemoryError:
             raise _errors.kv_table_memory(b, m, n) from None
         cdef int32_t k
@@ -301,7 +305,10 @@ cdef class KVPageTable:
             self.c.free_pages[k] = n - 1 - k
         self.c.rows = <int32_t*>rows.data
         self.c.counts = <int32_t*>counts.data
-        self.c.generation = <uint64_t*>generation.data
+        self.c.stamp = <uint64_t*>stamp.data
+        for k in range(b):
+            self.c.stamp[k] = k
+        self.c.next_stamp = b
         self.c.num_slots, self.c.max_pages, self.c.num_pages, self.c.page_size = b, m, n, p
         self.c.page_shift = (p.bit_length() - 1) if p & (p - 1) == 0 else -1
         self.c.num_free = n
@@ -310,7 +317,7 @@ cdef class KVPageTable:
         self.rows = np.frombuffer(rows, dtype=np.int32).reshape(b, m)
         self.page_counts = np.frombuffer(counts, dtype=np.int32)
         self._free_buf = np.frombuffer(free, dtype=np.int32)
-        self._generation_buf = generation
+        self._stamp_buf = stamp
 
     def __init__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
         if self._initialised:
@@ -460,17 +467,16 @@ cdef class StepInputs:
         bufs = input_buffers(b, m, t, layout, _CoreMemory)
         cdef _CoreMemory block_state, rows_copy
         try:
-            block_state = _CoreMemory(b * <Py_ssize_t>(2 * sizeof(int32_t) + sizeof(uint64_t)))
+            block_state = _CoreMemory(b * <Py_ssize_t>(sizeof(uint64_t) + sizeof(int32_t)))
             rows_copy = _CoreMemory(b * <Py_ssize_t>sizeof(SequenceC))
         except MemoryError:
             raise _errors.kv_inputs_memory(b, t, m) from None
         self._block_state = block_state
         self._rows_copy_mem = rows_copy
         self._rows_copy = <SequenceC*>rows_copy.data
-        self.c.block_generation = <uint64_t*>block_state.data
-        self.c.block_fill = <int32_t*>(self.c.block_generation + b)
-        self.c.block_slot = self.c.block_fill + b
-        memset(self.c.block_slot, 0xFF, b * sizeof(int32_t))  # no row holds a slot yet
+        self.c.block_stamp = <uint64_t*>block_state.data
+        self.c.block_fill = <int32_t*>(self.c.block_stamp + b)
+        memset(self.c.block_stamp, 0xFF, b * sizeof(uint64_t))  # NO_STAMP: no row holds pages yet
         self.c.positions = <int32_t*>_data(bufs, "positions")
         self.c.cu_seqlens_q = <int32_t*>_data(bufs, "cu_seqlens_q")
         self.c.seq_lens_k = <int32_t*>_data(bufs, "seq_lens_k")
@@ -637,7 +643,7 @@ cdef class StepInputs:
         cdef int32_t i
         with cython.critical_section(self._table):
             for i in range(self.max_rows):
-                self.c.block_slot[i] = -1                  # no row holds a slot's pages
+                self.c.block_stamp[i] = NO_STAMP           # no row holds a slot's pages
                 self.c.block_fill[i] = self._table.c.max_pages  # and all of it is to be padded
 
     def __repr__(self):
