@@ -9,6 +9,9 @@ whose KV runs to thousands of tokens) and ``mixed`` (the steady ledger under the
 policy: decode rows plus prompt chunks). The page table holds each slot's KV and nothing more.
 Before timing, each case checks that NumPy and ``prepare`` give the same arrays and that
 ``prepare`` allocates nothing (tracemalloc; recorded in ``extra_info``).
+
+``test_kv_indices_copy`` is the floor of the FlashInfer layouts: one contiguous copy of as many
+page ids as the step's ``kv_indices`` holds, which any host-side fill must at least write.
 """
 
 from __future__ import annotations
@@ -125,6 +128,16 @@ def test_plan(benchmark, scenario: str) -> None:
     planner, ledger, plan, table, inputs = make_case(_kv, scenario)
     benchmark.group = f"{scenario} B={BATCH}"
     benchmark(planner.plan, ledger)
+
+
+def test_kv_indices_copy(benchmark, scenario: str) -> None:
+    planner, ledger, plan, table, inputs = make_case(_kv, scenario, "flashinfer")
+    inputs.prepare(plan)
+    source = np.array(inputs.kv_indices)
+    target = np.empty_like(source)
+    benchmark.group = f"{scenario} B={BATCH}"
+    benchmark.extra_info.update(kv_pages=int(source.size), bytes=int(source.nbytes))
+    benchmark(np.copyto, target, source)
 
 
 def test_prepare_reference(benchmark, scenario: str) -> None:
