@@ -418,3 +418,48 @@ def test_cancel_frees_pages_wherever_the_request_is(impl):
     assert ledger.count == 0 and ledger.waiting == 0 and table.num_free_pages == 12
     assert ledger.reserved_pages == 0
     table.check()
+
+
+class Meddling:
+    """A planner that changes the ledger's page table and calls the ledger from inside
+    ``plan()``: hostile, never a crash."""
+
+    def __init__(self, planner, ledger, table):
+        self.inner, self.ledger, self.table = planner, ledger, table
+        self.limits = planner.limits
+        self.refusals = []
+
+    def plan(self, residents, *args, **kwargs):
+        self.table.release(0)
+        self.table.ensure(self.table.max_batch_size - 1, 9)   # a slot past the last row
+        try:
+            self.ledger.cancel(1)
+        except RuntimeError as exc:
+            self.refusals.append(str(exc))
+        return self.inner.plan(residents, *args, **kwargs)
+
+
+def test_a_planner_that_changes_the_table_mid_step_cannot_corrupt_the_ledger(impl):
+    table, ledger, planner = planned(impl, 16)
+    for rid in (1, 2):
+        ledger.submit(rid, 4, max_new_tokens=4)          # 2 pages each
+    meddling = Meddling(planner, ledger, table)
+    ledger.step(meddling)
+    assert meddling.refusals and "Ledger re-entered" in meddling.refusals[0]
+    assert ledger.request_ids.tolist() == [1, 2]
+    before = state(ledger, table)
+    with pytest.raises(ValueError, match=r"plan row 0 \(resident 0, request 1\) would hold 4 "
+                                         r"tokens of KV; allowed: at most the 0"):
+        ledger.step(planner, np.zeros(2, dtype=bool))
+    assert state(ledger, table) == before
+    assert table.ensure(0, 8)                            # the caller puts the pages back
+    ledger.step(planner, np.zeros(2, dtype=bool))
+    ledger.retire([1, 2])
+    assert table.page_counts.tolist() == [0, 0, 0, 3]    # what plan() grew past the rows stays
+    ledger.submit(3, 4, max_new_tokens=8)                # 3 pages: the slot holds them already
+    ledger.submit(4, 4, max_new_tokens=4)
+    ledger.submit(5, 4, max_new_tokens=4)
+    ledger.submit(6, 4, max_new_tokens=4)
+    assert ledger.admit() == [3, 4, 5, 6]
+    assert table.page_counts.tolist() == [3, 2, 2, 3]    # slot 3 kept its 3 pages, never shrunk
+    table.check()

@@ -571,7 +571,9 @@ cdef class Ledger:
         if self.pages == NULL:
             return 0
         cdef int32_t h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
-        if h < 0 or worst_case(&self.q.pool[self.q.heaps[h].slots[0]], self.pages) <= self.pages.num_free:
+        if h < 0:
+            return 0
+        if worst_case(&self.q.pool[self.q.heaps[h].slots[0]], self.pages) <= self.pages.num_free:
             return 0
         return self.q.capacity - self.q.num_free
 

@@ -284,7 +284,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def _kv_classes() -> tuple[Any, ...]:
-    """The page tables the twin drives through their Python API: its own twin's and, when
+    """The page tables the twin drives through their Python API: the pure-Python one and, when
     built, the compiled one (``stepplanner.KVPageTable`` is either, as the install decides)."""
     from ._kv_reference import KVPageTable as ReferenceTable
     try:
