@@ -21,6 +21,13 @@ def test_fused_step(benchmark, batch: int) -> None:
     benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
 
 
+def test_fused_step_paged(benchmark, batch: int) -> None:
+    """The fused step of a ledger that owns a page table (reservations, pages moved on retire)."""
+    run = bench_loop.fused_batch(batch, calls=1, paged=True)
+    benchmark.group = f"loop B={batch:>4}"
+    benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
+
+
 def test_plan_alone(benchmark, batch: int) -> None:
     run = bench_loop.plan_alone_batch(batch, calls=1)
     benchmark.group = f"loop B={batch:>4}"

@@ -107,6 +107,17 @@ def ledger_impl(core):
 
 
 @pytest.fixture(scope="session")
+def paged_impl(ledger_impl):
+    """(Ledger, StepPlanner, KVPageTable) of one implementation: the compiled ledger takes the
+    compiled page table (its C drives the table's C), the twin the reference one."""
+    import types
+
+    kv = load_kv(ledger_impl.name)
+    return types.SimpleNamespace(Ledger=ledger_impl.Ledger, StepPlanner=ledger_impl.StepPlanner,
+                                 KVPageTable=kv.KVPageTable, name=ledger_impl.name)
+
+
+@pytest.fixture(scope="session")
 def make_planner(core):
     """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for resolved options."""
     from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy

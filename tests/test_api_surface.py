@@ -201,3 +201,26 @@ def test_facade_takes_the_kv_module_from_the_same_side(compiled_kv):
         pytest.skip("this run selected the reference")
     assert stepplanner.KVPageTable is compiled_kv.KVPageTable
     assert stepplanner.StepInputs is compiled_kv.StepInputs
+
+
+def test_ledger_implementations_have_the_same_surface(compiled):
+    """Both ledgers (the page table is the ledger's own, so there is no wrapper to export),
+    and the compiled constructor as its stub declares it."""
+    from stepplanner import _ledger_core, _ledger_reference
+
+    assert "PagedLedger" not in stepplanner.__all__ and not hasattr(stepplanner, "PagedLedger")
+    ours, theirs = _ledger_reference.Ledger, _ledger_core.Ledger
+    limits = stepplanner.StepPlannerLimits(2, 16, 16)
+    assert _public(ours(limits)) == _public(theirs(limits))  # the twin's fields are per instance
+    assert {"page_table", "reserved_pages", "held_back", "kv_pages_in_use"} <= _public(ours)
+    for name in sorted(_public(ours)):
+        if callable(getattr(ours, name)):
+            assert (_comparable(inspect.signature(getattr(ours, name)))
+                    == _comparable(inspect.signature(getattr(theirs, name)))), name
+    text = importlib.resources.files("stepplanner").joinpath("_ledger_core.pyi").read_text("utf-8")
+    (init,) = [item for node in ast.parse(text).body if isinstance(node, ast.ClassDef)
+               for item in node.body
+               if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
+    stub = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
+    assert stub == list(inspect.signature(ours).parameters) == [
+        "limits", "policy", "max_waiting", "page_table"]

@@ -84,7 +84,7 @@ from ._kv_checks import PageTableInvariantError  # noqa: E402
 from .checks import PlanInvariantError, check_plan  # noqa: E402
 from .latency import LatencyModel  # noqa: E402
 from .ledger import Ledger, QueueFullError  # noqa: E402
-from .paging import PagedLedger, release_rows, worst_case_pages  # noqa: E402
+from .paging import release_rows, worst_case_pages  # noqa: E402
 from .simulator import SimulationResult, simulate  # noqa: E402
 from .workloads import Workload, load_trace, synthetic  # noqa: E402
 
@@ -98,7 +98,6 @@ __all__ = [
     "LatencyModel",
     "Ledger",
     "PageTableInvariantError",
-    "PagedLedger",
     "PlanInvariantError",
     "PlannedSequence",
     "PreemptionMode",

@@ -403,6 +403,47 @@ def kv_slots_short(slots: int, max_batch_size: int) -> StepPlannerValueError:
     )
 
 
+def ledger_page_table_type(value: object, allowed: str) -> StepPlannerTypeError:
+    return StepPlannerTypeError(
+        f"page_table must be {allowed} or None, got {_type_name(value)}")
+
+
+def ledger_page_table_in_use(used: int, num_pages: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"page_table holds {used} of its num_pages={num_pages} pages; allowed: a table with "
+        "every page free (a new ledger has no residents, so pages held before are no row's)")
+
+
+def ledger_unbounded_request(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request_id={request_id}: max_new_tokens=None is refused by a ledger with a page "
+        "table, which reserves each request's worst case (prompt_length + max_new_tokens) at "
+        "admission; allowed: max_new_tokens >= 1")
+
+
+def ledger_worst_case_pages(request_id: int, prompt_length: int, max_new_tokens: int,
+                            pages: int, limit: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request_id={request_id}: prompt_length + max_new_tokens = {prompt_length} + "
+        f"{max_new_tokens} needs {pages} pages; allowed: at most {limit} (min of the page "
+        "table's max_pages_per_sequence and num_pages)")
+
+
+def ledger_pages_exceeded(index: int, resident: int, request_id: int, tokens: int,
+                          held: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"plan row {index} (resident {resident}, request {request_id}) would hold {tokens} "
+        f"tokens of KV; allowed: at most the {held} its reserved pages hold (a request finished "
+        "but not retired must be retired before it is planned a second time)")
+
+
+def ledger_load_with_pages() -> StepPlannerValueError:
+    return StepPlannerValueError(
+        "load() is refused: this ledger has a page_table, and loaded residents come without "
+        "KV pages or output bounds, so their worst case cannot be reserved; allowed: load() on "
+        "a ledger made with page_table=None")
+
+
 def kv_inputs_memory(
     max_batch_size: int, max_tokens: int, max_pages: int,
 ) -> StepPlannerMemoryError:

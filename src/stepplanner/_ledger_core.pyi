@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._core import StepPlan, StepPlanner
+from ._kv import KVPageTable
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 
 IMPLEMENTATION: str
@@ -24,12 +25,15 @@ class Ledger:
     def reserved_slots(self) -> int: ...
     @property
     def max_waiting(self) -> int: ...
+    @property
+    def page_table(self) -> KVPageTable | None: ...
     def __init__(
         self,
         limits: StepPlannerLimits,
         policy: ResolvedSchedulingPolicy | None = None,
         *,
         max_waiting: SupportsIndex | None = None,
+        page_table: KVPageTable | None = None,
     ) -> None: ...
     @property
     def capacity(self) -> int: ...
@@ -49,6 +53,11 @@ class Ledger:
     def finished_ids(self) -> npt.NDArray[np.int64]: ...
     @property
     def admitted_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def reserved_pages(self) -> int: ...
+    @property
+    def held_back(self) -> int: ...
+    def kv_pages_in_use(self) -> int: ...
     def submit(
         self,
         request_id: SupportsIndex,

@@ -22,6 +22,7 @@ from stepplanner._core cimport (
     _CoreMemory,
     check_row,
 )
+from stepplanner._kv cimport KVPageTable, PageTableC, grow_slot, move_slot, pages_for, release_slot
 
 import numpy as np
 
@@ -29,8 +30,11 @@ from stepplanner import _errors
 from stepplanner._ledger_reference import (
     as_request_id,
     check_ledger_args,
+    check_page_table,
+    check_worst_case,
     check_rows,
     check_waiting,
+    pages_in_use,
     parse_records,
     plan_classes,
     plan_sizes,
@@ -196,9 +200,17 @@ cdef void map_clear(IdMapC* m) noexcept nogil:
 # 3. Admission, accounting, retirement
 # ============================================================================================
 
-cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m) noexcept nogil:
-    """Move waiting requests into free rows in queue order; returns how many."""
+cdef inline int64_t worst_case(const WaitingC* w, const PageTableC* pages) noexcept nogil:
+    """Pages for the request's prompt and every token it may emit (submit bounded the sum)."""
+    return pages_for(<int64_t>w.prompt_length + w.max_new_tokens, pages.page_size)
+
+
+cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) noexcept nogil:
+    """Move waiting requests into free rows in queue order; returns how many. With ``pages``
+    each admitted row gets its worst case, and the first request whose worst case the free pool
+    cannot hold stops admission: nothing overtakes it, so it is never starved."""
     cdef int32_t n = 0, h, slot, row
+    cdef int64_t need = 0
     cdef HeapC* heap
     cdef WaitingC* w
     cdef ResidentC* r
@@ -208,9 +220,17 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m) noexcept nogil:
             break
         heap = &q.heaps[h]
         slot = heap.slots[0]
-        heap_remove(q, slot)
         w = &q.pool[slot]
         row = t.count
+        if pages != NULL:
+            need = worst_case(w, pages)
+            if need > pages.num_free:
+                break
+            # A slot past the last row is empty unless the caller grew it through the table;
+            # then it keeps what it has (the pool is never asked for more than it holds).
+            if pages.counts[row] < need:
+                grow_slot(pages, row, <int32_t>need)
+        heap_remove(q, slot)
         r = &t.rows[row]
         r.priority = w.priority
         r.arrival = w.arrival
@@ -286,6 +306,19 @@ cdef int32_t first_row_out_of_range(const PlanC* p, int32_t count) noexcept nogi
     return -1
 
 
+cdef int32_t first_row_beyond_pages(const PlanC* p, const PageTableC* pages) noexcept nogil:
+    """The first plan row that would write KV past the pages its row holds, or -1 (every
+    resident already checked to be a row)."""
+    cdef int32_t k
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        if (<int64_t>s.past_length + s.query_length
+                > <int64_t>pages.counts[s.resident] * pages.page_size):
+            return k
+    return -1
+
+
 cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nogil:
     cdef int32_t i
     for i in range(t.count):
@@ -315,8 +348,11 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
     t.num_finished = n
 
 
-cdef void remove_marked(TableC* t, IdMapC* m, uint8_t* mark, int32_t num_marked) noexcept nogil:
-    """Swap-remove the ``num_marked`` rows whose ``mark`` is set (``mark`` may be ``t.done``).
+cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
+                        int32_t num_marked) noexcept nogil:
+    """Swap-remove the ``num_marked`` rows whose ``mark`` is set (``mark`` may be ``t.done``);
+    with ``pages`` a removed row's pages go back to the pool and the moved row's pages move with
+    it, so slot ``i`` stays row ``i``.
 
     From the top down: the last row is then never one still to be removed, and the scan stops at
     the lowest marked row."""
@@ -327,6 +363,10 @@ cdef void remove_marked(TableC* t, IdMapC* m, uint8_t* mark, int32_t num_marked)
             if t.done[row]:
                 t.num_done -= 1
             last = t.count - 1
+            if pages != NULL:
+                release_slot(pages, row)
+                if row != last:
+                    move_slot(pages, last, row)
             if row != last:
                 t.rows[row] = t.rows[last]
                 t.ids[row] = t.ids[last]
@@ -396,11 +436,23 @@ cdef class Ledger:
     cdef readonly bint by_priority
     cdef readonly int32_t reserved_slots
     cdef readonly int32_t max_waiting
+    cdef readonly object page_table  # the KVPageTable whose pages follow the rows, or None
+    cdef PageTableC* pages           # its C table (NULL: none); page_table keeps it alive
+    cdef int64_t max_tokens          # with pages: the most prompt + max_new_tokens a row holds
     cdef bint _busy                 # a call that runs caller code is under way: see _enter
 
-    def __cinit__(self, limits, policy=None, *, max_waiting=None):
+    def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
+        cdef PageTableC* pages
+        if page_table is not None:
+            # The compiled table only: the C below grows, releases and moves its slots directly.
+            check_page_table(page_table, limits, (KVPageTable,), "a stepplanner._kv.KVPageTable")
+            pages = &(<KVPageTable>page_table).c
+            self.page_table = page_table
+            self.pages = pages
+            self.max_tokens = min(<int64_t>min(pages.max_pages, pages.num_pages) * pages.page_size,
+                                  <int64_t>INT32_MAX)
         self.limits = limits
         cdef int32_t b = limits.max_batch_size, w = self.max_waiting
         self._rows = np.zeros(b, dtype=_types.RESIDENT_DTYPE)
@@ -447,7 +499,7 @@ cdef class Ledger:
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
 
-    def __init__(self, limits, policy=None, *, max_waiting=None):
+    def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None):
         pass  # everything was checked and allocated by __cinit__: a second call changes nothing
 
     def __dealloc__(self):
@@ -505,6 +557,30 @@ cdef class Ledger:
         """Ids the last ``admit``/``step`` admitted, in queue order (read-only view)."""
         return _view(self._admitted_views, self._admitted, self.t.num_admitted, False)
 
+    @property
+    def reserved_pages(self):
+        """Pages the residents' worst cases hold (0 without a page table)."""
+        if self.pages == NULL:
+            return 0
+        return self.pages.num_pages - self.pages.num_free
+
+    @property
+    def held_back(self):
+        """Requests waiting for pages: all of ``waiting`` when the request admission takes next
+        needs more pages than are free (nothing overtakes it), else 0."""
+        if self.pages == NULL:
+            return 0
+        cdef int32_t h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
+        if h < 0:
+            return 0
+        if worst_case(&self.q.pool[self.q.heaps[h].slots[0]], self.pages) <= self.pages.num_free:
+            return 0
+        return self.q.capacity - self.q.num_free
+
+    def kv_pages_in_use(self):
+        """Pages that hold committed KV now: ``sum(ceil(committed / kv_page_size))``."""
+        return pages_in_use(self.residents["committed"], self.limits.kv_page_size)
+
     def __repr__(self):
         return (f"Ledger(count={self.count}, capacity={self.capacity}, waiting={self.waiting}, "
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
@@ -550,6 +626,8 @@ cdef class Ledger:
                                                       self.limits.max_input_length)
             finally:
                 self._busy = False
+        if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
+            check_worst_case(rid, length, limit, self.page_table)  # raises the shared message
         if map_find(&self.m, rid) >= 0:
             raise _errors.duplicate_request(rid)
         if self.q.num_free == 0:
@@ -596,14 +674,14 @@ cdef class Ledger:
             return
         self._pending = None
         self.t.mark[-(value + 1)] = 1
-        remove_marked(&self.t, &self.m, self.t.mark, 1)
+        remove_marked(&self.t, &self.m, self.pages, self.t.mark, 1)
 
     @cython.critical_section
     def admit(self):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
         self._check_idle()
         self._pending = None
-        admit_waiting(&self.q, &self.t, &self.m)
+        admit_waiting(&self.q, &self.t, &self.m, self.pages)
         return self.admitted_ids.tolist()
 
     @cython.critical_section
@@ -668,6 +746,8 @@ cdef class Ledger:
         if p.num_residents != self.t.count:
             raise _errors.plan_count(p.num_residents, self.t.count)
         self._check_plan_rows(p)
+        if self.pages != NULL:
+            self._check_reserved(p)
         if finished is None:
             return p
         cdef int32_t rows = p.num_prefill + p.num_decode, k
@@ -682,6 +762,15 @@ cdef class Ledger:
             if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
                 raise _errors.finished_without_token(k, p.sequences[k].resident)
         return p
+
+    cdef int _check_reserved(self, const PlanC* p) except -1:
+        cdef int32_t k = first_row_beyond_pages(p, self.pages)
+        if k < 0:
+            return 0
+        cdef const SequenceC* s = &p.sequences[k]
+        raise _errors.ledger_pages_exceeded(
+            k, s.resident, self.t.ids[s.resident], <int64_t>s.past_length + s.query_length,
+            <int64_t>self.pages.counts[s.resident] * self.pages.page_size)
 
     cdef int _check_plan_rows(self, const PlanC* p) except -1:
         cdef int32_t k, rows = p.num_prefill + p.num_decode
@@ -706,14 +795,14 @@ cdef class Ledger:
         account(&self.t, p, mask, stride)
         self._foreign_arrays = None
         if retire and self.t.num_done:
-            remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
+            remove_marked(&self.t, &self.m, self.pages, self.t.done, self.t.num_done)
 
     @cython.critical_section
     def retire_finished(self):
         """Remove every resident that an ``apply`` marked finished."""
         self._check_idle()
         self._pending = None
-        remove_marked(&self.t, &self.m, self.t.done, self.t.num_done)
+        remove_marked(&self.t, &self.m, self.pages, self.t.done, self.t.num_done)
 
     @cython.critical_section
     def step(self, planner, finished=None, *, reasons=None):
@@ -747,7 +836,7 @@ cdef class Ledger:
             _check_reasons(reasons, self.t.capacity)
         if pending is not None:
             self._apply(pending, p, mask, stride, True)
-        admit_waiting(&self.q, &self.t, &self.m)
+        admit_waiting(&self.q, &self.t, &self.m, self.pages)
         plan = planner.plan(self.residents, None, reasons)
         self._pending = plan
         return plan
@@ -789,7 +878,7 @@ cdef class Ledger:
         self._pending = None
         for row in rows:
             self.t.mark[<int32_t>row] = 1
-        remove_marked(&self.t, &self.m, self.t.mark, len(rows))
+        remove_marked(&self.t, &self.m, self.pages, self.t.mark, len(rows))
 
     # --- snapshots ----------------------------------------------------------------------------
 
@@ -813,6 +902,8 @@ cdef class Ledger:
             self._busy = False
 
     cdef _load(self, object residents):
+        if self.pages != NULL:
+            raise _errors.ledger_load_with_pages()
         # Every record is read (caller code: a Mapping's __getitem__) before the ledger is.
         table, ids = parse_records(residents, self.t.capacity)
         check_waiting(table, ids, self._waiting_stamps())

@@ -64,6 +64,58 @@ def check_ledger_args(limits: object, policy: object,
     return by_priority, reserved, bound
 
 
+def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int) -> int:
+    """Pages for ``prompt_length + max_new_tokens`` tokens: ``ceil(total / kv_page_size)``.
+
+    It counts a KV entry for every generated token, the last one included, so it is the bound
+    whichever way a runtime writes the final token's KV.
+    """
+    prompt = as_int32("prompt_length", prompt_length)
+    new = as_int32("max_new_tokens", max_new_tokens)
+    page = as_int32("kv_page_size", kv_page_size)
+    if prompt < 1:
+        raise _errors.out_of_range("prompt_length", prompt, ">= 1")
+    if new < 0:
+        raise _errors.out_of_range("max_new_tokens", new, ">= 0")
+    if page < 1:
+        raise _errors.out_of_range("kv_page_size", page, ">= 1")
+    total = prompt + new
+    if total > _errors.INT32_MAX:
+        raise _errors.out_of_range("prompt_length + max_new_tokens", total,
+                                   f"<= {_errors.INT32_MAX}, so that token counts fit int32")
+    return -(-total // page)
+
+
+def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[Any, ...],
+                     allowed: str) -> None:
+    """A page table a new ledger may own: one of ``classes``, a slot per row, the limits' page
+    size, and every page free (slot ``i`` is row ``i`` from the start)."""
+    if not isinstance(page_table, classes):
+        raise _errors.ledger_page_table_type(page_table, allowed)
+    if page_table.max_batch_size < limits.max_batch_size:
+        raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
+    if page_table.kv_page_size != limits.kv_page_size:
+        raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
+    if page_table.num_free_pages != page_table.num_pages:
+        raise _errors.ledger_page_table_in_use(
+            page_table.num_pages - page_table.num_free_pages, page_table.num_pages)
+
+
+def check_worst_case(rid: int, length: int, limit: int, page_table: Any) -> None:
+    """A request (``limit`` 0: no ``max_new_tokens``) whose worst case some row can hold."""
+    if limit == 0:
+        raise _errors.ledger_unbounded_request(rid)
+    pages = worst_case_pages(length, limit, page_table.kv_page_size)
+    most = min(page_table.max_pages_per_sequence, page_table.num_pages)
+    if pages > most:
+        raise _errors.ledger_worst_case_pages(rid, length, limit, pages, most)
+
+
+def pages_in_use(committed: np.ndarray, page_size: int) -> int:
+    """Pages that hold committed KV: ``sum(ceil(committed / P))``."""
+    return int(((committed.astype(np.int64) + page_size - 1) // page_size).sum())
+
+
 def submission(rid: object, prompt_length: object, priority: object, max_new_tokens: object,
                max_input_length: int) -> tuple[int, int, int, int]:
     """(request_id, prompt_length, priority, max_new or 0 for none), each field checked."""
@@ -231,6 +283,17 @@ def read_only(view: np.ndarray) -> np.ndarray:
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
+def _kv_classes() -> tuple[Any, ...]:
+    """The page tables the twin drives through their Python API: the pure-Python one and, when
+    built, the compiled one (``stepplanner.KVPageTable`` is either, as the install decides)."""
+    from ._kv_reference import KVPageTable as ReferenceTable
+    try:
+        from ._kv import KVPageTable as CompiledTable
+    except ImportError:  # a pure-Python install
+        return (ReferenceTable,)
+    return (ReferenceTable, CompiledTable)
+
+
 def _exclusive(method: _Method) -> _Method:
     """One call at a time: the ledger runs caller code (``__array__``, ``__index__``, a Mapping's
     ``__getitem__``, a planner) inside its calls, and a nested call there is refused, as the
@@ -255,9 +318,13 @@ class Ledger:
     """
 
     def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None = None,
-                 *, max_waiting: int | None = None) -> None:
+                 *, max_waiting: int | None = None, page_table: Any = None) -> None:
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
+        if page_table is not None:
+            check_page_table(page_table, limits, _kv_classes(),
+                             "a stepplanner KVPageTable (_kv_reference or _kv)")
+        self._table = page_table
         self.limits = limits
         b = limits.max_batch_size
         self._rows = np.zeros(b, dtype=RESIDENT_DTYPE)
@@ -318,6 +385,28 @@ class Ledger:
     def admitted_ids(self) -> np.ndarray:
         return read_only(self._admitted[:self._num_admitted])
 
+    @property
+    def page_table(self) -> Any:
+        return self._table
+
+    @property
+    def reserved_pages(self) -> int:
+        table = self._table
+        return 0 if table is None else int(table.num_pages - table.num_free_pages)
+
+    @property
+    def held_back(self) -> int:
+        table = self._table
+        heap = None if table is None else self._next_heap()
+        if heap is None:
+            return 0
+        _, _, length, _, _, limit, _ = heap[0]
+        fits = _pages_for(length + limit, table.kv_page_size) <= table.num_free_pages
+        return 0 if fits else len(self._waiting)
+
+    def kv_pages_in_use(self) -> int:
+        return pages_in_use(self._rows["committed"][:self._count], self.limits.kv_page_size)
+
     def __repr__(self) -> str:
         return (f"Ledger(count={self._count}, capacity={self.capacity}, waiting={self.waiting}, "
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
@@ -330,6 +419,8 @@ class Ledger:
                max_new_tokens: int | None = None) -> int:
         rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                               max_new_tokens, self.limits.max_input_length)
+        if self._table is not None:
+            check_worst_case(rid, length, limit, self._table)
         if rid in self._waiting or rid in self._row_of:
             raise _errors.duplicate_request(rid)
         if len(self._waiting) >= self.max_waiting:
@@ -364,10 +455,16 @@ class Ledger:
 
     def _admit(self) -> None:
         self._pending = None
+        table = self._table
         n = 0
         while self._count < len(self._rows):
             heap = self._next_heap()
             if heap is None:
+                break
+            # No overtaking: the first request whose worst case the free pool cannot hold
+            # stops admission, so a large request is never starved by smaller ones behind it.
+            if table is not None and _pages_for(heap[0][2] + heap[0][5],
+                                                table.kv_page_size) > table.num_free_pages:
                 break
             _, rid, length, prio, arrival, limit, _ = heapq.heappop(heap)
             del self._waiting[rid]
@@ -378,6 +475,8 @@ class Ledger:
             self._max_new[row] = limit
             self._done[row] = False
             self._row_of[rid] = row
+            if table is not None:
+                table.ensure(row, length + limit)   # the worst case, which fits (checked above)
             self._count += 1
             self._admitted[n] = rid
             n += 1
@@ -418,6 +517,8 @@ class Ledger:
         seq = np.array(plan.as_array(), dtype=SEQUENCE_DTYPE, order="C").reshape(-1)
         paused = np.array(plan.paused_array(), dtype=np.int32, order="C").reshape(-1)
         plan_rows_in_range(seq["resident"], len(paused), self._count)
+        if self._table is not None:
+            self._check_reserved(seq)
         mask = finished_mask(finished, len(seq))
         if mask is not None:
             silent = np.flatnonzero(mask & ~seq["select_last_token_logits"])
@@ -425,6 +526,18 @@ class Ledger:
                 k = int(silent[0])
                 raise _errors.finished_without_token(k, int(seq["resident"][k]))
         return seq, mask
+
+    def _check_reserved(self, seq: np.ndarray) -> None:
+        """No plan row writes KV beyond the pages its row holds."""
+        rows = seq["resident"].astype(np.intp)
+        tokens = seq["past_length"].astype(np.int64) + seq["query_length"]
+        held = self._table.page_counts[rows].astype(np.int64) * self._table.kv_page_size
+        over = np.flatnonzero(tokens > held)
+        if over.size:
+            k = int(over[0])
+            row = int(rows[k])
+            raise _errors.ledger_pages_exceeded(k, row, int(self._ids[row]), int(tokens[k]),
+                                                int(held[k]))
 
     def _apply(self, plan: Any, seq: np.ndarray, mask: np.ndarray | None, retire: bool) -> None:
         plan.apply_to(self._rows[:self._count])  # checks overflow before it writes anything
@@ -499,9 +612,14 @@ class Ledger:
     def _remove(self, rows: list[int]) -> None:
         # Highest row first: the last row is then never one still waiting to be removed.
         self._pending = None
+        table = self._table
         last = self._count - 1
         for row in sorted(rows, reverse=True):
             del self._row_of[int(self._ids[row])]
+            if table is not None:  # slot i stays row i: the pages move as the row does
+                table.release(row)
+                if row != last:
+                    table.move(last, row)
             if row != last:
                 for column in (self._rows, self._ids, self._generated, self._max_new, self._done):
                     column[row] = column[last]
@@ -515,6 +633,8 @@ class Ledger:
 
     @_exclusive
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None:
+        if self._table is not None:
+            raise _errors.ledger_load_with_pages()
         table, ids = parse_records(residents, self.capacity)
         check_waiting(table, ids, {rid: entry[4] for rid, entry in self._waiting.items()})
         n = len(table)
@@ -534,6 +654,10 @@ class Ledger:
 
     def to_records(self) -> list[dict[str, Any]]:
         return records_of(self.residents, self._ids[:self._count])
+
+
+def _pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:

@@ -9,7 +9,9 @@ classes, and a sampler that ends about one request in 256 per emitted token earl
 - ``plan_in_loop``: ``plan()``'s own share of the loop run with its calls apart, over ledgers
   that change every step (admissions and swap-removals reorder rows, so the planner re-sorts);
 - ``fused``: ``ledger.step(planner, finished)``: apply the previous plan with the sampler's mask,
-  count tokens, retire, admit, plan: the whole host step in one call;
+  count tokens, retire, admit, plan: the whole host step in one call (``fused_batch(...,
+  paged=True)``: the same with a ``KVPageTable`` attached, every request's worst case reserved
+  at admission; ``benchmarks/test_loop.py`` times it);
 - stage medians of the same loop taken apart: ``admit``, ``plan``, ``accounting`` (counting
   emitted tokens, finding finished requests), ``apply``, ``retire``; once for the compiled
   ledger and once as a loop written over the pure-Python ledger with NumPy accounting (what a
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _ledger_core, _ledger_reference
+from . import _core, _kv, _ledger_core, _ledger_reference
 from ._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ._types import IfbSchedulingMode
 
@@ -85,13 +87,19 @@ class Stream:
 
 
 WARM_STEPS = 600  # about twice the mean output: every slot has turned over
+# A paged ledger's rows hold the stream's largest worst case (2048 + 512 tokens), and its pool
+# every row's at once: pages never hold a request back, so the figure is the bookkeeping's cost.
+PAGED_ROW_PAGES = -(-(2048 + 512) // KV_PAGE_SIZE)
 
 
-def _steady(batch: int, seed: int = 0) -> tuple[Stream, Any, Any, Any]:
+def _steady(batch: int, seed: int = 0, paged: bool = False) -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
     stream = Stream(batch, seed)
     planner = _core.StepPlanner(stream.policy, stream.limits)
-    ledger = _ledger_core.Ledger(stream.limits, stream.policy, max_waiting=8 * batch)
+    table = (_kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
+             if paged else None)
+    ledger = _ledger_core.Ledger(stream.limits, stream.policy, max_waiting=8 * batch,
+                                 page_table=table)
     stream.top_up(ledger, 4 * batch)
     plan = ledger.step(planner)
     for _ in range(WARM_STEPS):
@@ -103,9 +111,9 @@ def _steady(batch: int, seed: int = 0) -> tuple[Stream, Any, Any, Any]:
 # --- timed batches ---------------------------------------------------------------------------
 
 
-def fused_batch(batch: int, calls: int) -> Callable[[], float]:
+def fused_batch(batch: int, calls: int, paged: bool = False) -> Callable[[], float]:
     """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)``; ns per step."""
-    stream, planner, ledger, plan = _steady(batch)
+    stream, planner, ledger, plan = _steady(batch, paged=paged)
     state = [plan]
     finished_for = stream.finished_for
     step = ledger.step

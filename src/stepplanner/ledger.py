@@ -18,9 +18,15 @@ or, with the pieces apart: ``admit()``, ``planner.plan(ledger.residents)``,
 
 The surface (both implementations):
 
-* ``Ledger(limits, policy=None, *, max_waiting=None)``: ``policy`` supplies the queue order and
-  ``priority_reserved_slots`` (none: FCFS, no reserved slots); ``max_waiting`` bounds the queue
-  (``None``: 16 x ``max_batch_size``).
+* ``Ledger(limits, policy=None, *, max_waiting=None, page_table=None)``: ``policy`` supplies the
+  queue order and ``priority_reserved_slots`` (none: FCFS, no reserved slots); ``max_waiting``
+  bounds the queue (``None``: 16 x ``max_batch_size``); ``page_table``, an empty
+  ``KVPageTable`` (the compiled ledger takes the compiled one), makes the ledger keep slot ``i``
+  = row ``i``: ``submit`` then needs ``max_new_tokens``, admission (in queue order) stops at the
+  first request whose worst case does not fit the free pool and reserves it at its row, every
+  swap-remove releases and moves pages with the rows, ``apply``/``step`` refuse a plan row
+  beyond its row's pages, and ``load`` is refused (docs/kv_pages.md). ``page_table``,
+  ``reserved_pages``, ``held_back`` and ``kv_pages_in_use()`` read it.
 * ``submit(request_id, prompt_length, priority=0, max_new_tokens=None)`` -> arrival stamp;
   O(log n). Past ``max_waiting`` it raises ``QueueFullError`` (a ``RuntimeError``): the
   backpressure signal a server turns into HTTP 429.

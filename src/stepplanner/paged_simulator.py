@@ -1,16 +1,18 @@
-"""The simulator with a finite KV page pool: admission reserves each request's worst case
-(``PagedLedger``), so no step ever runs out of pages, and the run reports page occupancy.
+"""The simulator with a finite KV page pool: the ledger owns a ``KVPageTable`` and reserves each
+request's worst case at admission, so no step ever runs out of pages, and the run reports page
+occupancy.
 
-It runs ``stepplanner.simulator``'s own loop with the ledger swapped for a ``PagedLedger``: every
-rule of the plain simulator holds, and requests additionally wait while their worst case
-(``prompt_tokens + output_tokens`` tokens) does not fit the free pool.
+It runs ``stepplanner.simulator``'s own loop (the fused ``ledger.step``) over
+``Ledger(..., page_table=...)``: every rule of the plain simulator holds, and admission
+additionally stops at the first request in queue order whose worst case (``prompt_tokens +
+max(output_tokens, 1)`` tokens) does not fit the free pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +20,6 @@ from . import _errors
 from ._errors import StepPlannerTypeError
 from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from .latency import DEFAULT_LATENCY, LatencyModel
-from .ledger import Ledger
-from .paging import PagedLedger
 from .simulator import (
     DEFAULT_LIMITS,
     Progress,
@@ -34,13 +34,13 @@ __all__ = ["PageOccupancy", "row_pages", "simulate_paged"]
 
 @dataclasses.dataclass(frozen=True)
 class PageOccupancy:
-    """Per step (when the plan was made): pages reserved (held by residents' worst cases and
-    promised to queued requests) and pages holding committed KV, out of ``num_pages``."""
+    """Per step (when the plan was made): pages reserved (held by the residents' worst cases)
+    and pages holding committed KV, out of ``num_pages``."""
 
     num_pages: int
     reserved: np.ndarray
     in_use: np.ndarray
-    held_back: np.ndarray     # requests waiting for pages (not yet in the ledger's queue)
+    held_back: np.ndarray     # requests waiting behind one whose worst case does not fit
     # Per request (workload order): refused at submission because its worst case exceeds what
     # one row or the whole pool can hold (a prompt over S_in is refused too, but not for pages).
     refused_for_pages: np.ndarray = dataclasses.field(
@@ -72,20 +72,6 @@ def _stats(per_step: np.ndarray) -> dict[str, float]:
             "p99": float(np.percentile(per_step, 99)), "max": float(per_step.max())}
 
 
-class _SimulatedPagedLedger(PagedLedger):
-    """The simulator submits (id, prompt, priority); a request's worst case adds its outputs
-    (at least one: the chunk completing a prompt always emits a token)."""
-
-    def __init__(self, ledger: Any, page_table: Any, output_tokens: np.ndarray) -> None:
-        super().__init__(ledger, page_table)
-        self._outputs = output_tokens
-
-    def submit(self, request_id: int, prompt_length: int, priority: int = 0, *,
-               max_new_tokens: int | None = None) -> None:
-        new = max(1, int(self._outputs[request_id])) if max_new_tokens is None else max_new_tokens
-        super().submit(request_id, prompt_length, priority, max_new_tokens=new)
-
-
 def row_pages(workload: Workload, limits: StepPlannerLimits) -> int:
     """Pages of the workload's largest worst case (a prompt cut at S_in, since a longer one is
     refused before it needs pages): the page-table row width ``simulate_paged`` uses."""
@@ -112,16 +98,14 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
     policy = resolve_options(options, limits)
     table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
                         limits.kv_page_size)
-    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
-    ledger = _SimulatedPagedLedger(run.ledger, table, workload.output_tokens)
-    run.ledger = cast(Ledger, ledger)   # the loop uses only what PagedLedger provides
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits), table)
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []
 
-    def record(step: int, start: float, _ledger: Any, plan: Any) -> None:
+    def record(step: int, start: float, ledger: Any, plan: Any) -> None:
         # No per-row ensure: each row's worst case is reserved at admission, and the next
-        # ledger.apply(plan) refuses a plan in which a row would outgrow it.
+        # ledger.step refuses a plan in which a row would outgrow it.
         reserved.append(ledger.reserved_pages)
         in_use.append(ledger.kv_pages_in_use())
         held.append(ledger.held_back)

@@ -42,7 +42,6 @@ from ._types import (
     Reason,
 )
 from .latency import DEFAULT_LATENCY, LatencyModel
-from . import _ledger_reference
 from .ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
 
@@ -265,12 +264,13 @@ class SimulationRun:
     """The mutable state of one simulation; request ids are workload row indices."""
 
     def __init__(self, workload: Workload, limits: StepPlannerLimits,
-                 policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any) -> None:
+                 policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any,
+                 page_table: Any = None) -> None:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.planner = planner
         # Every request may wait: the workload is the whole demand, nothing is pushed back.
-        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1))
+        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table)
         self.admit_time = np.full(n, np.nan)
         self.first_token_time = np.full(n, np.nan)
         self.finish_time = np.full(n, np.nan)
@@ -282,8 +282,6 @@ class SimulationRun:
         self.reasons = np.zeros(limits.max_batch_size, dtype=np.uint8)
         self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
         self.max_consecutive_paused = 0
-        self.fused = True
-        self.pending: Any = None  # the plan _step_by_calls made and has not applied yet
         self.records: list[tuple[float, ...]] = []
         # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
         # (request ids, their previous token's time, this token's time). Every other gap is one
@@ -296,14 +294,10 @@ class SimulationRun:
     def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
              progress_every: int) -> bool:
         n = len(self.w)
-        # A wrapper around the ledger (paged_simulator's PagedLedger keeps KV pages beside it)
-        # takes the same step through its separate calls; a Ledger takes it in one.
-        self.fused = isinstance(self.ledger, (Ledger, _ledger_reference.Ledger))
-        host_step = self._fused_step if self.fused else self._step_by_calls
         while True:
             self._arrivals()
             t0 = time.perf_counter_ns()
-            plan, finished, admitted = host_step()
+            plan, finished, admitted = self._fused_step()
             step_ns = time.perf_counter_ns() - t0
             if finished.size:
                 self.finish_time[finished] = self.now
@@ -327,33 +321,13 @@ class SimulationRun:
         plan = ledger.step(self.planner, reasons=self.reasons)
         return plan, ledger.finished_ids, ledger.admitted_ids
 
-    def _step_by_calls(self) -> tuple[Any, np.ndarray, np.ndarray]:
-        """The same step through the separate calls a ledger wrapper provides."""
-        ledger, plan = self.ledger, self.pending
-        finished = np.zeros(0, dtype=np.int64)
-        if plan is not None:
-            seq = plan.as_array()
-            rows = seq["resident"][seq["select_last_token_logits"]]
-            req = ledger.request_ids[rows]
-            done = self.generated[req] >= np.maximum(self.w.output_tokens[req], 1)
-            ledger.apply(plan)
-            finished = req[done]
-            if finished.size:
-                ledger.retire_rows(rows[done])
-        admitted = np.asarray(ledger.admit(), dtype=np.int64)
-        self.pending = self.planner.plan(ledger.residents, reasons=self.reasons)
-        return self.pending, finished, admitted
-
     def _arrivals(self) -> None:
         w, ledger = self.w, self.ledger
         stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
         for i in range(self.next_request, stop):
             try:
-                if self.fused:
-                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
-                                  max_new_tokens=max(1, int(w.output_tokens[i])))
-                else:
-                    ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]))
+                ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
+                              max_new_tokens=max(1, int(w.output_tokens[i])))
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
