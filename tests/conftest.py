@@ -108,13 +108,14 @@ def ledger_impl(core):
 
 @pytest.fixture(scope="session")
 def paged_impl(ledger_impl):
-    """(Ledger, StepPlanner, KVPageTable) of one implementation: the compiled ledger takes the
-    compiled page table (its C drives the table's C), the twin the reference one."""
+    """(Ledger, StepPlanner, KVPageTable, StepInputs) of one implementation: the compiled ledger
+    takes the compiled page table (its C drives the table's C), the twin the reference one."""
     import types
 
     kv = load_kv(ledger_impl.name)
     return types.SimpleNamespace(Ledger=ledger_impl.Ledger, StepPlanner=ledger_impl.StepPlanner,
-                                 KVPageTable=kv.KVPageTable, name=ledger_impl.name)
+                                 KVPageTable=kv.KVPageTable, StepInputs=kv.StepInputs,
+                                 name=ledger_impl.name)
 
 
 @pytest.fixture(scope="session")
