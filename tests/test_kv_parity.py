@@ -40,6 +40,14 @@ def inputs_state(inputs: Any) -> dict[str, Any]:
     return {name: attempt(lambda name=name: getattr(inputs, name).tolist()) for name in NAMES}
 
 
+def window_state(inputs: Any) -> tuple[Any, ...]:
+    """Where block_table starts in its buffer, and the whole buffer: the rows outside this
+    step's window are what earlier steps left there, and both twins must leave the same."""
+    buffer = inputs.buffers().get("block_table")
+    return (attempt(lambda: inputs.block_table_start),
+            None if buffer is None else buffer.tolist())
+
+
 @st.composite
 def shapes(draw: Any) -> tuple[int, int, int, int]:
     b = draw(st.integers(1, 6))
@@ -90,9 +98,13 @@ def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: 
         # Between operations, a plan over the table as it is now: often valid, often not.
         rows = data.draw(st.lists(plan_row(b, m, p), max_size=b + 1))
         plan = np.array(rows, dtype=SEQUENCE_DTYPE)
+        if data.draw(st.integers(0, 7), label="invalidate") == 0:
+            for i in inputs:
+                i.invalidate()
         got = [attempt(lambda i=i: inputs_state(i.prepare(plan))) for i in inputs]
         assert got[0] == got[1], rows
         assert inputs_state(inputs[0]) == inputs_state(inputs[1])
+        assert window_state(inputs[0]) == window_state(inputs[1]), rows
     for t in tables:
         t.check()
 
@@ -141,3 +153,62 @@ def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any,
         pages = got["kv_indices"][got["kv_indptr"][i]:got["kv_indptr"][i + 1]]
         assert [s // p for s in got["slot_mapping"][start:stop]] == [
             pages[pos // p] for pos in range(past, past + query)]
+
+
+@st.composite
+def step_sequences(draw: Any) -> tuple[Any, ...]:
+    """Slots that all hold pages, and a run of valid plans over them whose rows keep, shift,
+    drop and gain positions from one step to the next (what a serving loop does), with the
+    table's release + regrow (a retirement) and invalidate() in between."""
+    b, m, n, p = draw(shapes())
+    steps = []
+    order = list(range(b))
+    for _ in range(draw(st.integers(1, 8))):
+        action = draw(st.sampled_from(["keep", "front", "drop", "append", "shuffle", "renew",
+                                       "invalidate"]))
+        if action == "front" and order:
+            order = order[-1:] + order[:-1]
+        elif action == "drop" and order:
+            del order[draw(st.integers(0, len(order) - 1))]
+        elif action == "append":
+            order = order + [s for s in range(b) if s not in order][:1]
+        elif action == "shuffle":
+            order = draw(st.permutations(order))
+        renew = draw(st.integers(0, b - 1)) if action == "renew" else None
+        rows = []
+        for slot in order:
+            end = draw(st.integers(1, m * p))
+            query = draw(st.integers(1, end))
+            rows.append((slot, 0, end - query, query, True))
+        steps.append((action, renew, rows))
+    return (b, m, p), steps, draw(st.sampled_from(["all", "flash_attn"]))
+
+
+@PARITY
+@given(step_sequences())
+def test_block_table_windows_agree_over_steps(compiled_kv: Any, reference_kv: Any,
+                                              case: tuple[Any, ...]) -> None:
+    (b, m, p), steps, layout = case
+    twins = []
+    for mod in (reference_kv, compiled_kv):
+        table = mod.KVPageTable(b, m, b * m, p)
+        for slot in range(b):
+            assert table.ensure(slot, m * p)
+        twins.append((table, mod.StepInputs(StepPlannerLimits(b, m * p, p), table, layout)))
+    for action, renew, rows in steps:
+        plan = np.array(rows, dtype=SEQUENCE_DTYPE)
+        for table, inputs in twins:
+            if renew is not None:           # the slot's pages change other than by growth
+                table.release(renew)
+                assert table.ensure(renew, m * p)
+            if action == "invalidate":
+                inputs.invalidate()
+            inputs.prepare(plan)
+        assert inputs_state(twins[0][1]) == inputs_state(twins[1][1]), action
+        assert window_state(twins[0][1]) == window_state(twins[1][1]), action
+        table, inputs = twins[1]
+        want = np.full((len(rows), m), -1)
+        for i, (slot, _, past, query, _) in enumerate(rows):
+            used = -(-(past + query) // p)
+            want[i, :used] = table.rows[slot, :used]
+        assert inputs.block_table.tolist() == want.tolist(), action

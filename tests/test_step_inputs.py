@@ -57,14 +57,16 @@ def test_worked_example(worked):
 
 
 def test_block_table_lists_the_pages_of_the_rows_kv_only(worked):
-    """Pages a slot holds beyond seq_lens_k (a reservation) are not listed; earlier, longer
-    rows of the buffer are padded back to -1."""
+    """Pages a slot holds beyond seq_lens_k (a reservation) are not listed; a row that held
+    more pages the step before is padded back to -1."""
     table, inputs = worked
     inputs.prepare(plan_rows((1, 1, 9, 1, 1), (0, 0, 0, 6, 1)))
     assert inputs.block_table.tolist() == [[2, 3, 4, -1], [0, 1, -1, -1]]
+    start = inputs.block_table_start
     inputs.prepare(plan_rows((1, 0, 0, 2, 0)))   # slot 1 holds 3 pages, its KV needs 1
     assert inputs.block_table.tolist() == [[2, -1, -1, -1]]
-    assert inputs.buffers()["block_table"].tolist() == [[2, -1, -1, -1]] + [[-1] * 4] * 3
+    assert inputs.block_table_start == start     # slot 1's row stayed where it was
+    assert inputs.buffers()["block_table"][start].tolist() == [2, -1, -1, -1]
 
 
 def test_an_empty_plan(worked):
@@ -73,7 +75,39 @@ def test_an_empty_plan(worked):
     inputs.prepare(plan_rows())
     assert arrays(inputs) == {n: [] for n in NAMES} | {"cu_seqlens_q": [0], "qo_indptr": [0],
                                                        "kv_indptr": [0]}
-    assert (inputs.buffers()["block_table"] == -1).all()
+    assert inputs.block_table.shape == (0, 4)
+    inputs.invalidate()
+    inputs.prepare(plan_rows())
+    assert (inputs.buffers()["block_table"] == -1).all()   # invalidate wipes the whole buffer
+
+
+def test_block_table_follows_rows_that_move(kv):
+    """Rows that move together (a chunk row more in front, a row retired ahead) keep their
+    buffer rows: the window over the buffer moves instead, and only rows new to their place
+    are written. The arrays are what the rows say either way."""
+    table = kv.KVPageTable(8, 4, 32, 4)
+    for slot in range(8):
+        assert table.ensure(slot, 16)
+    inputs = kv.StepInputs(StepPlannerLimits(8, 16, 4), table, "flash_attn")
+    decode = [(slot, 1, 4 + slot, 1, 1) for slot in range(1, 7)]
+    inputs.prepare(plan_rows(*decode))
+    start = inputs.block_table_start
+    assert 0 <= start <= 16 - 6
+    inputs.prepare(plan_rows((0, 0, 0, 3, 0), *decode))   # a chunk row in front
+    assert inputs.block_table_start == start - 1
+    inputs.prepare(plan_rows(*decode[:2], *decode[3:]))  # the third decode row retired
+    assert inputs.block_table_start in (start, start + 1)
+    for plan in (plan_rows(*decode[::-1]), plan_rows((7, 0, 0, 2, 1), *decode)):
+        inputs.prepare(plan)
+        want = np.full((len(plan), 4), -1)
+        for i, (slot, _, past, query, _) in enumerate(plan.tolist()):
+            used = -(-(past + query) // 4)
+            want[i, :used] = table.rows[slot, :used]
+        assert inputs.block_table.tolist() == want.tolist()
+        buffer = inputs.buffers()["block_table"]
+        assert np.shares_memory(inputs.block_table, buffer)
+        assert inputs.block_table.ctypes.data == (
+            buffer.ctypes.data + inputs.block_table_start * buffer.strides[0])
 
 
 def test_missing_pages_name_the_resident_and_write_nothing(worked):

@@ -28,10 +28,14 @@ ctypedef struct InputsC:
     int32_t* cu_seqlens_q      # [B + 1]; also FlashInfer's qo_indptr
     int32_t* seq_lens_k        # [B]
     int64_t* slot_mapping      # [T]
-    int32_t* block_table       # [B × max_pages]
-    int32_t* block_fill        # per block_table row: entries before its -1 padding
-    uint64_t* block_stamp      # per block_table row: the stamp of the slot whose pages it
-                               # holds when they were copied (NO_STAMP: none)
+    int32_t* block_table       # [2B × max_pages]; this step's rows start at block_start
+    int32_t* block_fill        # per buffer row: entries before its -1 padding
+    int32_t block_rows         # rows of the block_table buffer: 2 × B (see choose_block_start)
+    int32_t block_start        # the buffer row where this step's block_table starts (-1: none yet)
+    bint block_wipe            # invalidate() was called: -1 the whole buffer before the next fill
+    uint64_t* block_stamp      # per buffer row: the stamp of the slot whose pages it holds
+                               # (all ones: none; stamps count up from 0 and never get there)
+    int32_t* slot_row          # per page-table slot: the buffer row its pages were last copied to
     int32_t* kv_indptr         # [B + 1]
     int32_t* kv_indices        # [B × max_pages]
     int32_t* kv_last_page_len  # [B]
@@ -66,6 +70,10 @@ cdef int check_sequence(const PageTableC* t, const SequenceC* s) noexcept nogil
 cdef int32_t first_bad_row(const PageTableC* t, const SequenceC* rows, int32_t count,
                            int64_t* tokens) noexcept nogil
 
+# The buffer row where the block_table of `count` validated rows starts this step.
+cdef int32_t choose_block_start(const PageTableC* t, const SequenceC* rows, int32_t count,
+                                const InputsC* out) noexcept nogil
+
 # Fill every buffer from `count` validated rows.
 cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
                       InputsC* out) noexcept nogil
@@ -88,7 +96,7 @@ cdef class StepInputs:
     cdef int32_t max_rows
     cdef int32_t max_tokens
     cdef object _bufs          # name -> the full buffer, a read-only array over _CoreMemory
-    cdef object _block_state   # the _CoreMemory of block_stamp and block_fill
+    cdef object _block_state   # the _CoreMemory of block_stamp, block_fill and slot_row
     cdef object _rows_copy_mem # the _CoreMemory of _rows_copy
     cdef SequenceC* _rows_copy # prepare's copy of the plan's rows: validated, then filled from
     cdef bint _initialised

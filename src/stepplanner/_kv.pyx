@@ -21,7 +21,7 @@ from . import _errors
 from ._core cimport StepPlan, _CoreMemory
 from ._fields import as_int32
 from . import _kv_buffers
-from ._kv_buffers import check_layout, input_buffers, view_of
+from ._kv_buffers import block_table_rows, check_layout, input_buffers, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -31,10 +31,6 @@ cnp.import_array()
 IMPLEMENTATION = "compiled"
 
 cdef cnp.dtype _SEQUENCE_DESCR = SEQUENCE_DTYPE
-
-# A block_table row's stamp when it holds no slot's pages: stamps count up from 0 and 2**64 is
-# out of reach.
-cdef uint64_t NO_STAMP = 0xFFFFFFFFFFFFFFFFULL
 
 # ============================================================================================
 # 1. The kernels
@@ -164,7 +160,8 @@ cdef void fill_tokens(const PageTableC* t, const SequenceC* rows, int32_t count,
         else:
             # The new tokens a page at a time: within one page, slot = page * P + pos % P is
             # pos + (page - page_index) * P, a contiguous run, so the inner loop has no
-            # division and no branch (and vectorises).
+            # division and no branch. One loop for both arrays: split in two, the compiler
+            # vectorises them, and that measured slower (runs are at most P tokens).
             page_index = (pos >> shift) if shift >= 0 else pos // P
             while pos < end:
                 stop = <int64_t>(page_index + 1) * P
@@ -187,23 +184,90 @@ cdef void fill_tokens(const PageTableC* t, const SequenceC* rows, int32_t count,
     out.num_logits = logits
 
 
+cdef int32_t choose_block_start(const PageTableC* t, const SequenceC* rows, int32_t count,
+                                const InputsC* out) noexcept nogil:
+    """Where this step's block_table starts in its buffer of 2B rows: the last start if the
+    first and the last row still find their pages there; else, among the last start and those
+    that put a probed row (first, middle, last) where its slot's pages already are, the one
+    under which most of 32 sampled rows find their pages in place; with none that fits, the
+    middle of the buffer.
+
+    Decode rows follow the chunk rows in arrival order, so a chunk row more or less in front
+    moves every row one place and a retirement moves every row behind it. A window that moves
+    with the rows keeps them where their pages already are, and only rows new to their place
+    are copied."""
+    cdef const uint64_t* stamp = t.stamp
+    cdef const uint64_t* block_stamp = out.block_stamp
+    cdef int32_t cap = out.block_rows
+    cdef int32_t candidates[4]
+    cdef int32_t n = 1, k, j, i, c, b, r, step, score
+    cdef int32_t best = -1, best_score = -1
+    c = out.block_start
+    if (count > 0 and 0 <= c <= cap - count and block_stamp[c] == stamp[rows[0].resident]
+            and block_stamp[c + count - 1] == stamp[rows[count - 1].resident]):
+        return c  # the first and the last row are still in place: the steady case, at once
+    candidates[0] = c
+    if count > 0:
+        for k in range(3):
+            i = 0 if k == 0 else (count // 2 if k == 1 else count - 1)
+            r = rows[i].resident
+            b = out.slot_row[r]
+            if b < 0 or block_stamp[b] != stamp[r]:
+                continue
+            c = b - i
+            for j in range(n):
+                if candidates[j] == c:
+                    break
+            else:
+                candidates[n] = c
+                n += 1
+    step = count // 32 if count >= 32 else 1
+    for k in range(n):
+        c = candidates[k]
+        if c < 0 or c > cap - count:
+            continue
+        if n == 1:
+            return c  # the steady case: nothing to weigh
+        score = 0
+        i = 0
+        while i < count:
+            score += block_stamp[c + i] == stamp[rows[i].resident]
+            i += step
+        if score > best_score:  # ties keep the earlier candidate: the last start first
+            best = c
+            best_score = score
+    return best if best >= 0 else (cap - count) // 2
+
+
 cdef void fill_block_table(const PageTableC* t, const SequenceC* rows, int32_t count,
                            InputsC* out) noexcept nogil:
     """block_table, updated in place: only what changed since the last step is written."""
     cdef const int32_t* table_rows = t.rows
     cdef const uint64_t* stamp = t.stamp
     cdef int32_t P = t.page_size, M = t.max_pages, shift = t.page_shift
-    cdef int32_t* block_table = out.block_table
-    cdef int32_t* block_fill = out.block_fill
-    cdef uint64_t* block_stamp = out.block_stamp
-    cdef int32_t i, r, npages, fill
+    cdef int32_t* block_table
+    cdef int32_t* block_fill
+    cdef uint64_t* block_stamp
+    cdef int32_t* slot_row = out.slot_row
+    cdef int32_t i, r, npages, fill, start
+    if out.block_wipe:
+        memset(out.block_table, 0xFF, <size_t>out.block_rows * M * sizeof(int32_t))
+        memset(out.block_stamp, 0xFF, out.block_rows * sizeof(uint64_t))  # no stamp
+        memset(out.block_fill, 0, out.block_rows * sizeof(int32_t))
+        out.block_wipe = False
+    start = choose_block_start(t, rows, count, out)
+    out.block_start = start
+    block_table = out.block_table + <Py_ssize_t>start * M
+    block_fill = out.block_fill + start
+    block_stamp = out.block_stamp + start
     for i in range(count):
         r = rows[i].resident
         npages = pages_to(rows[i].past_length + rows[i].query_length, P, shift)
         fill = block_fill[i]
         # A slot's pages only grow until its stamp changes, and no two slots ever share a
         # stamp, so a row holding the stamp its slot has now needs only the pages appended
-        # since: steady decoding in an unchanged order copies a page per row every P steps.
+        # since: steady decoding copies a page per row every P steps. slot_row follows copies
+        # only: a row already holding the slot's pages is as good a place as any to find them.
         if block_stamp[i] == stamp[r]:
             if fill != npages:
                 copy_block_row(block_table + <Py_ssize_t>i * M, table_rows + <Py_ssize_t>r * M,
@@ -214,10 +278,7 @@ cdef void fill_block_table(const PageTableC* t, const SequenceC* rows, int32_t c
                            0, npages, fill)
             block_fill[i] = npages
             block_stamp[i] = stamp[r]
-    for i in range(count, out.num_rows):
-        memset(block_table + <Py_ssize_t>i * M, 0xFF, block_fill[i] * sizeof(int32_t))
-        block_fill[i] = 0
-        block_stamp[i] = NO_STAMP
+            slot_row[r] = start + i
 
 
 cdef void fill_page_list(const PageTableC* t, const SequenceC* rows, int32_t count,
@@ -442,8 +503,10 @@ cdef class StepInputs:
     skips raises ``AttributeError`` (its buffer is never allocated, so nothing stale is shown).
 
     Buffers are sized once for ``limits`` (B rows, ``limits.t_max`` tokens); ``prepare``
-    allocates nothing. The arrays are views of the valid prefix of those buffers, so they are
-    **overwritten by the next** ``prepare``: copy what you keep.
+    allocates nothing. The arrays are views of the valid part of those buffers, so they are
+    **overwritten by the next** ``prepare``: copy what you keep. ``block_table`` is a window
+    of B of its buffer's 2B rows that moves with the rows from step to step, so a row that
+    keeps its slot keeps its pages in place (``block_table_start`` says where it starts).
     """
 
     def __cinit__(self, limits, page_table, layout="all"):
@@ -466,17 +529,25 @@ cdef class StepInputs:
         # the next prepare finds, whatever the caller does with the arrays.
         bufs = input_buffers(b, m, t, layout, _CoreMemory)
         cdef _CoreMemory block_state, rows_copy
+        cdef int32_t block_rows = block_table_rows(b), slots = table.c.num_slots
         try:
-            block_state = _CoreMemory(b * <Py_ssize_t>(sizeof(uint64_t) + sizeof(int32_t)))
+            block_state = _CoreMemory(
+                block_rows * <Py_ssize_t>(sizeof(uint64_t) + sizeof(int32_t))
+                + slots * <Py_ssize_t>sizeof(int32_t))
             rows_copy = _CoreMemory(b * <Py_ssize_t>sizeof(SequenceC))
         except MemoryError:
             raise _errors.kv_inputs_memory(b, t, m) from None
         self._block_state = block_state
         self._rows_copy_mem = rows_copy
         self._rows_copy = <SequenceC*>rows_copy.data
+        self.c.block_rows = block_rows
+        self.c.block_start = -1
+        self.c.block_wipe = False
         self.c.block_stamp = <uint64_t*>block_state.data
-        self.c.block_fill = <int32_t*>(self.c.block_stamp + b)
-        memset(self.c.block_stamp, 0xFF, b * sizeof(uint64_t))  # NO_STAMP: no row holds pages yet
+        self.c.block_fill = <int32_t*>(self.c.block_stamp + block_rows)
+        self.c.slot_row = self.c.block_fill + block_rows
+        memset(self.c.block_stamp, 0xFF, block_rows * sizeof(uint64_t))  # no stamp yet
+        memset(self.c.slot_row, 0xFF, slots * sizeof(int32_t))           # -1: in no row yet
         self.c.positions = <int32_t*>_data(bufs, "positions")
         self.c.cu_seqlens_q = <int32_t*>_data(bufs, "cu_seqlens_q")
         self.c.seq_lens_k = <int32_t*>_data(bufs, "seq_lens_k")
@@ -608,7 +679,15 @@ cdef class StepInputs:
 
     @property
     def block_table(self):
-        return self._view("block_table", self.c.num_rows)
+        return view_of(self._bufs, "block_table", self.c.num_rows, self.layout,
+                       max(self.c.block_start, 0))
+
+    @property
+    def block_table_start(self):
+        """The row of ``buffers()["block_table"]`` where ``block_table`` starts this step."""
+        if self.c.block_table == NULL:
+            return self._view("block_table", 0)  # the layout's AttributeError
+        return max(self.c.block_start, 0)
 
     @property
     def kv_indptr(self):
@@ -629,7 +708,8 @@ cdef class StepInputs:
     def buffers(self):
         """The full buffers of this layout by name (fixed addresses for the engine's lifetime,
         e.g. to capture in a CUDA graph); only each one's valid prefix is meaningful after
-        ``prepare``.
+        ``prepare``, except ``block_table``'s (2B rows), whose valid rows start at
+        ``block_table_start``.
 
         They are read-only: a consumer must not write them. ``prepare`` updates ``block_table``
         rows in place, trusting them to hold what it wrote; a consumer that writes them anyway
@@ -638,13 +718,11 @@ cdef class StepInputs:
         return dict(self._bufs)
 
     def invalidate(self):
-        """Forget what the buffers hold: the next ``prepare`` rewrites every entry of
-        ``block_table`` instead of appending each row's new pages. Nothing changes until then."""
-        cdef int32_t i
+        """Forget what the buffers hold: the next ``prepare`` writes ``-1`` over the whole
+        ``block_table`` buffer, then every row of the step, instead of appending each row's new
+        pages. Nothing changes until then."""
         with cython.critical_section(self._table):
-            for i in range(self.max_rows):
-                self.c.block_stamp[i] = NO_STAMP           # no row holds a slot's pages
-                self.c.block_fill[i] = self._table.c.max_pages  # and all of it is to be padded
+            self.c.block_wipe = True
 
     def __repr__(self):
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "

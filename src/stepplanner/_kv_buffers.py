@@ -11,8 +11,8 @@ import numpy as np
 
 from . import _errors
 
-__all__ = ["LAYOUTS", "PADDED", "Layout", "check_layout", "family_of", "input_buffers",
-           "layout_arrays", "read_only", "view_of"]
+__all__ = ["LAYOUTS", "PADDED", "Layout", "block_table_rows", "check_layout", "family_of",
+           "input_buffers", "layout_arrays", "read_only", "view_of"]
 
 # Every layout fills these: the token and row arrays every kernel family shares.
 SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
@@ -26,6 +26,12 @@ Layout = Literal["all", "flash_attn", "flashinfer"]
 LAYOUTS: tuple[Layout, ...] = ("all", "flash_attn", "flashinfer")
 # Buffers whose unused entries are -1 (the rest start at 0).
 PADDED = ("block_table",)
+
+
+def block_table_rows(max_batch_size: int) -> int:
+    """Rows of the ``block_table`` buffer: twice B, so that a step's B rows can start anywhere
+    in the first half and the window can follow rows that move (``choose_block_start``)."""
+    return 2 * max_batch_size
 
 
 def check_layout(layout: object) -> str:
@@ -61,7 +67,7 @@ def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int, layout: 
         "seq_lens_k": ((b,), np.int32),
         "slot_mapping": ((t,), np.int64),
         "logits_indices": ((b,), np.int32),
-        "block_table": ((b, m), np.int32),
+        "block_table": ((block_table_rows(b), m), np.int32),
         "kv_indptr": ((b + 1,), np.int32),
         "kv_indices": ((b * m,), np.int32),
         "kv_last_page_len": ((b,), np.int32),
@@ -83,9 +89,10 @@ def read_only(array: np.ndarray) -> np.ndarray:
 
 
 def view_of(buffers: dict[str, np.ndarray], name: str, length: int,
-            layout: str) -> np.ndarray:
-    """The valid prefix of buffer ``name``, or the AttributeError saying the layout skips it."""
+            layout: str, start: int = 0) -> np.ndarray:
+    """Entries ``start .. start + length`` of buffer ``name`` (the valid part: a prefix for every
+    buffer but ``block_table``), or the AttributeError saying the layout skips it."""
     buf = buffers.get(name)
     if buf is None:
         raise _errors.kv_array_not_filled(name, layout, family_of(name))
-    return buf[:length]
+    return buf[start:start + length]

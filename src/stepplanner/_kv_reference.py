@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import PADDED, check_layout, input_buffers, read_only, view_of
+from ._kv_buffers import PADDED, block_table_rows, check_layout, input_buffers, read_only, view_of
 from ._kv_checks import check_page_table
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
@@ -52,6 +52,10 @@ class KVPageTable:
         except MemoryError:
             raise _errors.kv_table_memory(b, m, n) from None
         self._free = list(range(n - 1, -1, -1))  # a stack whose top (the end) is page 0
+        # Per slot a stamp no other slot ever had, renewed whenever its pages change other than
+        # by growth: StepInputs keeps a block_table row whose stamp still matches its slot's.
+        self._stamps = list(range(b))
+        self._next_stamp = b
         self._num_pages = n
         self._page_size = p
         self._rows_view = read_only(self._rows)
@@ -126,6 +130,8 @@ class KVPageTable:
             self._free.append(int(self._rows[s, k]))
         self._rows[s] = -1
         self._counts[s] = 0
+        self._stamps[s] = self._next_stamp
+        self._next_stamp += 1
 
     def move(self, src: int, dst: int) -> None:
         a = self._slot("src", src)
@@ -138,6 +144,8 @@ class KVPageTable:
         self._counts[b] = self._counts[a]
         self._rows[a] = -1
         self._counts[a] = 0
+        self._stamps[a], self._stamps[b] = self._next_stamp, self._next_stamp + 1
+        self._next_stamp += 2
 
     def check(self) -> None:
         check_page_table(self._rows, self._counts, np.array(self._free, dtype=np.int32),
@@ -175,6 +183,12 @@ class StepInputs:
                 self._out[name][...] = -1
         self._bufs = {name: read_only(buf) for name, buf in self._out.items()}
         self._sizes = {"rows": 0, "tokens": 0, "kv": 0, "logits": 0}
+        # Which slot's pages (by stamp, -1: none) each block_table buffer row holds, the buffer
+        # row each slot's pages were last copied to, and where the last step's rows started.
+        self._block_stamps = [-1] * block_table_rows(b)
+        self._slot_rows = [-1] * page_table.max_batch_size
+        self._block_start = -1
+        self._block_wipe = False
         self._limits = limits
         self._table = page_table
         self._layout = layout
@@ -222,6 +236,12 @@ class StepInputs:
 
         out = self._out
         blocks, page_list = "block_table" in out, "kv_indices" in out
+        if blocks:
+            if self._block_wipe:
+                out["block_table"][...] = -1
+                self._block_stamps = [-1] * len(self._block_stamps)
+                self._block_wipe = False
+            self._block_start = self._choose_block_start(rows["resident"].tolist())
         t = kv = n_logits = 0
         out["cu_seqlens_q"][0] = 0
         if page_list:
@@ -237,8 +257,12 @@ class StepInputs:
             out["seq_lens_k"][i] = end
             used = _pages_for(end, p)
             if blocks:
-                out["block_table"][i] = -1
-                out["block_table"][i, :used] = pages[:used]
+                row = self._block_start + i
+                out["block_table"][row] = -1
+                out["block_table"][row, :used] = pages[:used]
+                if self._block_stamps[row] != table._stamps[resident]:  # as the twin: a copy
+                    self._block_stamps[row] = table._stamps[resident]   # new to this row
+                    self._slot_rows[resident] = row
             if page_list:
                 out["kv_indices"][kv:kv + used] = pages[:used]
                 kv += used
@@ -247,8 +271,6 @@ class StepInputs:
             if logits:
                 out["logits_indices"][n_logits] = t - 1
                 n_logits += 1
-        if blocks:
-            out["block_table"][len(rows):] = -1
         self._sizes = {"rows": len(rows), "tokens": t, "kv": kv, "logits": n_logits}
         return self
 
@@ -289,7 +311,43 @@ class StepInputs:
 
     @property
     def block_table(self) -> np.ndarray:
-        return self._view("block_table", self._sizes["rows"])
+        return view_of(self._bufs, "block_table", self._sizes["rows"], self._layout,
+                       max(self._block_start, 0))
+
+    @property
+    def block_table_start(self) -> int:
+        """The row of ``buffers()["block_table"]`` where ``block_table`` starts this step."""
+        self._view("block_table", 0)  # the layout's AttributeError
+        return max(self._block_start, 0)
+
+    def _choose_block_start(self, residents: list[int]) -> int:
+        """The compiled twin's ``choose_block_start``, step for step: the last start while the
+        first and last rows are still in place there; else the last start or one that puts a
+        probed row (first, middle, last) where its slot's pages already are, whichever finds
+        most of 32 sampled rows' pages in place; else the buffer's middle."""
+        stamps, held = self._table._stamps, self._block_stamps
+        cap, count = len(held), len(residents)
+        last = self._block_start
+        if (count and 0 <= last <= cap - count and held[last] == stamps[residents[0]]
+                and held[last + count - 1] == stamps[residents[-1]]):
+            return last
+        candidates = [last]
+        for i in ((0, count // 2, count - 1) if count else ()):
+            r = residents[i]
+            row = self._slot_rows[r]
+            if row >= 0 and held[row] == stamps[r] and row - i not in candidates:
+                candidates.append(row - i)
+        step = count // 32 if count >= 32 else 1
+        best, best_score = -1, -1
+        for c in candidates:
+            if c < 0 or c > cap - count:
+                continue
+            if len(candidates) == 1:
+                return c
+            score = sum(held[c + i] == stamps[residents[i]] for i in range(0, count, step))
+            if score > best_score:
+                best, best_score = c, score
+        return best if best >= 0 else (cap - count) // 2
 
     @property
     def kv_indptr(self) -> np.ndarray:
@@ -311,7 +369,9 @@ class StepInputs:
         return dict(self._bufs)
 
     def invalidate(self) -> None:
-        """Nothing to forget: this twin rewrites every ``block_table`` entry on each prepare."""
+        """The next ``prepare`` writes -1 over the whole ``block_table`` buffer first (this twin
+        rewrites every row of a step anyway; the wipe is for the rows outside it)."""
+        self._block_wipe = True
 
     def __repr__(self) -> str:
         return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "

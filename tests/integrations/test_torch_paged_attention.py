@@ -169,12 +169,16 @@ def test_torch_from_dlpack_shares_the_buffers(kv):
     inputs = kv.StepInputs(sp.StepPlannerLimits(2, 8, 4), table)
     plan = np.array([(0, 0, 0, 3, 1), (1, 1, 5, 1, 1)], dtype=sp.SEQUENCE_DTYPE)
     inputs.prepare(plan)
-    tensors = {name: torch.from_dlpack(getattr(inputs, name))
-               for name in ("positions", "slot_mapping", "block_table", "kv_indices")}
+    names = ("positions", "slot_mapping", "block_table", "kv_indices")
+    tensors = {name: torch.from_dlpack(getattr(inputs, name)) for name in names}
     for name, tensor in tensors.items():
         assert tensor.data_ptr() == getattr(inputs, name).ctypes.data, name
-    # The next prepare rewrites the same memory: the tensors see it without a copy.
+    # Tensors over the whole buffers, made once, see every later step without a copy: the valid
+    # part is a prefix, and block_table's rows start at block_table_start.
+    whole = {name: torch.from_dlpack(inputs.buffers()[name]) for name in names}
     inputs.prepare(np.array([(1, 0, 4, 3, 1), (0, 1, 6, 1, 1)], dtype=sp.SEQUENCE_DTYPE))
-    assert tensors["positions"].tolist() == [4, 5, 6, 6]
-    assert tensors["slot_mapping"].tolist() == inputs.slot_mapping.tolist()
-    assert tensors["block_table"].tolist() == [[2, 3, -1, -1], [0, 1, -1, -1]]
+    assert whole["positions"][:inputs.num_tokens].tolist() == [4, 5, 6, 6]
+    assert whole["slot_mapping"][:inputs.num_tokens].tolist() == inputs.slot_mapping.tolist()
+    start = inputs.block_table_start
+    assert whole["block_table"][start:start + inputs.num_rows].tolist() == [[2, 3, -1, -1],
+                                                                            [0, 1, -1, -1]]
