@@ -1,4 +1,4 @@
-"""The benchmark suite's rows mean what its table says: one plan each."""
+"""The benchmarks run and their rows mean what their tables say."""
 
 from __future__ import annotations
 
@@ -30,3 +30,17 @@ def test_the_c_loop_row_is_one_plan(tmp_path: pathlib.Path) -> None:
     per_call = row["extra_info"]["per_call_ns"]
     assert row["stats"]["iterations"] == 1 and row["stats"]["rounds"] == len(per_call)
     assert row["stats"]["median"] * 1e9 == pytest.approx(statistics.median(per_call), rel=1e-6)
+
+
+@pytest.mark.skipif(not BENCHMARKS.is_dir(), reason="runs from a checkout (benchmarks/)")
+def test_the_step_inputs_loop_times_every_steady_step() -> None:
+    """benchmarks/step_inputs_loop.py runs its serving loop for each layout and keeps one
+    plan() and one prepare time per step past the first B."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "step_inputs_loop.py"), "--steps", "120", "--batch",
+         "16", "--rounds", "1"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "B=16, 1 x 104 steady steps per layout; medians:"
+    assert [line.split()[0] for line in lines[2:]] == ["all", "flash_attn", "flashinfer"]
