@@ -22,15 +22,17 @@ import argparse
 import random
 import statistics
 import time
+from typing import Literal
 
 import numpy as np
 
 import stepplanner as sp
 from stepplanner import _core, _kv, bench
-from stepplanner._kv_buffers import LAYOUTS, Layout
+from stepplanner._kv_buffers import LAYOUTS
 
 
-def run(layout: Layout, steps: int, batch: int, seed: int = 0) -> tuple[list[int], list[int]]:
+def run(layout: Literal["all", "flash_attn", "flashinfer"], steps: int, batch: int,
+        seed: int = 0) -> tuple[list[int], list[int]]:
     """Per steady step, the ns of ``plan()`` and of ``prepare`` with ``layout``."""
     planner = bench.make_planner(_core, "mixed", batch)
     limits = planner.limits

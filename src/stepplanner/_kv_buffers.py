@@ -11,8 +11,8 @@ import numpy as np
 
 from . import _errors
 
-__all__ = ["LAYOUTS", "PADDED", "Layout", "block_table_rows", "check_layout", "family_of",
-           "input_buffers", "layout_arrays", "read_only", "view_of"]
+__all__ = ["LAYOUTS", "PADDED", "block_table_rows", "check_layout", "family_of", "input_buffers",
+           "layout_arrays", "read_only", "view_of"]
 
 # Every layout fills these: the token and row arrays every kernel family shares.
 SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
@@ -22,8 +22,8 @@ FAMILY = {
     "flash_attn": ("block_table",),
     "flashinfer": ("kv_indptr", "kv_indices", "kv_last_page_len"),
 }
-Layout = Literal["all", "flash_attn", "flashinfer"]
-LAYOUTS: tuple[Layout, ...] = ("all", "flash_attn", "flashinfer")
+LAYOUTS: tuple[Literal["all", "flash_attn", "flashinfer"], ...] = (
+    "all", "flash_attn", "flashinfer")
 # Buffers whose unused entries are -1 (the rest start at 0).
 PADDED = ("block_table",)
 
