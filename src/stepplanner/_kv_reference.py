@@ -260,8 +260,8 @@ class StepInputs:
                 row = self._block_start + i
                 out["block_table"][row] = -1
                 out["block_table"][row, :used] = pages[:used]
-                if self._block_stamps[row] != table._stamps[resident]:  # as the twin: a copy
-                    self._block_stamps[row] = table._stamps[resident]   # new to this row
+                if self._block_stamps[row] != table._stamps[resident]:  # where the compiled
+                    self._block_stamps[row] = table._stamps[resident]   # twin copies pages
                     self._slot_rows[resident] = row
             if page_list:
                 out["kv_indices"][kv:kv + used] = pages[:used]
