@@ -34,7 +34,10 @@ SPEC_EXAMPLE_TWO = {
 
 
 def _invoke(*args: str, input: str | None = None):
-    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+    # The width reports get when nothing says otherwise (render.console): a COLUMNS exported by
+    # the shell running the tests must not rewrap the tables the assertions read.
+    return CliRunner(env={"COLUMNS": "160"}).invoke(main, list(args), input=input,
+                                                     catch_exceptions=False)
 
 
 def test_simulate_json_report() -> None:
