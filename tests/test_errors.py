@@ -107,7 +107,9 @@ def test_decoding_rows_may_exceed_input_length(core, planner):
 # --- containers, element types and dtypes -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("residents", [None, 5, "abc", {0: 1}, iter([])], ids=repr)
+# Fixed ids: repr(iter([])) holds an address, which differs between pytest-xdist workers.
+@pytest.mark.parametrize("residents", [None, 5, "abc", {0: 1}, iter([])],
+                         ids=["None", "int", "str", "dict", "iterator"])
 def test_residents_container(rejects, residents):
     rejects(residents, TypeError, "residents must be a list or tuple", type(residents).__name__)
 
