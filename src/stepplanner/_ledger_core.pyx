@@ -674,14 +674,14 @@ cdef class Ledger:
             return
         self._pending = None
         self.t.mark[-(value + 1)] = 1
-        remove_marked(&self.t, &self.m, self.pages, self.t.mark, 1)
+        self._remove_marked(self.t.mark, 1)
 
     @cython.critical_section
     def admit(self):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
         self._check_idle()
         self._pending = None
-        admit_waiting(&self.q, &self.t, &self.m, self.pages)
+        self._admit_waiting()
         return self.admitted_ids.tolist()
 
     @cython.critical_section
@@ -763,6 +763,23 @@ cdef class Ledger:
                 raise _errors.finished_without_token(k, p.sequences[k].resident)
         return p
 
+    cdef void _admit_waiting(self):
+        # The table's own methods hold its critical section; so does the ledger while its C
+        # changes the table, so that another thread's ensure or release cannot interleave with
+        # it on a free-threaded build (a no-op under the GIL).
+        if self.pages == NULL:
+            admit_waiting(&self.q, &self.t, &self.m, NULL)
+        else:
+            with cython.critical_section(self.page_table):
+                admit_waiting(&self.q, &self.t, &self.m, self.pages)
+
+    cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
+        if self.pages == NULL:
+            remove_marked(&self.t, &self.m, NULL, mark, num_marked)
+        else:
+            with cython.critical_section(self.page_table):  # see _admit_waiting
+                remove_marked(&self.t, &self.m, self.pages, mark, num_marked)
+
     cdef int _check_reserved(self, const PlanC* p) except -1:
         cdef int32_t k = first_row_beyond_pages(p, self.pages)
         if k < 0:
@@ -795,14 +812,14 @@ cdef class Ledger:
         account(&self.t, p, mask, stride)
         self._foreign_arrays = None
         if retire and self.t.num_done:
-            remove_marked(&self.t, &self.m, self.pages, self.t.done, self.t.num_done)
+            self._remove_marked(self.t.done, self.t.num_done)
 
     @cython.critical_section
     def retire_finished(self):
         """Remove every resident that an ``apply`` marked finished."""
         self._check_idle()
         self._pending = None
-        remove_marked(&self.t, &self.m, self.pages, self.t.done, self.t.num_done)
+        self._remove_marked(self.t.done, self.t.num_done)
 
     @cython.critical_section
     def step(self, planner, finished=None, *, reasons=None):
@@ -836,7 +853,7 @@ cdef class Ledger:
             _check_reasons(reasons, self.t.capacity)
         if pending is not None:
             self._apply(pending, p, mask, stride, True)
-        admit_waiting(&self.q, &self.t, &self.m, self.pages)
+        self._admit_waiting()
         plan = planner.plan(self.residents, None, reasons)
         self._pending = plan
         return plan
@@ -878,7 +895,7 @@ cdef class Ledger:
         self._pending = None
         for row in rows:
             self.t.mark[<int32_t>row] = 1
-        remove_marked(&self.t, &self.m, self.pages, self.t.mark, len(rows))
+        self._remove_marked(self.t.mark, len(rows))
 
     # --- snapshots ----------------------------------------------------------------------------
 
