@@ -281,3 +281,34 @@ def test_fuzzer_input_replays_clean(name):
         harness.one_input(base64.b64decode(data))
     finally:
         harness.INCLUDE_KNOWN.clear()
+
+
+SEEDS = HARNESS.parent / "fuzz_seeds"
+
+
+def test_marker_seeds_reach_what_they_mark(monkeypatch):
+    """The seeds .ci/run starts its fuzz smoke from: each reaches the episode its marker bytes
+    select (a capped T_max; ledgers with page tables that hold rows), so the 45 s smoke covers
+    max_step_tokens and the paged ledger from its first input."""
+    harness = load_harness()
+    seen = {"capped": 0, "rows": 0, "tables": 0}
+    make_limits, check_pages = harness.make_limits, harness.check_pages
+
+    def limits_seen(fdp, capped=False):
+        limits = make_limits(fdp, capped)
+        seen["capped"] += limits.max_step_tokens != 0 and limits.t_max < (
+            limits.max_batch_size * limits.max_input_length)
+        return limits
+
+    def pages_seen(ledger, table, model):
+        seen["tables"] += isinstance(table, (sp._kv.KVPageTable, sp._kv_reference.KVPageTable))
+        seen["rows"] = max(seen["rows"], ledger.count)
+        check_pages(ledger, table, model)
+
+    monkeypatch.setattr(harness, "make_limits", limits_seen)
+    monkeypatch.setattr(harness, "check_pages", pages_seen)
+    names = sorted(p.name for p in SEEDS.iterdir())
+    assert names == ["capped-paged-ledger", "capped-planner", "paged-ledger"]
+    for name in names:
+        harness.one_input((SEEDS / name).read_bytes())
+    assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen

@@ -18,7 +18,10 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
 An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / cancel /
 admit / apply with a sampler's mask / fused step / retire / load sequences on the compiled ledger
 and its pure-Python twin side by side, checked against each other, the live ids, the queue bound
-and the reserved-slot rule (see ``ledger_episode``).
+and the reserved-slot rule (see ``ledger_episode``). After ``LEDGER_MARKER``, ``PAGES_MARKER``
+gives both ledgers a KV page table (compiled and reference) over a fuzzed pool. Before either
+kind, ``STEP_CAP_MARKER`` gives the limits a fuzzed ``max_step_tokens`` (SPEC §1). Markers are
+bytes, not decoded choices, so that every earlier input decodes as it did.
 
 The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
 the compiled core is not, unless it is rebuilt with ``-fsanitize=fuzzer-no-link`` (see
@@ -43,7 +46,7 @@ import numpy as np
 
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
-    from stepplanner import _core, _ledger_core, _ledger_reference, _reference
+    from stepplanner import _core, _kv, _kv_reference, _ledger_core, _ledger_reference, _reference
     from stepplanner.checks import check_plan
     from stepplanner.ledger import Ledger
 
@@ -52,6 +55,8 @@ IMPLS = (_core, _reference)
 MAX_ROWS = 12
 MAX_STEPS = 6
 LEDGER_MARKER = b"L"  # an input starting with it is a ledger episode
+PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
+STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
@@ -94,11 +99,16 @@ def int_or_hostile(fdp: atheris.FuzzedDataProvider, lo: int, hi: int) -> object:
     return hostile_scalar(fdp)
 
 
-def make_limits(fdp: atheris.FuzzedDataProvider) -> object:
+def make_limits(fdp: atheris.FuzzedDataProvider, capped: bool = False) -> object:
     b = int_or_hostile(fdp, 1, MAX_ROWS)
     s_in = int_or_hostile(fdp, 1, 80)
     page = int_or_hostile(fdp, 1, 40)
-    return stepplanner.StepPlannerLimits(b, s_in, page)
+    if not capped:
+        return stepplanner.StepPlannerLimits(b, s_in, page)
+    # Up to past B × S_in (MAX_ROWS × 80 = 960): below max(P, B) it must be refused, above
+    # B × S_in it caps nothing.
+    step = int_or_hostile(fdp, 0, MAX_ROWS * 80 + 40)
+    return stepplanner.StepPlannerLimits(b, s_in, page, step)
 
 
 def make_options(fdp: atheris.FuzzedDataProvider, limits: object) -> object:
@@ -137,8 +147,9 @@ def make_policy(fdp: atheris.FuzzedDataProvider, limits: object) -> object:
 def make_row(fdp: atheris.FuzzedDataProvider, s_in: int, arrival: int) -> tuple:
     """One ledger row that fits RESIDENT_DTYPE; mostly plannable, sometimes not."""
     decoding = fdp.ConsumeBool()
-    prompt = fdp.ConsumeIntInRange(1, s_in + 1)
-    committed = fdp.ConsumeIntInRange(prompt, prompt + 8) if decoding else \
+    # min(.., INT32_MAX): with max_step_tokens, S_in itself may be INT32_MAX (T_max is capped).
+    prompt = fdp.ConsumeIntInRange(1, min(s_in + 1, INT32_MAX))
+    committed = fdp.ConsumeIntInRange(prompt, min(prompt + 8, INT32_MAX)) if decoding else \
         fdp.ConsumeIntInRange(0, prompt - 1)
     row = [fdp.ConsumeIntInRange(-2, 3), arrival, prompt, committed, decoding,
            fdp.ConsumeIntInRange(0, 5)]
@@ -401,6 +412,7 @@ class LedgerModel:
     def __init__(self) -> None:
         self.live: set[int] = set()
         self.priority: dict[int, int] = {}
+        self.max_new: dict[int, int] = {}
 
     def check(self, ledger: Ledger) -> None:
         resident = ledger.request_ids.tolist()
@@ -420,8 +432,13 @@ class LedgerModel:
 
 
 def ledger_snapshot(ledger: Ledger) -> tuple:
-    return (ledger.to_records(), ledger.waiting_ids(), ledger.count,
-            ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+    state = (ledger.to_records(), ledger.waiting_ids(), ledger.count,
+             ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+    table = ledger.page_table
+    if table is None:
+        return state
+    return state + (table.rows.tolist(), table.page_counts.tolist(), table.num_free_pages,
+                    ledger.reserved_pages, ledger.held_back, ledger.kv_pages_in_use())
 
 
 LEDGER_ALLOWED = ALLOWED + (stepplanner.QueueFullError,)
@@ -440,17 +457,22 @@ def ledger_outcome(call, ledger, planner) -> tuple:
     return ("ok", value)
 
 
-def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
+def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
+                   paged: bool = False) -> None:
     """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
     compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
     planner) side by side. Fails when the two disagree on a result, an error or the state after
     an operation; when an operation raises anything but TypeError/ValueError/OverflowError/
     QueueFullError, or raised and changed the ledger; when the ledger loses, duplicates or
     invents a request, passes max_waiting, or breaks the reserved-slot rule; or when a plan
-    breaks an invariant."""
+    breaks an invariant. With ``paged``, each ledger owns a page table (the compiled ledger the
+    compiled one) over the same fuzzed pool; the tables must agree page for page and keep their
+    invariants, and admission may hold requests back only for want of pages."""
     b = fdp.ConsumeIntInRange(1, 8)
-    limits = stepplanner.StepPlannerLimits(b, fdp.ConsumeIntInRange(1, 40),
-                                           fdp.ConsumeIntInRange(1, 16))
+    s_in, page = fdp.ConsumeIntInRange(1, 40), fdp.ConsumeIntInRange(1, 16)
+    floor = max(b, page)  # the least max_step_tokens allowed; at or past B × S_in it caps nothing
+    step = fdp.ConsumeIntInRange(floor, max(floor, b * s_in)) if capped else 0
+    limits = stepplanner.StepPlannerLimits(b, s_in, page, step)
     try:
         policy = stepplanner.resolve_scheduling_policy(stepplanner.SchedulingOptions(
             scheduling_policy=fdp.ConsumeIntInRange(0, 1), preemption=fdp.ConsumeIntInRange(0, 1),
@@ -459,8 +481,15 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
     except ALLOWED:
         return  # e.g. rd(T_max) < B + P: no policy exists for these limits
     max_waiting = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 6)
-    ledgers = (_ledger_core.Ledger(limits, policy, max_waiting=max_waiting),
-               _ledger_reference.Ledger(limits, policy, max_waiting=max_waiting))
+    tables: tuple = (None, None)
+    if paged:  # a pool from a page short of one row's worst case to more than all rows hold
+        max_pages = fdp.ConsumeIntInRange(1, 12)
+        num_pages = fdp.ConsumeIntInRange(1, b * max_pages + 2)
+        tables = (_kv.KVPageTable(b, max_pages, num_pages, page),
+                  _kv_reference.KVPageTable(b, max_pages, num_pages, page))
+    ledgers = (_ledger_core.Ledger(limits, policy, max_waiting=max_waiting, page_table=tables[0]),
+               _ledger_reference.Ledger(limits, policy, max_waiting=max_waiting,
+                                        page_table=tables[1]))
     planners = [impl.StepPlanner(policy, limits) for impl in IMPLS]
     model = LedgerModel()
     for _ in range(fdp.ConsumeIntInRange(1, 24)):
@@ -486,13 +515,40 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider) -> None:
 
 def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
     model.check(ledger)
-    if ok and op in (1, 8):  # an admission ran: nothing admissible may be left waiting
+    table = ledger.page_table
+    if table is not None:
+        check_pages(ledger, table, model)
+    if ok and op in (1, 8) and not ledger.held_back:
+        # An admission ran: nothing admissible may be left waiting (``held_back``: the next
+        # request's worst case does not fit the free pages, and nothing may overtake it).
         waiting = ledger.waiting_ids()
         normal = [r for r in waiting if model.priority[r] >= 0]
         urgent = [r for r in waiting if model.priority[r] < 0]
         if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
             raise Disagreement(f"admission left {waiting} waiting with {ledger.free_slots} free "
                                f"slots ({ledger.reserved_slots} reserved)")
+
+
+def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
+    """The table's own invariants, plus what the ledger promises of it: row ``i`` is slot ``i``,
+    a slot past the last row holds nothing, and every row holds its worst case (prompt +
+    max_new_tokens), so its committed KV always fits."""
+    table.check()
+    counts = table.page_counts.tolist()
+    if any(counts[ledger.count:]):
+        raise Disagreement(f"slots past row {ledger.count} hold pages: {counts}")
+    page = table.kv_page_size
+    lengths, ids = ledger.residents["prompt_length"].tolist(), ledger.request_ids.tolist()
+    for i in range(ledger.count):
+        need = -(-(lengths[i] + model.max_new[ids[i]]) // page)
+        if counts[i] < need:
+            raise Disagreement(f"row {i} holds {counts[i]} pages, its worst case {need}")
+    if ledger.reserved_pages != table.num_pages - table.num_free_pages:
+        raise Disagreement(f"reserved_pages {ledger.reserved_pages} vs the table's "
+                           f"{table.num_pages - table.num_free_pages}")
+    if ledger.kv_pages_in_use() > ledger.reserved_pages:
+        raise Disagreement(f"{ledger.kv_pages_in_use()} pages in use > {ledger.reserved_pages} "
+                           "reserved")
 
 
 def some_id(fdp: atheris.FuzzedDataProvider, model: LedgerModel) -> object:
@@ -539,11 +595,16 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
         rid = some_id(fdp, model) if fdp.ConsumeProbability() < 0.2 else fdp.ConsumeInt(2)
         prio = int_or_hostile(fdp, -2, 2)
         length = int_or_hostile(fdp, 1, limits.max_input_length + 1)
-        max_new = None if fdp.ConsumeBool() else int_or_hostile(fdp, 0, 4)
+        if ledger.page_table is None:
+            max_new = None if fdp.ConsumeBool() else int_or_hostile(fdp, 0, 4)
+        else:  # a ledger with pages refuses a request without max_new_tokens: mostly give one
+            max_new = None if fdp.ConsumeProbability() < 0.1 else int_or_hostile(fdp, 0, 6)
 
         def accepted(_: object) -> None:
             model.live.add(rid)  # accepted: rid and prio were ints in range
             model.priority[rid] = prio
+            if max_new is not None:
+                model.max_new[rid] = int(max_new)
 
         return (lambda led, _p: led.submit(rid, length, prio, max_new)), accepted
     if op == 1:
@@ -620,19 +681,23 @@ def retire_gone(ledger: Ledger, model: LedgerModel) -> None:
 
 
 def one_input(data: bytes) -> None:
-    # A marker byte, not a decoded choice, so that every earlier input (FOUND among them)
-    # decodes as it did; coverage of ledger.py soon teaches the fuzzer the marker.
+    # Marker bytes, not decoded choices, so that every earlier input (FOUND among them) decodes
+    # as it did; coverage of the code each one reaches soon teaches the fuzzer the markers.
+    capped = data[:1] == STEP_CAP_MARKER
+    if capped:
+        data = data[1:]
     if data[:1] == LEDGER_MARKER:
-        ledger_episode(atheris.FuzzedDataProvider(data[1:]))
+        paged = data[1:2] == PAGES_MARKER
+        ledger_episode(atheris.FuzzedDataProvider(data[2:] if paged else data[1:]), capped, paged)
     else:
-        planner_episode(atheris.FuzzedDataProvider(data))
+        planner_episode(atheris.FuzzedDataProvider(data), capped)
 
 
-def planner_episode(fdp: atheris.FuzzedDataProvider) -> None:
+def planner_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False) -> None:
     if fdp.ConsumeProbability() < 0.1:
         resident_state_parity(fdp)
     try:
-        limits = make_limits(fdp)
+        limits = make_limits(fdp, capped)
         policy = make_policy(fdp, limits)
     except ALLOWED:
         return  # the config layer is shared by both implementations; it only had to refuse
