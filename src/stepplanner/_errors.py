@@ -252,17 +252,14 @@ def ledger_prompt_length(
     request_id: int, length: int, max_input_length: int,
 ) -> StepPlannerValueError:
     if length < 1:
-        return StepPlannerValueError(
-            f"prompt_length={length} is out of range; allowed: "
-            f"1..{max_input_length}"
-        )
+        return out_of_range("prompt_length", length, f"1..{max_input_length}")
     return StepPlannerValueError(
         f"prompt_length={length} exceeds max_input_length={max_input_length}: request "
         f"{request_id} is refused (a prompt is never truncated); allowed: 1..{max_input_length}")
 
 
 def max_new_tokens_range(value: int) -> StepPlannerValueError:
-    return StepPlannerValueError(f"max_new_tokens={value} is out of range; allowed: None or >= 1")
+    return out_of_range("max_new_tokens", value, "None or >= 1")
 
 
 def duplicate_request(request_id: int) -> StepPlannerValueError:
