@@ -224,10 +224,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
 def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
     """Check the container and ``count``; return how many rows to plan."""
     if isinstance(residents, np.ndarray):
-        if residents.dtype != RESIDENT_DTYPE:
-            raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
-        if residents.ndim != 1:
-            raise _errors.array_ndim(residents.ndim)
+        _check_resident_array(residents)
     elif not isinstance(residents, (list, tuple)):
         raise _errors.residents_type(residents)
     if count is not None:
@@ -246,6 +243,14 @@ def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
     if count > length:
         raise _errors.count_over_length(count, length)
     return int(count)
+
+
+def _check_resident_array(residents: np.ndarray) -> None:
+    """A 1-D array of RESIDENT_DTYPE, as plan() and apply_to() read (the core's twin)."""
+    if residents.dtype != RESIDENT_DTYPE:
+        raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
+    if residents.ndim != 1:
+        raise _errors.array_ndim(residents.ndim)
 
 
 def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[Any, ...]]:
@@ -446,10 +451,7 @@ def _apply(plan: StepPlan, residents: Any) -> None:
     n = plan.num_residents
     _check_plan_rows(plan)
     if is_array:
-        if residents.dtype != RESIDENT_DTYPE:
-            raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
-        if residents.ndim != 1:
-            raise _errors.array_ndim(residents.ndim)
+        _check_resident_array(residents)
         if not residents.flags.writeable:
             raise _errors.apply_readonly()
     if len(residents) < n:
