@@ -21,9 +21,8 @@ from . import _errors
 from ._core cimport StepPlan, _CoreMemory
 from ._fields import as_int32
 from . import _kv_buffers
-from ._kv_buffers import block_table_rows, check_layout, input_buffers, view_of
-from ._kv_checks import check_page_table
-from ._policy import StepPlannerLimits
+from ._kv_buffers import block_table_rows, input_buffers, view_of
+from ._kv_checks import check_page_table, inputs_arguments, table_arguments
 from ._types import SEQUENCE_DTYPE
 
 cnp.import_array()
@@ -324,13 +323,6 @@ cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
 # 2. KVPageTable
 # ============================================================================================
 
-cdef int32_t _positive(str field, object value) except? -1:
-    cdef int32_t v = as_int32(field, value)
-    if v < 1:
-        raise _errors.out_of_range(field, v, ">= 1")
-    return v
-
-
 cdef class KVPageTable:
     """Per resident slot a list of KV page ids over one pool of ``num_pages`` pages.
 
@@ -344,13 +336,9 @@ cdef class KVPageTable:
     def __cinit__(self, max_batch_size, max_pages_per_sequence, num_pages, kv_page_size):
         # Everything is made here, once: however the object is reached (``__init__`` called
         # again, ``__new__`` without arguments) it is never half-made.
-        cdef int32_t b = _positive("max_batch_size", max_batch_size)
-        cdef int32_t m = _positive("max_pages_per_sequence", max_pages_per_sequence)
-        cdef int32_t n = _positive("num_pages", num_pages)
-        cdef int32_t p = _positive("kv_page_size", kv_page_size)
-        if <int64_t>b * m > INT32_MAX:
-            raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", <int64_t>b * m,
-                                       f"<= {INT32_MAX}, so that page indices fit int32")
+        cdef int32_t b, m, n, p
+        b, m, n, p = table_arguments(max_batch_size, max_pages_per_sequence, num_pages,
+                                     kv_page_size)
         cdef _CoreMemory rows, counts, free, stamp
         try:
             rows = _CoreMemory(<Py_ssize_t>b * m * sizeof(int32_t))
@@ -511,18 +499,8 @@ cdef class StepInputs:
 
     def __cinit__(self, limits, page_table, layout="all"):
         # Everything is made here, once (see KVPageTable.__cinit__).
-        if not isinstance(limits, StepPlannerLimits):
-            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
-        if not isinstance(page_table, KVPageTable):
-            raise _errors.StepPlannerTypeError(
-                "page_table must be a stepplanner._kv.KVPageTable, got "
-                f"{type(page_table).__module__}.{type(page_table).__name__}")
-        layout = check_layout(layout)
+        layout = inputs_arguments(limits, page_table, KVPageTable, layout)
         cdef KVPageTable table = <KVPageTable>page_table
-        if table.c.page_size != limits.kv_page_size:
-            raise _errors.kv_page_size_mismatch(table.c.page_size, limits.kv_page_size)
-        if table.c.num_slots < limits.max_batch_size:
-            raise _errors.kv_slots_short(table.c.num_slots, limits.max_batch_size)
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max
         # Memory Python can only read (see KVPageTable): what prepare wrote last step is what

@@ -1,14 +1,58 @@
-"""The invariants of a KV page table, checked over its raw arrays.
-
-Both implementations' ``KVPageTable.check()`` run this one function over their own storage, so
-the invariants are written down once; the differential tests hold the storage itself equal.
+"""The checks both KV implementations share, written down once: the arguments of
+``KVPageTable`` and ``StepInputs``, and the invariants of a page table, checked over its raw
+arrays (both implementations' ``KVPageTable.check()`` run ``check_page_table`` over their own
+storage; the differential tests hold the storage itself equal).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-__all__ = ["PageTableInvariantError", "check_page_table"]
+from . import _errors
+from ._fields import as_int32
+from ._kv_buffers import check_layout
+from ._policy import StepPlannerLimits
+
+__all__ = ["PageTableInvariantError", "check_page_table", "inputs_arguments", "table_arguments"]
+
+
+def _positive(field: str, value: object) -> int:
+    v = as_int32(field, value)
+    if v < 1:
+        raise _errors.out_of_range(field, v, ">= 1")
+    return v
+
+
+def table_arguments(max_batch_size: object, max_pages_per_sequence: object, num_pages: object,
+                    kv_page_size: object) -> tuple[int, int, int, int]:
+    """``KVPageTable``'s arguments as ints (b, m, n, p), or the error naming the first bad one."""
+    b = _positive("max_batch_size", max_batch_size)
+    m = _positive("max_pages_per_sequence", max_pages_per_sequence)
+    n = _positive("num_pages", num_pages)
+    p = _positive("kv_page_size", kv_page_size)
+    if b * m > _errors.INT32_MAX:
+        raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", b * m,
+                                   f"<= {_errors.INT32_MAX}, so that page indices fit int32")
+    return b, m, n, p
+
+
+def inputs_arguments(limits: object, page_table: Any, table_class: type, layout: object) -> str:
+    """``StepInputs``' arguments checked (``table_class``: the implementation's own
+    ``KVPageTable``); returns the layout."""
+    if not isinstance(limits, StepPlannerLimits):
+        raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
+    if not isinstance(page_table, table_class):
+        raise _errors.StepPlannerTypeError(
+            f"page_table must be a {table_class.__module__}.{table_class.__name__}, got "
+            f"{type(page_table).__module__}.{type(page_table).__name__}")
+    layout = check_layout(layout)
+    if page_table.kv_page_size != limits.kv_page_size:
+        raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
+    if page_table.max_batch_size < limits.max_batch_size:
+        raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
+    return layout
 
 
 class PageTableInvariantError(AssertionError):

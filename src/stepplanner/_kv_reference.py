@@ -13,19 +13,12 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_int32
-from ._kv_buffers import PADDED, block_table_rows, check_layout, input_buffers, read_only, view_of
-from ._kv_checks import check_page_table
+from ._kv_buffers import PADDED, block_table_rows, input_buffers, read_only, view_of
+from ._kv_checks import check_page_table, inputs_arguments, table_arguments
 from ._policy import StepPlannerLimits
 from ._types import SEQUENCE_DTYPE
 
 IMPLEMENTATION = "python"
-
-
-def _positive(field: str, value: object) -> int:
-    v = as_int32(field, value)
-    if v < 1:
-        raise _errors.out_of_range(field, v, ">= 1")
-    return v
 
 
 def _pages_for(num_tokens: int, page_size: int) -> int:
@@ -39,13 +32,8 @@ class KVPageTable:
                  kv_page_size: int) -> None:
         if hasattr(self, "_rows"):
             raise _errors.already_initialised("KVPageTable")
-        b = _positive("max_batch_size", max_batch_size)
-        m = _positive("max_pages_per_sequence", max_pages_per_sequence)
-        n = _positive("num_pages", num_pages)
-        p = _positive("kv_page_size", kv_page_size)
-        if b * m > _errors.INT32_MAX:
-            raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", b * m,
-                                       f"<= {_errors.INT32_MAX}, so that page indices fit int32")
+        b, m, n, p = table_arguments(max_batch_size, max_pages_per_sequence, num_pages,
+                                     kv_page_size)
         try:
             self._rows = np.full((b, m), -1, dtype=np.int32)
             self._counts = np.zeros(b, dtype=np.int32)
@@ -165,17 +153,7 @@ class StepInputs:
                  layout: str = "all") -> None:
         if hasattr(self, "_out"):
             raise _errors.already_initialised("StepInputs")
-        if not isinstance(limits, StepPlannerLimits):
-            raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
-        if not isinstance(page_table, KVPageTable):
-            raise _errors.StepPlannerTypeError(
-                "page_table must be a stepplanner._kv_reference.KVPageTable, got "
-                f"{type(page_table).__module__}.{type(page_table).__name__}")
-        layout = check_layout(layout)
-        if page_table.kv_page_size != limits.kv_page_size:
-            raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
-        if page_table.max_batch_size < limits.max_batch_size:
-            raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
+        layout = inputs_arguments(limits, page_table, KVPageTable, layout)
         b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
         self._out = input_buffers(b, m, t, layout)   # prepare writes these; users see _bufs
         for name in PADDED:
