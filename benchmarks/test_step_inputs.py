@@ -16,8 +16,6 @@ page ids as the step's ``kv_indices`` holds, which any host-side fill must at le
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 
@@ -27,8 +25,6 @@ from stepplanner._types import as_resident_array
 
 BATCH = 256
 P = bench.KV_PAGE_SIZE
-NAMES = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "block_table", "kv_indptr",
-         "kv_indices", "kv_last_page_len", "logits_indices")
 SCENARIOS = ("all_decode", "mixed")
 
 
@@ -80,18 +76,6 @@ def make_case(kv, scenario: str, layout: str = "all"):
     return planner, ledger, plan, table, inputs
 
 
-def allocated_by(call, repeats: int = 50) -> int:
-    call()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(repeats):
-            call()
-        return tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-
-
 @pytest.fixture(params=SCENARIOS)
 def scenario(request: pytest.FixtureRequest) -> str:
     return request.param
@@ -108,7 +92,7 @@ def test_prepare(benchmark, scenario: str, layout: str) -> None:
     inputs.prepare(plan)
     for name in layout_arrays(layout):
         assert np.array_equal(getattr(inputs, name), want[name]), name
-    grown = allocated_by(lambda: inputs.prepare(plan))
+    grown = bench.allocated_bytes(inputs.prepare, plan, calls=50)
     assert grown == 0, f"prepare allocated {grown} bytes"
     benchmark.group = f"{scenario} B={BATCH}"
     benchmark.extra_info.update(rows=inputs.num_rows, tokens=inputs.num_tokens,
