@@ -302,6 +302,23 @@ def test_apply_overflow_changes_nothing() -> None:
     assert _state(ledger) == before
 
 
+@pytest.mark.parametrize(("row", "field"), [
+    (3, "committed"), (3, "consecutive_paused_steps"),  # a row the plan leaves out
+    (0, "consecutive_paused_steps"),                    # a planned (decode) row
+])
+def test_apply_refuses_a_negative_field_written_after_planning(row: int, field: str) -> None:
+    # One decode row leaves a prefill budget of 51: chunks of 32 and 16, and row 3 is skipped.
+    ledger = _ledger([(0, 0, 40, 40, True), (0, 1, 40, 0, False), (0, 2, 40, 0, False),
+                      (0, 3, 40, 0, False)])
+    plan = StepPlanner(_policy(), LIMITS).plan(ledger.residents)
+    assert 3 not in plan.as_array()["resident"].tolist()
+    ledger.residents[field][row] = -1
+    before = _state(ledger)
+    with pytest.raises(ValueError, match=rf"residents\[{row}\]\.{field}=-1 is negative"):
+        ledger.apply(plan)
+    assert _state(ledger) == before
+
+
 @pytest.mark.parametrize(("records", "error", "match"), [
     ([{"priority": 0, "arrival": 1}, {"arrival": 1}], ValueError, "two residents have the same arrival"),
     ([{"bogus": 1}], ValueError, r"unknown field\(s\) \['bogus'\]"),

@@ -254,17 +254,21 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) n
 
 cdef bint apply_is_clean(const PlanC* p, const TableC* t) noexcept nogil:
     """Whether ``apply_plan`` may advance the rows: every planned and paused index is a row and
-    no field leaves int32 or starts negative. Anything else goes through ``StepPlan.apply_to``,
-    which owns the messages for it."""
-    cdef int32_t k, r, c
+    no field leaves int32 or starts negative, on any row (apply_to refuses a negative
+    ``committed`` or ``consecutive_paused_steps`` on a row the plan does not name too). Anything
+    else goes through ``StepPlan.apply_to``, which owns the messages for it."""
+    cdef int32_t k, r, signs = 0
     cdef const SequenceC* s
+    for r in range(t.count):  # the sign bits of both fields, or'd: no branch per row
+        signs |= t.rows[r].committed | t.rows[r].consecutive_paused_steps
+    if signs < 0:
+        return False
     for k in range(p.num_prefill + p.num_decode):
         s = &p.sequences[k]
         r = s.resident
         if r < 0 or r >= t.count or s.query_length < 0:
             return False
-        c = t.rows[r].committed
-        if c < 0 or s.query_length > INT32_MAX - c:
+        if s.query_length > INT32_MAX - t.rows[r].committed:
             return False
     for k in range(p.num_paused):
         r = p.paused[k]
