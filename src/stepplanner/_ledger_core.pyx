@@ -192,10 +192,6 @@ cdef void map_delete(IdMapC* m, int64_t key) noexcept nogil:
     m.used[i] = 0
 
 
-cdef void map_clear(IdMapC* m) noexcept nogil:
-    memset(m.used, 0, (m.mask + 1) * sizeof(uint8_t))
-
-
 # ============================================================================================
 # 3. Admission, accounting, retirement
 # ============================================================================================
@@ -931,32 +927,25 @@ cdef class Ledger:
         cdef int32_t n = len(table), row
         cdef const int64_t[::1] new_ids = ids
         self._pending = None
+        for row in range(self.t.count):  # the old residents leave the id map; the waiting stay
+            map_delete(&self.m, self.t.ids[row])
         self._rows[:] = 0
         self._rows[:n] = table
         memset(self.t.ids, 0xFF, self.t.capacity * sizeof(int64_t))
         for row in range(n):
             self.t.ids[row] = new_ids[row]
+            map_set(&self.m, new_ids[row], -(row + 1))
         memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))
         self.t.num_done = self.t.num_finished = self.t.num_admitted = 0
         self.t.count = n
-        map_clear(&self.m)
-        for rid, slot in self._waiting_slots():
-            map_set(&self.m, rid, slot)
-        for row in range(n):
-            map_set(&self.m, self.t.ids[row], -(row + 1))
         if n:
             top = int(table["arrival"].max())
             if top == UINT64_MAX_:
                 self.stamps_exhausted = True
             elif top + 1 > self.next_arrival:
                 self.next_arrival = top + 1
-
-    def _waiting_slots(self):
-        cdef int32_t h, k
-        return [(self.q.pool[self.q.heaps[h].slots[k]].request_id, self.q.heaps[h].slots[k])
-                for h in range(2) for k in range(self.q.heaps[h].size)]
 
     @cython.critical_section
     def to_records(self):
