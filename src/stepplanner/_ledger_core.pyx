@@ -39,7 +39,9 @@ from stepplanner._ledger_reference import (
     plan_classes,
     plan_sizes,
     records_of,
+    row_out_of_range,
     rows_argument,
+    step_reasons_error,
     submission,
 )
 from stepplanner import _types
@@ -795,8 +797,7 @@ cdef class Ledger:
             plan_sizes(rows, p.num_paused, self.t.count)  # raises the shared message
         k = first_row_out_of_range(p, self.t.count)
         if k >= 0:
-            raise _errors.plan_value(f"sequences[{k}].resident", p.sequences[k].resident,
-                                     f"0..{self.t.count - 1}")
+            raise row_out_of_range(k, p.sequences[k].resident, self.t.count)
         return 0
 
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
@@ -960,6 +961,5 @@ cdef int _check_reasons(object reasons, int32_t capacity) except -1:
             or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>reasons)
             or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>reasons)
             or cnp.PyArray_DIM(<cnp.ndarray>reasons, 0) < capacity):
-        raise _errors.reasons_array(
-            f"must hold a code per slot for step() (len >= capacity={capacity})")
+        raise step_reasons_error(capacity)
     return 0

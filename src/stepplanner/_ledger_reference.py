@@ -230,7 +230,19 @@ def plan_rows_in_range(resident: np.ndarray, paused: int, count: int) -> None:
     bad = np.flatnonzero((resident < 0) | (resident >= count))
     if bad.size:
         k = int(bad[0])
-        raise _errors.plan_value(f"sequences[{k}].resident", int(resident[k]), f"0..{count - 1}")
+        raise row_out_of_range(k, int(resident[k]), count)
+
+
+def row_out_of_range(k: int, resident: int, count: int) -> _errors.StepPlannerValueError:
+    """The error for plan row ``k``, whose resident is no row below ``count``."""
+    return _errors.plan_value(f"sequences[{k}].resident", resident, f"0..{count - 1}")
+
+
+def step_reasons_error(capacity: int) -> _errors.StepPlannerValueError:
+    """The error for a ``reasons`` that ``step()`` refuses: it needs a code per slot (not per
+    resident), since admission may fill every slot before the plan is made."""
+    return _errors.reasons_array(
+        f"must hold a code per slot for step() (len >= capacity={capacity})")
 
 
 _PLAN_CLASSES: tuple[type, ...] = ()
@@ -664,5 +676,4 @@ def _check_reasons(reasons: object, capacity: int) -> None:
     if (not isinstance(reasons, np.ndarray) or reasons.dtype != np.uint8 or reasons.ndim != 1
             or not reasons.flags.writeable or not reasons.flags.c_contiguous
             or len(reasons) < capacity):
-        raise _errors.reasons_array(
-            f"must hold a code per slot for step() (len >= capacity={capacity})")
+        raise step_reasons_error(capacity)
