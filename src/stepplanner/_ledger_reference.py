@@ -408,13 +408,8 @@ class Ledger:
 
     @property
     def held_back(self) -> int:
-        table = self._table
-        heap = None if table is None else self._next_heap()
-        if heap is None:
-            return 0
-        _, _, length, _, _, limit, _ = heap[0]
-        fits = _pages_for(length + limit, table.kv_page_size) <= table.num_free_pages
-        return 0 if fits else len(self._waiting)
+        heap = None if self._table is None else self._next_heap()
+        return 0 if heap is None or self._fits(heap[0]) else len(self._waiting)
 
     def kv_pages_in_use(self) -> int:
         return pages_in_use(self._rows["committed"][:self._count], self.limits.kv_page_size)
@@ -475,8 +470,7 @@ class Ledger:
                 break
             # No overtaking: the first request whose worst case the free pool cannot hold
             # stops admission, so a large request is never starved by smaller ones behind it.
-            if table is not None and _pages_for(heap[0][2] + heap[0][5],
-                                                table.kv_page_size) > table.num_free_pages:
+            if table is not None and not self._fits(heap[0]):
                 break
             _, rid, length, prio, arrival, limit, _ = heapq.heappop(heap)
             del self._waiting[rid]
@@ -493,6 +487,12 @@ class Ledger:
             self._admitted[n] = rid
             n += 1
         self._num_admitted = n
+
+    def _fits(self, entry: list[Any]) -> bool:
+        """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""
+        _, _, length, _, _, limit, _ = entry
+        pages: int = -(-(length + limit) // self._table.kv_page_size)
+        return pages <= int(self._table.num_free_pages)
 
     def _next_heap(self) -> list[list[Any]] | None:
         urgent, normal = self._urgent, self._normal
@@ -666,10 +666,6 @@ class Ledger:
 
     def to_records(self) -> list[dict[str, Any]]:
         return records_of(self.residents, self._ids[:self._count])
-
-
-def _pages_for(num_tokens: int, page_size: int) -> int:
-    return -(-num_tokens // page_size)
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:
