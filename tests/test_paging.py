@@ -242,6 +242,19 @@ def test_a_request_larger_than_the_pool_is_refused_not_dropped():
     assert result.report()["requests"]["completed"] == 1
 
 
+def test_simulate_paged_checks_its_arguments_as_simulate_does():
+    with pytest.raises(TypeError, match="workload must be a Workload"):
+        simulate_paged([1, 2], LIMITS, num_pages=8)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="latency must be a LatencyModel"):
+        simulate_paged(WORKLOAD, LIMITS, latency=None, num_pages=8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_steps=0"):
+        simulate_paged(WORKLOAD, LIMITS, num_pages=8, max_steps=0)
+    steps = []
+    simulate_paged(WORKLOAD, LIMITS, num_pages=16 * 40, max_steps=3, progress_every=0,
+                   progress=lambda done, *_: steps.append(done))
+    assert steps == [1, 2, 3]  # progress_every < 1 reports every step, as in simulate
+
+
 # --- the step: a request finishes at its reservation ----------------------------------------
 
 

@@ -11,13 +11,10 @@ max(output_tokens, 1)`` tokens) does not fit the free pool.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 import numpy as np
 
-from . import _errors
-from ._errors import StepPlannerTypeError
 from ._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from .latency import DEFAULT_LATENCY, LatencyModel
 from .simulator import (
@@ -25,7 +22,7 @@ from .simulator import (
     Progress,
     SimulationResult,
     SimulationRun,
-    resolve_options,
+    check_run_args,
 )
 from .workloads import Workload
 
@@ -93,9 +90,7 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
     """
     from . import KVPageTable, StepPlanner
 
-    if not isinstance(workload, Workload):
-        raise _errors.wrong_type("workload", "Workload", workload)
-    policy = resolve_options(options, limits)
+    policy = check_run_args(workload, limits, options, latency, max_steps)
     table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
                         limits.kv_page_size)
     run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits), table)
@@ -110,9 +105,7 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
         in_use.append(ledger.kv_pages_in_use())
         held.append(ledger.held_back)
 
-    t0 = time.perf_counter()
-    truncated = run.loop(max_steps, record, progress, progress_every)
-    result = run.result(time.perf_counter() - t0, truncated)
+    result = run.run(max_steps, record, progress, progress_every)
     fits_s_in = (workload.prompt_tokens >= 1) & (workload.prompt_tokens <= limits.max_input_length)
     occupancy = PageOccupancy(table.num_pages, np.array(reserved, dtype=np.int64),
                               np.array(in_use, dtype=np.int64), np.array(held, dtype=np.int64),

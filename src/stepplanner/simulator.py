@@ -230,6 +230,15 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
     """
     from . import StepPlanner  # the facade's choice: compiled unless STEPPLANNER_IMPL=python
 
+    policy = check_run_args(workload, limits, options, latency, max_steps)
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
+    return run.run(max_steps, on_step, progress, progress_every)
+
+
+def check_run_args(workload: Any, limits: StepPlannerLimits, options: Any, latency: Any,
+                   max_steps: Any) -> ResolvedSchedulingPolicy:
+    """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
+    ``options`` resolve to under ``limits``."""
     if not isinstance(workload, Workload):
         raise _errors.wrong_type("workload", "Workload", workload)
     if not isinstance(latency, LatencyModel):
@@ -238,12 +247,7 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
                                   or max_steps < 1):
         raise StepPlannerValueError(
             f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
-    policy = resolve_options(options, limits)
-    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
-    t0 = time.perf_counter()
-    truncated = run.loop(max_steps, on_step, progress, max(1, progress_every))
-    wall = time.perf_counter() - t0
-    return run.result(wall, truncated)
+    return resolve_options(options, limits)
 
 
 def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
@@ -290,6 +294,13 @@ class SimulationRun:
         self.now = float(workload.arrival_time[0]) if n else 0.0
         self.next_request = 0
         self.completed = 0
+
+    def run(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
+            progress_every: int) -> SimulationResult:
+        """The whole run (``loop``, timed by the wall clock) and its result."""
+        t0 = time.perf_counter()
+        truncated = self.loop(max_steps, on_step, progress, max(1, progress_every))
+        return self.result(time.perf_counter() - t0, truncated)
 
     def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
              progress_every: int) -> bool:
