@@ -180,13 +180,6 @@ def loop_allocated_bytes(batch: int, steps: int = 200) -> int:
     for _ in range(steps):  # every view length this stretch visits is made once, here
         plan = step(planner, finished_for(plan))
     stream.top_up(ledger, 4 * batch)
-    # Replay the same stretch: a fresh stream and ledger would visit the same states.
-    stream, planner, ledger, plan = _steady(batch)
-    stream.top_up(ledger, 4 * batch)
-    finished_for, step = stream.finished_for, ledger.step
-    for _ in range(steps):
-        plan = step(planner, finished_for(plan))
-    stream.top_up(ledger, 4 * batch)
     counter = iter(range(steps))
     tracemalloc.start()
     try:
