@@ -284,12 +284,9 @@ class StepPlannerScheduler(Scheduler):
         row_req = rows["resident"].tolist()
         row_tokens = rows["query_length"].tolist()
         paused = plan.paused_array().tolist()
-        for i in paused:
-            residents[i].consecutive_paused_steps += 1
-        paused_set = set(paused)
-        for i, row in enumerate(residents):
-            if i not in paused_set:
-                row.consecutive_paused_steps = 0
+        # SPEC §6 through the core, as a runtime applies a plan: the pause counts are what it
+        # keeps between steps (committed and the rest are derived afresh from vLLM next step).
+        plan.apply_to(residents)
         stats.paused_rows += len(paused)
         stats.planned_rows += len(row_req)
 
