@@ -71,22 +71,29 @@ class LatencyModel:
     @classmethod
     def parse(cls, text: str) -> LatencyModel:
         """``"a=0.003,b=1.5e-5,c=2e-8"``: any subset overrides the defaults."""
-        values: dict[str, float] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, raw = item.partition("=")
-            key = key.strip()
-            if not sep or key not in ("a", "b", "c"):
-                raise StepPlannerValueError(
-                    f"latency item {item!r} is not known; allowed: a=SECONDS, "
-                    "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION")
-            try:
-                values[key] = float(raw)
-            except ValueError:
-                raise StepPlannerValueError(
-                    f"latency {key}={raw.strip()!r} is not a number") from None
+        values = parse_coefficients(text)
         if not values:
             return cls()
         return dataclasses.replace(cls(), name="custom", **values)
+
+
+def parse_coefficients(text: str) -> dict[str, float]:
+    """``"a=0.003,c=2e-8"`` -> ``{"a": 0.003, "c": 2e-08}``: the coefficients ``text`` gives
+    (unchecked until they are put in a ``LatencyModel``)."""
+    values: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in ("a", "b", "c"):
+            raise StepPlannerValueError(
+                f"latency item {item!r} is not known; allowed: a=SECONDS, "
+                "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION")
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise StepPlannerValueError(
+                f"latency {key}={raw.strip()!r} is not a number") from None
+    return values
 
 
 DEFAULT_LATENCY = LatencyModel()

@@ -8,12 +8,13 @@ are checked up front for the same reason.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import click
 
-from ..latency import LatencyModel
+from ..latency import LatencyModel, parse_coefficients
 from ..latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
@@ -62,15 +63,11 @@ backend_options = compose(
 
 def latency_of(model: LatencyModel | None, overrides: str) -> LatencyModel:
     """``--latency-model`` (or the default), with ``--latency a=..,b=..`` items on top."""
-    import dataclasses
-
     base = model if model is not None else LatencyModel()
     if not overrides.strip():
         return base
-    custom = LatencyModel.parse(overrides)
-    given = {k for k in ("a", "b", "c") if f"{k}=" in overrides.replace(" ", "")}
     return dataclasses.replace(base, name=f"{base.name}, overridden",
-                               **{k: getattr(custom, k) for k in given})
+                               **parse_coefficients(overrides))
 
 
 def output_options(what: str) -> Callable[[Any], Any]:
