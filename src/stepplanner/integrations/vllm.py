@@ -19,9 +19,10 @@ the version it is tested with (``SUPPORTED_VLLM_VERSION``) and says so otherwise
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 SUPPORTED_VLLM_VERSION = "0.33.0"
@@ -91,11 +92,9 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
         if key not in _OPTION_FIELDS:
             raise StepPlannerValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
                              f"allowed: {', '.join(_OPTION_FIELDS)}")
-        try:
+        with _named_in_config():
             values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
                            else _strict_int(key, value))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
     vllm_policy = SchedulingPolicy[str(vllm_config.scheduler_config.policy).upper()]
     given = values.setdefault("scheduling_policy", vllm_policy)
     if given != vllm_policy:
@@ -103,8 +102,16 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
             f'additional_config["{CONFIG_KEY}"]: scheduling_policy={given.name.lower()!r} differs '
             f"from vLLM's --scheduling-policy {vllm_policy.name.lower()!r}; allowed: the same "
             "policy (vLLM orders its waiting queue by it, and admission follows that queue)")
-    try:
+    with _named_in_config():
         return SchedulingOptions(**values)
+
+
+@contextlib.contextmanager
+def _named_in_config() -> Iterator[None]:
+    """A TypeError, ValueError or OverflowError raised inside starts with where the value was
+    given: additional_config["stepplanner"]."""
+    try:
+        yield
     except (TypeError, ValueError, OverflowError) as exc:
         raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
 
@@ -208,10 +215,8 @@ class StepPlannerScheduler(Scheduler):
                              + ": the planner does not model their per-step work")
         options = options_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
-        try:
+        with _named_in_config():
             policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise type(exc)(f'additional_config["{CONFIG_KEY}"]: {exc}') from None
         super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
                          *args, **kwargs)
         late = [name for bad, name in (
