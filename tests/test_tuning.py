@@ -26,7 +26,7 @@ from stepplanner.tuning import (
     sweep,
 )
 from stepplanner.tuning.capacity import capacity
-from stepplanner.tuning.grid import expand_grid
+from stepplanner.tuning.grid import expand_grid, grid_size
 from stepplanner.tuning.metrics import vllm_metrics
 
 # --- SLO parsing ---------------------------------------------------------------------------
@@ -221,6 +221,13 @@ def test_expand_grid_keeps_points_that_do_not_resolve() -> None:
                                           {"max_num_tokens": "100", "max_chunk_tokens": "64"}]
     assert points[0].error is None and points[0].policy.max_num_tokens == 320
     assert points[1].policy is None and "max_num_tokens=100 is out of range" in points[1].error
+
+
+@pytest.mark.parametrize("texts", [[], ["mode=mixed,prefill_first"],
+                                   ["max_num_tokens=320,100,768", "mode=mixed,prefill_first"]])
+def test_grid_size_counts_the_points_expand_grid_makes(texts: list[str]) -> None:
+    grid = parse_grid(texts)
+    assert grid_size(grid) == len(expand_grid(grid, DEFAULT_LIMITS, SchedulingOptions()))
 
 
 def test_pareto_front() -> None:

@@ -9,7 +9,7 @@ import click
 
 from ..traces import read_trace
 from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
-from ..tuning.grid import expand_grid, parse_grid
+from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       scheduling_options, workload_options)
@@ -56,7 +56,7 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
         source = SyntheticRates(kw["requests"], kw["seed"], kw["rate"])
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
-    total = len(expand_grid(grid, limits, options))
+    total = grid_size(grid)
     with ConfigProgress(total, progress and fmt == "table", "capacity") as tick:
         records, outcome = capacity(source, grid, limits, options, latency, slos, tolerance,
                                     max_rate, backend, workers, ray_address, tick)

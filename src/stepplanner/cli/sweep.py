@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..tuning.grid import expand_grid, parse_grid
+from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
 from .errors import library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
@@ -51,7 +51,7 @@ def sweep_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any, la
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
-    total = len(expand_grid(grid, limits, options))
+    total = grid_size(grid)
     with ConfigProgress(total, progress and fmt == "table", "sweeping") as tick:
         records, outcome = sweep(workload, grid, limits, options, latency, slos,
                                  metric_percentiles, backend, workers, ray_address, tick)

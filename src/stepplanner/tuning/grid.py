@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -86,6 +87,12 @@ def resolve_point(values: Mapping[str, str], base_limits: StepPlannerLimits,
     """Base limits and options with ``values`` (field -> text) applied, resolved (SPEC §2)."""
     limits, options = apply_fields(values, base_limits, base_options, "grid value ")
     return limits, resolve_scheduling_policy(options, limits)
+
+
+def grid_size(grid: Mapping[str, Sequence[str]]) -> int:
+    """How many points ``expand_grid`` makes of ``grid`` (the product of its value counts; 1,
+    the base, for an empty grid), without resolving any."""
+    return math.prod(len(values) for values in grid.values())
 
 
 def expand_grid(grid: Mapping[str, Sequence[str]], base_limits: StepPlannerLimits,
