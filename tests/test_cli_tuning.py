@@ -94,6 +94,14 @@ def test_capacity_needs_an_slo() -> None:
     assert result.exit_code != 0 and "at least one --slo" in result.output
 
 
+def test_capacity_refuses_columns_without_a_trace() -> None:
+    # As every command with the workload flags does (they share options.trace_from).
+    result = CliRunner().invoke(main, ["capacity", *SMALL, "--slo", "ttft_p99=1s", "--columns",
+                                       "arrival=a,prompt=b,output=c"])
+    assert result.exit_code == 2
+    assert "--columns describes a --trace file, and none was given" in result.output
+
+
 def test_calibrate_round_trip(tmp_path: pathlib.Path) -> None:
     rng = np.random.default_rng(5)
     tokens = rng.integers(1, 2048, 50)

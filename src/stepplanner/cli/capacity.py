@@ -7,12 +7,11 @@ from typing import Any
 
 import click
 
-from ..traces import read_trace
 from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
 from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      scheduling_options, workload_options)
+                      scheduling_options, trace_from, workload_options)
 from .render import emit
 from .tuning_options import (check_output_paths, latency_model_option, latency_of,
                              output_options, slo_option)
@@ -50,10 +49,9 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
                          "sustainable)")
     check_output_paths(save_result=save_result, csv=csv_path)
     limits, options = limits_from(kw), options_from(kw)
-    if kw["trace"]:
-        source: Any = ScaledTrace(read_trace(kw["trace"], kw["columns"]))
-    else:
-        source = SyntheticRates(kw["requests"], kw["seed"], kw["rate"])
+    trace = trace_from(kw)
+    source: Any = (ScaledTrace(trace) if trace is not None
+                   else SyntheticRates(kw["requests"], kw["seed"], kw["rate"]))
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
     total = grid_size(grid)

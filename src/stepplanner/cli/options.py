@@ -138,13 +138,20 @@ def options_from(kw: dict[str, Any]) -> SchedulingOptions:
 
 def workload_from(kw: dict[str, Any]) -> Workload:
     """Pop the ``workload_options`` values and load or generate the workload."""
-    trace, columns, requests, rate, seed = (kw.pop(k) for k in ("trace", "columns", "requests",
-                                                                "rate", "seed"))
+    trace = trace_from(kw)
+    requests, rate, seed = (kw.pop(k) for k in ("requests", "rate", "seed"))
+    return trace if trace is not None else synthetic(requests=requests, rate=rate, seed=seed)
+
+
+def trace_from(kw: dict[str, Any]) -> Workload | None:
+    """Pop ``--trace`` and ``--columns``: the trace's workload, or None for the synthetic one
+    (whose flags stay in ``kw``)."""
+    trace, columns = kw.pop("trace"), kw.pop("columns")
     if trace:
         return read_trace(trace, columns)
     if columns:
         raise StepPlannerValueError("--columns describes a --trace file, and none was given")
-    return synthetic(requests=requests, rate=rate, seed=seed)
+    return None
 
 
 def given(ctx: click.Context, name: str) -> Any:
