@@ -15,7 +15,10 @@ from ._fields import as_int32
 from ._kv_buffers import check_layout
 from ._policy import StepPlannerLimits
 
-__all__ = ["PageTableInvariantError", "check_page_table", "inputs_arguments", "table_arguments"]
+__all__ = [
+    "PageTableInvariantError", "check_page_table", "check_table_fits", "inputs_arguments",
+    "table_arguments",
+]
 
 
 def _positive(field: str, value: object) -> int:
@@ -48,11 +51,17 @@ def inputs_arguments(limits: object, page_table: Any, table_class: type, layout:
             f"page_table must be a {table_class.__module__}.{table_class.__name__}, got "
             f"{type(page_table).__module__}.{type(page_table).__name__}")
     layout = check_layout(layout)
+    check_table_fits(page_table, limits)
+    return layout
+
+
+def check_table_fits(page_table: Any, limits: StepPlannerLimits) -> None:
+    """A page table for ``limits``: its page size, and a slot for every resident row (the same
+    check for ``StepInputs`` and for a ``Ledger`` that owns the table)."""
     if page_table.kv_page_size != limits.kv_page_size:
         raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
     if page_table.max_batch_size < limits.max_batch_size:
         raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
-    return layout
 
 
 class PageTableInvariantError(AssertionError):

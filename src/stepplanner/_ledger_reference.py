@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _errors
 from ._fields import as_bool, as_int, as_int32, as_uint64
+from ._kv_checks import check_table_fits
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE, SchedulingPolicy
 
@@ -92,10 +93,7 @@ def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[
     size, and every page free (slot ``i`` is row ``i`` from the start)."""
     if not isinstance(page_table, classes):
         raise _errors.ledger_page_table_type(page_table, allowed)
-    if page_table.max_batch_size < limits.max_batch_size:
-        raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
-    if page_table.kv_page_size != limits.kv_page_size:
-        raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
+    check_table_fits(page_table, limits)
     if page_table.num_free_pages != page_table.num_pages:
         raise _errors.ledger_page_table_in_use(
             page_table.num_pages - page_table.num_free_pages, page_table.num_pages)
