@@ -2,11 +2,13 @@
 
 ``vllm serve ... --scheduler-cls stepplanner.integrations.vllm.StepPlannerScheduler``.
 
-``StepPlannerScheduler`` subclasses vLLM's ``Scheduler`` and replaces only ``schedule()``: every
-per-step decision (who decodes, which prompt gets a chunk of how many tokens, who is paused, who is
-admitted) comes from ``StepPlanner.plan()``. vLLM's KV cache manager, prefix caching, request
-queues, ``SchedulerOutput`` construction, ``update_from_output`` and ``finish_requests`` are vLLM's
-own. The mapping, and where vLLM's contract forced a choice, is in docs/integrations.md ("vLLM").
+``StepPlannerScheduler`` subclasses vLLM's ``AsyncScheduler`` and replaces only ``schedule()``:
+every per-step decision (who decodes, which prompt gets a chunk of how many tokens, who is paused,
+who is admitted) comes from ``StepPlanner.plan()``. vLLM's KV cache manager, prefix caching,
+request queues, ``SchedulerOutput`` construction, output placeholders, ``update_from_output`` and
+``finish_requests`` are vLLM's own. It runs with async scheduling on (vLLM's default: step N+1 is
+scheduled while step N runs) and off. The mapping, and where vLLM's contract forced a choice, is
+in docs/integrations.md ("vLLM").
 
 Options come from ``--additional-config '{"stepplanner": {...}}'``: keys are ``SchedulingOptions``
 fields, enum values as the CLI spells them (``"priority"``, ``"pause"``, ``"prefill-first"``).
@@ -45,6 +47,7 @@ if _found != SUPPORTED_VLLM_VERSION:
 from vllm.config import VllmConfig  # noqa: E402
 from vllm.outputs import RequestError  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
@@ -168,7 +171,6 @@ def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
         (model.runner_type == "pooling" or model.is_diffusion,
          "pooling and diffusion models (no sampled token per step)"),
         (vllm_config.lora_config is not None, "LoRA adapters (max_loras admission)"),
-        (bool(sched.async_scheduling), "async scheduling (start vLLM with --no-async-scheduling)"),
         (not sched.enable_chunked_prefill,
          "disabled chunked prefill (the planner chunks prompts; keep --enable-chunked-prefill)"),
         (sched.long_prefill_token_threshold > 0,
@@ -203,8 +205,15 @@ class StepRecord:
     admitted: list[str]
 
 
-class StepPlannerScheduler(Scheduler):
-    """vLLM's v1 scheduler with every per-step decision taken by ``StepPlanner.plan()``."""
+class StepPlannerScheduler(AsyncScheduler):
+    """vLLM's v1 scheduler with every per-step decision taken by ``StepPlanner.plan()``.
+
+    vLLM's ``get_scheduler_cls()`` returns a ``--scheduler-cls`` as it is, whatever
+    ``async_scheduling`` says, so this one class serves both modes: it extends ``AsyncScheduler``
+    (whose output placeholders let a request be planned for its next decode while the step that
+    samples its previous token is still running) and, with async scheduling off, does what
+    ``Scheduler`` does after a schedule instead.
+    """
 
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: Any,
                  structured_output_manager: Any, block_size: int, *args: Any,
@@ -239,6 +248,7 @@ class StepPlannerScheduler(Scheduler):
         self._priority_order = policy.scheduling_policy == SchedulingPolicy.PRIORITY
         self._reserved = policy.priority_reserved_slots
         self._slots = min(self.max_num_running_reqs, self.max_num_active_reqs)
+        self._async_scheduling = bool(self.scheduler_config.async_scheduling)
 
     # --- requests in and out ------------------------------------------------------------------
 
@@ -277,7 +287,7 @@ class StepPlannerScheduler(Scheduler):
             self.last_step = StepRecord({}, [], [], [], [])
             return self._make_output({}, {}, [], [], [])
 
-        running = self.running
+        running = self._running_with_work() if self._async_scheduling else self.running
         candidates = self._admission_candidates()
         residents = self._resident_rows(running, candidates)
         requests = running + [c[0] for c in candidates]
@@ -360,6 +370,29 @@ class StepPlannerScheduler(Scheduler):
             request.status = RequestStatus.RUNNING
         return self._make_output(num_scheduled, new_blocks, scheduled_running, new_reqs, resumed)
 
+    def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        if self._async_scheduling:
+            super()._update_after_schedule(scheduler_output)  # AsyncScheduler: placeholders
+        else:
+            # What vLLM runs without overlap (Scheduler): every sampled token is back before the
+            # next schedule, so there is nothing to hold a place for.
+            Scheduler._update_after_schedule(self, scheduler_output)
+
+    def _running_with_work(self) -> list[Request]:
+        """Running requests with a token left to schedule. Under async scheduling the step in
+        flight may already sample a request's last token (max_tokens, or max_model_len); such a
+        request keeps its slot until that step's output finishes it, but has no row to plan, as
+        vLLM's own schedule() skips it."""
+        max_len = self.max_model_len
+        out = []
+        for request in self.running:
+            ahead = request.num_output_placeholders
+            if ahead and (request.num_output_tokens + ahead >= request.max_tokens
+                          or request.num_tokens + ahead >= max_len):
+                continue
+            out.append(request)
+        return out
+
     def _order_key(self, request: Request) -> tuple[int, int]:
         return (request.priority if self._priority_order else 0,
                 int(request.arrival_time * _NS))
@@ -402,8 +435,12 @@ class StepPlannerScheduler(Scheduler):
             if row is None:
                 row = rows[request.request_id] = ResidentState(
                     priority=request.priority, arrival=int(request.arrival_time * _NS))
+            # Under async scheduling num_computed_tokens already counts the tokens of the step in
+            # flight, and a token that step samples is a placeholder: committed is the KV length
+            # once the dispatched steps have run, and a decoding request's one token left may be
+            # that placeholder (vLLM fills it on the GPU). Without overlap placeholders are 0.
             computed = request.num_computed_tokens
-            total = request.num_tokens
+            total = request.num_tokens + request.num_output_placeholders
             decoding = total - computed == 1 and computed >= request.num_prompt_tokens
             row.committed = computed
             row.context_committed = decoding

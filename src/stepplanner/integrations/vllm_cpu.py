@@ -3,14 +3,18 @@
 What vLLM's own scheduler tests do, as a library: a model directory holding only a tiny Llama
 ``config.json`` (no tokenizer, no weights; ``HF_HUB_OFFLINE=1`` is enough), a ``KVCacheConfig``
 with a fixed block count, and a fake ``ModelRunnerOutput`` per step that samples one token for
-every request whose prompt is complete. The tests and benchmarks of
-``stepplanner.integrations.vllm`` use it; so can a runtime author checking a configuration.
+every request whose prompt is complete. ``run`` steps a scheduler the way vLLM's ``EngineCore``
+does: with async scheduling, through its batch queue (step N+1 is scheduled before step N's
+output is processed). The tests and benchmarks of ``stepplanner.integrations.vllm`` use it; so
+can a runtime author checking a configuration.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -61,8 +65,11 @@ def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[
                    block_size: int = 16, max_model_len: int = 1024,
                    enable_prefix_caching: bool = False, policy: str = "fcfs",
                    stepplanner: dict[str, Any] | None = None, log_stats: bool = False,
-                   **scheduler_kwargs: Any) -> Scheduler:
-    """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks."""
+                   async_scheduling: bool = False, **scheduler_kwargs: Any) -> Scheduler:
+    """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
+
+    ``async_scheduling`` is set on the finished config, as a GPU engine runs it: vLLM's CPU
+    platform turns it off while the config is built (it has no device work to overlap)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
                         max_model_len=max_model_len, dtype="float32")
@@ -75,6 +82,7 @@ def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         device_config=DeviceConfig(device="cpu"), additional_config=additional)
     cache.num_gpu_blocks = num_blocks
+    sched.async_scheduling = async_scheduling
     return scheduler_cls(vllm_config=config,
                          kv_cache_config=kv_cache_config(num_blocks, block_size),
                          structured_output_manager=StructuredOutputManager(config),
@@ -106,14 +114,17 @@ def make_request(request_id: str, prompt: list[int], max_tokens: int, *, priorit
 
 
 def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
-    """One sampled token for each scheduled request whose known tokens are all computed."""
+    """One sampled token for each scheduled request whose row is not a non-final prompt chunk.
+
+    Call it right after ``schedule()`` (that is when the model runner sees the step): under async
+    scheduling the next ``schedule()`` moves the requests on before this output is processed."""
     ids = list(output.num_scheduled_tokens)
     requests = scheduler.requests
     sampled = []
     for rid in ids:
         request = requests.get(rid)
-        done = request is not None and request.num_computed_tokens >= request.num_tokens
-        sampled.append([SAMPLED_TOKEN] if done else [])
+        samples = request is not None and not request.is_prefill_chunk
+        sampled.append([SAMPLED_TOKEN] if samples else [])
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=sampled)
 
@@ -121,14 +132,28 @@ def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOut
 def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
         max_steps: int = 100_000,
         after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
-        before_step: Callable[[int], None] | None = None) -> int:
-    """Step until every request has finished; returns the number of steps.
+        before_step: Callable[[int], None] | None = None,
+        before_update: Callable[[int, SchedulerOutput], None] | None = None,
+        on_step: Callable[[int, bool, int, int], None] | None = None) -> int:
+    """Step until every request has finished; returns the number of engine steps.
 
-    ``arrivals[step]`` are added before that step's ``schedule()``.
+    One engine step is ``EngineCore.step_with_batch_queue`` with a queue as deep as the config's
+    ``max_concurrent_batches`` (2 with async scheduling, 1 without, which is ``EngineCore.step``):
+    schedule a step when the scheduler has requests and run it at once (``fake_output``); while
+    the queue has room and that step did work, return; else process the oldest step's output.
+    ``arrivals[step]`` are added before that step's ``schedule()``; ``before_step(step)`` runs
+    next; ``after_schedule(step, output)`` right after a ``schedule()``;
+    ``before_update(step, output)`` just before ``update_from_output`` of ``output`` (where the
+    engine processes aborts that came in while it ran); ``on_step(step, saturated, schedule_ns,
+    update_ns)`` at the end of each step: whether requests were waiting when it began, and the
+    wall time of its ``schedule()`` and ``update_from_output()`` (0 for one it did not call).
     """
+    depth = scheduler.vllm_config.max_concurrent_batches
+    queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
+    clock = time.perf_counter_ns
     step = 0
     last_arrival = max(arrivals, default=-1)
-    while step <= last_arrival or scheduler.has_requests():
+    while step <= last_arrival or scheduler.has_requests() or queue:
         if step >= max_steps:
             raise RuntimeError(f"not finished after {max_steps} steps: "
                                f"{scheduler.get_request_counts()} running/waiting")
@@ -136,9 +161,26 @@ def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
             scheduler.add_request(request)
         if before_step is not None:
             before_step(step)
-        output = scheduler.schedule()
-        if after_schedule is not None:
-            after_schedule(step, output)
-        scheduler.update_from_output(output, fake_output(scheduler, output))
+        saturated = bool(scheduler.waiting)
+        in_schedule = in_update = 0
+        wait = True
+        if scheduler.has_requests():
+            t0 = clock()
+            output = scheduler.schedule()
+            in_schedule = clock() - t0
+            if after_schedule is not None:
+                after_schedule(step, output)
+            queue.appendleft((output, fake_output(scheduler, output)))
+            wait = len(queue) == depth or not (output.total_num_scheduled_tokens > 0
+                                               or scheduler.has_requests())
+        if wait and queue:
+            output, model_output = queue.pop()
+            if before_update is not None:
+                before_update(step, output)
+            t0 = clock()
+            scheduler.update_from_output(output, model_output)
+            in_update = clock() - t0
+        if on_step is not None:
+            on_step(step, saturated, in_schedule, in_update)
         step += 1
     return step
