@@ -300,8 +300,10 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
             limits.max_batch_size * limits.max_input_length)
         return limits
 
+    from stepplanner.kv import _kv as kv_compiled, _reference as kv_reference
+
     def pages_seen(ledger, table, model):
-        seen["tables"] += isinstance(table, (sp._kv.KVPageTable, sp._kv_reference.KVPageTable))
+        seen["tables"] += isinstance(table, (kv_compiled.KVPageTable, kv_reference.KVPageTable))
         seen["rows"] = max(seen["rows"], ledger.count)
         check_pages(ledger, table, model)
 
