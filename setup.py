@@ -38,12 +38,13 @@ if DEBUG:
 extensions = [
     Extension(
         f"stepplanner.{name}",
-        [f"src/stepplanner/{name}.pyx"],
+        [f"src/stepplanner/{name.replace('.', '/')}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=macros,
         extra_compile_args=["-O0", "-g"] if DEBUG and os.name != "nt" else [],
     )
-    for name in ("_core", "_kv", "_ledger_core")  # _kv and _ledger_core cimport _core's structs
+    # kv._kv cimports core._planner's structs; ledger._ledger cimports both.
+    for name in ("core._planner", "kv._kv", "ledger._ledger")
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

@@ -27,8 +27,10 @@ from typing import Literal
 import numpy as np
 
 import stepplanner as sp
-from stepplanner import _core, _kv, bench
-from stepplanner._kv_buffers import LAYOUTS
+from stepplanner.core import _planner as _core
+from stepplanner.kv import _kv
+from stepplanner.bench import planner as bench
+from stepplanner.kv._buffers import LAYOUTS
 
 
 def run(layout: Literal["all", "flash_attn", "flashinfer"], steps: int, batch: int,

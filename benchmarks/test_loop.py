@@ -1,13 +1,13 @@
 """The whole host step of a serving loop (``ledger.step``: apply with the sampler's mask, count
 tokens, retire, admit, plan) against ``plan()`` alone over the same steady ledger, per B; grouped
-side by side. Every round is one step. Cases come from ``stepplanner.bench_loop``.
+side by side. Every round is one step. Cases come from ``stepplanner.bench.loop``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from stepplanner import bench_loop
+from stepplanner.bench import loop as bench_loop
 
 
 @pytest.fixture(params=bench_loop.LOOP_BATCH_SIZES, ids=lambda b: f"B{b}")

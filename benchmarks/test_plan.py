@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from stepplanner import _core, _reference, bench
-from stepplanner._types import as_resident_array, as_resident_states
+from stepplanner.core import _planner as _core
+from stepplanner.core import _reference
+from stepplanner.bench import planner as bench
+from stepplanner.testing import as_resident_array, as_resident_states
 
 BATCHES = bench.BATCH_SIZES
 SCENARIOS = sorted(bench.SCENARIOS)

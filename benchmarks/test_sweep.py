@@ -15,8 +15,8 @@ import os
 import pytest
 
 from stepplanner import SchedulingOptions, synthetic
-from stepplanner.latency import DEFAULT_LATENCY
-from stepplanner.simulator import DEFAULT_LIMITS
+from stepplanner.sim.latency import DEFAULT_LATENCY
+from stepplanner.sim.simulator import DEFAULT_LIMITS
 from stepplanner.tuning import parse_grid, parse_slos, sweep
 
 GRID = parse_grid(["max_num_tokens=512,768,1024,1536,2048,3072,4096,8192",

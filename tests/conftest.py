@@ -33,8 +33,8 @@ REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
 REFERENCE_ONLY = os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python"
 
 
-def load_impl(name: str, compiled: str = "stepplanner._core",
-              reference: str = "stepplanner._reference", what: str = "the compiled core"):
+def load_impl(name: str, compiled: str = "stepplanner.core._planner",
+              reference: str = "stepplanner.core._reference", what: str = "the compiled core"):
     """The ``compiled`` or ``reference`` module for a ``core`` param, or skip/fail as the
     environment says (one rule for the planner, the KV module and any later compiled twin)."""
     if name == "python":
@@ -50,13 +50,13 @@ def load_impl(name: str, compiled: str = "stepplanner._core",
 
 
 def load_core(name: str):
-    """stepplanner._core or stepplanner._reference."""
+    """stepplanner.core._planner or stepplanner.core._reference."""
     return load_impl(name)
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
 def core(request):
-    """stepplanner._core or stepplanner._reference: StepPlanner, StepPlan, ResidentState."""
+    """stepplanner.core._planner or stepplanner.core._reference: StepPlanner, StepPlan, ResidentState."""
     return load_core(request.param)
 
 
@@ -72,8 +72,8 @@ def reference():
 
 
 def load_kv(name: str):
-    """stepplanner._kv or stepplanner._kv_reference."""
-    return load_impl(name, "stepplanner._kv", "stepplanner._kv_reference", "stepplanner._kv")
+    """stepplanner.kv._kv or stepplanner.kv._reference."""
+    return load_impl(name, "stepplanner.kv._kv", "stepplanner.kv._reference", "stepplanner.kv._kv")
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
@@ -99,9 +99,9 @@ def ledger_impl(core):
     import types
 
     if core.IMPLEMENTATION == "compiled":
-        from stepplanner._ledger_core import Ledger
+        from stepplanner.ledger._ledger import Ledger
     else:
-        from stepplanner._ledger_reference import Ledger
+        from stepplanner.ledger._reference import Ledger
     return types.SimpleNamespace(Ledger=Ledger, StepPlanner=core.StepPlanner,
                                  name=core.IMPLEMENTATION)
 

@@ -20,11 +20,9 @@ from stepplanner import (
     PreemptionMode,
     SchedulingPolicy,
     SequenceWork,
-    _fields,
-    _types,
-    checks,
     ledger,
 )
+from stepplanner.core import _fields, _types, checks
 from stepplanner.testing import as_resident_array, as_resident_states
 
 ROWS = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0),
@@ -52,7 +50,7 @@ def run_snippet(core, *bodies: str) -> subprocess.CompletedProcess:
         import numpy as np
         import stepplanner as sp
         from stepplanner.testing import as_resident_array, as_resident_states
-        from stepplanner import {core.__name__.rsplit('.', 1)[1]} as core
+        import {core.__name__} as core
         LIMITS = sp.StepPlannerLimits(64, 64, 16)
         def make_planner(**options):
             policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(**options), LIMITS)
@@ -535,8 +533,8 @@ def test_equality_is_by_type_not_by_class_name(core, planner):
             return resident._astuple()
 
     assert plan != StepPlan() and resident != ResidentState()
-    other = pytest.importorskip("stepplanner._reference" if core.IMPLEMENTATION == "compiled"
-                                else "stepplanner._core")
+    other = pytest.importorskip("stepplanner.core._reference" if core.IMPLEMENTATION == "compiled"
+                                else "stepplanner.core._planner")
     assert resident == other.ResidentState(*ROWS[0])  # the two implementations still agree
     assert plan == other.StepPlanner(planner.policy, planner.limits).plan(
         as_resident_array(ROWS))

@@ -14,7 +14,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from stepplanner import StepPlannerError, _errors  # noqa: E402
 from stepplanner.cli import main  # noqa: E402
-from stepplanner.workloads import sample_trace_path  # noqa: E402
+from stepplanner.sim.traces import sample_trace_path  # noqa: E402
 
 SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
          "--no-progress"]

@@ -8,8 +8,8 @@ import json
 import pytest
 
 import stepplanner as sp
-from stepplanner import _config_keys
-from stepplanner._fields import enum_fields
+from stepplanner.core import _config_keys
+from stepplanner.core._fields import enum_fields
 
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
 from click.testing import CliRunner  # noqa: E402
@@ -27,7 +27,7 @@ def test_enum_fields_come_from_the_dataclasses() -> None:
 
 
 def test_the_cli_and_the_simulator_read_enums_from_one_place() -> None:
-    from stepplanner import simulator
+    from stepplanner.sim import simulator
 
     assert _config_keys.ENUMS == enum_fields(sp.SchedulingOptions)
     assert simulator._ENUMS == enum_fields(sp.ResolvedSchedulingPolicy)

@@ -257,7 +257,7 @@ def test_field_extremes_are_accepted(core):
 
 def _library_refusals(core):
     from stepplanner import Ledger, LatencyModel, StepPlannerLimits, synthetic
-    from stepplanner.workloads import load_trace
+    from stepplanner.sim.traces import load_trace
 
     limits = StepPlannerLimits(4, 64, 16)
     policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)

@@ -85,7 +85,7 @@ def run_isolated(impl_name: str, body: str) -> subprocess.CompletedProcess:
     """Run ``body`` with ``impl`` bound to the named implementation, in a fresh interpreter."""
     script = textwrap.dedent("""
         import importlib, numpy as np, stepplanner as sp
-        impl = importlib.import_module("stepplanner." + {impl!r})
+        impl = importlib.import_module({impl!r})
         limits = sp.StepPlannerLimits(64, 64, 16)
         policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
         planner = impl.StepPlanner(policy, limits)
@@ -95,7 +95,7 @@ def run_isolated(impl_name: str, body: str) -> subprocess.CompletedProcess:
 
 
 def impl_name(core) -> str:
-    return core.__name__.rsplit(".", 1)[1]
+    return core.__name__
 
 
 def test_a_count_whose_index_shrinks_the_list(core):
@@ -202,7 +202,7 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import resource
         import stepplanner as sp
-        from stepplanner import _core
+        from stepplanner.core import _planner as _core
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
         big = sp.StepPlannerLimits(2**26, 16, 16)
         planner = _core.StepPlanner.__new__(_core.StepPlanner)
@@ -300,8 +300,10 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
             limits.max_batch_size * limits.max_input_length)
         return limits
 
+    from stepplanner.kv import _kv as kv_compiled, _reference as kv_reference
+
     def pages_seen(ledger, table, model):
-        seen["tables"] += isinstance(table, (sp._kv.KVPageTable, sp._kv_reference.KVPageTable))
+        seen["tables"] += isinstance(table, (kv_compiled.KVPageTable, kv_reference.KVPageTable))
         seen["rows"] = max(seen["rows"], ledger.count)
         check_pages(ledger, table, model)
 

@@ -110,7 +110,8 @@ def assert_same_plan(core, policy, residents, count=None):
 
 
 def foreign(core):
-    from stepplanner import _core, _reference
+    from stepplanner.core import _planner as _core
+    from stepplanner.core import _reference
     return _reference if core is _core else _core
 
 

@@ -49,7 +49,7 @@ def run_snippet(kv, body: str, timeout: float = 120) -> subprocess.CompletedProc
     prelude = textwrap.dedent(f"""
         import numpy as np
         import stepplanner as sp
-        from stepplanner import {kv.__name__.rsplit('.', 1)[1]} as kv
+        import {kv.__name__} as kv
     """)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)],
                           capture_output=True, text=True, timeout=timeout)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stepplanner import PageTableInvariantError, worst_case_pages
-from stepplanner._kv_checks import check_page_table
+from stepplanner.kv._checks import check_page_table
 
 
 def state(table):

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stepplanner import SEQUENCE_DTYPE, StepPlannerLimits
-from stepplanner._kv_buffers import LAYOUTS, layout_arrays
+from stepplanner.kv._buffers import LAYOUTS, layout_arrays
 
 BASE = settings().max_examples
 PARITY = settings(max_examples=4 * BASE)

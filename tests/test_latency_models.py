@@ -8,8 +8,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.latency import DEFAULT_LATENCY, LatencyModel
-from stepplanner.latency_models import (
+from stepplanner.sim.latency import DEFAULT_LATENCY, LatencyModel
+from stepplanner.sim.latency_models import (
     PRESETS,
     fit_latency,
     load_latency_model,
@@ -136,8 +136,8 @@ def test_load_latency_model_errors(tmp_path: pathlib.Path, content: str | None,
 
 
 def test_one_nonnegative_least_squares_serves_both_fits() -> None:
-    from stepplanner import calibration
-    from stepplanner._least_squares import nonnegative_least_squares
+    from stepplanner.sim import calibration
+    from stepplanner.sim._least_squares import nonnegative_least_squares
 
     assert calibration.nonnegative_least_squares is nonnegative_least_squares
     m = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])

@@ -164,7 +164,7 @@ def test_fused_step_checks_its_planner_and_reasons(make, ledger_impl) -> None:
 
 
 def test_compiled_fused_step_allocates_nothing_in_steady_state(compiled) -> None:
-    from stepplanner.bench_loop import loop_allocated_bytes
+    from stepplanner.bench.loop import loop_allocated_bytes
     assert loop_allocated_bytes(64, steps=150) == 0
 
 
@@ -292,7 +292,8 @@ def test_load_refuses_arrivals_that_waiting_requests_hold(make) -> None:
 
 
 def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) -> None:
-    from stepplanner import _ledger_core, _ledger_reference
+    from stepplanner.ledger import _ledger as _ledger_core
+    from stepplanner.ledger import _reference as _ledger_reference
 
     policy = resolve_scheduling_policy(SchedulingOptions(
         scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=1), LIMITS)
@@ -376,7 +377,7 @@ def test_a_ledger_shared_between_threads_stays_consistent(make) -> None:
 
 def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
     # The C side owns ids and counts; a view turned writable could desynchronise the id map.
-    from stepplanner._ledger_core import Ledger
+    from stepplanner.ledger._ledger import Ledger
 
     ledger = Ledger(LIMITS, POLICY)
     ledger.submit(1, 8, max_new_tokens=1)
@@ -391,7 +392,8 @@ def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
 
 
 def test_compiled_ledger_takes_plans_of_the_reference_planner(compiled, reference) -> None:
-    from stepplanner import _ledger_core, _ledger_reference
+    from stepplanner.ledger import _ledger as _ledger_core
+    from stepplanner.ledger import _reference as _ledger_reference
 
     ledgers = (_ledger_core.Ledger(LIMITS, POLICY), _ledger_reference.Ledger(LIMITS, POLICY))
     planners = [reference.StepPlanner(POLICY, LIMITS) for _ in ledgers]  # one per step loop

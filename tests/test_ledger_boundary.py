@@ -20,7 +20,7 @@ import pytest
 from stepplanner import SEQUENCE_DTYPE, SchedulingOptions, StepPlannerLimits
 from stepplanner import resolve_scheduling_policy
 from stepplanner._errors import StepPlannerRuntimeError
-from stepplanner._reference import StepPlan as ReferencePlan
+from stepplanner.core._reference import StepPlan as ReferencePlan
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
 POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)
@@ -140,7 +140,7 @@ def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
     result = _run(f"""
         import numpy as np, stepplanner as sp
         from stepplanner import SEQUENCE_DTYPE
-        from stepplanner._reference import StepPlan
+        from stepplanner.core._reference import StepPlan
         from stepplanner.ledger import Ledger
         led = Ledger(sp.StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16))
         led.submit(1, 10); led.admit()
@@ -200,7 +200,7 @@ def test_no_referent_of_the_compiled_ledger_is_writable_memory(compiled,
     """``gc.get_referents`` reaches every object field of the cdef class (and the view caches):
     apart from the residents table, which is writable by design and checked before use, none may
     be memory the C indexes by that Python could write."""
-    from stepplanner._ledger_core import Ledger
+    from stepplanner.ledger._ledger import Ledger
 
     ledger = Ledger(LIMITS, POLICY)
     for rid in range(6):

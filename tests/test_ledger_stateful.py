@@ -29,12 +29,12 @@ from stepplanner import (
     SchedulingOptions,
     SchedulingPolicy,
     StepPlannerLimits,
-    _ledger_reference,
-    _reference,
     resolve_scheduling_policy,
 )
+from stepplanner.core import _reference
+from stepplanner.ledger import _reference as _ledger_reference
 from stepplanner._errors import QueueFullError
-from stepplanner.checks import check_plan
+from stepplanner.core.checks import check_plan
 from stepplanner.ledger import RESIDENT_FIELDS
 
 REFUSALS = (TypeError, ValueError, OverflowError, QueueFullError)
@@ -68,7 +68,8 @@ class LedgerMachine(RuleBasedStateMachine):
             max_pause_steps=max_pause, priority_reserved_slots=min(reserved, b - 1)),
             self.limits)
         if self.impl == "compiled":
-            from stepplanner import _core, _ledger_core
+            from stepplanner.core import _planner as _core
+            from stepplanner.ledger import _ledger as _ledger_core
             ledger_type, planner_type = _ledger_core.Ledger, _core.StepPlanner
         else:
             ledger_type, planner_type = _ledger_reference.Ledger, _reference.StepPlanner

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import stepplanner as sp
-from stepplanner import StepPlannerLimits, _kv_reference
-from stepplanner.paged_simulator import simulate_paged
+from stepplanner import StepPlannerLimits
+from stepplanner.kv import _reference as _kv_reference
+from stepplanner.sim.paged import simulate_paged
 
 
 @pytest.fixture(scope="session")
@@ -172,12 +173,12 @@ def test_constructor_refuses_other_tables(impl):
     with pytest.raises(TypeError, match=r"page_table must be a stepplanner.* or None, got dict"):
         impl.Ledger(limits, page_table={})
     if impl.name == "compiled":   # its C grows, releases and moves the compiled table's slots
-        with pytest.raises(TypeError, match=r"page_table must be a stepplanner._kv.KVPageTable "
+        with pytest.raises(TypeError, match=r"page_table must be a stepplanner.kv._kv.KVPageTable "
                                             r"or None, got .*KVPageTable"):
             impl.Ledger(limits, page_table=_kv_reference.KVPageTable(4, 4, 8, 4))
         return
     try:                          # the twin drives either table through its Python API
-        from stepplanner._kv import KVPageTable as CompiledTable
+        from stepplanner.kv._kv import KVPageTable as CompiledTable
     except ImportError:
         CompiledTable = impl.KVPageTable
     table = CompiledTable(4, 4, 8, 4)

@@ -18,7 +18,7 @@ from stepplanner import (
     SchedulingPolicy,
     StepPlannerLimits,
 )
-from stepplanner.calibration import (
+from stepplanner.sim.calibration import (
     A_FLOOR,
     fit,
     nonnegative_least_squares,
@@ -28,9 +28,9 @@ from stepplanner.calibration import (
     step_sums,
     trtllm_bench_engine,
 )
-from stepplanner.latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
-from stepplanner.simulator import StepRecorder, replay, simulate
-from stepplanner.workloads import Workload, synthetic
+from stepplanner.sim.latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
+from stepplanner.sim.simulator import StepRecorder, replay, simulate
+from stepplanner.sim.workloads import Workload, synthetic
 
 LIMITS = StepPlannerLimits(max_batch_size=16, max_input_length=512, kv_page_size=16)
 CONFIGS = {
@@ -218,7 +218,7 @@ def fastest_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     core whenever it is built, whatever STEPPLANNER_IMPL selects (the two plan identically,
     tests/test_parity.py; what these tests check is the latency model and its published fit)."""
     try:
-        from stepplanner import _core
+        from stepplanner.core import _planner as _core
     except ImportError:  # a platform without the compiled core: the reference, slowly
         return
     monkeypatch.setattr(stepplanner, "StepPlanner", _core.StepPlanner)

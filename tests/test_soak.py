@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 
 import stepplanner as sp
-from stepplanner.checks import check_plan
-from stepplanner.simulator import simulate
-from stepplanner.workloads import Workload
+from stepplanner.core.checks import check_plan
+from stepplanner.sim.simulator import simulate
+from stepplanner.sim.workloads import Workload
 
 DEFAULT_STEPS = 3000
 RUN_STEP_CAP = 500_000  # a finite workload ends long before this; reaching it is a failure

@@ -161,7 +161,7 @@ def test_bad_plans_are_refused_before_anything_is_written(kv, rows, error, messa
 def test_a_step_plan_read_in_place_is_checked_like_an_array(worked, rows, message):
     """A StepPlan's rows are validated where they lie (no copy): a plan that does not fit the
     page table is refused the same way, and nothing is written."""
-    from stepplanner import _core
+    from stepplanner.core import _planner as _core
 
     _, inputs = worked
     inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
@@ -293,7 +293,7 @@ def run_serving_steps(sp_module, kv, steps=12):
 
 
 def test_plans_from_both_planners_give_the_same_arrays(kv):
-    from stepplanner import _reference
+    from stepplanner.core import _reference
     ours = run_serving_steps(sp, kv)
     theirs = run_serving_steps(_reference, kv)
     assert ours == theirs
@@ -302,7 +302,7 @@ def test_plans_from_both_planners_give_the_same_arrays(kv):
 
 @pytest.mark.parametrize("layout", ["all", "flash_attn", "flashinfer"])
 def test_prepare_allocates_nothing(compiled, layout):
-    from stepplanner import _kv
+    from stepplanner.kv import _kv
     limits = StepPlannerLimits(64, 64, 16)
     policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
     planner = compiled.StepPlanner(policy, limits)

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.traces import LAYOUTS, parse_columns, read_trace
+from stepplanner.sim.traces import LAYOUTS, parse_columns, read_trace
 
 DATA = pathlib.Path(__file__).parent / "data" / "traces"
 

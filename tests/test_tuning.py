@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from stepplanner import SchedulingOptions, StepPlannerLimits, Workload, synthetic
-from stepplanner.latency import LatencyModel
-from stepplanner.simulator import DEFAULT_LIMITS, simulate
+from stepplanner.sim.latency import LatencyModel
+from stepplanner.sim.simulator import DEFAULT_LIMITS, simulate
 from stepplanner.tuning import (
     ScaledTrace,
     SloTarget,

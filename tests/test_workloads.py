@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from stepplanner._errors import StepPlannerValueError
-from stepplanner.workloads import Workload, load_trace, sample_trace_path, synthetic
+from stepplanner.sim.traces import load_trace, sample_trace_path
+from stepplanner.sim.workloads import Workload, synthetic
 
 
 def test_synthetic_is_seeded_sorted_and_has_three_classes() -> None:
@@ -134,7 +135,7 @@ def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
 
 
 def test_repr_summarises_instead_of_dumping_the_columns() -> None:
-    from stepplanner.workloads import synthetic
+    from stepplanner.sim.workloads import synthetic
 
     text = repr(synthetic(requests=5000, seed=1))
     assert text.startswith("Workload(source=") and "requests=5000" in text

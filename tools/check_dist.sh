@@ -5,7 +5,7 @@
 #   1. python -m build: the sdist, then the wheel built *from the sdist*;
 #   2. twine check --strict on both;
 #   3. contents: the sdist has the .pyx/.pxd/.pyi sources and no generated C; the wheel has the
-#      compiled module, _core.pyi and py.typed, and no .pyx/.pxd/.c;
+#      compiled modules, each with its .pxd and .pyi, and py.typed, and no .pyx/.c;
 #   4. the wheel in a fresh venv passes the test suite run from a copy of tests/ outside the source
 #      tree, with STEPPLANNER_REQUIRE_COMPILED=1;
 #   5. cibuildwheel --print-build-identifiers for linux, macos and windows lists the release matrix.
@@ -41,21 +41,24 @@ import sys, tarfile, zipfile
 sdist, wheel = sys.argv[1:]
 s = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
 w = zipfile.ZipFile(wheel).namelist()
-need_s = ["src/stepplanner/_core.pyx", "src/stepplanner/_core.pxd", "src/stepplanner/_core.pyi",
-          "src/stepplanner/py.typed", "pyproject.toml", "setup.py", "README.md", "tests/conftest.py"]
+MODULES = ["core/_planner", "kv/_kv", "ledger/_ledger"]  # each compiled module: .pyx in the sdist; .pxd + .pyi in both
+need_s = [f"src/stepplanner/{m}.{ext}" for m in MODULES for ext in ("pyx", "pxd", "pyi")]
+need_s += ["src/stepplanner/py.typed", "pyproject.toml", "setup.py", "README.md", "tests/conftest.py"]
 missing = [n for n in need_s if n not in s]
 generated = [n for n in s if n.endswith((".c", ".so", ".pyd", ".html"))]
-need_w = ["stepplanner/_core.pyi", "stepplanner/py.typed", "stepplanner/__init__.py"]
+need_w = [f"stepplanner/{m}.{ext}" for m in MODULES for ext in ("pxd", "pyi")]
+need_w += ["stepplanner/py.typed", "stepplanner/__init__.py"]
 missing_w = [n for n in need_w if n not in w]
-compiled = [n for n in w if n.startswith("stepplanner/_core.") and n.endswith((".so", ".pyd"))]
-leaked = [n for n in w if n.endswith((".pyx", ".pxd", ".c"))]
+compiled = [n for n in w if n.endswith((".so", ".pyd"))]
+missing_w += [m for m in MODULES if not any(n.startswith(f"stepplanner/{m}.") for n in compiled)]
+leaked = [n for n in w if n.endswith((".pyx", ".c"))]
 print(f"sdist: {len(s)} files; wheel: {len(w)} files; compiled module: {compiled}")
 problems = {"sdist lacks": missing, "sdist has generated": generated, "wheel lacks": missing_w,
-            "wheel ships sources": leaked, "wheel has no compiled core": [] if compiled else [wheel]}
+            "wheel ships sources": leaked, "wheel has no compiled module": [] if compiled else [wheel]}
 bad = {k: v for k, v in problems.items() if v}
 if bad:
     sys.exit(f"contents check failed: {bad}")
-print("ok: sources in the sdist only, stub + py.typed + compiled module in the wheel")
+print("ok: .pyx in the sdist only; each compiled module with its .pxd and stub in the wheel")
 PY
 
 step "the wheel in a fresh venv, tests from a copy outside the source tree"
@@ -64,7 +67,7 @@ step "the wheel in a fresh venv, tests from a copy outside the source tree"
 mkdir -p "$WORK/run"
 cp -R "$ROOT/tests" "$ROOT/pyproject.toml" "$WORK/run/"
 (cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -c \
-  "import stepplanner, stepplanner._core as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
+  "import stepplanner, stepplanner.core._planner as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
 # The full log stays in $WORK/pytest.log; a failure is reported at the end, after step 5.
 tests_ok=1
 (cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -m pytest -q \

@@ -3,10 +3,10 @@
     python tools/fit_latency.py           # fit, then print the model and the residual table
     python tools/fit_latency.py --check   # also exit 1 unless LatencyModel() is this fit
 
-Each published row (stepplanner.latency.TRTLLM_H100_LLAMA31_8B_FP8) becomes a saturated run in
-the simulator (stepplanner.calibration.saturated_run: its requests at t=0 on trtllm-bench's
+Each published row (stepplanner.sim.latency.TRTLLM_H100_LLAMA31_8B_FP8) becomes a saturated run in
+the simulator (stepplanner.sim.calibration.saturated_run: its requests at t=0 on trtllm-bench's
 engine). A saturated run's plans do not depend on time, so its simulated span is
-``a * steps + b * tokens + c * context`` over its steps. stepplanner.calibration.fit minimises
+``a * steps + b * tokens + c * context`` over its steps. stepplanner.sim.calibration.fit minimises
 the sum over rows of (simulated span / published span - 1)^2 with b, c >= 0 and a at least the
 weight-streaming floor (calibration.A_FLOOR): linear least squares, solved exactly (numpy only;
 deterministic). The coefficients are rounded to three significant digits, and the residuals
@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stepplanner.calibration import A_FLOOR, fit, residuals, simulate_row, step_sums
-from stepplanner.latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
+from stepplanner.sim.calibration import A_FLOOR, fit, residuals, simulate_row, step_sums
+from stepplanner.sim.latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
 
 
 def table(model: LatencyModel) -> None:

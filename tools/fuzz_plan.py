@@ -12,7 +12,7 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
   for an unresolved mode in the planner constructor, MemoryError only there and only for a
   max_batch_size of ``UNHOLDABLE_BATCH`` or more);
 * a call that raised changed the previous plan (``to_dict`` before vs after);
-* an accepted plan breaks an invariant (``stepplanner.checks.check_plan``);
+* an accepted plan breaks an invariant (``stepplanner.core.checks.check_plan``);
 * the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
 
 An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / cancel /
@@ -46,8 +46,13 @@ import numpy as np
 
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
-    from stepplanner import _core, _kv, _kv_reference, _ledger_core, _ledger_reference, _reference
-    from stepplanner.checks import check_plan
+    from stepplanner.core import _planner as _core
+    from stepplanner.kv import _kv
+    from stepplanner.kv import _reference as _kv_reference
+    from stepplanner.ledger import _ledger as _ledger_core
+    from stepplanner.ledger import _reference as _ledger_reference
+    from stepplanner.core import _reference
+    from stepplanner.core.checks import check_plan
     from stepplanner.ledger import Ledger
 
 ALLOWED = (TypeError, ValueError, OverflowError)

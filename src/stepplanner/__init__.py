@@ -5,88 +5,77 @@ Names map the C++ seed's camelCase to snake_case once, here: ``maxBatchSize`` �
 ``context_committed``, ``selectLastTokenLogits`` → ``select_last_token_logits``,
 ``kFcfs``/``kPriority`` → ``FCFS``/``PRIORITY`` and so on. See SPEC.md for the contract.
 
-The planner comes from the compiled core by default. ``STEPPLANNER_IMPL=python`` selects the
-pure-Python reference explicitly (slow; for platforms with no wheel). A missing compiled core is
-an ``ImportError``, never a silent switch to the slow path.
+The package has two halves. The serving path, imported here: ``core`` (the planner), ``kv``
+(KV page table, step inputs) and ``ledger``, each a compiled module beside its pure-Python twin
+(``STEPPLANNER_IMPL=python`` selects every twin; a missing compiled module is an ``ImportError``,
+never a silent switch to the slow path). The offline tools, loaded on first use: ``sim``
+(simulator, latency models, calibration, workloads, traces), ``tuning``, ``bench``, ``cli``.
+Their names that this module exports (``simulate``, ``LatencyModel``, ...) are resolved lazily
+(PEP 562), so a runtime that imports the planner pays for none of them.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._errors import StepPlannerError
-from ._policy import (
-    ResolvedSchedulingPolicy,
-    SchedulingOptions,
-    StepPlannerLimits,
-    resolve_scheduling_policy,
-)
-from ._types import (
+from .core import (
+    IMPLEMENTATION,
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
     IfbSchedulingMode,
+    PlanInvariantError,
     PlannedSequence,
     PreemptionMode,
     Reason,
+    ResidentState,
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
     SchedulingPolicy,
     SequenceWork,
+    StepPlan,
+    StepPlanner,
+    StepPlannerLimits,
+    check_plan,
+    resolve_scheduling_policy,
     split_reason,
 )
+from .kv import KVPageTable, PageTableInvariantError, StepInputs, release_rows, worst_case_pages
+from .ledger import Ledger, QueueFullError
 
 __version__ = "0.1.0"
 
-_IMPL = os.environ.get("STEPPLANNER_IMPL", "compiled").strip().lower() or "compiled"
-if _IMPL == "python":
-    from . import _reference as _impl
-elif _IMPL == "compiled":
-    try:
-        from . import _core as _impl  # type: ignore[no-redef]  # same surface as _reference
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            "stepplanner's compiled core (stepplanner._core) could not be imported: "
-            f"{exc}. Install a wheel for this platform or build from source "
-            "(pip install stepplanner needs a C compiler when no wheel matches), or select the "
-            "pure-Python reference explicitly with STEPPLANNER_IMPL=python (about 100x slower)."
-        ) from exc
-else:
-    raise ImportError(f"STEPPLANNER_IMPL={_IMPL!r} is not known; allowed: 'compiled' or 'python'")
-
-# The KV page table and the step inputs come from the same side as the planner.
-if _IMPL == "python":
-    from . import _kv_reference as _kv_impl
-else:
-    try:
-        from . import _kv as _kv_impl  # type: ignore[no-redef]  # same surface as _kv_reference
-    except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise ImportError(
-            f"stepplanner's compiled KV module (stepplanner._kv) could not be imported: {exc}. "
-            "Rebuild the package (pip install -e .) or select the pure-Python reference "
-            "explicitly with STEPPLANNER_IMPL=python."
-        ) from exc
+# The offline names: where each lives. Loaded on first use (PEP 562), never by ``import stepplanner``.
+_OFFLINE = {
+    "LatencyModel": "stepplanner.sim.latency",
+    "SimulationResult": "stepplanner.sim.simulator",
+    "simulate": "stepplanner.sim.simulator",
+    "Workload": "stepplanner.sim.workloads",
+    "synthetic": "stepplanner.sim.workloads",
+    "load_trace": "stepplanner.sim.traces",
+}
 
 if TYPE_CHECKING:
-    # Type checkers see one surface, the compiled core's stub (_core.pyi); the reference has the
-    # same names and signatures (tests/test_api_surface.py), so the choice above cannot change it.
-    from ._core import IMPLEMENTATION, ResidentState, StepPlan, StepPlanner
-    from ._kv import KVPageTable, StepInputs
-else:
-    StepPlanner = _impl.StepPlanner
-    StepPlan = _impl.StepPlan
-    ResidentState = _impl.ResidentState
-    IMPLEMENTATION = _impl.IMPLEMENTATION
-    KVPageTable = _kv_impl.KVPageTable
-    StepInputs = _kv_impl.StepInputs
+    from .sim.latency import LatencyModel
+    from .sim.simulator import SimulationResult, simulate
+    from .sim.traces import load_trace
+    from .sim.workloads import Workload, synthetic
 
-# The tools around the planner (pure Python; they use whichever planner was selected above).
-from ._kv_checks import PageTableInvariantError  # noqa: E402
-from .checks import PlanInvariantError, check_plan  # noqa: E402
-from .latency import LatencyModel  # noqa: E402
-from .ledger import Ledger, QueueFullError  # noqa: E402
-from .paging import release_rows, worst_case_pages  # noqa: E402
-from .simulator import SimulationResult, simulate  # noqa: E402
-from .workloads import Workload, load_trace, synthetic  # noqa: E402
+
+def __getattr__(name: str) -> Any:
+    module = _OFFLINE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepplanner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_OFFLINE))
+
 
 __all__ = [
     "IMPLEMENTATION",

@@ -21,7 +21,10 @@ not.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+import numpy as np
 
 
 try:
@@ -33,7 +36,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 from ._errors import INT32_MAX, INT32_MIN, UINT64_MAX
-from ._policy import (
+from .core import ResidentState
+from .core._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
@@ -41,13 +45,12 @@ from ._policy import (
     mixed_feasible,
     resolve_scheduling_policy,
 )
-from ._types import (
+from .core._types import (
     IfbSchedulingMode,
     PreemptionMode,
     Row,
     SchedulingPolicy,
     as_resident_array,
-    as_resident_states,
 )
 
 __all__ = [
@@ -62,6 +65,19 @@ __all__ = [
     "resident_rows",
     "scheduling_options",
 ]
+
+
+def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = None) -> list[Any]:
+    """Rows (tuples or an array) as a list of ``ResidentState`` of ``resident_type``.
+
+    ``resident_type`` defaults to ``stepplanner.ResidentState``; pass the reference's class to
+    plan with the reference implementation.
+    """
+    if resident_type is None:
+        resident_type = ResidentState
+    if isinstance(rows, np.ndarray):
+        rows = rows.tolist()
+    return [resident_type(*r) for r in rows]
 
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from stepplanner import SchedulingOptions, StepPlannerLimits, synthetic
-from stepplanner.latency import LatencyModel
+from stepplanner.sim.latency import LatencyModel
 from stepplanner.tuning import parse_grid, parse_slos, sweep
 from stepplanner.tuning.capacity import SyntheticRates, capacity
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..latency_models import fit_latency, read_timings, save_latency_model
+from ..sim.latency_models import fit_latency, read_timings, save_latency_model
 from .errors import library_errors
 from .files import check_output_path
 

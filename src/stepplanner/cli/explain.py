@@ -10,16 +10,17 @@ import click
 import numpy as np
 
 from .._errors import StepPlannerValueError
-from .._policy import (
+from ..core._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     resolve_with_rules,
     t_max_text,
 )
-from .._types import IfbSchedulingMode, split_reason
+from ..core._types import IfbSchedulingMode, split_reason
+from ..core import StepPlanner
 from ..ledger import Ledger
-from ..simulator import DEFAULT_LIMITS
+from ..sim.simulator import DEFAULT_LIMITS
 from .config import parse_config
 from .errors import library_errors
 from .files import read_json
@@ -38,8 +39,6 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
     kv_page_size}, "options": {SchedulingOptions fields}, "residents": [{priority, arrival,
     prompt_length, committed, context_committed, consecutive_paused_steps[, request_id]}]}.
     """
-    from .. import StepPlanner
-
     data = read_json(ledger_file)
     if not isinstance(data, dict) or not isinstance(data.get("residents"), list):
         raise StepPlannerValueError(

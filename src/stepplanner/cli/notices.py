@@ -9,9 +9,9 @@ from typing import Any
 import click
 import numpy as np
 
-from .._policy import ResolvedSchedulingPolicy, SchedulingOptions
-from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-from ..simulator import SimulationResult
+from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions
+from ..core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..sim.simulator import SimulationResult
 
 SHOW_REFUSED = 5  # refused requests named before "and N more"
 

@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
-from .._policy import SchedulingOptions, StepPlannerLimits
-from .._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-from ..simulator import DEFAULT_LIMITS
-from ..traces import read_trace
-from ..workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
+from ..core._policy import SchedulingOptions, StepPlannerLimits
+from ..core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..sim.simulator import DEFAULT_LIMITS
+from ..sim.traces import read_trace
+from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
 from .render import FORMATS
 
 

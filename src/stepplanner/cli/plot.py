@@ -8,7 +8,7 @@ import pathlib
 import click
 import numpy as np
 
-from ..simulator import SimulationResult
+from ..sim.simulator import SimulationResult
 from .errors import InputError
 from .files import check_output_path
 from .render import class_name

@@ -7,9 +7,9 @@ from typing import Any
 import click
 import numpy as np
 
-from .._policy import resolve_scheduling_policy
-from ..latency import LatencyModel
-from ..simulator import StepRecorder
+from ..core._policy import resolve_scheduling_policy
+from ..sim.latency import LatencyModel
+from ..sim.simulator import StepRecorder
 from .errors import library_errors
 from .files import check_output_path
 from .notices import warn_default_step_limit, warn_no_op_options, warn_refused

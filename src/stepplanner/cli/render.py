@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..workloads import DEFAULT_CLASSES
+from ..sim.workloads import DEFAULT_CLASSES
 
 FORMATS = ("table", "csv", "md")
 

@@ -7,11 +7,11 @@ from typing import Any
 
 from rich.console import Console
 
-from .._policy import StepPlannerLimits
-from ..latency import LatencyModel
-from ..paged_simulator import PageOccupancy, row_pages, simulate_paged
-from ..simulator import SimulationResult, simulate
-from ..workloads import Workload
+from ..core._policy import StepPlannerLimits
+from ..sim.latency import LatencyModel
+from ..sim.paged import PageOccupancy, row_pages, simulate_paged
+from ..sim.simulator import SimulationResult, simulate
+from ..sim.workloads import Workload
 from .errors import InputError
 
 

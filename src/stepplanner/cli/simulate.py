@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from .._policy import resolve_scheduling_policy
-from . import tuning_extras
+from ..core._policy import resolve_scheduling_policy
+from ..cli import tuning_extras
 from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, options_from, output_format,

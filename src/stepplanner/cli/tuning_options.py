@@ -14,8 +14,8 @@ from typing import Any
 
 import click
 
-from ..latency import LatencyModel, parse_coefficients
-from ..latency_models import PRESETS, load_latency_model
+from ..sim.latency import LatencyModel, parse_coefficients
+from ..sim.latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
 from ..tuning.slo import parse_slos

@@ -35,16 +35,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
-from .. import (
+from ..core import (
     IMPLEMENTATION,
-    Ledger,
     PreemptionMode,
-    QueueFullError,
     SchedulingOptions,
     StepPlanner,
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from ..ledger import Ledger, QueueFullError
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
 

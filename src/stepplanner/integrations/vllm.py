@@ -55,7 +55,7 @@ from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
-from .. import (  # noqa: E402
+from ..core import (  # noqa: E402
     IfbSchedulingMode,
     PreemptionMode,
     ResidentState,
@@ -66,7 +66,7 @@ from .. import (  # noqa: E402
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from .._fields import enum_from_text  # noqa: E402
+from ..core._fields import enum_from_text  # noqa: E402
 
 __all__ = ["SUPPORTED_VLLM_VERSION", "StepPlannerScheduler", "StepPlannerStats", "StepRecord",
            "limits_from_config", "options_from_config"]

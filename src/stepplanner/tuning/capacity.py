@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._errors import StepPlannerValueError
-from ..latency import LatencyModel
-from ..simulator import simulate
-from ..workloads import Workload, synthetic
+from ..sim.latency import LatencyModel
+from ..sim.simulator import simulate
+from ..sim.workloads import Workload, synthetic
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
 from .slo import SloTarget

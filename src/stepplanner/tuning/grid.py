@@ -1,7 +1,7 @@
 """A grid of configurations: ``--grid NAME=V1,V2,...`` over ``SchedulingOptions`` and limits.
 
 NAME and the values are the configuration keys of ``compare --config`` (one table,
-``stepplanner._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
+``stepplanner.core._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
 with ``_`` or ``-``, or an alias users bring from the CLI and from vLLM (``mode``, ``policy``,
 ``reserved``, ``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
 ``max_step_tokens``); enum members by name in any case (``mixed``, ``prefill_first``) or number,
@@ -20,15 +20,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._config_keys import apply_fields, field_name, field_value
+from ..core._config_keys import apply_fields, field_name, field_value
 from .._errors import StepPlannerValueError
-from .._policy import (
+from ..core._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from ..simulator import policy_to_dict
+from ..sim.simulator import policy_to_dict
 
 __all__ = ["GridPoint", "expand_grid", "parse_grid"]
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from .._errors import StepPlannerValueError
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
-from ..simulator import pooled_itl, weighted_percentile
+from ..sim.simulator import pooled_itl, weighted_percentile
 
 __all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .._policy import SchedulingOptions, StepPlannerLimits
-from ..latency import LatencyModel
-from ..simulator import SimulationResult, simulate
-from ..workloads import Workload
+from ..core._policy import SchedulingOptions, StepPlannerLimits
+from ..sim.latency import LatencyModel
+from ..sim.simulator import SimulationResult, simulate
+from ..sim.workloads import Workload
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
 from .metrics import DEFAULT_PERCENTILES, vllm_metrics

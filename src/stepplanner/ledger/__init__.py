@@ -1,0 +1,105 @@
+"""The resident ledger a serving loop keeps between steps (SPEC §6): waiting queue, admission,
+output accounting and retirement, in C (``_ledger.pyx``; ``STEPPLANNER_IMPL=python`` selects the
+pure-Python twin ``_reference.py``, which behaves the same; ``_shared.py`` holds the checks both run).
+
+A ``Ledger`` owns a dense ``RESIDENT_DTYPE`` table of ``max_batch_size`` rows and one int64
+request id per row; rows ``0..count-1`` are the residents, always dense. ``ledger.residents`` is
+a view of those rows that ``StepPlanner.plan()`` reads in place. A serving loop is::
+
+    ledger.submit(request_id, prompt_length, priority, max_new_tokens=256)  # per arrival
+    plan = ledger.step(planner)                # admit -> plan, in one call
+    while serving:
+        finished = run_model(plan)            # the sampler's bool per plan row (EOS, stop)
+        plan = ledger.step(planner, finished) # apply -> count tokens -> retire -> admit -> plan
+        for rid in ledger.finished_ids: ...   # what that call finished and retired
+
+or, with the pieces apart: ``admit()``, ``planner.plan(ledger.residents)``,
+``apply(plan, finished, retire=True)`` (or ``apply`` then ``retire_finished()``).
+
+The surface (both implementations):
+
+* ``Ledger(limits, policy=None, *, max_waiting=None, page_table=None)``: ``policy`` supplies the
+  queue order and ``priority_reserved_slots`` (none: FCFS, no reserved slots); ``max_waiting``
+  bounds the queue (``None``: 16 x ``max_batch_size``); ``page_table``, an empty
+  ``KVPageTable`` (the compiled ledger takes the compiled one), makes the ledger keep slot ``i``
+  = row ``i``: ``submit`` then needs ``max_new_tokens``, admission (in queue order) stops at the
+  first request whose worst case does not fit the free pool and reserves it at its row, every
+  swap-remove releases and moves pages with the rows, ``apply``/``step`` refuse a plan row
+  beyond its row's pages, and ``load`` is refused (docs/kv_pages.md). ``page_table``,
+  ``reserved_pages``, ``held_back`` and ``kv_pages_in_use()`` read it.
+* ``submit(request_id, prompt_length, priority=0, max_new_tokens=None)`` -> arrival stamp;
+  O(log n). Past ``max_waiting`` it raises ``QueueFullError`` (a ``RuntimeError``): the
+  backpressure signal a server turns into HTTP 429.
+* ``cancel(request_id)``: out of the queue (O(log n)) or out of its row, wherever it is.
+* ``admit()`` -> the admitted ids (a list); ``admitted_ids`` is the same as a view.
+* ``apply(plan, finished=None, *, retire=False)`` -> ``finished_ids``: SPEC §6 on the rows,
+  then output accounting: each plan row with ``select_last_token_logits`` emitted one token
+  (the chunk completing a prompt emits the first, each decode row one more); a request is
+  finished when it has emitted ``max_new_tokens`` or when the sampler's ``finished`` mask (a 1-D
+  numpy bool array, one flag per plan row) says so. With neither, nothing finishes by itself.
+* ``retire_finished()``, ``retire(request_ids)``, ``retire_rows(rows)``: swap-remove.
+* ``step(planner, finished=None, *, reasons=None)`` -> the plan: see above.
+* Views, each valid until the next call that changes it: ``residents`` (writable),
+  ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only, and so is
+  every array down their ``.base`` chain: the compiled ledger's are over memory Python cannot
+  write, the twin's are copies). The compiled ledger makes each view once per length and keeps
+  it, so a steady loop allocates nothing.
+* ``apply``/``step`` take a ``StepPlan`` of either implementation (a duck-typed object is a
+  ``TypeError``), and refuse a plan naming a row outside the table (``ValueError``) before
+  anything changes.
+* ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
+
+Decisions where SPEC §6 is silent (also in the README):
+
+* Request ids are int64. A C table of int64 keys keeps admission and retirement in C and hands
+  finished ids back as a numpy view with no allocation; a runtime whose ids are strings keeps
+  one ``dict`` from its id to a counter, touched once per arrival and once per finish, never
+  per step.
+* Retiring swap-removes: the last rows move into the holes. Rows carry no order; the planner
+  orders by (priority, arrival) keys, and a swap disturbs its previous order by one key per
+  retired row, where shifting would renumber every later row.
+* Arrival stamps are the ledger's own submission counter (0, 1, 2, ...), so they are monotonic
+  and unique by construction; ``load()`` refuses arrivals that a waiting request holds, and once
+  a loaded arrival is 2**64 - 1 no stamp is left and ``submit`` says so.
+* ``priority < 0`` marks an urgent request: it may take the ``priority_reserved_slots`` that
+  requests with ``priority >= 0`` may not. Under ``FCFS`` the queue is otherwise in arrival
+  order, but when its head is held back by the reservation an urgent request behind it may still
+  take a reserved slot (that is what the reservation is for). Under ``PRIORITY`` urgent requests
+  sort first anyway.
+* A finished request that is not retired stays resident (and planned): ``retire=False`` is for
+  runtimes that must flush its last token first. ``finished`` may be True only on rows that
+  emitted a token; anything else is a ``ValueError`` naming the row.
+* ``step(planner, finished)`` applies the plan of this ledger's previous ``step``; any change to
+  the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
+  ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
+  planner must not plan anything else: its one ``StepPlan`` is the pending plan.
+* Threads and re-entry: one serving loop per ledger, one call at a time. The compiled ledger's
+  methods hold a critical section (a lock on free-threaded CPython), and a call that runs caller
+  code (an argument's ``__index__`` or ``__array__``, a record's ``__getitem__``, an iterator, a
+  plan subclass, the planner's ``plan()``) marks the ledger busy while it does: a ledger call made
+  from that code, or from another thread meanwhile, raises ``StepPlannerRuntimeError`` ("Ledger
+  re-entered") and changes nothing, and the outer call goes on from the state it read (both
+  ledgers alike). With the C state private (the read-only views are over memory Python cannot
+  write), every plan row checked against the table before it is used, and only a real
+  ``StepPlan`` accepted, sharing a ledger between threads never corrupts memory; a call may be
+  refused, which is why one loop per ledger is the design.
+* Every operation checks everything first; one that raises leaves the ledger unchanged
+  (``step`` checks the rows before it admits when no plan is pending). The one exception is a
+  row the caller writes through ``residents`` while a ``step`` plan is pending: when planning it
+  raises, that plan has already been applied.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._errors import QueueFullError
+from .._select import implementation
+from ..core._types import RESIDENT_FIELDS
+
+__all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS"]
+
+if TYPE_CHECKING:
+    from ._reference import Ledger
+else:
+    Ledger = implementation("stepplanner.ledger._ledger", "stepplanner.ledger._reference").Ledger

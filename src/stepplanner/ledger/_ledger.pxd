@@ -1,0 +1,61 @@
+# The C contract of the compiled ledger (stepplanner.ledger._ledger): the waiting queue, the id map
+# and the resident table, as plain structs over preallocated arrays. _ledger.pyx implements
+# them and the Ledger class that owns the memory; the planner's structs come from core/_planner.pxd.
+
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+
+from stepplanner.core._planner cimport ResidentC
+
+cdef enum:
+    HEAP_NORMAL = 0   # priority >= 0
+    HEAP_URGENT = 1   # priority < 0: may take the reserved slots
+
+# One waiting request, in a pool slot of the queue.
+ctypedef struct WaitingC:
+    int64_t request_id
+    uint64_t arrival
+    int64_t max_new_tokens    # 0: no limit
+    int32_t priority
+    int32_t prompt_length
+    int32_t heap              # HEAP_NORMAL or HEAP_URGENT
+    int32_t position          # index in that heap
+
+# A binary min-heap of pool slots by queue key: (priority, arrival) or (arrival).
+ctypedef struct HeapC:
+    int32_t* slots
+    int32_t size
+
+ctypedef struct QueueC:
+    WaitingC* pool            # max_waiting entries
+    int32_t* free             # a stack of unused pool slots
+    int32_t num_free
+    int32_t capacity          # max_waiting
+    HeapC heaps[2]            # indexed by HEAP_NORMAL / HEAP_URGENT
+    bint by_priority
+
+# Request id -> where it is: value >= 0 is a pool slot (waiting), value < 0 is row -(value + 1).
+# Open addressing with linear probing at load <= 1/2; deletion shifts entries back, so the table
+# never fills with tombstones however long the ledger runs.
+ctypedef struct IdMapC:
+    int64_t* keys
+    int32_t* values
+    uint8_t* used
+    uint64_t mask             # slots - 1 (slots a power of two)
+
+# The residents (rows 0..count-1, dense) and their output accounting.
+ctypedef struct TableC:
+    ResidentC* rows
+    int64_t* ids
+    int64_t* generated        # tokens each resident has emitted
+    int64_t* max_new          # 0: no limit
+    uint8_t* done             # marked finished by an apply, not yet retired
+    uint8_t* mark             # scratch: rows to remove
+    int32_t num_done
+    int64_t* finished         # ids the last apply marked finished, in plan order
+    int32_t num_finished
+    int64_t* admitted         # ids the last admission moved in, in queue order
+    int32_t num_admitted
+    int32_t count
+    int32_t capacity          # B
+    int32_t reserved_slots
+

@@ -1,0 +1,965 @@
+"""The compiled ledger: waiting queue, admission, output accounting and retirement over C arrays.
+
+Top of the file: the C (structs of ``_ledger.pxd``, ``noexcept nogil``): the queue's heaps,
+the id map, admission, accounting and swap-remove retirement. Below: ``Ledger``, which checks
+every argument first (through the same helpers and messages as the pure-Python twin,
+``_reference.py``; both call ``_shared.py``), then runs the C with nothing left to check. See ``stepplanner.ledger``.
+"""
+
+cimport cython
+cimport numpy as cnp
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memset
+
+from stepplanner.core._planner cimport (
+    STATUS_OK,
+    WORK_CONTEXT,
+    PlanC,
+    ResidentC,
+    SequenceC,
+    StepPlan,
+    _CoreMemory,
+    check_row,
+)
+from stepplanner.kv._kv cimport KVPageTable, PageTableC, grow_slot, move_slot, pages_for, release_slot
+
+import numpy as np
+
+from stepplanner import _errors
+from stepplanner.ledger._shared import (
+    as_request_id,
+    check_ledger_args,
+    check_page_table,
+    check_worst_case,
+    check_rows,
+    check_waiting,
+    pages_in_use,
+    parse_records,
+    plan_classes,
+    plan_sizes,
+    records_of,
+    row_out_of_range,
+    rows_argument,
+    step_reasons_error,
+    submission,
+)
+from stepplanner.core import _types
+
+cnp.import_array()
+
+IMPLEMENTATION = "compiled"
+cdef uint64_t UINT64_MAX_ = 0xFFFFFFFFFFFFFFFFULL
+
+
+# ============================================================================================
+# 1. The waiting queue: two binary heaps over a pool of entries
+# ============================================================================================
+
+cdef inline bint before(const WaitingC* a, const WaitingC* b, bint by_priority) noexcept nogil:
+    if by_priority and a.priority != b.priority:
+        return a.priority < b.priority
+    return a.arrival < b.arrival
+
+
+cdef inline void heap_place(QueueC* q, HeapC* h, int32_t pos, int32_t slot) noexcept nogil:
+    h.slots[pos] = slot
+    q.pool[slot].position = pos
+
+
+cdef void sift_up(QueueC* q, HeapC* h, int32_t pos) noexcept nogil:
+    cdef int32_t slot = h.slots[pos], parent
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if not before(&q.pool[slot], &q.pool[h.slots[parent]], q.by_priority):
+            break
+        heap_place(q, h, pos, h.slots[parent])
+        pos = parent
+    heap_place(q, h, pos, slot)
+
+
+cdef void sift_down(QueueC* q, HeapC* h, int32_t pos) noexcept nogil:
+    cdef int32_t slot = h.slots[pos], child
+    while True:
+        child = 2 * pos + 1
+        if child >= h.size:
+            break
+        if child + 1 < h.size and before(&q.pool[h.slots[child + 1]], &q.pool[h.slots[child]],
+                                         q.by_priority):
+            child += 1
+        if not before(&q.pool[h.slots[child]], &q.pool[slot], q.by_priority):
+            break
+        heap_place(q, h, pos, h.slots[child])
+        pos = child
+    heap_place(q, h, pos, slot)
+
+
+cdef void heap_push(QueueC* q, int32_t slot) noexcept nogil:
+    cdef HeapC* h = &q.heaps[q.pool[slot].heap]
+    h.slots[h.size] = slot
+    q.pool[slot].position = h.size
+    h.size += 1
+    sift_up(q, h, h.size - 1)
+
+
+cdef void heap_remove(QueueC* q, int32_t slot) noexcept nogil:
+    """Take ``slot`` out of its heap from wherever it is: O(log n)."""
+    cdef HeapC* h = &q.heaps[q.pool[slot].heap]
+    cdef int32_t pos = q.pool[slot].position
+    h.size -= 1
+    if pos == h.size:
+        return
+    heap_place(q, h, pos, h.slots[h.size])
+    if pos > 0 and before(&q.pool[h.slots[pos]], &q.pool[h.slots[(pos - 1) >> 1]],
+                          q.by_priority):
+        sift_up(q, h, pos)
+    else:
+        sift_down(q, h, pos)
+
+
+cdef int32_t next_heap(const QueueC* q, int32_t free_slots, int32_t reserved) noexcept nogil:
+    """The heap whose head admission takes next, or -1: the head of the whole queue, unless it is
+    a priority >= 0 request held back by the reservation, when an urgent one may still pass."""
+    cdef const HeapC* urgent = &q.heaps[HEAP_URGENT]
+    cdef const HeapC* normal = &q.heaps[HEAP_NORMAL]
+    cdef int32_t head
+    if urgent.size and (not normal.size or before(&q.pool[urgent.slots[0]],
+                                                  &q.pool[normal.slots[0]], q.by_priority)):
+        head = HEAP_URGENT
+    elif normal.size:
+        head = HEAP_NORMAL
+    else:
+        return -1
+    if head == HEAP_NORMAL and free_slots <= reserved:
+        return HEAP_URGENT if urgent.size else -1
+    return head
+
+
+# ============================================================================================
+# 2. The id map
+# ============================================================================================
+
+cdef inline uint64_t home(const IdMapC* m, int64_t key) noexcept nogil:
+    # splitmix64's finaliser: sequential ids spread over the whole table.
+    cdef uint64_t z = <uint64_t>key + 0x9E3779B97F4A7C15ULL
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL
+    return (z ^ (z >> 31)) & m.mask
+
+
+# Every probe loop visits each slot at most once. The load stays <= 1/2 (the map is sized for
+# every waiting and resident id twice over), so a probe always meets a free slot; the bound is
+# there so that no state, however it came about, can make a lookup spin.
+
+cdef inline int64_t map_find(const IdMapC* m, int64_t key) noexcept nogil:
+    """The table index holding ``key``, or -1."""
+    cdef uint64_t i = home(m, key), n
+    for n in range(m.mask + 1):
+        if not m.used[i]:
+            return -1
+        if m.keys[i] == key:
+            return <int64_t>i
+        i = (i + 1) & m.mask
+    return -1
+
+
+cdef inline void map_set(IdMapC* m, int64_t key, int32_t value) noexcept nogil:
+    cdef uint64_t i = home(m, key), n
+    for n in range(m.mask + 1):
+        if not m.used[i] or m.keys[i] == key:
+            m.used[i] = 1
+            m.keys[i] = key
+            m.values[i] = value
+            return
+        i = (i + 1) & m.mask
+
+
+cdef void map_delete(IdMapC* m, int64_t key) noexcept nogil:
+    cdef int64_t found = map_find(m, key)
+    cdef uint64_t i, j, k, n
+    if found < 0:
+        return
+    i = j = <uint64_t>found
+    for n in range(m.mask):
+        j = (j + 1) & m.mask
+        if not m.used[j]:
+            break
+        k = home(m, m.keys[j])
+        # The entry at j may stay unless its home lies cyclically outside (i, j].
+        if (k > i and k <= j) if i <= j else (k > i or k <= j):
+            continue
+        m.keys[i] = m.keys[j]
+        m.values[i] = m.values[j]
+        i = j
+    m.used[i] = 0
+
+
+# ============================================================================================
+# 3. Admission, accounting, retirement
+# ============================================================================================
+
+cdef inline int64_t worst_case(const WaitingC* w, const PageTableC* pages) noexcept nogil:
+    """Pages for the request's prompt and every token it may emit (submit bounded the sum)."""
+    return pages_for(<int64_t>w.prompt_length + w.max_new_tokens, pages.page_size)
+
+
+cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) noexcept nogil:
+    """Move waiting requests into free rows in queue order; returns how many. With ``pages``
+    each admitted row gets its worst case, and the first request whose worst case the free pool
+    cannot hold stops admission: nothing overtakes it, so it is never starved."""
+    cdef int32_t n = 0, h, slot, row
+    cdef int64_t need = 0
+    cdef HeapC* heap
+    cdef WaitingC* w
+    cdef ResidentC* r
+    while t.count < t.capacity:
+        h = next_heap(q, t.capacity - t.count, t.reserved_slots)
+        if h < 0:
+            break
+        heap = &q.heaps[h]
+        slot = heap.slots[0]
+        w = &q.pool[slot]
+        row = t.count
+        if pages != NULL:
+            need = worst_case(w, pages)
+            if need > pages.num_free:
+                break
+            # A slot past the last row is empty unless the caller grew it through the table;
+            # then it keeps what it has (the pool is never asked for more than it holds).
+            if pages.counts[row] < need:
+                grow_slot(pages, row, <int32_t>need)
+        heap_remove(q, slot)
+        r = &t.rows[row]
+        r.priority = w.priority
+        r.arrival = w.arrival
+        r.prompt_length = w.prompt_length
+        r.committed = 0
+        r.context_committed = 0
+        r.consecutive_paused_steps = 0
+        t.ids[row] = w.request_id
+        t.generated[row] = 0
+        t.max_new[row] = w.max_new_tokens
+        t.done[row] = 0
+        map_set(m, w.request_id, -(row + 1))
+        q.free[q.num_free] = slot
+        q.num_free += 1
+        t.count += 1
+        t.admitted[n] = w.request_id
+        n += 1
+    t.num_admitted = n
+    return n
+
+
+cdef bint apply_is_clean(const PlanC* p, const TableC* t) noexcept nogil:
+    """Whether ``apply_plan`` may advance the rows: every planned and paused index is a row and
+    no field leaves int32 or starts negative, on any row (apply_to refuses a negative
+    ``committed`` or ``consecutive_paused_steps`` on a row the plan does not name too). Anything
+    else goes through ``StepPlan.apply_to``, which owns the messages for it."""
+    cdef int32_t k, r, signs = 0
+    cdef const SequenceC* s
+    for r in range(t.count):  # the sign bits of both fields, or'd: no branch per row
+        signs |= t.rows[r].committed | t.rows[r].consecutive_paused_steps
+    if signs < 0:
+        return False
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        r = s.resident
+        if r < 0 or r >= t.count or s.query_length < 0:
+            return False
+        if s.query_length > INT32_MAX - t.rows[r].committed:
+            return False
+    for k in range(p.num_paused):
+        r = p.paused[k]
+        if r < 0 or r >= t.count or t.rows[r].consecutive_paused_steps == INT32_MAX:
+            return False
+    return True
+
+
+cdef void apply_plan(const PlanC* p, TableC* t) noexcept nogil:
+    """SPEC §6 over the table's rows, as ``StepPlan.apply_to`` does, with no copy in or out."""
+    cdef int32_t k, r
+    cdef const SequenceC* s
+    cdef ResidentC* row
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        row = &t.rows[s.resident]
+        row.committed += s.query_length
+        if s.work == WORK_CONTEXT and s.select_last_token_logits:
+            row.context_committed = 1
+    for k in range(p.num_paused):
+        t.mark[p.paused[k]] = 1
+    for r in range(t.count):
+        row = &t.rows[r]
+        if t.mark[r]:
+            row.consecutive_paused_steps += 1
+            t.mark[r] = 0
+        else:
+            row.consecutive_paused_steps = 0
+
+
+cdef int32_t first_row_out_of_range(const PlanC* p, int32_t count) noexcept nogil:
+    """The first plan row whose resident is not a row below ``count``, or -1: the accounting
+    indexes the table's arrays by it."""
+    cdef int32_t k, r
+    for k in range(p.num_prefill + p.num_decode):
+        r = p.sequences[k].resident
+        if r < 0 or r >= count:
+            return k
+    return -1
+
+
+cdef int32_t first_row_beyond_pages(const PlanC* p, const PageTableC* pages) noexcept nogil:
+    """The first plan row that would write KV past the pages its row holds, or -1 (every
+    resident already checked to be a row)."""
+    cdef int32_t k
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        if (<int64_t>s.past_length + s.query_length
+                > <int64_t>pages.counts[s.resident] * pages.page_size):
+            return k
+    return -1
+
+
+cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nogil:
+    cdef int32_t i
+    for i in range(t.count):
+        if check_row(&t.rows[i], max_input_length) != STATUS_OK:
+            return False
+    return True
+
+
+cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride) noexcept nogil:
+    """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask."""
+    cdef int32_t k, r, n = 0
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        if not s.select_last_token_logits:
+            continue
+        r = s.resident
+        t.generated[r] += 1
+        if t.done[r]:
+            continue
+        if ((t.max_new[r] > 0 and t.generated[r] >= t.max_new[r])
+                or (mask != NULL and mask[k * stride] != 0)):
+            t.done[r] = 1
+            t.num_done += 1
+            t.finished[n] = t.ids[r]
+            n += 1
+    t.num_finished = n
+
+
+cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
+                        int32_t num_marked) noexcept nogil:
+    """Swap-remove the ``num_marked`` rows whose ``mark`` is set (``mark`` may be ``t.done``);
+    with ``pages`` a removed row's pages go back to the pool and the moved row's pages move with
+    it, so slot ``i`` stays row ``i``.
+
+    From the top down: the last row is then never one still to be removed, and the scan stops at
+    the lowest marked row."""
+    cdef int32_t row = t.count - 1, last
+    while num_marked > 0 and row >= 0:
+        if mark[row]:
+            map_delete(m, t.ids[row])
+            if t.done[row]:
+                t.num_done -= 1
+            last = t.count - 1
+            if pages != NULL:
+                release_slot(pages, row)
+                if row != last:
+                    move_slot(pages, last, row)
+            if row != last:
+                t.rows[row] = t.rows[last]
+                t.ids[row] = t.ids[last]
+                t.generated[row] = t.generated[last]
+                t.max_new[row] = t.max_new[last]
+                t.done[row] = t.done[last]
+                map_set(m, t.ids[row], -(row + 1))
+            mark[row] = 0
+            memset(&t.rows[last], 0, sizeof(ResidentC))
+            t.ids[last] = -1
+            t.done[last] = 0
+            t.count -= 1
+            num_marked -= 1
+        row -= 1
+
+
+# ============================================================================================
+# 4. Ledger
+# ============================================================================================
+
+cdef cnp.dtype _BOOL_DESCR = np.dtype(np.bool_)
+cdef cnp.dtype _UINT8_DESCR = np.dtype(np.uint8)
+
+
+cdef object _int64_array(int32_t n, int64_t** data):
+    """A read-only int64 array of ``n`` zeros over a new ``_CoreMemory``; ``data`` gets its
+    memory, which only the C writes."""
+    cdef _CoreMemory memory = _CoreMemory(max(n, 1) * <Py_ssize_t>sizeof(int64_t))
+    data[0] = <int64_t*>memory.data
+    return np.frombuffer(memory, dtype=np.int64)[:n]
+
+
+cdef object _view(list cache, object buffer, int32_t n, bint writable):
+    """``buffer[:n]``, made once per length and kept: the per-step properties allocate nothing
+    once the lengths a run visits have been seen."""
+    view = cache[n]
+    if view is None:
+        view = buffer[:n]
+        view.flags.writeable = writable
+        cache[n] = view
+    return view
+
+
+@cython.final
+cdef class Ledger:
+    """Dense resident table, waiting queue and output accounting for one engine, in C.
+
+    See ``stepplanner.ledger`` for the surface and the decisions; ``_reference.Ledger`` is
+    the pure-Python twin held to it by the tests. Every method that reads or writes the C state
+    holds a critical section on the ledger (free-threaded CPython; the GIL elsewhere), so a ledger
+    shared between threads is never corrupted, though one serving loop per ledger is the design.
+    """
+
+    cdef QueueC q
+    cdef IdMapC m
+    cdef TableC t
+    cdef uint64_t next_arrival
+    cdef bint stamps_exhausted      # load() gave arrival 2**64 - 1: no stamp is left
+    cdef object _rows               # numpy owner of t.rows (the writable residents)
+    cdef object _ids, _generated, _finished, _admitted   # read-only arrays over _CoreMemory
+    cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
+    cdef object _pending            # the plan of step() not yet applied, or None
+    cdef object _fits               # the last planner step() found made for these limits
+    cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
+    cdef object _foreign_arrays     # the arrays _foreign points into
+    cdef readonly object limits
+    cdef readonly bint by_priority
+    cdef readonly int32_t reserved_slots
+    cdef readonly int32_t max_waiting
+    cdef readonly object page_table  # the KVPageTable whose pages follow the rows, or None
+    cdef PageTableC* pages           # its C table (NULL: none); page_table keeps it alive
+    cdef int64_t max_tokens          # with pages: the most prompt + max_new_tokens a row holds
+    cdef bint _busy                 # a call that runs caller code is under way: see _enter
+
+    def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None):
+        self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
+            limits, policy, max_waiting)
+        cdef PageTableC* pages
+        if page_table is not None:
+            # The compiled table only: the C below grows, releases and moves its slots directly.
+            check_page_table(page_table, limits, (KVPageTable,), "a stepplanner.kv._kv.KVPageTable")
+            pages = &(<KVPageTable>page_table).c
+            self.page_table = page_table
+            self.pages = pages
+            self.max_tokens = min(<int64_t>min(pages.max_pages, pages.num_pages) * pages.page_size,
+                                  <int64_t>INT32_MAX)
+        self.limits = limits
+        cdef int32_t b = limits.max_batch_size, w = self.max_waiting
+        self._rows = np.zeros(b, dtype=_types.RESIDENT_DTYPE)
+        self.t.rows = <ResidentC*>cnp.PyArray_DATA(self._rows)
+        # What the C indexes by (ids key the id map) lives in memory Python can only read: no
+        # view of it, nor its .base, can be made writable.
+        self._ids = _int64_array(b, &self.t.ids)
+        self._generated = _int64_array(b, &self.t.generated)
+        self._finished = _int64_array(b, &self.t.finished)
+        self._admitted = _int64_array(b, &self.t.admitted)
+        memset(self.t.ids, 0xFF, b * sizeof(int64_t))  # every id -1
+        self.t.capacity = b
+        self.t.reserved_slots = self.reserved_slots
+        self.t.max_new = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
+        self.t.done = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.t.mark = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.q.capacity = w
+        self.q.by_priority = self.by_priority
+        self.q.pool = <WaitingC*>PyMem_Calloc(max(w, 1), sizeof(WaitingC))
+        self.q.free = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        self.q.heaps[HEAP_NORMAL].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        self.q.heaps[HEAP_URGENT].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        cdef uint64_t slots = 8
+        while slots < 2 * (<uint64_t>b + <uint64_t>w):
+            slots <<= 1
+        self.m.mask = slots - 1
+        self.m.keys = <int64_t*>PyMem_Calloc(slots, sizeof(int64_t))
+        self.m.values = <int32_t*>PyMem_Calloc(slots, sizeof(int32_t))
+        self.m.used = <uint8_t*>PyMem_Calloc(slots, sizeof(uint8_t))
+        if (self.t.max_new == NULL or self.t.done == NULL or self.t.mark == NULL
+                or self.q.pool == NULL or self.q.free == NULL
+                or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
+                or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
+            raise _errors.StepPlannerMemoryError(
+                f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
+                "id map could not be allocated; allowed: a smaller max_waiting")
+        cdef int32_t i
+        for i in range(w):
+            self.q.free[i] = w - 1 - i
+        self.q.num_free = w
+        self._rows_views = [None] * (b + 1)
+        self._ids_views = [None] * (b + 1)
+        self._generated_views = [None] * (b + 1)
+        self._finished_views = [None] * (b + 1)
+        self._admitted_views = [None] * (b + 1)
+
+    def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None):
+        pass  # everything was checked and allocated by __cinit__: a second call changes nothing
+
+    def __dealloc__(self):
+        PyMem_Free(self.t.max_new)
+        PyMem_Free(self.t.done)
+        PyMem_Free(self.t.mark)
+        PyMem_Free(self.q.pool)
+        PyMem_Free(self.q.free)
+        PyMem_Free(self.q.heaps[0].slots)
+        PyMem_Free(self.q.heaps[1].slots)
+        PyMem_Free(self.m.keys)
+        PyMem_Free(self.m.values)
+        PyMem_Free(self.m.used)
+
+    # --- views ------------------------------------------------------------------------------
+
+    @property
+    def capacity(self):
+        return self.t.capacity
+
+    @property
+    def count(self):
+        return self.t.count
+
+    @property
+    def free_slots(self):
+        return self.t.capacity - self.t.count
+
+    @property
+    def waiting(self):
+        return self.q.capacity - self.q.num_free
+
+    @property
+    def residents(self):
+        """Rows ``0..count-1`` as a writable view: what ``planner.plan()`` reads in place."""
+        return _view(self._rows_views, self._rows, self.t.count, True)
+
+    @property
+    def request_ids(self):
+        """The request id of each resident row (read-only view)."""
+        return _view(self._ids_views, self._ids, self.t.count, False)
+
+    @property
+    def output_tokens(self):
+        """Tokens each resident has emitted (read-only view)."""
+        return _view(self._generated_views, self._generated, self.t.count, False)
+
+    @property
+    def finished_ids(self):
+        """Ids the last ``apply``/``step`` marked finished, in plan order (read-only view)."""
+        return _view(self._finished_views, self._finished, self.t.num_finished, False)
+
+    @property
+    def admitted_ids(self):
+        """Ids the last ``admit``/``step`` admitted, in queue order (read-only view)."""
+        return _view(self._admitted_views, self._admitted, self.t.num_admitted, False)
+
+    @property
+    def reserved_pages(self):
+        """Pages the residents' worst cases hold (0 without a page table)."""
+        if self.pages == NULL:
+            return 0
+        return self.pages.num_pages - self.pages.num_free
+
+    @property
+    def held_back(self):
+        """Requests waiting for pages: all of ``waiting`` when the request admission takes next
+        needs more pages than are free (nothing overtakes it), else 0."""
+        if self.pages == NULL:
+            return 0
+        cdef int32_t h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
+        if h < 0:
+            return 0
+        if worst_case(&self.q.pool[self.q.heaps[h].slots[0]], self.pages) <= self.pages.num_free:
+            return 0
+        return self.q.capacity - self.q.num_free
+
+    def kv_pages_in_use(self):
+        """Pages that hold committed KV now: ``sum(ceil(committed / kv_page_size))``."""
+        return pages_in_use(self.residents["committed"], self.limits.kv_page_size)
+
+    def __repr__(self):
+        return (f"Ledger(count={self.count}, capacity={self.capacity}, waiting={self.waiting}, "
+                f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
+                f"order={'PRIORITY' if self.by_priority else 'FCFS'})")
+
+    cdef int _enter(self) except -1:
+        """Refuse a call while another runs caller code (an argument's ``__index__``/
+        ``__array__``/``__getitem__``, a planner), from that code or from another thread (with
+        the GIL the critical sections are no-ops, and Python code may switch threads): state read
+        before that code ran would be stale. A call that runs Python code holds ``_busy`` until
+        it returns; one that runs none only checks it."""
+        if self._busy:
+            raise _errors.ledger_reentered()
+        self._busy = True
+        return 0
+
+    cdef int _check_idle(self) except -1:
+        if self._busy:
+            raise _errors.ledger_reentered()
+        return 0
+
+    # --- admission ----------------------------------------------------------------------------
+
+    @cython.critical_section
+    def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None):
+        """Queue a request; returns its arrival stamp."""
+        cdef int64_t rid, limit = 0
+        cdef int32_t length, prio
+        self._check_idle()
+        if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
+                and (max_new_tokens is None or type(max_new_tokens) is int)
+                and -2**63 <= request_id < 2**63 and 1 <= prompt_length <= self.limits.max_input_length
+                and -2**31 <= priority < 2**31
+                and (max_new_tokens is None or 1 <= max_new_tokens < 2**63)):
+            rid, length, prio = request_id, prompt_length, priority
+            if max_new_tokens is not None:
+                limit = max_new_tokens
+        else:  # the shared checks raise the shared messages (and may run caller code)
+            self._enter()
+            try:
+                rid, length, prio, limit = submission(request_id, prompt_length, priority,
+                                                      max_new_tokens,
+                                                      self.limits.max_input_length)
+            finally:
+                self._busy = False
+        if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
+            check_worst_case(rid, length, limit, self.page_table)  # raises the shared message
+        if map_find(&self.m, rid) >= 0:
+            raise _errors.duplicate_request(rid)
+        if self.q.num_free == 0:
+            raise _errors.queue_full(rid, self.max_waiting)
+        if self.stamps_exhausted:
+            raise _errors.stamps_exhausted(rid)
+        cdef uint64_t arrival = self.next_arrival
+        if arrival == UINT64_MAX_:
+            self.stamps_exhausted = True
+        else:
+            self.next_arrival += 1
+        self.q.num_free -= 1
+        cdef int32_t slot = self.q.free[self.q.num_free]
+        cdef WaitingC* w = &self.q.pool[slot]
+        w.request_id = rid
+        w.arrival = arrival
+        w.max_new_tokens = limit
+        w.priority = prio
+        w.prompt_length = length
+        w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
+        heap_push(&self.q, slot)
+        map_set(&self.m, rid, slot)
+        return arrival
+
+    @cython.critical_section
+    def cancel(self, request_id):
+        """Remove a request wherever it is: out of the queue (O(log n)) or out of its row."""
+        self._enter()
+        try:
+            self._cancel(as_request_id(request_id))  # may run caller code (__index__)
+        finally:
+            self._busy = False
+
+    cdef _cancel(self, int64_t rid):
+        cdef int64_t at = map_find(&self.m, rid)
+        if at < 0:
+            raise _errors.not_in_ledger(rid)
+        cdef int32_t value = self.m.values[at]
+        if value >= 0:
+            heap_remove(&self.q, value)
+            map_delete(&self.m, rid)
+            self.q.free[self.q.num_free] = value
+            self.q.num_free += 1
+            return
+        self._pending = None
+        self.t.mark[-(value + 1)] = 1
+        self._remove_marked(self.t.mark, 1)
+
+    @cython.critical_section
+    def admit(self):
+        """Move waiting requests into free slots in queue order; returns the admitted ids."""
+        self._check_idle()
+        self._pending = None
+        self._admit_waiting()
+        return self.admitted_ids.tolist()
+
+    @cython.critical_section
+    def waiting_ids(self):
+        """Waiting request ids in queue order (for reports; O(n log n))."""
+        cdef int32_t h, k
+        cdef WaitingC* w
+        entries = []
+        for h in range(2):
+            for k in range(self.q.heaps[h].size):
+                w = &self.q.pool[self.q.heaps[h].slots[k]]
+                if self.by_priority:
+                    entries.append(((w.priority, w.arrival), w.request_id))
+                else:
+                    entries.append(((w.arrival,), w.request_id))
+        entries.sort()
+        return [rid for _, rid in entries]
+
+    # --- the step -----------------------------------------------------------------------------
+
+    @cython.critical_section
+    def apply(self, plan, finished=None, *, retire=False):
+        """Advance the residents by ``plan`` (SPEC §6), count each emitted token, mark finished
+        requests; with ``retire`` also remove them. Returns ``finished_ids``."""
+        cdef const char* mask = NULL
+        cdef Py_ssize_t stride = 0
+        cdef const PlanC* p
+        self._enter()
+        try:
+            p = self._check_apply(plan, finished, &mask, &stride)
+            self._apply(plan, p, mask, stride, retire)
+        finally:
+            self._busy = False
+        return self.finished_ids
+
+    cdef const PlanC* _plan_struct(self, object plan) except NULL:
+        """The plan as the C struct: a compiled plan's own, or a view of a reference plan's
+        arrays (SEQUENCE_DTYPE has SequenceC's layout)."""
+        if isinstance(plan, StepPlan):
+            return &(<StepPlan>plan).c
+        if not isinstance(plan, plan_classes()):  # a duck-typed plan could name any row
+            raise _errors.plan_type(plan, "StepPlan")
+        n = plan.num_residents
+        # Copies, flat and C-ordered: apply_to() runs caller code before account() reads them.
+        seq = np.array(plan.as_array(), dtype=_types.SEQUENCE_DTYPE, order="C").reshape(-1)
+        paused = np.array(plan.paused_array(), dtype=np.int32, order="C").reshape(-1)
+        if len(seq) > INT32_MAX or len(paused) > INT32_MAX:  # then _check_plan_rows refuses it
+            seq, paused = seq[:INT32_MAX], paused[:INT32_MAX]
+        self._foreign_arrays = (seq, paused)
+        self._foreign.sequences = <SequenceC*>cnp.PyArray_DATA(seq)
+        self._foreign.paused = <int32_t*>cnp.PyArray_DATA(paused)
+        self._foreign.num_paused = len(paused)
+        self._foreign.num_residents = n
+        # The ledger reads rows 0..num_prefill + num_decode - 1 and never the split.
+        self._foreign.num_prefill = 0
+        self._foreign.num_decode = len(seq)
+        return &self._foreign
+
+    cdef const PlanC* _check_apply(self, object plan, object finished, const char** mask,
+                                   Py_ssize_t* stride) except NULL:
+        cdef const PlanC* p = self._plan_struct(plan)
+        if p.num_residents != self.t.count:
+            raise _errors.plan_count(p.num_residents, self.t.count)
+        self._check_plan_rows(p)
+        if self.pages != NULL:
+            self._check_reserved(p)
+        if finished is None:
+            return p
+        cdef int32_t rows = p.num_prefill + p.num_decode, k
+        if not cnp.PyArray_Check(finished) or (<cnp.ndarray>finished).descr.type_num != cnp.NPY_BOOL:
+            raise _errors.finished_type(finished)
+        cdef cnp.ndarray arr = <cnp.ndarray>finished
+        if arr.ndim != 1 or cnp.PyArray_DIM(arr, 0) != rows:
+            raise _errors.finished_shape((<object>arr).shape, rows)
+        mask[0] = <const char*>cnp.PyArray_DATA(arr)
+        stride[0] = cnp.PyArray_STRIDE(arr, 0)
+        for k in range(rows):
+            if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
+                raise _errors.finished_without_token(k, p.sequences[k].resident)
+        return p
+
+    cdef void _admit_waiting(self):
+        # The table's own methods hold its critical section; so does the ledger while its C
+        # changes the table, so that another thread's ensure or release cannot interleave with
+        # it on a free-threaded build (a no-op under the GIL).
+        if self.pages == NULL:
+            admit_waiting(&self.q, &self.t, &self.m, NULL)
+        else:
+            with cython.critical_section(self.page_table):
+                admit_waiting(&self.q, &self.t, &self.m, self.pages)
+
+    cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
+        if self.pages == NULL:
+            remove_marked(&self.t, &self.m, NULL, mark, num_marked)
+        else:
+            with cython.critical_section(self.page_table):  # see _admit_waiting
+                remove_marked(&self.t, &self.m, self.pages, mark, num_marked)
+
+    cdef int _check_reserved(self, const PlanC* p) except -1:
+        cdef int32_t k = first_row_beyond_pages(p, self.pages)
+        if k < 0:
+            return 0
+        cdef const SequenceC* s = &p.sequences[k]
+        raise _errors.ledger_pages_exceeded(
+            k, s.resident, self.t.ids[s.resident], <int64_t>s.past_length + s.query_length,
+            <int64_t>self.pages.counts[s.resident] * self.pages.page_size)
+
+    cdef int _check_plan_rows(self, const PlanC* p) except -1:
+        cdef int32_t k, rows = p.num_prefill + p.num_decode
+        if rows > self.t.count or p.num_paused > self.t.count:
+            plan_sizes(rows, p.num_paused, self.t.count)  # raises the shared message
+        k = first_row_out_of_range(p, self.t.count)
+        if k >= 0:
+            raise row_out_of_range(k, p.sequences[k].resident, self.t.count)
+        return 0
+
+    cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
+                bint retire):
+        if apply_is_clean(p, &self.t):
+            apply_plan(p, &self.t)
+        else:  # it raises the matching error, or applies what it accepts
+            plan.apply_to(self.residents)
+            # apply_to() may be a subclass's: account() indexes by the rows only once they are
+            # known to be in range again.
+            self._check_plan_rows(p)
+        self._pending = None
+        account(&self.t, p, mask, stride)
+        self._foreign_arrays = None
+        if retire and self.t.num_done:
+            self._remove_marked(self.t.done, self.t.num_done)
+
+    @cython.critical_section
+    def retire_finished(self):
+        """Remove every resident that an ``apply`` marked finished."""
+        self._check_idle()
+        self._pending = None
+        self._remove_marked(self.t.done, self.t.num_done)
+
+    @cython.critical_section
+    def step(self, planner, finished=None, *, reasons=None):
+        """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
+        ``finished`` mask over its rows) and retire what finished, admit, then plan."""
+        self._enter()
+        try:
+            return self._step(planner, finished, reasons)
+        finally:
+            self._busy = False
+
+    cdef object _step(self, object planner, object finished, object reasons):
+        if planner is not self._fits:  # comparing limits allocates: once per planner
+            if getattr(planner, "limits", None) != self.limits:
+                raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
+            self._fits = planner
+        cdef object pending = self._pending
+        cdef const char* mask = NULL
+        cdef Py_ssize_t stride = 0
+        cdef const PlanC* p = NULL
+        if pending is None:
+            if finished is not None:
+                raise _errors.nothing_pending()
+            # Rows that load() or the caller wrote are checked before anything changes (a
+            # pending plan's rows were checked when it was made, and applying keeps them valid).
+            if not rows_plannable(&self.t, self.limits.max_input_length):
+                planner.plan(self.residents)  # raises the planner's own message for the row
+        else:
+            p = self._check_apply(pending, finished, &mask, &stride)
+        if reasons is not None:
+            _check_reasons(reasons, self.t.capacity)
+        if pending is not None:
+            self._apply(pending, p, mask, stride, True)
+        self._admit_waiting()
+        plan = planner.plan(self.residents, None, reasons)
+        self._pending = plan
+        return plan
+
+    @cython.critical_section
+    def retire(self, request_ids):
+        """Remove requests by id; the last rows move into the freed slots."""
+        self._enter()
+        try:
+            self._retire(request_ids)
+        finally:
+            self._busy = False
+
+    cdef _retire(self, object request_ids):
+        ids = [as_request_id(r) for r in request_ids]
+        if len(set(ids)) != len(ids):
+            raise _errors.repeated_ids(ids)
+        cdef int64_t at
+        cdef list rows = []
+        for rid in ids:
+            at = map_find(&self.m, rid)
+            if at < 0 or self.m.values[at] >= 0:
+                raise _errors.not_resident(rid)
+            rows.append(-(self.m.values[at] + 1))
+        self._remove(rows)
+
+    @cython.critical_section
+    def retire_rows(self, rows):
+        """Remove residents by row index."""
+        self._enter()
+        try:
+            listed = rows_argument(rows)  # runs caller code (__array__) before count is read
+            check_rows(listed, self.t.count)
+            self._remove(listed)
+        finally:
+            self._busy = False
+
+    cdef _remove(self, list rows):
+        self._pending = None
+        for row in rows:
+            self.t.mark[<int32_t>row] = 1
+        self._remove_marked(self.t.mark, len(rows))
+
+    # --- snapshots ----------------------------------------------------------------------------
+
+    def _waiting_stamps(self):
+        cdef int32_t h, k
+        cdef WaitingC* w
+        stamps = {}
+        for h in range(2):
+            for k in range(self.q.heaps[h].size):
+                w = &self.q.pool[self.q.heaps[h].slots[k]]
+                stamps[w.request_id] = w.arrival
+        return stamps
+
+    @cython.critical_section
+    def load(self, residents):
+        """Replace the resident table with ``residents`` (see ``stepplanner.ledger``)."""
+        self._enter()
+        try:
+            self._load(residents)
+        finally:
+            self._busy = False
+
+    cdef _load(self, object residents):
+        if self.pages != NULL:
+            raise _errors.ledger_load_with_pages()
+        # Every record is read (caller code: a Mapping's __getitem__) before the ledger is.
+        table, ids = parse_records(residents, self.t.capacity)
+        check_waiting(table, ids, self._waiting_stamps())
+        cdef int32_t n = len(table), row
+        cdef const int64_t[::1] new_ids = ids
+        self._pending = None
+        for row in range(self.t.count):  # the old residents leave the id map; the waiting stay
+            map_delete(&self.m, self.t.ids[row])
+        self._rows[:] = 0
+        self._rows[:n] = table
+        memset(self.t.ids, 0xFF, self.t.capacity * sizeof(int64_t))
+        for row in range(n):
+            self.t.ids[row] = new_ids[row]
+            map_set(&self.m, new_ids[row], -(row + 1))
+        memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
+        memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
+        memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))
+        self.t.num_done = self.t.num_finished = self.t.num_admitted = 0
+        self.t.count = n
+        if n:
+            top = int(table["arrival"].max())
+            if top == UINT64_MAX_:
+                self.stamps_exhausted = True
+            elif top + 1 > self.next_arrival:
+                self.next_arrival = top + 1
+
+    @cython.critical_section
+    def to_records(self):
+        """The residents as JSON-ready dicts (``load`` reads them back)."""
+        return records_of(self.residents, self.request_ids)
+
+
+cdef int _check_reasons(object reasons, int32_t capacity) except -1:
+    if (not cnp.PyArray_Check(reasons)
+            or not cnp.PyArray_EquivTypes((<cnp.ndarray>reasons).descr, _UINT8_DESCR)
+            or (<cnp.ndarray>reasons).ndim != 1
+            or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>reasons)
+            or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>reasons)
+            or cnp.PyArray_DIM(<cnp.ndarray>reasons, 0) < capacity):
+        raise step_reasons_error(capacity)
+    return 0

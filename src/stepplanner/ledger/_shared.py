@@ -1,0 +1,261 @@
+"""What both ledgers share in Python: argument conversion, the checks whose messages both raise,
+and ``load()``'s parsing of records (that runs once per snapshot, never per step). The compiled
+ledger (``_ledger.pyx``) and its pure-Python twin (``_reference.py``) both call these, so the two
+cannot check differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _errors
+from ..core._fields import as_bool, as_int, as_int32, as_uint64
+from ..kv._checks import check_table_fits
+from ..kv.paging import worst_case_pages
+from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
+from ..core._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1
+# Queue bound when none is given: sixteen times the batch, a few seconds of arrivals for an
+# engine of that size; past it a server should push back (HTTP 429), not queue without bound.
+WAITING_PER_SLOT = 16
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False
+
+
+# --- what both implementations share ----------------------------------------------------------
+
+
+def as_request_id(value: object, field: str = "request_id") -> int:
+    rid = as_int(field, value)
+    if not INT64_MIN <= rid <= INT64_MAX:
+        raise _errors.not_int64(field, rid)
+    return rid
+
+
+def check_ledger_args(limits: object, policy: object,
+                      max_waiting: object) -> tuple[bool, int, int]:
+    """(by_priority, reserved_slots, max_waiting) of a new ledger, every argument checked."""
+    if not isinstance(limits, StepPlannerLimits):
+        raise _errors.StepPlannerTypeError(
+            f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+    if policy is not None and not isinstance(policy, ResolvedSchedulingPolicy):
+        raise _errors.StepPlannerTypeError(
+            "policy must be a ResolvedSchedulingPolicy or None, got "
+            f"{type(policy).__name__}")
+    reserved = policy.priority_reserved_slots if policy is not None else 0
+    check_reserved_slots(reserved, limits)
+    by_priority = policy is not None and policy.scheduling_policy == SchedulingPolicy.PRIORITY
+    if max_waiting is None:
+        bound = WAITING_PER_SLOT * limits.max_batch_size
+    else:
+        bound = as_int("max_waiting", max_waiting)
+    if not 0 <= bound <= 2**31 - 1:
+        raise _errors.out_of_range("max_waiting", bound, f"0..{2**31 - 1} (or None: "
+                                   f"{WAITING_PER_SLOT} x max_batch_size)")
+    return by_priority, reserved, bound
+
+
+def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[Any, ...],
+                     allowed: str) -> None:
+    """A page table a new ledger may own: one of ``classes``, a slot per row, the limits' page
+    size, and every page free (slot ``i`` is row ``i`` from the start)."""
+    if not isinstance(page_table, classes):
+        raise _errors.ledger_page_table_type(page_table, allowed)
+    check_table_fits(page_table, limits)
+    if page_table.num_free_pages != page_table.num_pages:
+        raise _errors.ledger_page_table_in_use(
+            page_table.num_pages - page_table.num_free_pages, page_table.num_pages)
+
+
+def check_worst_case(rid: int, length: int, limit: int, page_table: Any) -> None:
+    """A request (``limit`` 0: no ``max_new_tokens``) whose worst case some row can hold."""
+    if limit == 0:
+        raise _errors.ledger_unbounded_request(rid)
+    pages = worst_case_pages(length, limit, page_table.kv_page_size)
+    most = min(page_table.max_pages_per_sequence, page_table.num_pages)
+    if pages > most:
+        raise _errors.ledger_worst_case_pages(rid, length, limit, pages, most)
+
+
+def pages_in_use(committed: np.ndarray, page_size: int) -> int:
+    """Pages that hold committed KV: ``sum(ceil(committed / P))``."""
+    return int(((committed.astype(np.int64) + page_size - 1) // page_size).sum())
+
+
+def submission(rid: object, prompt_length: object, priority: object, max_new_tokens: object,
+               max_input_length: int) -> tuple[int, int, int, int]:
+    """(request_id, prompt_length, priority, max_new or 0 for none), each field checked."""
+    rid_ = as_request_id(rid)
+    length = as_int32("prompt_length", prompt_length)
+    prio = as_int32("priority", priority)
+    limit = 0
+    if max_new_tokens is not None:
+        limit = as_int("max_new_tokens", max_new_tokens)
+        if limit > INT64_MAX:
+            raise _errors.not_int64("max_new_tokens", limit)
+        if limit < 1:
+            raise _errors.max_new_tokens_range(limit)
+    if not 1 <= length <= max_input_length:
+        raise _errors.ledger_prompt_length(rid_, length, max_input_length)
+    return rid_, length, prio, limit
+
+
+def parse_records(residents: Sequence[Mapping[str, Any]],
+                  capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other.
+
+    Every record is read here, before the ledger's own state is: the records' code (a Mapping's
+    ``__getitem__``) runs before ``check_waiting`` sees the queue."""
+    if len(residents) > capacity:
+        raise _errors.StepPlannerValueError(
+            f"{len(residents)} residents exceed max_batch_size="
+            f"{capacity}; allowed: 0..{capacity}")
+    table = np.zeros(len(residents), dtype=RESIDENT_DTYPE)
+    ids = np.arange(len(residents), dtype=np.int64)
+    for i, record in enumerate(residents):
+        table[i], rid = _row(i, record)
+        if rid is not None:
+            ids[i] = rid
+    for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
+        if np.unique(column).size != column.size:
+            raise _errors.StepPlannerValueError(
+                f"two residents have the same {name}; allowed: unique values")
+    return table, ids
+
+
+def check_waiting(table: np.ndarray, ids: np.ndarray, waiting: Mapping[int, int]) -> None:
+    """Parsed records against ``waiting`` (request id -> arrival stamp of each waiting request)."""
+    for rid in ids.tolist():
+        if rid in waiting:
+            raise _errors.StepPlannerValueError(f"request_id {rid} is also waiting")
+    stamps = {arrival: rid for rid, arrival in waiting.items()}
+    for i, arrival in enumerate(table["arrival"].tolist()):
+        if arrival in stamps:
+            raise _errors.load_arrival_taken(i, arrival, stamps[arrival])
+
+
+def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
+    if not isinstance(record, Mapping):
+        raise _errors.StepPlannerTypeError(
+            f"residents[{index}] must be an object/dict, got "
+            f"{type(record).__name__}")
+    unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id"}
+    if unknown:
+        raise _errors.StepPlannerValueError(
+            f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(RESIDENT_FIELDS)}, request_id")
+    get = record.get
+    where = f"residents[{index}]."
+    row = (as_int32(where + "priority", get("priority", 0)),
+           as_uint64(where + "arrival", get("arrival", index)),
+           as_int32(where + "prompt_length", get("prompt_length", 0)),
+           as_int32(where + "committed", get("committed", 0)),
+           as_bool(where + "context_committed", get("context_committed", False)),
+           as_int32(where + "consecutive_paused_steps", get("consecutive_paused_steps", 0)))
+    # Absent means the row index; present must be an id (a None is refused, like any field's).
+    if "request_id" not in record:
+        return row, None
+    return row, as_request_id(record["request_id"], where + "request_id")
+
+
+def rows_argument(rows: object) -> list[int]:
+    """``retire_rows``' argument as a list of ints, converted before the ledger reads its count
+    (``__array__`` is the caller's code); ``check_rows`` then checks it against the count."""
+    try:
+        arr = np.asarray(rows)
+    except ValueError:  # ragged nesting: numpy's message would not say which argument
+        raise _errors.StepPlannerValueError(
+            f"rows={rows!r} is not a flat sequence of row indices") from None
+    if arr.size and arr.dtype.kind not in "iu":
+        raise _errors.StepPlannerTypeError(f"rows must be integers, got dtype {arr.dtype}")
+    listed: list[int] = arr.ravel().tolist()
+    return listed
+
+
+def check_rows(listed: list[int], count: int) -> None:
+    """Distinct row indices below ``count``."""
+    for row in listed:
+        if not 0 <= row < count:
+            raise _errors.StepPlannerValueError(
+                f"row {row} is out of range; allowed: 0..{count - 1}")
+    if len(set(listed)) != len(listed):
+        raise _errors.StepPlannerValueError(
+            f"rows {listed} repeat a row; allowed: each at most once")
+
+
+def plan_sizes(rows: int, paused: int, count: int) -> None:
+    """A plan over ``count`` residents has at most one row and one pause per resident."""
+    for where, n in (("num_sequences", rows), ("num_paused", paused)):
+        if n > count:
+            raise _errors.plan_value(where, n, f"0..{count}, at most one per resident")
+
+
+def plan_rows_in_range(resident: np.ndarray, paused: int, count: int) -> None:
+    """Every plan row names a resident row: the accounting indexes the ledger's tables by it."""
+    plan_sizes(len(resident), paused, count)
+    bad = np.flatnonzero((resident < 0) | (resident >= count))
+    if bad.size:
+        k = int(bad[0])
+        raise row_out_of_range(k, int(resident[k]), count)
+
+
+def row_out_of_range(k: int, resident: int, count: int) -> _errors.StepPlannerValueError:
+    """The error for plan row ``k``, whose resident is no row below ``count``."""
+    return _errors.plan_value(f"sequences[{k}].resident", resident, f"0..{count - 1}")
+
+
+def step_reasons_error(capacity: int) -> _errors.StepPlannerValueError:
+    """The error for a ``reasons`` that ``step()`` refuses: it needs a code per slot (not per
+    resident), since admission may fill every slot before the plan is made."""
+    return _errors.reasons_array(
+        f"must hold a code per slot for step() (len >= capacity={capacity})")
+
+
+_PLAN_CLASSES: tuple[type, ...] = ()
+
+
+def plan_classes() -> tuple[Any, ...]:
+    """The StepPlan classes a ledger applies: the reference plan's and, when built, the core's.
+    A duck-typed plan is refused: the compiled ledger indexes C arrays by what a plan holds."""
+    global _PLAN_CLASSES
+    if not _PLAN_CLASSES:
+        from ..core._reference import StepPlan as ReferencePlan
+        try:
+            from ..core._planner import StepPlan as CorePlan
+        except ImportError:  # a pure-Python install
+            _PLAN_CLASSES = (ReferencePlan,)
+        else:
+            _PLAN_CLASSES = (ReferencePlan, CorePlan)
+    return _PLAN_CLASSES
+
+
+def finished_mask(finished: object, rows: int) -> np.ndarray | None:
+    """The sampler's mask checked: None, or a 1-D bool array of one flag per plan row."""
+    if finished is None:
+        return None
+    if not isinstance(finished, np.ndarray) or finished.dtype != np.bool_:
+        raise _errors.finished_type(finished)
+    if finished.shape != (rows,):
+        raise _errors.finished_shape(finished.shape, rows)
+    return finished
+
+
+def records_of(rows: np.ndarray, ids: np.ndarray) -> list[dict[str, Any]]:
+    out = []
+    for row, rid in zip(rows.tolist(), ids.tolist()):
+        record = dict(zip(RESIDENT_FIELDS, row))
+        record["context_committed"] = bool(record["context_committed"])
+        record["request_id"] = rid
+        out.append(record)
+    return out
+
+
+def read_only(view: np.ndarray) -> np.ndarray:
+    """A copy over immutable bytes: neither it nor its ``.base`` can be made writable, as with
+    the compiled ledger's views of C memory (the twin pays a copy per read; it is the model)."""
+    return np.frombuffer(view.tobytes(), dtype=view.dtype)

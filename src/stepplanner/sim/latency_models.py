@@ -1,0 +1,210 @@
+"""Named step-latency models (model x accelerator) and fitting one to a runtime's own timings.
+
+Every model is ``latency.LatencyModel``: ``t_step = a + b * tokens + c * context``.
+
+Presets. ``llama-3.1-8b-fp8-h100`` is the package default (``latency.DEFAULT_LATENCY``), fitted
+to NVIDIA's published TensorRT-LLM throughput table. The others are *roofline* estimates scaled
+from that fit: each coefficient has a physical floor on a given device,
+
+* ``a``: streaming the weights once per step, ``params x weight_bytes / HBM bandwidth``;
+* ``b``: the dense layers, ``2 x params`` FLOPs per token at the dense tensor peak;
+* ``c``: attention reading one KV position, ``2 x layers x kv_heads x head_dim x kv_bytes``
+  bytes per position at HBM bandwidth;
+
+and the default fit tells how far above its floor each coefficient lands in practice (the
+fraction of peak reached). A preset is its own floors divided by those same fractions. That is
+an estimate, not a measurement: it carries over the default engine's efficiency and ignores
+tensor-parallel communication. ``stepplanner calibrate`` replaces it with a fit to real
+timings. Device and model figures, with their sources, are in docs/tuning.md.
+
+Calibration fits ``a, b, c >= 0`` by least squares (the best of the unconstrained fits over every
+subset of the coefficients whose solution is non-negative: with three coefficients that
+enumeration is the exact non-negative least-squares answer) and reports R² and the worst
+relative error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from .._errors import StepPlannerValueError
+from ._least_squares import nonnegative_least_squares
+from .latency import DEFAULT_LATENCY, LatencyModel
+from .traces import csv_records
+
+__all__ = ["LATENCY_FORMAT", "PRESETS", "Accelerator", "Fit", "ModelShape", "fit_latency",
+           "load_latency_model", "read_timings", "roofline", "save_latency_model"]
+
+LATENCY_FORMAT = "stepplanner-latency/1"
+TIMING_COLUMNS = ("tokens", "context", "seconds")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Accelerator:
+    """What bounds a step on one device: HBM bandwidth and dense tensor throughput."""
+
+    name: str
+    bytes_per_s: float
+    dense_flops: float  # at the precision the model computes in
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelShape:
+    """What a step moves and computes: parameters and the KV layout (from config.json)."""
+
+    name: str
+    params: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_position(self, kv_bytes: float) -> float:
+        return 2 * self.layers * self.kv_heads * self.head_dim * kv_bytes
+
+
+H100_SXM_FP8 = Accelerator("H100 SXM", 3.35e12, 1979e12)
+H200_SXM_FP8 = Accelerator("H200 SXM", 4.8e12, 1979e12)
+A100_SXM_BF16 = Accelerator("A100 SXM 80GB", 2.039e12, 312e12)
+JETSON_AGX_ORIN_FP16 = Accelerator("Jetson AGX Orin 64GB", 204.8e9, 42.5e12)
+
+LLAMA31_8B = ModelShape("Llama-3.1-8B", 8.03e9, 32, 8, 128)
+LLAMA31_70B = ModelShape("Llama-3.1-70B", 70.6e9, 80, 8, 128)
+LLAMA32_3B = ModelShape("Llama-3.2-3B", 3.21e9, 28, 8, 128)
+
+
+def _floors(model: ModelShape, weight_bytes: float, kv_bytes: float, device: Accelerator,
+            devices: int) -> tuple[float, float, float]:
+    bandwidth, flops = device.bytes_per_s * devices, device.dense_flops * devices
+    return (model.params * weight_bytes / bandwidth, 2 * model.params / flops,
+            model.kv_bytes_per_position(kv_bytes) / bandwidth)
+
+
+# The reference point: the default model's floors on the device it was fitted for.
+_REFERENCE = _floors(LLAMA31_8B, 1.0, 1.0, H100_SXM_FP8, 1)
+_EFFICIENCY = tuple(floor / fitted for floor, fitted in
+                    zip(_REFERENCE, (DEFAULT_LATENCY.a, DEFAULT_LATENCY.b, DEFAULT_LATENCY.c)))
+
+
+def roofline(model: ModelShape, weight_bytes: float, kv_bytes: float, device: Accelerator,
+             devices: int = 1, precision: str = "") -> LatencyModel:
+    """The floors of ``model`` on ``devices`` x ``device``, at the default fit's efficiency."""
+    a, b, c = (floor / eff for floor, eff in
+               zip(_floors(model, weight_bytes, kv_bytes, device, devices), _EFFICIENCY))
+    where = device.name if devices == 1 else f"{devices}x {device.name} (tensor parallel)"
+    label = f"{model.name} {precision} on {where} (roofline scaled from the default fit)"
+    return LatencyModel(a, b, c, label)
+
+
+PRESETS: dict[str, LatencyModel] = {
+    "llama-3.1-8b-fp8-h100": DEFAULT_LATENCY,
+    "llama-3.1-8b-fp8-h200": roofline(LLAMA31_8B, 1.0, 1.0, H200_SXM_FP8, 1, "FP8"),
+    "llama-3.1-8b-bf16-a100": roofline(LLAMA31_8B, 2.0, 2.0, A100_SXM_BF16, 1, "BF16"),
+    "llama-3.1-70b-fp8-h100x4": roofline(LLAMA31_70B, 1.0, 1.0, H100_SXM_FP8, 4, "FP8"),
+    # Edge: 4-bit weights (AWQ-style W4A16), FP16 activations and KV cache.
+    "llama-3.2-3b-int4-jetson-agx-orin": roofline(LLAMA32_3B, 0.5, 2.0, JETSON_AGX_ORIN_FP16, 1,
+                                                  "INT4 weights"),
+}
+
+
+def load_latency_model(text: str) -> LatencyModel:
+    """A preset name, or a JSON file written by ``save_latency_model``/``calibrate``."""
+    key = text.strip()
+    if key.lower() in PRESETS:
+        return PRESETS[key.lower()]
+    path = pathlib.Path(key)
+    if not path.is_file():
+        raise StepPlannerValueError(f"latency model {text!r} is neither a preset nor a file; presets: "
+                         f"{', '.join(PRESETS)}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StepPlannerValueError(f"latency model file {path}: cannot be read as JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != LATENCY_FORMAT:
+        raise StepPlannerValueError(f"latency model file {path}: expected an object with "
+                         f'"format": "{LATENCY_FORMAT}" and a, b, c (as calibrate writes)')
+    missing = [k for k in ("a", "b", "c") if k not in data]
+    if missing:
+        raise StepPlannerValueError(f"latency model file {path}: missing {', '.join(missing)}")
+    try:
+        return LatencyModel(data["a"], data["b"], data["c"], str(data.get("name", path.stem)))
+    except (TypeError, ValueError) as exc:
+        raise StepPlannerValueError(f"latency model file {path}: {exc}") from None
+
+
+def save_latency_model(model: LatencyModel, path: str | pathlib.Path,
+                       fit: dict[str, Any] | None = None) -> None:
+    data: dict[str, Any] = {"format": LATENCY_FORMAT, "name": model.name, "a": model.a,
+                            "b": model.b, "c": model.c}
+    if fit is not None:
+        data["fit"] = fit
+    pathlib.Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+# --- calibration -------------------------------------------------------------------------------
+
+
+def read_timings(path: str | pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, context, seconds) from a CSV with at least those columns; one row per step."""
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StepPlannerValueError(f"timings {path}: cannot be read ({exc})") from None
+    columns: dict[str, list[float]] = {c: [] for c in TIMING_COLUMNS}
+    for line, row, _ in csv_records(text, f"timings {path}", TIMING_COLUMNS):
+        for name in TIMING_COLUMNS:
+            raw = (row.get(name) or "").strip()
+            try:
+                value = float(raw)
+            except ValueError:
+                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
+                                 f"{raw!r} is not a number") from None
+            low_ok = value > 0 if name == "seconds" else value >= 0
+            if not math.isfinite(value) or not low_ok:
+                allowed = "> 0" if name == "seconds" else ">= 0"
+                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
+                                 f"{raw!r} is out of range; allowed: a finite number {allowed}")
+            columns[name].append(value)
+    return tuple(np.array(columns[c]) for c in TIMING_COLUMNS)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    model: LatencyModel
+    rows: int
+    r2: float
+    worst_relative_error: float
+    worst_row: int  # 0-based data row
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "r2": self.r2,
+                "worst_relative_error": self.worst_relative_error, "worst_row": self.worst_row}
+
+
+def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
+                name: str = "calibrated") -> Fit:
+    """Least-squares ``a, b, c >= 0`` for ``seconds ~ a + b * tokens + c * context``."""
+    x = np.column_stack([np.ones(len(seconds)), tokens, context]).astype(np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    if len(y) < 3:
+        raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 (three coefficients)")
+    if np.linalg.matrix_rank(x) < 3:
+        raise StepPlannerValueError("timings do not vary tokens and context independently, so a, b and c "
+                         "cannot be told apart; allowed: steps with different token counts and "
+                         "different contexts (not proportional to each other)")
+    coef = nonnegative_least_squares(x, y)
+    if not np.any(coef > 0):
+        raise StepPlannerValueError("no non-negative a, b, c fit these timings")
+    residual = float(np.sum((x @ coef - y) ** 2))
+    total = float(np.sum((y - y.mean()) ** 2))
+    relative = np.abs(x @ coef - y) / y
+    worst = int(np.argmax(relative))
+    model = LatencyModel(float(coef[0]), float(coef[1]), float(coef[2]), name)
+    return Fit(model, len(y), 1.0 - residual / total if total > 0 else 1.0,
+               float(relative[worst]), worst)

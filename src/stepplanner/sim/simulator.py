@@ -1,0 +1,579 @@
+"""A discrete-step simulator: workload -> admission -> plan -> step latency -> apply -> retire.
+
+Each step: requests that have arrived are submitted to the ``Ledger`` (with their output length
+as ``max_new_tokens``); one ``ledger.step(planner)`` call applies the previous step's plan, counts
+the tokens it emitted (the chunk completing a prompt emits the first, each decode row one more),
+retires the requests that have produced all their output tokens, admits into the free slots and
+plans; the step then takes ``LatencyModel`` seconds of simulated time. With nobody resident the
+clock jumps to the next arrival.
+
+The ledger's bookkeeping is C; the simulator's own measurements (token times, gaps, pauses) are
+numpy over the plan's and ledger's arrays, with no per-request Python per step; Python only loops
+per event (an arrival). The ``ledger.step`` call is timed with ``perf_counter_ns`` (``step_ns``):
+those are real microseconds of this machine, unlike the simulated seconds.
+
+Record/replay: ``StepRecorder`` writes one JSON line per step (the ledger rows the plan was made
+over and the plan); ``replay`` re-plans each recorded step and reports the steps whose plan
+differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+import numpy as np
+
+from .. import _errors
+from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
+from .._errors import StepPlannerTypeError, StepPlannerValueError
+from ..core._fields import enum_fields, enum_from_text
+from ..core._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from ..core._types import (
+    REASON_RELEASED_FROM_PAUSE,
+    RESIDENT_DTYPE,
+    Reason,
+)
+from .latency import DEFAULT_LATENCY, LatencyModel
+from ..ledger import RESIDENT_FIELDS, Ledger
+from .workloads import Workload, json_lines
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "RECORD_FORMAT",
+    "SimulationResult",
+    "SimulationRun",
+    "StepRecorder",
+    "policy_from_dict",
+    "policy_to_dict",
+    "pooled_itl",
+    "read_record_header",
+    "replay",
+    "resolve_options",
+    "simulate",
+    "weighted_percentile",
+]
+
+DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
+RECORD_FORMAT = "stepplanner-steps/1"
+PERCENTILES = (50, 90, 99)
+STEP_FIELDS = ("end_time", "seconds", "tokens", "context", "num_prefill", "num_decode",
+               "num_paused", "residents", "waiting", "step_ns")
+
+OnStep = Callable[[int, float, Ledger, Any], None]
+Progress = Callable[[int, float, int], None]
+
+
+@dataclasses.dataclass(eq=False)
+class SimulationResult:
+    """Everything a run produced: per-request times, per-step records, and the configuration.
+
+    Per-request arrays are indexed like the workload; times are simulated seconds (NaN when the
+    event never happened, e.g. a refused request or a run cut short by ``max_steps``).
+    """
+
+    workload: Workload
+    limits: StepPlannerLimits
+    policy: ResolvedSchedulingPolicy
+    latency: LatencyModel
+    admit_time: np.ndarray
+    first_token_time: np.ndarray
+    finish_time: np.ndarray
+    generated: np.ndarray
+    max_gap: np.ndarray
+    paused_steps: np.ndarray
+    refused: np.ndarray
+    steps: dict[str, np.ndarray]
+    reason_counts: np.ndarray
+    max_consecutive_paused: int
+    wall_seconds: float
+    truncated: bool
+    itl: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    """Per priority class (``workload.classes`` order): every gap between two consecutive output
+    tokens of its requests, as (seconds, count) pairs."""
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps["tokens"])
+
+    def latencies(self) -> dict[str, np.ndarray]:
+        """Per-request seconds: queueing, TTFT, TPOT (NaN for 1-token outputs), end-to-end,
+        and the longest gap between two of its output tokens."""
+        w = self.workload
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(w.output_tokens > 1,
+                            (self.finish_time - self.first_token_time) / (w.output_tokens - 1),
+                            np.nan)
+        return {
+            "queue": self.admit_time - w.arrival_time,
+            "ttft": self.first_token_time - w.arrival_time,
+            "tpot": tpot,
+            "e2e": self.finish_time - w.arrival_time,
+            "max_itl": np.where(w.output_tokens > 1, self.max_gap, np.nan),
+        }
+
+    def report(self) -> dict[str, Any]:
+        """JSON-ready metrics of the run (see docs/simulator.md for each one)."""
+        w, st = self.workload, self.steps
+        done = ~np.isnan(self.finish_time)
+        start = float(w.arrival_time[0])
+        end = float(st["end_time"][-1]) if self.num_steps else start
+        span = max(end - start, 1e-12)
+        step_us = st["step_ns"] / 1e3
+        lat = self.latencies()
+        classes = {"all": np.ones(len(w), dtype=bool)}
+        classes.update({str(p): w.priority == p for p in w.classes})
+        itl = {"all": pooled_itl(self.itl)}
+        itl.update({str(p): pooled_itl(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
+        return {
+            "workload": w.summary(),
+            "limits": dataclasses.asdict(self.limits),
+            "policy": policy_to_dict(self.policy),
+            "latency_model": dataclasses.asdict(self.latency),
+            "requests": {
+                "submitted": len(w),
+                "refused": int(self.refused.sum()),
+                "admitted": int((~np.isnan(self.admit_time)).sum()),
+                "completed": int(done.sum()),
+            },
+            "throughput": {
+                "simulated_seconds": span,
+                "requests_per_s": float(done.sum()) / span,
+                "output_tokens_per_s": float(self.generated.sum()) / span,
+                "tokens_per_s": float(st["tokens"].sum()) / span,
+            },
+            "steps": {
+                "count": self.num_steps,
+                "truncated_by_max_steps": self.truncated,
+                "mean_tokens": _mean(st["tokens"]),
+                "mean_prefill_rows": _mean(st["num_prefill"]),
+                "mean_decode_rows": _mean(st["num_decode"]),
+                "mean_residents": _mean(st["residents"]),
+                "mean_step_ms": _mean(st["seconds"]) * 1e3,
+            },
+            "pauses": {
+                "paused_resident_steps": int(self.paused_steps.sum()),
+                "requests_paused": int((self.paused_steps > 0).sum()),
+                "steps_with_pauses": int((st["num_paused"] > 0).sum()),
+                "max_consecutive_paused_steps": self.max_consecutive_paused,
+                "released_by_max_pause_steps": int(self.reason_counts[-1]),
+            },
+            "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
+            "latency_s": {name: {**{metric: _percentiles(values[mask])
+                                    for metric, values in lat.items()},
+                                 "itl": {f"p{q}": weighted_percentile(*itl[name], q)
+                                         for q in PERCENTILES}}
+                          for name, mask in classes.items()},
+            "planner": {
+                "mean_step_us": _mean(step_us),
+                "p50_step_us": _pct(step_us, 50),
+                "p99_step_us": _pct(step_us, 99),
+                "wall_seconds": self.wall_seconds,
+                "steps_per_s": self.num_steps / self.wall_seconds if self.wall_seconds else None,
+            },
+        }
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else 0.0
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    values = values[~np.isnan(values)] if values.dtype.kind == "f" else values
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float | None]:
+    return {f"p{q}": _pct(values, q) for q in PERCENTILES}
+
+
+def pooled_itl(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Inter-token gaps of several classes as one (seconds, count) sample."""
+    if not parts:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    return np.concatenate([v for v, _ in parts]), np.concatenate([c for _, c in parts])
+
+
+def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> float | None:
+    """``np.percentile(np.repeat(values, counts), q)`` without building the repeated array."""
+    keep = counts > 0
+    values, counts = values[keep], counts[keep]
+    if not values.size:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])
+    rank = q / 100 * (int(ends[-1]) - 1)  # numpy's default (linear) interpolation
+    low, high = np.searchsorted(ends, [np.floor(rank), np.ceil(rank)], side="right")
+    return float(values[low] + (values[high] - values[low]) * (rank - np.floor(rank)))
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
+             options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
+             latency: LatencyModel = DEFAULT_LATENCY, *, max_steps: int | None = None,
+             on_step: OnStep | None = None, progress: Progress | None = None,
+             progress_every: int = 2048) -> SimulationResult:
+    """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
+
+    ``on_step(step, start_time, ledger, plan)`` runs after each plan, before it is applied
+    (``StepPlanner`` is the one ``stepplanner`` selects). ``progress(steps, sim_time,
+    completed)`` runs every ``progress_every`` steps. ``max_steps`` cuts the run short.
+    """
+    policy = check_run_args(workload, limits, options, latency, max_steps)
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
+    return run.run(max_steps, on_step, progress, progress_every)
+
+
+def check_run_args(workload: Any, limits: StepPlannerLimits, options: Any, latency: Any,
+                   max_steps: Any) -> ResolvedSchedulingPolicy:
+    """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
+    ``options`` resolve to under ``limits``."""
+    if not isinstance(workload, Workload):
+        raise _errors.wrong_type("workload", "Workload", workload)
+    if not isinstance(latency, LatencyModel):
+        raise _errors.wrong_type("latency", "LatencyModel", latency)
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+                                  or max_steps < 1):
+        raise StepPlannerValueError(
+            f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
+    return resolve_options(options, limits)
+
+
+def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+    """``options`` (SchedulingOptions, None for the defaults, or already resolved) under
+    ``limits``; anything else is a ``TypeError``."""
+    if isinstance(options, ResolvedSchedulingPolicy):
+        return options
+    if options is None:
+        options = SchedulingOptions()
+    if not isinstance(options, SchedulingOptions):
+        raise StepPlannerTypeError(
+            "options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
+            f"{type(options).__name__}")
+    return resolve_scheduling_policy(options, limits)
+
+
+class SimulationRun:
+    """The mutable state of one simulation; request ids are workload row indices."""
+
+    def __init__(self, workload: Workload, limits: StepPlannerLimits,
+                 policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any,
+                 page_table: Any = None) -> None:
+        n = len(workload)
+        self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
+        self.planner = planner
+        # Every request may wait: the workload is the whole demand, nothing is pushed back.
+        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table)
+        self.admit_time = np.full(n, np.nan)
+        self.first_token_time = np.full(n, np.nan)
+        self.finish_time = np.full(n, np.nan)
+        self.last_token_time = np.full(n, np.nan)
+        self.max_gap = np.zeros(n)
+        self.generated = np.zeros(n, dtype=np.int64)
+        self.paused_steps = np.zeros(n, dtype=np.int64)
+        self.refused = np.zeros(n, dtype=bool)
+        self.reasons = np.zeros(limits.max_batch_size, dtype=np.uint8)
+        self.reason_counts = np.zeros(REASON_RELEASED_FROM_PAUSE * 2, dtype=np.int64)
+        self.max_consecutive_paused = 0
+        self.records: list[tuple[float, ...]] = []
+        # Gaps between tokens that did not come in consecutive steps (a pause, a skipped chunk):
+        # (request ids, their previous token's time, this token's time). Every other gap is one
+        # step's duration, so these suffice to rebuild the pooled ITL sample after the run.
+        self.apart: list[tuple[np.ndarray, np.ndarray, float]] = []
+        self.now = float(workload.arrival_time[0]) if n else 0.0
+        self.next_request = 0
+        self.completed = 0
+
+    def run(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
+            progress_every: int) -> SimulationResult:
+        """The whole run (``loop``, timed by the wall clock) and its result."""
+        t0 = time.perf_counter()
+        truncated = self.loop(max_steps, on_step, progress, max(1, progress_every))
+        return self.result(time.perf_counter() - t0, truncated)
+
+    def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
+             progress_every: int) -> bool:
+        n = len(self.w)
+        while True:
+            self._arrivals()
+            t0 = time.perf_counter_ns()
+            plan, finished, admitted = self._fused_step()
+            step_ns = time.perf_counter_ns() - t0
+            if finished.size:
+                self.finish_time[finished] = self.now
+                self.completed += finished.size
+            if admitted.size:
+                self.admit_time[admitted] = self.now
+            if self.ledger.count == 0:
+                if self.next_request >= n:
+                    return False
+                self.now = max(self.now, float(self.w.arrival_time[self.next_request]))
+                continue
+            if max_steps is not None and len(self.records) >= max_steps:
+                return True
+            self._step(plan, step_ns, on_step)
+            if progress is not None and len(self.records) % progress_every == 0:
+                progress(len(self.records), self.now, self.completed)
+
+    def _fused_step(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
+        ledger = self.ledger
+        plan = ledger.step(self.planner, reasons=self.reasons)
+        return plan, ledger.finished_ids, ledger.admitted_ids
+
+    def _arrivals(self) -> None:
+        w, ledger = self.w, self.ledger
+        stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
+        for i in range(self.next_request, stop):
+            try:
+                ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
+                              max_new_tokens=max(1, int(w.output_tokens[i])))
+            except ValueError:
+                self.refused[i] = True  # counted in the report, never silently dropped
+        self.next_request = max(self.next_request, stop)
+
+    def _step(self, plan: Any, step_ns: int, on_step: OnStep | None) -> None:
+        """The step's simulated time and per-request token times; the ledger's own bookkeeping
+        (apply, output counts, retirement) happens in the next ``ledger.step``."""
+        ledger, reasons = self.ledger, self.reasons
+        count = ledger.count
+        seq = plan.as_array()
+        rows = seq["resident"]
+        tokens = plan.total_tokens
+        context = int(seq["past_length"].sum()) + tokens
+        start = self.now
+        self.now = now = start + self.latency.step_seconds(tokens, context)
+        if on_step is not None:
+            on_step(len(self.records), start, ledger, plan)
+
+        ids = ledger.request_ids
+        req = ids[rows[seq["select_last_token_logits"]]]  # one row per resident
+        first = self.generated[req] == 0
+        self.first_token_time[req[first]] = now
+        later = req[~first]
+        previous = self.last_token_time[later]
+        gaps = now - previous
+        self.max_gap[later] = np.maximum(self.max_gap[later], gaps)
+        apart = previous != start
+        if apart.any():
+            self.apart.append((later[apart], previous[apart], now))
+        self.last_token_time[req] = now
+        self.generated[req] += 1
+        paused = plan.paused_array()
+        if paused.size:
+            self.paused_steps[ids[paused]] += 1
+            self.max_consecutive_paused = max(
+                self.max_consecutive_paused,
+                int(ledger.residents["consecutive_paused_steps"][paused].max()) + 1)
+        self.reason_counts += np.bincount(reasons[:count], minlength=len(self.reason_counts))
+        self.records.append((now, now - start, tokens, context, plan.num_prefill,
+                             plan.num_decode, paused.size, count, ledger.waiting, step_ns))
+
+    def result(self, wall: float, truncated: bool) -> SimulationResult:
+        table = (np.array(self.records, dtype=np.float64) if self.records
+                 else np.zeros((0, len(STEP_FIELDS))))
+        steps = {name: table[:, k] for k, name in enumerate(STEP_FIELDS)}
+        counts = np.zeros(len(Reason) + 2, dtype=np.int64)
+        codes = np.arange(len(self.reason_counts))
+        np.add.at(counts, np.minimum(codes & ~REASON_RELEASED_FROM_PAUSE, len(Reason)),
+                  self.reason_counts)
+        counts[-1] = self.reason_counts[codes & REASON_RELEASED_FROM_PAUSE != 0].sum()
+        return SimulationResult(
+            workload=self.w, limits=self.limits, policy=self.policy, latency=self.latency,
+            admit_time=self.admit_time, first_token_time=self.first_token_time,
+            finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
+            paused_steps=self.paused_steps, refused=self.refused, steps=steps,
+            reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
+            wall_seconds=wall, truncated=truncated,
+            itl=self._itl(steps["end_time"], steps["seconds"]))
+
+    def _itl(self, end_time: np.ndarray,
+             seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample.
+
+        A request's gaps end at the steps after its first token up to its last one. Those that
+        follow a step in which it also emitted last exactly that step's duration; the others
+        (``self.apart``) each span several steps, in none of which it had a back-to-back gap.
+        So each step's back-to-back count per class is a difference array over step indices.
+        """
+        w, n_steps = self.w, len(end_time)
+        classes = np.searchsorted(w.classes, w.priority)
+        spoke = np.flatnonzero(self.generated >= 2)
+        covered = np.zeros((len(w.classes), n_steps + 1), dtype=np.int64)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.first_token_time[spoke]) + 1), 1)
+        np.add.at(covered, (classes[spoke],
+                            np.searchsorted(end_time, self.last_token_time[spoke]) + 1), -1)
+        ids = np.concatenate([r for r, _, _ in self.apart] or [np.zeros(0, dtype=np.int64)])
+        before = np.concatenate([t for _, t, _ in self.apart] or [np.zeros(0)])
+        after = np.concatenate([np.full(len(r), t) for r, _, t in self.apart] or [np.zeros(0)])
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, before) + 1), -1)
+        np.add.at(covered, (classes[ids], np.searchsorted(end_time, after) + 1), 1)
+        back_to_back = np.cumsum(covered, axis=1)[:, :n_steps]
+        return [(np.concatenate([seconds, (after - before)[classes[ids] == k]]),
+                 np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
+                                                          dtype=np.int64)]))
+                for k in range(len(w.classes))]
+
+
+
+# --- configuration as plain data ----------------------------------------------------------
+
+
+_ENUMS = enum_fields(ResolvedSchedulingPolicy)
+
+
+def policy_to_dict(policy: ResolvedSchedulingPolicy) -> dict[str, Any]:
+    """JSON-ready: enums by name."""
+    out = dataclasses.asdict(policy)
+    for key, enum in _ENUMS.items():
+        out[key] = enum(out[key]).name
+    return out
+
+
+def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
+    """Inverse of ``policy_to_dict``; enum values by name (any case) or number."""
+    if not isinstance(data, dict):
+        raise _errors.wrong_type("policy", "object", data)
+    fields = {f.name for f in dataclasses.fields(ResolvedSchedulingPolicy)}
+    unknown = set(data) - fields
+    if unknown:
+        raise StepPlannerValueError(
+            f"policy has unknown field(s) {sorted(unknown)}; allowed: "
+            f"{', '.join(sorted(fields))}")
+    values = dict(data)
+    for key, enum in _ENUMS.items():
+        if isinstance(values.get(key), str):
+            values[key] = enum_from_text(key, values[key], enum)
+    return ResolvedSchedulingPolicy(**values)
+
+
+# --- record / replay -------------------------------------------------------------------------
+
+
+class StepRecorder:
+    """An ``on_step`` hook writing one JSON line per step: the rows planned over and the plan."""
+
+    def __init__(self, out: IO[str], limits: StepPlannerLimits,
+                 policy: ResolvedSchedulingPolicy) -> None:
+        self.out = out
+        header = {"type": "header", "format": RECORD_FORMAT,
+                  "limits": dataclasses.asdict(limits), "policy": policy_to_dict(policy)}
+        out.write(json.dumps(header) + "\n")
+        self.steps = 0
+
+    def __call__(self, step: int, start_time: float, ledger: Ledger, plan: Any) -> None:
+        residents = ledger.residents
+        line = {
+            "type": "step", "step": step, "time": start_time,
+            "request_ids": ledger.request_ids.tolist(),
+            "residents": {name: residents[name].tolist() for name in RESIDENT_FIELDS},
+            "plan": plan.to_dict(),
+        }
+        self.out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self.steps += 1
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    steps: int
+    limits: StepPlannerLimits
+    policy: ResolvedSchedulingPolicy
+    diffs: list[dict[str, Any]]
+
+
+def read_record_header(lines: Iterable[str]) -> tuple[StepPlannerLimits,
+                                                        ResolvedSchedulingPolicy]:
+    """The limits and policy a step record was made with (its first line)."""
+    return _record_header(next(json_lines(lines, "record"), None))
+
+
+def _record_header(header: tuple[int, dict[str, Any]] | None) -> tuple[StepPlannerLimits,
+                                                                       ResolvedSchedulingPolicy]:
+    if header is None or header[1].get("type") != "header":
+        raise StepPlannerValueError(
+            "record line 1: expected the header line "
+            f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
+    fmt = header[1].get("format")
+    if fmt != RECORD_FORMAT:
+        raise StepPlannerValueError(
+            f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
+    try:
+        return StepPlannerLimits(**header[1]["limits"]), policy_from_dict(header[1]["policy"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StepPlannerValueError(f"record line 1: bad limits/policy ({exc})") from None
+
+
+def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
+           limits: StepPlannerLimits | None = None) -> ReplayResult:
+    """Re-plan every recorded step; ``diffs`` lists each step whose plan differs.
+
+    ``policy``/``limits`` default to the recording's header: pass others to see what a
+    different configuration would have planned over the same ledgers.
+    """
+    records = json_lines(lines, "record")
+    recorded_limits, recorded_policy = _record_header(next(records, None))
+    limits = limits or recorded_limits
+    policy = policy or recorded_policy
+    planner = StepPlanner(policy, limits)
+    diffs: list[dict[str, Any]] = []
+    steps = 0
+    for line, record in records:
+        try:
+            rows = _residents_from_columns(record["residents"])
+            expected = record["plan"]
+            step = record.get("step", steps)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StepPlannerValueError(f"record line {line}: not a step record ({exc})") from None
+        try:
+            got = planner.plan(rows).to_dict()
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise StepPlannerValueError(f"record line {line} (step {step}): {exc}") from None
+        differences = plan_differences(expected, got)
+        if differences:
+            diffs.append({"step": step, "line": line, "differences": differences,
+                          "recorded": expected, "replayed": got})
+        steps += 1
+    return ReplayResult(steps=steps, limits=limits, policy=policy, diffs=diffs)
+
+
+def _residents_from_columns(columns: dict[str, list[Any]]) -> np.ndarray:
+    lengths = {len(columns[name]) for name in RESIDENT_FIELDS}
+    if len(lengths) != 1:
+        raise StepPlannerValueError(f"resident columns have different lengths {sorted(lengths)}")
+    rows = np.zeros(lengths.pop(), dtype=RESIDENT_DTYPE)
+    for name in RESIDENT_FIELDS:
+        rows[name] = columns[name]
+    return rows
+
+
+def plan_differences(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two ``StepPlan.to_dict()`` forms."""
+    out = []
+    for key in ("num_prefill", "num_decode", "prefill_tokens", "total_tokens", "paused"):
+        if expected.get(key) != got.get(key):
+            out.append(f"{key}: recorded {expected.get(key)!r}, replayed {got.get(key)!r}")
+    want, have = expected.get("sequences", []), got.get("sequences", [])
+    for k in range(max(len(want), len(have))):
+        a = want[k] if k < len(want) else None
+        b = have[k] if k < len(have) else None
+        if a != b:
+            out.append(f"sequences[{k}]: recorded {_row_text(a)}, replayed {_row_text(b)}")
+    return out
+
+
+def _row_text(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "(none)"
+    return (f"({row['resident']}, {row['work']}, past={row['past_length']}, "
+            f"q={row['query_length']}, last={row['select_last_token_logits']})")
