@@ -1,19 +1,27 @@
-"""vLLM's own Scheduler vs StepPlannerScheduler: cost of schedule() + update_from_output() per step.
+"""vLLM's own schedulers vs StepPlannerScheduler: cost per engine step, async scheduling on and off.
 
 The same request stream (a burst of 6 x B requests, prompts 1..700 tokens, 1..128 output tokens,
 priorities -1/0/1, 10% of prompts sharing a 256-token prefix) runs to completion through each
 scheduler on the CPU with fake model outputs (stepplanner.integrations.vllm_cpu), at
 B = max_num_seqs in {8, 64, 256}, FCFS and PRIORITY; max_num_batched_tokens 2048, block 16,
-prefix caching on, a KV cache that holds a full batch. Each scheduler runs the stream twice,
-alternating with the other, and the per-step wall time is pooled over both passes (garbage
-collector off while timing).
+prefix caching on, a KV cache that holds a full batch. Two modes, as vLLM runs them:
+
+- sync (``--no-async-scheduling``): vLLM's ``Scheduler`` vs ``StepPlannerScheduler``; an engine
+  step is ``schedule()`` then ``update_from_output()`` of that step;
+- async (vLLM's default): vLLM's ``AsyncScheduler`` vs ``StepPlannerScheduler``, driven like
+  ``EngineCore``'s batch queue; an engine step is ``schedule()`` of step N+1 then
+  ``update_from_output()`` of step N.
+
+Each of the four runs the stream twice, taking turns with the others, and the per-step wall time
+(``schedule()`` + ``update_from_output()`` in that engine step; the fake model output is not
+timed) is pooled over both passes, garbage collector off while timing.
 
 Reported: the median over the *saturated* steps (requests still waiting, so the batch is full:
-the steady state of a loaded server; the draining tail is a different, smaller step), the
-whole stream's total, and for StepPlannerScheduler, from a third instrumented pass, the median
-share of a saturated step spent in plan() and in each other part.
+the steady state of a loaded server; the draining tail is a different, smaller step), the whole
+stream's total, and for StepPlannerScheduler in each mode, from a third instrumented pass, the
+median share of a saturated step spent in plan() and in each other part.
 
-    python benchmarks/vllm_scheduler.py [--batch 8 64 256] [--markdown]
+    python benchmarks/vllm_scheduler.py [--batch 8 64 256]
 
 Needs the ``vllm`` extra. One run; the machine is shared and noisy, so read ratios, not absolutes.
 """
@@ -28,12 +36,13 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # not a CPU-backend tip per scheduler built
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
 from stepplanner.integrations import vllm_cpu  # noqa: E402
@@ -59,47 +68,39 @@ def make_stream(batch: int, seed: int = 0) -> dict[int, list[Any]]:
     return {0: reqs}
 
 
-def build(cls: type, model_dir: Any, batch: int, policy: str) -> Any:
+MODES = {"sync": (False, Scheduler), "async": (True, AsyncScheduler)}
+
+
+def build(cls: type, model_dir: Any, batch: int, policy: str, overlap: bool) -> Any:
     return vllm_cpu.make_scheduler(
         cls, model_dir, max_num_seqs=batch, max_num_batched_tokens=BATCHED_TOKENS,
         num_blocks=batch * 64 + 64, block_size=BLOCK, max_model_len=1024,
-        enable_prefix_caching=True, policy=policy,
+        enable_prefix_caching=True, policy=policy, async_scheduling=overlap,
         stepplanner={} if cls is StepPlannerScheduler else None)
 
 
-def steps(sched: Any, batch: int) -> Iterator[tuple[bool, int, int]]:
-    """Run the stream; per step: saturated?, ns in schedule(), ns in update_from_output() (the
-    fake model output between them is not timed)."""
-    for req in make_stream(batch)[0]:
-        sched.add_request(req)
-    clock = time.perf_counter_ns
-    while sched.has_requests():
-        saturated = bool(sched.waiting)
-        t0 = clock()
-        out = sched.schedule()
-        t1 = clock()
-        fake = vllm_cpu.fake_output(sched, out)
-        t2 = clock()
-        sched.update_from_output(out, fake)
-        t3 = clock()
-        yield saturated, t1 - t0, t3 - t2
-
-
-def timed_run(sched: Any, batch: int) -> tuple[list[int], int, int]:
+def timed_run(sched: Any, batch: int,
+              on_step: Any = None) -> tuple[list[int], int, int]:
     """Saturated steps' ns of schedule() + update_from_output(); all steps' total ns; steps.
 
     The cyclic garbage collector is off during the pass: its pauses (tens of ms with vLLM's
     object graph loaded) land on random steps of either scheduler and are not scheduling work.
     """
-    saturated, total, n = [], 0, 0
+    saturated: list[int] = []
+    total = 0
+
+    def record(step: int, full: bool, in_schedule: int, in_update: int) -> None:
+        nonlocal total
+        total += in_schedule + in_update
+        if full:
+            saturated.append(in_schedule + in_update)
+        if on_step is not None:
+            on_step(full, in_schedule, in_update)
+
     gc.collect()
     gc.disable()
     try:
-        for full, a, b in steps(sched, batch):
-            total += a + b
-            n += 1
-            if full:
-                saturated.append(a + b)
+        n = vllm_cpu.run(sched, make_stream(batch), on_step=record)
     finally:
         gc.enable()
     return saturated, total, n
@@ -134,20 +135,18 @@ def breakdown(sched: Any, batch: int) -> dict[str, float]:
                                                    totals, "allocate")
     sched._make_output = _Timer(sched._make_output, totals, "output")
     shares: dict[str, list[float]] = defaultdict(list)
-    gc.collect()
-    gc.disable()
-    for full, in_schedule, in_update in steps(sched, batch):
+
+    def on_step(full: bool, in_schedule: int, in_update: int) -> None:
         step = in_schedule + in_update
-        if not full:
-            totals.clear()
-            continue
-        for part in PARTS:
-            shares[part].append(totals[part] / step)
-        shares["update_from_output"].append(in_update / step)
-        shares["rest of schedule()"].append(
-            (in_schedule - sum(totals[p] for p in PARTS)) / step)
+        if full and step:
+            for part in PARTS:
+                shares[part].append(totals[part] / step)
+            shares["update_from_output"].append(in_update / step)
+            shares["rest of schedule()"].append(
+                (in_schedule - sum(totals[p] for p in PARTS)) / step)
         totals.clear()
-    gc.enable()
+
+    timed_run(sched, batch, on_step)
     return {k: statistics.median(v) for k, v in shares.items()}
 
 
@@ -159,33 +158,37 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for policy in ("fcfs", "priority"):
-            runs: dict[type, list[tuple[list[int], int, int]]] = defaultdict(list)
-            for _ in range(2):
-                for cls in (Scheduler, StepPlannerScheduler):
-                    runs[cls].append(timed_run(build(cls, model_dir, batch, policy), batch))
-            (v_sat, v_total, v_n), (s_sat, s_total, s_n) = (
-                ([x for r in runs[c] for x in r[0]], sum(r[1] for r in runs[c]) // 2,
-                 runs[c][0][2]) for c in (Scheduler, StepPlannerScheduler))
-            shares = breakdown(build(StepPlannerScheduler, model_dir, batch, policy), batch)
-            v, s = statistics.median(v_sat), statistics.median(s_sat)
-            rows.append((batch, policy, v / 1e3, s / 1e3, v_total / 1e6, s_total / 1e6,
-                         v_n, s_n, shares))
-            print(f"B={batch} {policy}: saturated step vLLM {v / 1e3:,.1f} us, StepPlanner "
-                  f"{s / 1e3:,.1f} us ({s / v:.2f}); stream vLLM {v_total / 1e6:,.0f} ms in "
-                  f"{v_n} steps, StepPlanner {s_total / 1e6:,.0f} ms in {s_n} steps "
-                  f"({s_total / v_total:.2f})", flush=True)
+            runs: dict[tuple[str, type], list[tuple[list[int], int, int]]] = defaultdict(list)
+            for _ in range(2):  # each of the four in turn, twice
+                for mode, (overlap, own) in MODES.items():
+                    for cls in (own, StepPlannerScheduler):
+                        sched = build(cls, model_dir, batch, policy, overlap)
+                        runs[mode, cls].append(timed_run(sched, batch))
+            for mode, (overlap, own) in MODES.items():
+                (v_sat, v_total, v_n), (s_sat, s_total, s_n) = (
+                    ([x for r in passes for x in r[0]], sum(r[1] for r in passes) // 2,
+                     passes[0][2]) for passes in (runs[mode, own], runs[mode, StepPlannerScheduler]))
+                shares = breakdown(build(StepPlannerScheduler, model_dir, batch, policy, overlap),
+                                   batch)
+                v, s = statistics.median(v_sat), statistics.median(s_sat)
+                rows.append((batch, policy, mode, own.__name__, v / 1e3, s / 1e3, v_total / 1e6,
+                             s_total / 1e6, v_n, s_n, shares))
+                print(f"B={batch} {policy} {mode}: saturated step {own.__name__} {v / 1e3:,.1f} "
+                      f"us, StepPlanner {s / 1e3:,.1f} us ({s / v:.2f}); stream "
+                      f"{v_total / 1e6:,.0f} ms in {v_n} steps, StepPlanner {s_total / 1e6:,.0f} "
+                      f"ms in {s_n} steps ({s_total / v_total:.2f})", flush=True)
     print()
-    print("| B | policy | vLLM µs/step | StepPlanner µs/step | ratio | stream ms vLLM / SP "
-          "(ratio) | steps vLLM / SP | plan() | admission | ledger | allocate_slots | output "
-          "| update_from_output | rest |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-          "| ---: | ---: |")
-    for batch, policy, v, s, vt, st, vn, sn, sh in rows:
+    print("| B | policy | mode | vLLM's | vLLM µs/step | StepPlanner µs/step | ratio | stream ms "
+          "vLLM / SP (ratio) | steps vLLM / SP | plan() | admission | ledger | allocate_slots "
+          "| output | update_from_output | rest |")
+    print("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+          "| ---: | ---: | ---: |")
+    for batch, policy, mode, own, v, s, vt, st, vn, sn, sh in rows:
         parts = " | ".join(f"{100 * sh[k]:.1f}%" for k in (
             "plan", "admission", "ledger", "allocate", "output", "update_from_output",
             "rest of schedule()"))
-        print(f"| {batch} | {policy.upper()} | {v:,.1f} | {s:,.1f} | {s / v:.2f} | "
-              f"{vt:,.0f} / {st:,.0f} ({st / vt:.2f}) | {vn} / {sn} | {parts} |")
+        print(f"| {batch} | {policy.upper()} | {mode} | `{own}` | {v:,.1f} | {s:,.1f} | "
+              f"{s / v:.2f} | {vt:,.0f} / {st:,.0f} ({st / vt:.2f}) | {vn} / {sn} | {parts} |")
 
 
 if __name__ == "__main__":
