@@ -12,8 +12,9 @@ prefix caching on, a KV cache that holds a full batch. Two modes, as vLLM runs t
   ``EngineCore``'s batch queue; an engine step is ``schedule()`` of step N+1 then
   ``update_from_output()`` of step N.
 
-Each of the four runs the stream twice, taking turns with the others, and the per-step wall time
-(``schedule()`` + ``update_from_output()`` in that engine step; the fake model output is not
+The four run the stream in lockstep, one engine step each in turn, so the shared machine's load
+hits them alike; that is done twice (the second time in reverse turn order) and the per-step wall
+time (``schedule()`` + ``update_from_output()`` in that engine step; the fake model output is not
 timed) is pooled over both passes, garbage collector off while timing.
 
 Reported: the median over the *saturated* steps (requests still waiting, so the batch is full:
@@ -79,31 +80,37 @@ def build(cls: type, model_dir: Any, batch: int, policy: str, overlap: bool) -> 
         stepplanner={} if cls is StepPlannerScheduler else None)
 
 
-def timed_run(sched: Any, batch: int,
-              on_step: Any = None) -> tuple[list[int], int, int]:
-    """Saturated steps' ns of schedule() + update_from_output(); all steps' total ns; steps.
+def lockstep(scheds: list[Any], batch: int, observers: list[Any] | None = None
+             ) -> list[tuple[list[int], int, int]]:
+    """Run the stream through every scheduler, one engine step each in turn; per scheduler:
+    saturated steps' ns of schedule() + update_from_output(), all steps' total ns, steps.
+    ``observers[i](engine_step)``, when given, is called after each step of ``scheds[i]``.
 
     The cyclic garbage collector is off during the pass: its pauses (tens of ms with vLLM's
-    object graph loaded) land on random steps of either scheduler and are not scheduling work.
+    object graph loaded) land on random steps of any scheduler and are not scheduling work.
     """
-    saturated: list[int] = []
-    total = 0
-
-    def record(step: int, full: bool, in_schedule: int, in_update: int) -> None:
-        nonlocal total
-        total += in_schedule + in_update
-        if full:
-            saturated.append(in_schedule + in_update)
-        if on_step is not None:
-            on_step(full, in_schedule, in_update)
-
+    runs = [vllm_cpu.engine_steps(sched, make_stream(batch)) for sched in scheds]
+    results: list[tuple[list[int], int, int]] = [([], 0, 0) for _ in scheds]
+    active = list(range(len(scheds)))
     gc.collect()
     gc.disable()
     try:
-        n = vllm_cpu.run(sched, make_stream(batch), on_step=record)
+        while active:
+            for i in list(active):
+                step = next(runs[i], None)
+                if step is None:
+                    active.remove(i)
+                    continue
+                saturated, total, n = results[i]
+                ns = step.schedule_ns + step.update_ns
+                if step.saturated:
+                    saturated.append(ns)
+                results[i] = (saturated, total + ns, n + 1)
+                if observers is not None:
+                    observers[i](step)
     finally:
         gc.enable()
-    return saturated, total, n
+    return results
 
 
 class _Timer:
@@ -125,8 +132,9 @@ class _PlannerProxy:
         self.plan = _Timer(planner.plan, totals, "plan")
 
 
-def breakdown(sched: Any, batch: int) -> dict[str, float]:
-    """Median share of each part in the instrumented step (update_from_output is its own part)."""
+def instrument(sched: Any) -> tuple[Any, dict[str, list[float]]]:
+    """Time each part of the scheduler's steps; returns the per-step observer and the shares of
+    each part in each saturated step it fills (update_from_output is its own part)."""
     totals: dict[str, int] = defaultdict(int)
     sched._admission_candidates = _Timer(sched._admission_candidates, totals, "admission")
     sched._resident_rows = _Timer(sched._resident_rows, totals, "ledger")
@@ -136,18 +144,17 @@ def breakdown(sched: Any, batch: int) -> dict[str, float]:
     sched._make_output = _Timer(sched._make_output, totals, "output")
     shares: dict[str, list[float]] = defaultdict(list)
 
-    def on_step(full: bool, in_schedule: int, in_update: int) -> None:
-        step = in_schedule + in_update
-        if full and step:
+    def observe(step: Any) -> None:
+        ns = step.schedule_ns + step.update_ns
+        if step.saturated and ns:
             for part in PARTS:
-                shares[part].append(totals[part] / step)
-            shares["update_from_output"].append(in_update / step)
+                shares[part].append(totals[part] / ns)
+            shares["update_from_output"].append(step.update_ns / ns)
             shares["rest of schedule()"].append(
-                (in_schedule - sum(totals[p] for p in PARTS)) / step)
+                (step.schedule_ns - sum(totals[p] for p in PARTS)) / ns)
         totals.clear()
 
-    timed_run(sched, batch, on_step)
-    return {k: statistics.median(v) for k, v in shares.items()}
+    return observe, shares
 
 
 def main() -> None:
@@ -158,18 +165,24 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for policy in ("fcfs", "priority"):
+            kinds = [(mode, cls) for mode, (_, own) in MODES.items()
+                     for cls in (own, StepPlannerScheduler)]
             runs: dict[tuple[str, type], list[tuple[list[int], int, int]]] = defaultdict(list)
-            for _ in range(2):  # each of the four in turn, twice
-                for mode, (overlap, own) in MODES.items():
-                    for cls in (own, StepPlannerScheduler):
-                        sched = build(cls, model_dir, batch, policy, overlap)
-                        runs[mode, cls].append(timed_run(sched, batch))
-            for mode, (overlap, own) in MODES.items():
+            for order in (kinds, kinds[::-1]):
+                scheds = [build(cls, model_dir, batch, policy, MODES[mode][0])
+                          for mode, cls in order]
+                for kind, result in zip(order, lockstep(scheds, batch)):
+                    runs[kind].append(result)
+            instrumented = [build(StepPlannerScheduler, model_dir, batch, policy, overlap)
+                            for overlap, _ in MODES.values()]
+            observers, shares_of = zip(*(instrument(sched) for sched in instrumented))
+            lockstep(instrumented, batch, list(observers))
+            for (mode, (overlap, own)), part_shares in zip(MODES.items(), shares_of):
                 (v_sat, v_total, v_n), (s_sat, s_total, s_n) = (
                     ([x for r in passes for x in r[0]], sum(r[1] for r in passes) // 2,
-                     passes[0][2]) for passes in (runs[mode, own], runs[mode, StepPlannerScheduler]))
-                shares = breakdown(build(StepPlannerScheduler, model_dir, batch, policy, overlap),
-                                   batch)
+                     passes[0][2])
+                    for passes in (runs[mode, own], runs[mode, StepPlannerScheduler]))
+                shares = {k: statistics.median(v) for k, v in part_shares.items()}
                 v, s = statistics.median(v_sat), statistics.median(s_sat)
                 rows.append((batch, policy, mode, own.__name__, v / 1e3, s / 1e3, v_total / 1e6,
                              s_total / 1e6, v_n, s_n, shares))

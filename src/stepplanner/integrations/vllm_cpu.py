@@ -15,9 +15,9 @@ import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
 
@@ -129,13 +129,23 @@ def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOut
                              sampled_token_ids=sampled)
 
 
-def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
-        max_steps: int = 100_000,
-        after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
-        before_step: Callable[[int], None] | None = None,
-        before_update: Callable[[int, SchedulerOutput], None] | None = None,
-        on_step: Callable[[int, bool, int, int], None] | None = None) -> int:
-    """Step until every request has finished; returns the number of engine steps.
+class EngineStep(NamedTuple):
+    """One engine step: whether requests were waiting when it began, and the wall time of its
+    ``schedule()`` and ``update_from_output()`` (0 for one it did not call)."""
+
+    step: int
+    saturated: bool
+    schedule_ns: int
+    update_ns: int
+
+
+def engine_steps(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
+                 max_steps: int = 100_000,
+                 after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
+                 before_step: Callable[[int], None] | None = None,
+                 before_update: Callable[[int, SchedulerOutput], None] | None = None,
+                 ) -> Iterator[EngineStep]:
+    """Step until every request has finished, yielding after each engine step.
 
     One engine step is ``EngineCore.step_with_batch_queue`` with a queue as deep as the config's
     ``max_concurrent_batches`` (2 with async scheduling, 1 without, which is ``EngineCore.step``):
@@ -144,9 +154,7 @@ def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
     ``arrivals[step]`` are added before that step's ``schedule()``; ``before_step(step)`` runs
     next; ``after_schedule(step, output)`` right after a ``schedule()``;
     ``before_update(step, output)`` just before ``update_from_output`` of ``output`` (where the
-    engine processes aborts that came in while it ran); ``on_step(step, saturated, schedule_ns,
-    update_ns)`` at the end of each step: whether requests were waiting when it began, and the
-    wall time of its ``schedule()`` and ``update_from_output()`` (0 for one it did not call).
+    engine processes aborts that came in while it ran).
     """
     depth = scheduler.vllm_config.max_concurrent_batches
     queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
@@ -180,7 +188,13 @@ def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
             t0 = clock()
             scheduler.update_from_output(output, model_output)
             in_update = clock() - t0
-        if on_step is not None:
-            on_step(step, saturated, in_schedule, in_update)
+        yield EngineStep(step, saturated, in_schedule, in_update)
         step += 1
-    return step
+
+
+def run(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], **kwargs: Any) -> int:
+    """``engine_steps`` to the end (same arguments); returns the number of engine steps."""
+    steps = 0
+    for _ in engine_steps(scheduler, arrivals, **kwargs):
+        steps += 1
+    return steps
