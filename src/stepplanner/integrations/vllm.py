@@ -355,8 +355,7 @@ class StepPlannerScheduler(AsyncScheduler):
             admission_rows = []  # like vLLM: no admission in a step that preempted
 
         if admitted:
-            self.waiting.remove_requests(admitted)
-            self.deferred_waiting.difference_update(admitted)
+            self._leave_waiting(admitted)
         preempted_ids = [r.request_id for r in preempted]
         withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
         stats.scheduled_rows += len(num_scheduled)
@@ -392,6 +391,19 @@ class StepPlannerScheduler(AsyncScheduler):
                 continue
             out.append(request)
         return out
+
+    def _leave_waiting(self, admitted: list[Request]) -> None:
+        """Take admitted requests out of vLLM's waiting queue. They are nearly always its head,
+        in its order, and popping the head is cheap (what vLLM's own schedule() does), while
+        removing from inside the PRIORITY queue's heap rebuilds it: a comparison per waiting
+        request, a tenth of a step at B = 256 with a long queue."""
+        waiting = self.waiting
+        rest = set(admitted)
+        while rest and waiting and waiting.peek_request() in rest:
+            rest.discard(waiting.pop_request())
+        if rest:
+            waiting.remove_requests(rest)
+        self.deferred_waiting.difference_update(admitted)
 
     def _order_key(self, request: Request) -> tuple[int, int]:
         return (request.priority if self._priority_order else 0,
