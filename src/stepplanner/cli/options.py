@@ -27,7 +27,7 @@ def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return apply
 
 
-workload_options = compose(
+trace_options = compose(
     click.option("--trace", type=click.Path(exists=True, dir_okay=False),
                  help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
                       "columns (recognised), or any with --columns; default: the embedded "
@@ -35,6 +35,10 @@ workload_options = compose(
     click.option("--columns", default=None,
                  help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
                       "[,priority=COL][,unit=s|ms|us|datetime]'."),
+)
+
+workload_options = compose(
+    trace_options,
     # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
     click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
                  default=DEFAULT_REQUESTS, show_default=True,
@@ -105,11 +109,13 @@ def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
 run_options = run_options_stopping_at(None)
 
 
+format_option = click.option(
+    "--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table", show_default=True,
+    help="table: for a terminal (rows printed vertically when the table is wider than it); md: "
+         "Markdown; csv: the main table only; json: the full report.")
+
 format_options = compose(
-    click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table",
-                 show_default=True,
-                 help="table: for a terminal (rows printed vertically when the table is wider "
-                      "than it); md: Markdown; csv: the main table only; json: the full report."),
+    format_option,
     click.option("--json", "as_json", is_flag=True, help="Same as --format json."),
 )
 
