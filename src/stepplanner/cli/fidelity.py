@@ -16,8 +16,8 @@ from ..sim.traces import read_trace
 from ..sim.workloads import Workload
 from .errors import InputError, library_errors
 from .notices import warn, warn_no_op_options, warn_refused
-from .options import (format_option, given, limit_options, limits_from, options_from,
-                      run_options, scheduling_options, trace_from, trace_options)
+from .options import (format_option, given, limit_options, limits_from, num_pages_option,
+                      options_from, run_options, scheduling_options, trace_from, trace_options)
 from .plot import check_plot_path, plot_fidelity, require_matplotlib
 from .render import emit, fidelity_blocks
 from .replay import recorded_options
@@ -42,9 +42,7 @@ OPTION_PARAMETERS = {"mode": "ifb_scheduling_mode", "max_num_tokens": "max_num_t
 @scheduling_options
 @run_options
 @latency_model_option
-@click.option("--num-pages", type=int, default=0, show_default=True,
-              help="Simulate a pool of this many KV pages, as simulate --num-pages (0 = "
-                   "unlimited).")
+@num_pages_option
 @format_option
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the full report as JSON to this file ('-': stdout, as "

@@ -109,6 +109,12 @@ def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
 run_options = run_options_stopping_at(None)
 
 
+num_pages_option = click.option(
+    "--num-pages", type=int, default=0, show_default=True,
+    help="A pool of this many KV pages (of --kv-page-size tokens): admission reserves each "
+         "request's worst case (prompt + output tokens) and the report adds page occupancy "
+         "(0 = unlimited pages).")
+
 format_option = click.option(
     "--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table", show_default=True,
     help="table: for a terminal (rows printed vertically when the table is wider than it); md: "
