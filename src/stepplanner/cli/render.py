@@ -299,10 +299,11 @@ def fidelity_blocks(r: dict[str, Any]) -> list[Block]:
 def _merit_text(s: dict[str, Any]) -> str:
     if s["median_abs_error"] is None:
         return "no figure has both sides"
+    metric, p = s["worst"].split()
     missing = len(s["figures"]) - s["known"]
     return (f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} "
-            f"({_FIDELITY_NAMES[s['worst'].split()[0]]} {s['worst'].split()[1]})" + (f", {missing} figure(s) without both sides"
-                                        if missing else ""))
+            f"({_FIDELITY_NAMES[metric]} {p})"
+            + (f", {missing} figure(s) without both sides" if missing else ""))
 
 
 def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
