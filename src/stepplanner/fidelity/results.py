@@ -124,8 +124,9 @@ def read_results(path: str | pathlib.Path) -> RunResults:
         if short.size:
             i = int(short[0])
             raise StepPlannerValueError(
-                f"{where}: latencies[{i}]={e2e[i]!r} is below ttfts[{i}]={ttft[i]!r}; allowed: "
-                "E2E latency >= TTFT (the last token comes no earlier than the first)")
+                f"{where}: latencies[{i}]={float(e2e[i])!r} is below "
+                f"ttfts[{i}]={float(ttft[i])!r}; allowed: E2E latency >= TTFT (the last token "
+                "comes no earlier than the first)")
     else:
         e2e = ttft + np.array([float(g.sum()) for g in itls])
     arrival = None
