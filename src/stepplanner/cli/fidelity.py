@@ -37,7 +37,7 @@ OPTION_PARAMETERS = {"mode": "ifb_scheduling_mode", "max_num_tokens": "max_num_t
 @click.command("fidelity")
 @click.argument("results_path", metavar="RESULTS.json",
                 type=click.Path(exists=True, dir_okay=False))
-@trace_options
+@trace_options("the trace the results name, else the requests they hold")
 @limit_options
 @scheduling_options
 @run_options

@@ -27,18 +27,20 @@ def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return apply
 
 
-trace_options = compose(
-    click.option("--trace", type=click.Path(exists=True, dir_okay=False),
-                 help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
-                      "columns (recognised), or any with --columns; default: the embedded "
-                      "synthetic workload."),
-    click.option("--columns", default=None,
-                 help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
-                      "[,priority=COL][,unit=s|ms|us|datetime]'."),
-)
+def trace_options(default: str) -> Callable[[Any], Any]:
+    """``--trace`` and ``--columns``; ``default`` says what a command runs without a trace."""
+    return compose(
+        click.option("--trace", type=click.Path(exists=True, dir_okay=False),
+                     help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+                          f"columns (recognised), or any with --columns; default: {default}."),
+        click.option("--columns", default=None,
+                     help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+                          "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    )
+
 
 workload_options = compose(
-    trace_options,
+    trace_options("the embedded synthetic workload"),
     # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
     click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
                  default=DEFAULT_REQUESTS, show_default=True,
