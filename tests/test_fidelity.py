@@ -440,5 +440,18 @@ def test_cli_warns_about_the_default_latency_model_and_failed_requests(
     assert out.exit_code == 0, out.output
     assert "warning: 1 of the real run's requests failed" in out.stderr
     assert "warning: no --latency-model or --latency given" in out.stderr
-    assert "2 compared" not in out.stderr and "3 requests, 1 failed, 2 compared" in out.stdout
+    assert "3 requests, 1 failed, 2 compared" in out.stdout
 
+
+
+def test_a_runtime_scheduled_run_and_a_missing_trace_are_said(tmp_path: pathlib.Path) -> None:
+    doc = stepplanner_doc()
+    doc["stepplanner"].update(options=None, scheduler="fifo", trace="gone.csv")
+    out = run_cli(write(tmp_path / "r.json", doc), "--latency", LATENCY_TEXT, "--format", "json")
+    assert out.exit_code == 0, out.output
+    assert "warning: the trace the results name (gone.csv) was not found" in out.stderr
+    assert ("warning: the run was scheduled by 'fifo', which is not a stepplanner policy; the "
+            "simulation runs MIXED + FCFS from the flags") in out.stderr
+    report = json.loads(out.stdout)
+    assert report["results"]["scheduler"] == "fifo" and report["policy"]["mode"] == "MIXED"
+    assert report["limits"]["max_batch_size"] == 4  # the run's limits still apply
