@@ -339,6 +339,35 @@ def test_a_plan_call_between_two_steps_is_refused_too(ledger_impl):
     assert _message(info.value) == _message(_errors.pending_plan_changed())
 
 
+def test_a_planner_returning_no_plan_is_refused_at_the_next_step(ledger_impl):
+    class Odd:
+        limits = LIMITS
+
+        def plan(self, residents, count=None, reasons=None):
+            return object()
+
+    ledger = ledger_impl.Ledger(LIMITS, POLICY)
+    ledger.submit(1, 20, max_new_tokens=4)
+    ledger.step(Odd())
+    with pytest.raises(TypeError) as info:
+        ledger.step(Odd())
+    assert "StepPlan" in str(info.value)
+
+
+def test_plans_of_the_other_implementation_are_versioned_too(ledger_impl, compiled, reference):
+    for core in (compiled, reference):  # either ledger steps with either planner
+        ledger = ledger_impl.Ledger(LIMITS, POLICY)
+        planner, other = (core.StepPlanner(POLICY, LIMITS) for _ in range(2))
+        ledger.submit(1, 20, max_new_tokens=4)
+        plan = ledger.step(planner)
+        rows = plan.num_prefill + plan.num_decode
+        other.plan(ledger.residents)  # another planner: the pending plan is untouched
+        plan = ledger.step(planner, np.zeros(rows, dtype=bool))
+        planner.plan(ledger.residents)
+        with pytest.raises(ValueError, match="has changed since"):
+            ledger.step(planner, np.zeros(plan.num_prefill + plan.num_decode, dtype=bool))
+
+
 # --- A.6: __init__ called again --------------------------------------------------------------------
 
 

@@ -483,7 +483,8 @@ cdef class Ledger:
     cdef _CoreMemory _ids, _generated, _finished, _admitted   # memory only the C writes
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
     cdef object _pending            # the plan of step() not yet applied, or None
-    cdef uint64_t _pending_version  # its version when step() returned it
+    cdef uint64_t _pending_version  # its version when step() returned it (a compiled plan)
+    cdef object _foreign_version    # the same for a plan of another class (plan_version)
     cdef bint _initialised          # __init__ ran (a second call is refused)
     cdef object _fits               # the last planner step() found made for these limits
     cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
@@ -932,7 +933,7 @@ cdef class Ledger:
                 if (<StepPlan>pending).version != self._pending_version:
                     raise _errors.pending_plan_changed()
             else:
-                check_pending(pending, self._pending_version)
+                check_pending(pending, self._foreign_version)
             p = self._check_apply(pending, finished, &mask, &stride)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
@@ -943,7 +944,7 @@ cdef class Ledger:
         if isinstance(plan, StepPlan):
             self._pending_version = (<StepPlan>plan).version
         else:
-            self._pending_version = plan_version(plan)
+            self._foreign_version = plan_version(plan)
         self._pending = plan
         return plan
 

@@ -126,7 +126,7 @@ class Ledger:
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
         self._row_of: dict[int, int] = {}         # resident id -> row
         self._pending: Any = None                 # the plan of step() not yet applied
-        self._pending_version = 0                 # its version when step() returned it
+        self._pending_version: int | None = 0     # its version when step() returned it
         self._busy = False                        # a call is running (see _exclusive)
         self._initialised = True
 

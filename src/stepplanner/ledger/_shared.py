@@ -217,9 +217,10 @@ def plan_rows_in_range(resident: np.ndarray, paused: np.ndarray, count: int) -> 
         raise _errors.plan_resident_repeated(*repeated)
 
 
-def plan_version(plan: Any) -> int:
-    """The version of either implementation's ``StepPlan``: it changes whenever the plan does."""
-    version: int = plan._version
+def plan_version(plan: Any) -> int | None:
+    """The version of either implementation's ``StepPlan``: it changes whenever the plan does
+    (None for anything else a planner returned: ``apply``/``step`` refuse that as no plan)."""
+    version: int | None = getattr(plan, "_version", None)
     return version
 
 
