@@ -24,10 +24,12 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
-def config(project: Path) -> dict:
+def config(project: Path) -> dict[str, Any]:
     with open(project / "pyproject.toml", "rb") as f:
-        return tomllib.load(f).get("tool", {}).get("cibuildwheel", {})
+        table: dict[str, Any] = tomllib.load(f).get("tool", {}).get("cibuildwheel", {})
+    return table
 
 
 def _as_list(value: str | list[str] | None) -> list[str]:
@@ -36,7 +38,7 @@ def _as_list(value: str | list[str] | None) -> list[str]:
     return value.split() if isinstance(value, str) else list(value)
 
 
-def environment(cfg: dict) -> dict[str, str]:
+def environment(cfg: dict[str, Any]) -> dict[str, str]:
     """test-environment as a table (the form this project uses); the string form would need
     cibuildwheel's own shell-like parser, so it is refused rather than half-understood."""
     env = cfg.get("test-environment", {})
