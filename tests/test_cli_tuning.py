@@ -89,9 +89,66 @@ def test_capacity_json() -> None:
     assert doc["tolerance"] == 1.0
 
 
-def test_capacity_needs_an_slo() -> None:
-    result = CliRunner().invoke(main, ["capacity", *SMALL])
-    assert result.exit_code != 0 and "at least one --slo" in result.output
+def test_capacity_needs_an_slo_or_the_stability_condition() -> None:
+    result = CliRunner().invoke(main, ["capacity", *SMALL, "--no-stability"])
+    assert result.exit_code == 2 and "at least one --slo when --no-stability" in result.output
+
+
+def test_capacity_bounds_a_tpot_only_objective_by_queueing_delay() -> None:
+    """TPOT alone holds at any rate (the queue absorbs the load), so capacity used to report its
+    10,000 req/s ceiling; the default stability condition (median queueing delay <= 2 s)
+    bounds it, is stated beside the SLOs, and can be changed or dropped."""
+    doc = _json("capacity", *SMALL, "--slo", "tpot_p99=50ms", "--tolerance", "1",
+                "--backend", "serial")
+    assert doc["stability"] == "queue_p50=2000ms" and doc["max_rate"] == 10_000.0
+    (r,) = doc["results"]
+    assert not r["unbounded"] and 0 < r["capacity"] < 1000 and r["upper"] is not None
+    assert r["at_capacity"]["stability"]["slo"] == "queue_p50"
+    assert r["at_capacity"]["stability"]["observed_s"] <= 2.0
+
+    table = _invoke("capacity", *SMALL, "--slo", "tpot_p99=50ms", "--tolerance", "1",
+                    "--backend", "serial", "--format", "md").output
+    assert "SLOs tpot_p99=50ms; stability queue_p50=2000ms" in " ".join(table.split())
+    assert "queue_p50 ≤ 2000 ms" in " ".join(table.split())
+
+    vidur = _json("capacity", *SMALL, "--slo", "tpot_p99=50ms", "--tolerance", "1",
+                  "--backend", "serial", "--max-queue-delay", "p99=5s")
+    assert vidur["stability"] == "queue_p99=5000ms"
+    assert vidur["results"][0]["at_capacity"]["stability"]["slo"] == "queue_p99"
+
+    dropped = _json("capacity", *SMALL, "--slo", "tpot_p99=50ms", "--backend", "serial",
+                    "--no-stability", "--max-rate", "500")
+    assert dropped["stability"] is None
+    (r,) = dropped["results"]
+    assert r["unbounded"] is True and r["capacity"] is None and r["upper"] is None
+
+
+def test_capacity_at_max_rate_is_a_bound_not_a_number() -> None:
+    args = [*SMALL, "--slo", "tpot_p99=50ms", "--backend", "serial", "--max-rate", "20",
+            "--grid", "mode=mixed,prefill_first"]
+    for r in _json("capacity", *args)["results"]:
+        assert r["unbounded"] is True and r["capacity"] is None and r["max_rate"] == 20.0
+    rows = [line for line in _invoke("capacity", *args, "--format", "md").output.splitlines()
+            if line.startswith("| ifb_scheduling_mode=")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == "≥ 20.00" and cells[3] == "-"
+    csv_text = _invoke("capacity", *args, "--format", "csv").output
+    assert "≥ 20.00" in csv_text and ",20.00," not in csv_text
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-queue-delay", "p50=2"], "value '2' is not a duration"),
+    (["--max-queue-delay", "median=2s"], "is not pN=VALUE; e.g. p50=2s"),
+    (["--max-queue-delay", "p99=5s", "--no-stability"],
+     "--no-stability drops the condition --max-queue-delay sets"),
+])
+def test_capacity_refuses_a_bad_stability_option(args: list[str], fragment: str) -> None:
+    result = CliRunner().invoke(main, ["capacity", *SMALL, "--slo", "ttft_p99=1s", *args])
+    assert result.exit_code == 2
+    assert fragment in result.output
+    assert "Traceback" not in result.output
 
 
 def test_capacity_refuses_columns_without_a_trace() -> None:

@@ -254,6 +254,20 @@ FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer c
                         "TE1MTILzgkwA/4KCgpKCgoKCggAAAJKCgubmvubm5v80NLozMzMzgoKCgt/fi9/f39/f39/f"
                         "39/f39/f39/f39/f39/f39/f39/f39/fi9/f39/f39/f398739/f35/f39/f3zI3ODAwNTHM"
                         "//8AAAB2dt8yNzgwMDUxzP//AAAAdnYJdnZ2dgSsdvs3"),
+    "lying-table-inputs": (set(),  # issue 20 A.1: a KVPageTable subclass's properties
+                           "TFBUPFQNDQ0NDQ0NDQ0NDQ0NDQ0NDQ0NPA0NLnEvf71ZEuJ8fKgnJDw03FZQLqdi8dRlUPMJ"
+                           "8VFRnGSOSAkhrFrhEaMsKKBS9SPl3GBgl4shXuqaD+LeO59M0k/rWC6nYvHUZVAsRTbzCfFR"
+                           "UZxkAAAJEaMsKKCeAI7jOsg84BvbLNYijvTgULI2jgEAAAAAYg=="),
+    "lying-table-rows": (set(),  # issue 20 A.1 (the twin sized by the lies)
+                         "TFBUPJeLf39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
+                         "f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
+                         "f39/f39/f39/f39/f39/f39/f38hXurHoNpNTFQ8l4shPV7qmnmglBCbA+jW"),
+    "resized-view-base": (set(),  # issue 20 A.2: .base resized, refcheck=False
+                          "TFQ8l4shXgAAAACUEEgJIaxa4RGjLCigngZy1iKO9OBQsgAAAAAAAAAAAAA2jjBs7wZLNZu0"
+                          "simy3FY="),
+    "re-dtyped-view": (set(),  # issue 20 A.3: a handed-out view's dtype set
+                       "TFBUPJf//////////3mYuMeg2k1rgdVeklmIlWiVO+dWrurtB9tH/S5xPxawWRLifICoJyQ8"
+                       "TFQ8lzmkfEdn46wP4t47n0zST+tYLqdi8dRlUCyLRTbzCfFRUZxkjkgJIaxa4SFe6pp5oA=="),
     "shifty-list": ({"shifty-list"},
                     "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
                     "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"
@@ -288,8 +302,9 @@ SEEDS = HARNESS.parent / "fuzz_seeds"
 
 def test_marker_seeds_reach_what_they_mark(monkeypatch):
     """The seeds .ci/run starts its fuzz smoke from: each reaches the episode its marker bytes
-    select (a capped T_max; ledgers with page tables that hold rows), so the 45 s smoke covers
-    max_step_tokens and the paged ledger from its first input."""
+    select (a capped T_max; ledgers with page tables that hold rows; subclassed tables and
+    tampered views), so the 45 s smoke covers max_step_tokens, the paged ledger and the object
+    protocol moves from its first input."""
     harness = load_harness()
     seen = {"capped": 0, "rows": 0, "tables": 0}
     make_limits, check_pages = harness.make_limits, harness.check_pages
@@ -305,12 +320,29 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
     def pages_seen(ledger, table, model):
         seen["tables"] += isinstance(table, (kv_compiled.KVPageTable, kv_reference.KVPageTable))
         seen["rows"] = max(seen["rows"], ledger.count)
+        if type(table).__name__ == "Liar":  # a subclass the ledgers took: its lies were harmless
+            seen["liar_rows"] = max(seen["liar_rows"], ledger.count)
         check_pages(ledger, table, model)
 
     monkeypatch.setattr(harness, "make_limits", limits_seen)
     monkeypatch.setattr(harness, "check_pages", pages_seen)
+    lying_tables, tamper_view = harness.lying_tables, harness.tamper_view
+
+    def lies_seen(*args):
+        seen["liars"] += 1
+        return lying_tables(*args)
+
+    def tamper_seen(view, move):
+        seen["tampered"] += 1
+        tamper_view(view, move)
+
+    seen.update(liars=0, liar_rows=0, tampered=0)
+    monkeypatch.setattr(harness, "lying_tables", lies_seen)
+    monkeypatch.setattr(harness, "tamper_view", tamper_seen)
     names = sorted(p.name for p in SEEDS.iterdir())
-    assert names == ["capped-paged-ledger", "capped-planner", "paged-ledger"]
+    assert names == ["capped-paged-ledger", "capped-planner", "paged-ledger", "tampered-ledger",
+                     "tampered-paged-ledger"]
     for name in names:
         harness.one_input((SEEDS / name).read_bytes())
     assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen
+    assert seen["liars"] >= 1 and seen["liar_rows"] >= 2 and seen["tampered"] >= 2, seen

@@ -75,6 +75,9 @@ class LedgerMachine(RuleBasedStateMachine):
             ledger_type, planner_type = _ledger_reference.Ledger, _reference.StepPlanner
         self.ledger = ledger_type(self.limits, self.policy, max_waiting=max_waiting)
         self.planner = planner_type(self.policy, self.limits)
+        # Plans for refused calls come from another planner: planning on the ledger's own
+        # between two step() calls changes its pending plan, which step() then refuses.
+        self.side_planner = planner_type(self.policy, self.limits)
         self.max_waiting = max_waiting
         self.resident: dict[int, dict] = {}
         self.accounts: dict[int, list[int]] = {}
@@ -259,9 +262,9 @@ class LedgerMachine(RuleBasedStateMachine):
                                      or [{"arrival": 0}, {"arrival": 0}]),
             lambda: self.ledger.load([{"arrival": waiting_stamp, "prompt_length": 1}]
                                      if waiting_stamp is not None else [{"bogus": 1}]),
-            lambda: self.ledger.apply(self.planner.plan(self.ledger.residents),
+            lambda: self.ledger.apply(self.side_planner.plan(self.ledger.residents),
                                       np.ones(n + 1, dtype=bool)),
-            lambda: self.ledger.apply(self.planner.plan(self.ledger.residents),
+            lambda: self.ledger.apply(self.side_planner.plan(self.ledger.residents),
                                       np.zeros(n, dtype=np.int8)),
             lambda: self.ledger.step(self.planner, [True]),
         ]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from stepplanner import SchedulingOptions, StepPlannerLimits, Workload, syntheti
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.simulator import DEFAULT_LIMITS, simulate
 from stepplanner.tuning import (
+    STABILITY,
     ScaledTrace,
     SloTarget,
     find_capacity,
@@ -19,6 +21,7 @@ from stepplanner.tuning import (
     pareto_front,
     parse_grid,
     parse_percentiles,
+    parse_queue_delay,
     parse_slo,
     parse_slos,
     run_tasks,
@@ -368,8 +371,84 @@ def test_capacity_of_a_deterministic_single_server_queue() -> None:
                           parse_slos(["ttft_p99=15ms"]), tolerance=0.02, backend="serial")
     (record,) = records
     assert known - 0.02 - 1e-6 <= record["capacity"] <= known + 1e-6
-    assert record["bounded"] and record["upper"] - record["capacity"] <= 0.02
+    assert not record["unbounded"] and record["upper"] - record["capacity"] <= 0.02
     assert record["at_capacity"]["p99_ttft_ms"] <= 15.0
+
+
+def test_capacity_has_a_stability_condition_by_default() -> None:
+    """A TPOT-only objective holds at any rate (here: one-token outputs have no TPOT, so it holds
+    trivially), so without a stability condition capacity ran to its ceiling and reported it as
+    a number. With the default, median queueing delay <= 2 s, it is the D/D/1 queue's: request k
+    waits k(a - 1/r), the median over 2,000 (rank 999.5) reaches 2 s at r = 1 / (a - 2/999.5)."""
+    a, n = 0.01, 2000
+    known = 1 / (a - 2.0 / (0.5 * (n - 1)))
+    tpot_only = parse_slos(["tpot_p99=10ms"])
+    args = (ScaledTrace(_uniform(n, 10.0)), {}, StepPlannerLimits(1, 64, 16), SchedulingOptions(),
+            LatencyModel(a, 0.0, 0.0), tpot_only)
+    (record,), _ = capacity(*args, tolerance=0.05, backend="serial")
+    assert STABILITY == SloTarget("queue", 50.0, 2.0)
+    assert not record["unbounded"]
+    assert known - 0.05 - 1e-6 <= record["capacity"] <= known + 1e-6
+    stable = record["at_capacity"]["stability"]
+    assert stable["slo"] == "queue_p50" and stable["met"] and stable["observed_s"] <= 2.0
+    assert record["probes"][-1]["stable"] is not None
+
+    # Changed: Vidur's p99 <= 5 s; the p99 (rank 1979.01) of k(a - 1/r) reaches 5 s lower down.
+    vidur = 1 / (a - 5.0 / (0.99 * (n - 1)))
+    (record,), _ = capacity(*args, tolerance=0.05, backend="serial",
+                            stability=parse_queue_delay("p99=5s"))
+    assert vidur - 0.05 - 1e-6 <= record["capacity"] <= vidur + 1e-6
+
+    # Dropped: nothing bounds the rate; the ceiling is reported as a bound, never a capacity.
+    (record,), _ = capacity(*args, max_rate=1000.0, backend="serial", stability=None)
+    assert record["unbounded"] and record["capacity"] is None and record["upper"] is None
+    assert record["max_rate"] == 1000.0 and record["at_capacity"]["rate"] == 1000.0
+    assert record["at_capacity"]["stability"] is None
+    assert all(p["meets"] and p["stable"] is None for p in record["probes"])
+
+
+def test_capacity_sorts_unbounded_first() -> None:
+    records, _ = capacity(ScaledTrace(_uniform(50, 10.0)), {"max_batch_size": ["1", "2"]},
+                          StepPlannerLimits(1, 64, 16), SchedulingOptions(),
+                          LatencyModel(0.01, 0.0, 0.0), parse_slos(["ttft_p99=30ms"]),
+                          tolerance=0.5, max_rate=150.0, backend="serial")
+    # B=1 queues past 100 req/s; B=2 serves 150 req/s within 20 ms (a step plus a step's wait).
+    assert [r["unbounded"] for r in records] == [True, False]
+    assert records[0]["options"] == {"max_batch_size": "2"}
+
+
+@pytest.mark.parametrize("stability, error, fragment", [
+    (SloTarget("ttft", 50.0, 2.0), ValueError, "a bound on queueing delay over all requests"),
+    (SloTarget("queue", 50.0, 2.0, -1), ValueError, "a bound on queueing delay over all"),
+    ("p50=2s", TypeError, "stability must be a SloTarget on queueing delay or None, got str"),
+])
+def test_capacity_refuses_a_stability_condition_that_is_not_one(stability, error,
+                                                                fragment) -> None:
+    with pytest.raises(error, match=fragment):
+        capacity(ScaledTrace(_uniform(5, 1.0)), {}, DEFAULT_LIMITS, SchedulingOptions(),
+                 LatencyModel(), parse_slos(["ttft_p99=1s"]), backend="serial",
+                 stability=stability)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("p50=2s", SloTarget("queue", 50.0, 2.0)),
+    (" P99 = 5000ms ", SloTarget("queue", 99.0, 5.0)),
+    ("p99.9=1.5s", SloTarget("queue", 99.9, 1.5)),
+])
+def test_parse_queue_delay(text: str, expected: SloTarget) -> None:
+    assert parse_queue_delay(text) == expected
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("50=2s", "is not pN=VALUE; e.g. p50=2s (Sarathi-Serve), p99=5s (Vidur)"),
+    ("p50@-1=2s", "is not pN=VALUE"),
+    ("queue_p50=2s", "is not pN=VALUE"),
+    ("p50=2", "value '2' is not a duration"),
+    ("p150=1s", "percentile 150.0 is out of range"),
+])
+def test_parse_queue_delay_refuses(text: str, fragment: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_queue_delay(text)
 
 
 def test_scaled_trace_keeps_requests_and_scales_time() -> None:
@@ -380,7 +459,14 @@ def test_scaled_trace_keeps_requests_and_scales_time() -> None:
     assert np.array_equal(scaled.prompt_tokens, base.prompt_tokens)
 
 
-def test_capacity_needs_an_slo() -> None:
-    with pytest.raises(ValueError, match="at least one SLO"):
+def test_capacity_needs_an_slo_or_the_stability_condition() -> None:
+    with pytest.raises(ValueError, match="at least one SLO .* or a stability condition"):
         capacity(ScaledTrace(_uniform(5, 1.0)), {}, DEFAULT_LIMITS, SchedulingOptions(),
-                 LatencyModel(), (), backend="serial")
+                 LatencyModel(), (), backend="serial", stability=None)
+    # The stability condition alone is a capacity: the highest rate the queue stays bounded at.
+    # D/D/1 as above, 1,000 requests: the median wait 499.5(a - 1/r) reaches 2 s at 166.8 req/s.
+    (record,), _ = capacity(ScaledTrace(_uniform(1000, 10.0)), {}, StepPlannerLimits(1, 64, 16),
+                            SchedulingOptions(), LatencyModel(0.01, 0.0, 0.0), (),
+                            tolerance=0.5, backend="serial")
+    known = 1 / (0.01 - 2.0 / 499.5)
+    assert not record["unbounded"] and known - 0.5 - 1e-6 <= record["capacity"] <= known + 1e-6

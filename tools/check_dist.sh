@@ -6,8 +6,9 @@
 #   2. twine check --strict on both;
 #   3. contents: the sdist has the .pyx/.pxd/.pyi sources and no generated C; the wheel has the
 #      compiled modules, each with its .pxd and .pyi, and py.typed, and no .pyx/.c;
-#   4. the wheel in a fresh venv passes the test suite run from a copy of tests/ outside the source
-#      tree, with STEPPLANNER_REQUIRE_COMPILED=1;
+#   4. the wheel in a fresh venv passes its tests in exactly cibuildwheel's layout: the sdist
+#      extracted, only [tool.cibuildwheel] test-sources copied to an empty directory, test-command
+#      run there with test-environment (tools/cibw_test.py reads all of it from pyproject.toml);
 #   5. cibuildwheel --print-build-identifiers for linux, macos and windows lists the release matrix.
 #
 # Usage: tools/check_dist.sh [python]   (default python3; the wheel is built and tested with it)
@@ -61,17 +62,23 @@ if bad:
 print("ok: .pyx in the sdist only; each compiled module with its .pxd and stub in the wheel")
 PY
 
-step "the wheel in a fresh venv, tests from a copy outside the source tree"
+step "the wheel in a fresh venv, tested in cibuildwheel's layout (tools/cibw_test.py)"
+# The release build tests each wheel from the *sdist*: cibuildwheel extracts it, copies only the
+# `test-sources` into an empty directory and runs `test-command` there with `test-environment`
+# (all from [tool.cibuildwheel]). Do exactly that, so a test that needs a file outside
+# test-sources fails here and not in the release.
 "$PY" -m venv "$WORK/wheel-venv"
-"$WORK/wheel-venv/bin/python" -m pip install -q "$WHEEL[test,cli]"
-mkdir -p "$WORK/run"
-cp -R "$ROOT/tests" "$ROOT/pyproject.toml" "$WORK/run/"
-(cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -c \
-  "import stepplanner, stepplanner.core._planner as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
+mkdir -p "$WORK/sdist-src"
+tar -xzf "$SDIST" -C "$WORK/sdist-src"
+PROJECT=$(ls -d "$WORK"/sdist-src/*/)
 # The full log stays in $WORK/pytest.log; a failure is reported at the end, after step 5.
 tests_ok=1
-(cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -m pytest -q \
-  -p no:cacheprovider tests > "$WORK/pytest.log" 2>&1) || tests_ok=0
+"$PY" "$ROOT/tools/cibw_test.py" "$PROJECT" "$WORK/run" "$WORK/wheel-venv/bin/python" \
+  --install "$WHEEL" > "$WORK/pytest.log" 2>&1 || tests_ok=0
+head -1 "$WORK/pytest.log"
+ls -A "$WORK/run"
+(cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -c \
+  "import stepplanner, stepplanner.core._planner as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
 grep -E '^(FAILED|ERROR) ' "$WORK/pytest.log" || true
 tail -1 "$WORK/pytest.log"
 

@@ -19,8 +19,11 @@ An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed
 admit / apply with a sampler's mask / fused step / retire / load sequences on the compiled ledger
 and its pure-Python twin side by side, checked against each other, the live ids, the queue bound
 and the reserved-slot rule (see ``ledger_episode``). After ``LEDGER_MARKER``, ``PAGES_MARKER``
-gives both ledgers a KV page table (compiled and reference) over a fuzzed pool. Before either
-kind, ``STEP_CAP_MARKER`` gives the limits a fuzzed ``max_step_tokens`` (SPEC §1). Markers are
+gives both ledgers a KV page table (compiled and reference) over a fuzzed pool. After those,
+``TAMPER_MARKER`` adds the object-protocol moves (issue 20): page tables of a subclass whose
+properties lie about the table (or whose methods do nothing), and handed-out views whose dtype,
+shape, strides or flags are set, or whose ``.base`` chain is resized. Before either kind,
+``STEP_CAP_MARKER`` gives the limits a fuzzed ``max_step_tokens`` (SPEC §1). Markers are
 bytes, not decoded choices, so that every earlier input decodes as it did.
 
 The Python modules of stepplanner are coverage-instrumented (``atheris.instrument_imports``);
@@ -40,6 +43,7 @@ is fixed.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import atheris
 import numpy as np
@@ -61,6 +65,7 @@ MAX_ROWS = 12
 MAX_STEPS = 6
 LEDGER_MARKER = b"L"  # an input starting with it is a ledger episode
 PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
+TAMPER_MARKER = b"T"  # after those: subclassed tables and tampered views (object protocol)
 STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
@@ -418,6 +423,7 @@ class LedgerModel:
         self.live: set[int] = set()
         self.priority: dict[int, int] = {}
         self.max_new: dict[int, int] = {}
+        self.step_plans: dict[int, object] = {}  # id(ledger) -> what its last step() returned
 
     def check(self, ledger: Ledger) -> None:
         resident = ledger.request_ids.tolist()
@@ -436,13 +442,27 @@ class LedgerModel:
             raise Disagreement(f"ledger residents repeat an arrival: {arrivals}")
 
 
+def table_module(table: object) -> object:
+    """The KV module whose ``KVPageTable`` ``table`` is (or subclasses)."""
+    return _kv if isinstance(table, _kv.KVPageTable) else _kv_reference
+
+
+def real_table(table: object) -> tuple:
+    """(rows, page counts, Geometry) of ``table`` as its storage holds them: read through its
+    module and class, past whatever a subclass's properties say."""
+    module = table_module(table)
+    rows = module.KVPageTable.rows.__get__(table)
+    return rows, module.counts(table), module.geometry(table)
+
+
 def ledger_snapshot(ledger: Ledger) -> tuple:
     state = (ledger.to_records(), ledger.waiting_ids(), ledger.count,
              ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
     table = ledger.page_table
     if table is None:
         return state
-    return state + (table.rows.tolist(), table.page_counts.tolist(), table.num_free_pages,
+    rows, counts, sizes = real_table(table)
+    return state + (rows.tolist(), counts.tolist(), sizes.num_free_pages,
                     ledger.reserved_pages, ledger.held_back, ledger.kv_pages_in_use())
 
 
@@ -463,7 +483,7 @@ def ledger_outcome(call, ledger, planner) -> tuple:
 
 
 def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
-                   paged: bool = False) -> None:
+                   paged: bool = False, tamper: bool = False) -> None:
     """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
     compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
     planner) side by side. Fails when the two disagree on a result, an error or the state after
@@ -472,7 +492,9 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
     invents a request, passes max_waiting, or breaks the reserved-slot rule; or when a plan
     breaks an invariant. With ``paged``, each ledger owns a page table (the compiled ledger the
     compiled one) over the same fuzzed pool; the tables must agree page for page and keep their
-    invariants, and admission may hold requests back only for want of pages."""
+    invariants, and admission may hold requests back only for want of pages. With ``tamper``,
+    the tables may be of a subclass that lies (``lying_tables``) and an operation may tamper
+    with a view the ledger handed out (``tamper_op``)."""
     b = fdp.ConsumeIntInRange(1, 8)
     s_in, page = fdp.ConsumeIntInRange(1, 40), fdp.ConsumeIntInRange(1, 16)
     floor = max(b, page)  # the least max_step_tokens allowed; at or past B × S_in it caps nothing
@@ -490,17 +512,30 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
     if paged:  # a pool from a page short of one row's worst case to more than all rows hold
         max_pages = fdp.ConsumeIntInRange(1, 12)
         num_pages = fdp.ConsumeIntInRange(1, b * max_pages + 2)
-        tables = (_kv.KVPageTable(b, max_pages, num_pages, page),
-                  _kv_reference.KVPageTable(b, max_pages, num_pages, page))
-    ledgers = (_ledger_core.Ledger(limits, policy, max_waiting=max_waiting, page_table=tables[0]),
-               _ledger_reference.Ledger(limits, policy, max_waiting=max_waiting,
-                                        page_table=tables[1]))
+        classes = (_kv.KVPageTable, _kv_reference.KVPageTable)
+        slots = b
+        if tamper and fdp.ConsumeProbability() < 0.5:
+            classes, slots, page_real = lying_tables(fdp, b, max_pages, num_pages, page)
+            tables = (classes[0](slots, max_pages, num_pages, page_real),
+                      classes[1](slots, max_pages, num_pages, page_real))
+            inputs = [plain_outcome(m.StepInputs, limits, t)
+                      for m, t in zip((_kv, _kv_reference), tables)]
+            same("StepInputs() over a subclassed table", inputs[0][:3], inputs[1][:3], classes)
+        else:
+            tables = (classes[0](b, max_pages, num_pages, page),
+                      classes[1](b, max_pages, num_pages, page))
+    made = [plain_outcome(cls, limits, policy, max_waiting=max_waiting, page_table=table)
+            for cls, table in zip((_ledger_core.Ledger, _ledger_reference.Ledger), tables)]
+    same("Ledger()", made[0][:3], made[1][:3], (limits, tables))
+    if made[0][0] == "err":
+        return
+    ledgers = (made[0][3], made[1][3])
     planners = [impl.StepPlanner(policy, limits) for impl in IMPLS]
     model = LedgerModel()
     for _ in range(fdp.ConsumeIntInRange(1, 24)):
         if not fdp.remaining_bytes():
             break  # an exhausted provider answers 0 to everything: submits of nothing
-        op = fdp.ConsumeIntInRange(0, 9)
+        op = fdp.ConsumeIntInRange(0, 10 if tamper else 9)
         for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
             before = [ledger_snapshot(ledger) for ledger in ledgers]
             call, accepted = ledger_op(fdp, op, ledgers[0], model, limits)
@@ -538,22 +573,115 @@ def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
     """The table's own invariants, plus what the ledger promises of it: row ``i`` is slot ``i``,
     a slot past the last row holds nothing, and every row holds its worst case (prompt +
     max_new_tokens), so its committed KV always fits."""
-    table.check()
-    counts = table.page_counts.tolist()
+    _, counts_view, sizes = real_table(table)
+    table_module(table).KVPageTable.check(table)  # the class's own check, not a subclass's
+    counts = counts_view.tolist()
     if any(counts[ledger.count:]):
         raise Disagreement(f"slots past row {ledger.count} hold pages: {counts}")
-    page = table.kv_page_size
+    page = sizes.kv_page_size
     lengths, ids = ledger.residents["prompt_length"].tolist(), ledger.request_ids.tolist()
     for i in range(ledger.count):
         need = -(-(lengths[i] + model.max_new[ids[i]]) // page)
         if counts[i] < need:
             raise Disagreement(f"row {i} holds {counts[i]} pages, its worst case {need}")
-    if ledger.reserved_pages != table.num_pages - table.num_free_pages:
+    if ledger.reserved_pages != sizes.num_pages - sizes.num_free_pages:
         raise Disagreement(f"reserved_pages {ledger.reserved_pages} vs the table's "
-                           f"{table.num_pages - table.num_free_pages}")
+                           f"{sizes.num_pages - sizes.num_free_pages}")
     if ledger.kv_pages_in_use() > ledger.reserved_pages:
         raise Disagreement(f"{ledger.kv_pages_in_use()} pages in use > {ledger.reserved_pages} "
                            "reserved")
+
+
+def plain_outcome(make, *args, **kwargs) -> tuple:
+    """``outcome`` of a constructor as (kind, what both sides must agree on..., the object):
+    ("ok", a summary, None, object) or ("err", type name, message, None)."""
+    result = outcome(lambda: make(*args, **kwargs))
+    if result[0] == "err":
+        return result + (None,)
+    made = result[1]
+    summary = (made.capacity if hasattr(made, "capacity")
+               else {k: v.shape for k, v in made.buffers().items()})
+    return ("ok", summary, None, made)
+
+
+TABLE_SIZES = ("max_batch_size", "max_pages_per_sequence", "num_pages", "kv_page_size",
+               "num_free_pages")
+
+
+def lying_tables(fdp: atheris.FuzzedDataProvider, b: int, max_pages: int, num_pages: int,
+                 page: int) -> tuple:
+    """(the two KVPageTable subclasses, real slots, real page size): the same lies on both, each
+    property saying what the limits want, a boundary value or the truth; sometimes the table
+    methods do nothing too. The real table may be shorter than the limits or use another page
+    size: the lies would hide exactly that from a check that believed them (issue 20 A.1)."""
+    slots = fdp.ConsumeIntInRange(1, b)
+    page_real = page if fdp.ConsumeBool() else fdp.ConsumeIntInRange(1, 16)
+    said = {"max_batch_size": b, "max_pages_per_sequence": 127, "num_pages": num_pages + 200,
+            "kv_page_size": page, "num_free_pages": num_pages}
+    lies = {}
+    for name in TABLE_SIZES:
+        roll = fdp.ConsumeIntInRange(0, 3)
+        if roll in (1, 2):
+            lies[name] = said[name]
+        elif roll == 3:
+            lies[name] = fdp.PickValueInList([0, 1, 254, INT32_MAX, -1])
+    if "num_pages" in lies and "num_free_pages" not in lies:
+        lies["num_free_pages"] = lies["num_pages"]  # "every page free", as a new ledger wants
+    lazy = fdp.ConsumeProbability() < 0.3
+
+    def subclass(base: type) -> type:
+        body = {name: property(lambda self, v=v: v) for name, v in lies.items()}
+        if lazy:
+            body.update(ensure=lambda self, slot, n: True, release=lambda self, slot: None,
+                        move=lambda self, src, dst: None)
+        return type("Liar", (base,), body)
+
+    return (subclass(_kv.KVPageTable), subclass(_kv_reference.KVPageTable)), slots, page_real
+
+
+VIEW_NAMES = ("residents", "request_ids", "output_tokens", "finished_ids", "admitted_ids")
+VIEW_MOVES = ("dtype", "shape", "strides", "readonly", "resize", "resize-base")
+
+
+def tamper_view(view: np.ndarray, move: str) -> None:
+    """What a holder of a handed-out view may try on it; each move either works on that object
+    alone or is refused (issue 20 A.2, A.3). The ledger must read its own state regardless."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy deprecates some of these setters
+        try:
+            if move == "dtype":
+                view.dtype = np.dtype([("raw", np.uint8, (view.itemsize,))])
+            elif move == "shape":
+                view.shape = (len(view), 1)
+            elif move == "strides":
+                view.strides = (0,)
+            elif move == "readonly":
+                view.flags.writeable = False
+            elif move == "resize":
+                view.resize(2 * len(view) + 1, refcheck=False)
+            else:  # every object down the .base chain, as the issue's reproducer did
+                obj: object = view
+                while obj is not None:
+                    try:
+                        if isinstance(obj, np.ndarray):
+                            obj.resize(2 * obj.size + 64, refcheck=False)
+                        elif isinstance(obj, bytearray):
+                            obj.extend(bytes(4096))
+                    except (ValueError, BufferError):
+                        pass
+                    obj = obj.base if isinstance(obj, np.ndarray) else getattr(obj, "obj", None)
+        except (ValueError, TypeError, AttributeError, BufferError):
+            pass
+
+
+def tamper_op(fdp: atheris.FuzzedDataProvider) -> tuple:
+    name = fdp.PickValueInList(list(VIEW_NAMES))
+    move = fdp.PickValueInList(list(VIEW_MOVES))
+
+    def tamper(led: Ledger, _planner: object) -> None:
+        tamper_view(getattr(led, name), move)
+
+    return tamper, lambda _: None
 
 
 def some_id(fdp: atheris.FuzzedDataProvider, model: LedgerModel) -> object:
@@ -596,6 +724,8 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
     def nothing(_: object) -> None:
         pass
 
+    if op == 10:
+        return tamper_op(fdp)
     if op == 0:
         rid = some_id(fdp, model) if fdp.ConsumeProbability() < 0.2 else fdp.ConsumeInt(2)
         prio = int_or_hostile(fdp, -2, 2)
@@ -670,9 +800,12 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
         use_mask = fdp.ConsumeBool()
 
         def fused(led: Ledger, planner: object) -> object:
-            plan = planner.plan(led.residents) if use_mask and led.count else None
+            # The mask is over the plan this ledger's last step returned (the planner's one plan:
+            # planning again here would change it, and step() refuses a changed pending plan).
+            plan = model.step_plans.get(id(led)) if use_mask and led.count else None
             mask = some_mask(atheris.FuzzedDataProvider(draw), plan)
             got = led.step(planner, mask)
+            model.step_plans[id(led)] = got
             check_plan(planner.policy, limits, led.residents, got)
             return got
 
@@ -692,8 +825,12 @@ def one_input(data: bytes) -> None:
     if capped:
         data = data[1:]
     if data[:1] == LEDGER_MARKER:
-        paged = data[1:2] == PAGES_MARKER
-        ledger_episode(atheris.FuzzedDataProvider(data[2:] if paged else data[1:]), capped, paged)
+        data = data[1:]
+        paged = data[:1] == PAGES_MARKER
+        data = data[1:] if paged else data
+        tamper = data[:1] == TAMPER_MARKER
+        data = data[1:] if tamper else data
+        ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper)
     else:
         planner_episode(atheris.FuzzedDataProvider(data), capped)
 

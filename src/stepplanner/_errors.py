@@ -370,6 +370,23 @@ def plan_value(where: str, value: int, allowed: str) -> StepPlannerValueError:
     )
 
 
+def plan_resident_repeated(where: str, resident: int, first: str) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"plan.{where}={resident} names the resident plan.{first} names already; allowed: each "
+        "resident at most once, in one plan row or one pause (a plan's rows come from the "
+        "planner; this one was changed outside it)"
+    )
+
+
+def pending_plan_changed() -> StepPlannerValueError:
+    return StepPlannerValueError(
+        "the plan this ledger's last step() returned has changed since (its planner planned "
+        "again: for another ledger, or by a plan() call of its own), so it is not the plan that "
+        "ran; allowed: a planner of its own per ledger, and no other plan() on it between two "
+        "step() calls (admit() drops the stale plan)"
+    )
+
+
 # --- the KV page table and the step's attention inputs ------------------------------------
 
 

@@ -21,7 +21,7 @@ else:
     torch = pytest.importorskip("torch")
 
 import stepplanner as sp  # noqa: E402
-from stepplanner import paging  # noqa: E402
+from stepplanner.kv import paging  # noqa: E402
 
 HEADS, HEAD_DIM = 2, 8
 TOLERANCE = 1e-5

@@ -143,6 +143,7 @@ class Run:
     prefix_hits: int = 0
     off_page_starts: int = 0
     cancelled: dict[str, str] = field(default_factory=dict)  # request id -> phase
+    queue_at_cancel: int = 0  # waiting requests when the last-waiting one was cancelled
     handed: list[list[tuple[str, int, int, bool]]] = field(default_factory=list)
     ran: list[list[tuple[str, int, int, bool]]] = field(default_factory=list)
     page_size: int = 0
@@ -271,6 +272,11 @@ def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, han
             holder: dict[str, Any], late: list[Request], late_at_step: int,
             cancel_phases: tuple[str, ...]) -> None:
     record.steps += 1
+    # The ledger's queue is the runtime's waiting queue: a request that left it (cancelled,
+    # failed) has left the ledger's too, at once, not when its turn for admission came.
+    if sched.ledger.waiting != len(sched.waiting_requests):
+        record.errors.append(f"step {record.steps}: the ledger queues {sched.ledger.waiting} "
+                             f"requests, the runtime {len(sched.waiting_requests)}")
     record.mode = sched.policy.mode
     record.limits = sched.limits
     page = sched.limits.kv_page_size
@@ -338,10 +344,20 @@ def cancel_one_per_phase(sched: Any, record: Run, states: Any, plan: Any,
             found.setdefault("decoding", rid)  # and still decoding after this step's token
     for rid in sched.waiting_requests:
         found.setdefault("waiting", rid)
+    if len(sched.waiting_requests) > 1:
+        # The one the ledger would admit last (FCFS: the newest; PRIORITY: the newest of the
+        # worst class), so that leaving the queue at its turn would take many steps.
+        order = list(sched.waiting_requests)  # arrival order
+        by_priority = sched.policy.scheduling_policy == PRIORITY  # (priority, arrival), lower first
+        last = max(range(len(order)),
+                   key=lambda k: (sched.priority_of.get(order[k], 0) if by_priority else 0, k))
+        found["last-waiting"] = order[last]
     for phase in phases:
         rid = found.get(phase)
         if rid and phase not in record.cancelled.values() and rid not in record.cancelled:
             record.cancelled[rid] = phase
+            if phase == "last-waiting":
+                record.queue_at_cancel = len(sched.waiting_requests)
             holder["manager"].cancel_request(rid)
 
 
@@ -459,6 +475,28 @@ def test_cancellation_in_every_phase_frees_pages_and_slot(model: Any, monkeypatc
         assert rid not in record.results, f"cancelled {rid} still produced an output"
     matched = assert_matches_generate(model, record, requests)
     assert matched == len(requests) - 4
+
+
+@pytest.mark.parametrize("policy", [FCFS, PRIORITY], ids=["fcfs", "priority"])
+def test_a_request_cancelled_while_waiting_leaves_the_ledger_queue_at_once(
+        model: Any, monkeypatch: Any, policy: Any, overlap: bool) -> None:
+    # 18 requests queued up front for 4 slots; at the first step the request the ledger would
+    # admit last is cancelled. From the next step on the ledger's queue must not hold it: every
+    # step checks that it queues exactly the runtime's waiting requests (observe).
+    requests = workload(seed=13, n=18)
+    for r in requests:
+        r.late = False
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=policy,
+                                   max_num_tokens=16, max_chunk_tokens=8)
+    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
+                 cancel_phases=("last-waiting",), overlap=overlap)
+    assert list(record.cancelled.values()) == ["last-waiting"]
+    assert record.queue_at_cancel >= 10  # far from its turn: leaving at it would take steps
+    (rid,) = record.cancelled
+    assert rid not in record.results, f"cancelled {rid} still produced an output"
+    assert assert_matches_generate(model, record, requests) == len(requests) - 1
+    print(f"\n{policy.name}: cancelled {rid} with {record.queue_at_cancel} waiting; "
+          f"{len(requests) - 1} of {len(requests) - 1} others equal generate()")
 
 
 def test_too_long_prompt_fails_alone(model: Any, monkeypatch: Any, overlap: bool) -> None:

@@ -5,7 +5,8 @@ Commands: ``simulate`` (one configuration on one workload), ``compare`` (several
 budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diffed) and
 ``bench`` (forwarded to ``stepplanner.bench``); ``sweep`` (a grid of configurations against
 SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency model fitted to
-measured step times). Needs the ``cli`` extra (click, rich).
+measured step times); ``fidelity`` (a real engine's per-request results beside the simulation of
+the trace it served). Needs the ``cli`` extra (click, rich).
 
 Layout: one module per command, each defining one click command that ``main`` adds below;
 shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
@@ -31,6 +32,7 @@ from .capacity import capacity_command
 from .compare import compare_command
 from .config import parse_config
 from .explain import explain_command
+from .fidelity import fidelity_command
 from .record import record_command
 from .replay import replay_command
 from .simulate import simulate_command
@@ -47,5 +49,5 @@ def main() -> None:
 
 for _command in (simulate_command, compare_command, explain_command, record_command,
                  replay_command, bench_command, sweep_command, capacity_command,
-                 calibrate_command):
+                 calibrate_command, fidelity_command):
     main.add_command(_command)

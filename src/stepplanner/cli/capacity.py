@@ -14,9 +14,9 @@ from .options import (format_options, limit_options, limits_from, options_from, 
                       scheduling_options, trace_from, workload_options)
 from .render import emit
 from .tuning_options import (check_output_paths, latency_model_option, latency_of,
-                             output_options, slo_option)
+                             output_options, slo_option, stability_of, stability_options)
 from .tuning_progress import ConfigProgress, report_interrupt
-from .tuning_render import capacity_blocks, document, save
+from .tuning_render import capacity_blocks, conditions, document, save
 
 
 @click.command("capacity")
@@ -26,6 +26,7 @@ from .tuning_render import capacity_blocks, document, save
 @click.option("--grid", "grid_texts", multiple=True,
               help="NAME=V1,V2,... (repeatable), as for sweep: one capacity per point.")
 @slo_option
+@stability_options
 @latency_model_option
 @click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.1,
               show_default=True, help="Stop bisecting when the bracket is this narrow (req/s).")
@@ -34,19 +35,24 @@ from .tuning_render import capacity_blocks, document, save
 @output_options("'options' and 'capacity' (req/s) per configuration")
 @format_options
 @library_errors
-def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
+def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
+                     no_stability: bool, latency_model: Any,
                      latency_text: str, tolerance: float, max_rate: float, backend: str,
                      workers: int | None, ray_address: str | None, save_result: str | None,
                      csv_path: str | None, progress: bool, fmt: str, as_json: bool,
                      **kw: Any) -> None:
     """Bisect the arrival rate per configuration (same requests, time axis scaled; fixed seed).
 
-    The synthetic workload starts from --rate; a --trace from its own mean rate.
+    The synthetic workload starts from --rate; a --trace from its own mean rate. A rate must
+    meet every --slo and the stability condition (--max-queue-delay, default median queueing
+    delay <= 2 s); a configuration that meets them all at --max-rate is reported as
+    '>= max-rate' (JSON: "unbounded": true, "capacity": null).
     """
     fmt = output_format(fmt, as_json)
-    if not slos:
-        raise InputError("capacity needs at least one --slo (without one every rate is "
-                         "sustainable)")
+    stability = stability_of(stability, no_stability)
+    if not slos and stability is None:
+        raise InputError("capacity needs at least one --slo when --no-stability drops the "
+                         "stability condition (without either every rate is sustainable)")
     check_output_paths(save_result=save_result, csv=csv_path)
     limits, options = limits_from(kw), options_from(kw)
     trace = trace_from(kw)
@@ -57,16 +63,20 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any,
     total = grid_size(grid)
     with ConfigProgress(total, progress and fmt == "table", "capacity") as tick:
         records, outcome = capacity(source, grid, limits, options, latency, slos, tolerance,
-                                    max_rate, backend, workers, ray_address, tick)
+                                    max_rate, backend, workers, ray_address, tick,
+                                    stability=stability)
     report_interrupt(outcome, total)
     workload = source.at(source.rate).summary()
-    text = save(document(workload, latency, slos, grid, outcome, records, tolerance=tolerance),
+    text = save(document(workload, latency, slos, grid, outcome, records, tolerance=tolerance,
+                         max_rate=max_rate,
+                         stability=None if stability is None else str(stability)),
                 save_result, csv_path)
     if fmt == "json":
         click.echo(text)
     else:
-        emit(capacity_blocks(records, f"{workload['source']}, time axis scaled; SLOs "
-                                      f"{', '.join(str(s) for s in slos)}; tolerance "
-                                      f"{tolerance:g} req/s; {latency.name}"), fmt)
+        emit(capacity_blocks(records, slos, stability, max_rate,
+                             f"{workload['source']}, time axis scaled; "
+                             f"{conditions(slos, stability)}; tolerance {tolerance:g} req/s; "
+                             f"{latency.name}"), fmt)
     if outcome.interrupted:
         sys.exit(130)

@@ -27,14 +27,20 @@ def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return apply
 
 
+def trace_options(default: str) -> Callable[[Any], Any]:
+    """``--trace`` and ``--columns``; ``default`` says what a command runs without a trace."""
+    return compose(
+        click.option("--trace", type=click.Path(exists=True, dir_okay=False),
+                     help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+                          f"columns (recognised), or any with --columns; default: {default}."),
+        click.option("--columns", default=None,
+                     help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+                          "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    )
+
+
 workload_options = compose(
-    click.option("--trace", type=click.Path(exists=True, dir_okay=False),
-                 help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
-                      "columns (recognised), or any with --columns; default: the embedded "
-                      "synthetic workload."),
-    click.option("--columns", default=None,
-                 help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
-                      "[,priority=COL][,unit=s|ms|us|datetime]'."),
+    trace_options("the embedded synthetic workload"),
     # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
     click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
                  default=DEFAULT_REQUESTS, show_default=True,
@@ -105,11 +111,19 @@ def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
 run_options = run_options_stopping_at(None)
 
 
+num_pages_option = click.option(
+    "--num-pages", type=int, default=0, show_default=True,
+    help="A pool of this many KV pages (of --kv-page-size tokens): admission reserves each "
+         "request's worst case (prompt + output tokens) and the report adds page occupancy "
+         "(0 = unlimited pages).")
+
+format_option = click.option(
+    "--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table", show_default=True,
+    help="table: for a terminal (rows printed vertically when the table is wider than it); md: "
+         "Markdown; csv: the main table only; json: the full report.")
+
 format_options = compose(
-    click.option("--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table",
-                 show_default=True,
-                 help="table: for a terminal (rows printed vertically when the table is wider "
-                      "than it); md: Markdown; csv: the main table only; json: the full report."),
+    format_option,
     click.option("--json", "as_json", is_flag=True, help="Same as --format json."),
 )
 

@@ -1,4 +1,5 @@
-"""``simulate --plot``: the TTFT CDF per priority class and the batch timeline (matplotlib)."""
+"""``simulate --plot``: the TTFT CDF per priority class and the batch timeline; ``fidelity --plot``:
+the real and simulated CDFs (matplotlib)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,33 @@ def plot_result(result: SimulationResult, path: str) -> None:
                 title=f"batch timeline ({len(st['seconds']):,} steps"
                       + (f", {span:.2g} s bins)" if len(t) < len(st["seconds"]) else ")"))
     ax_time.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_fidelity(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray], path: str,
+                  title: str) -> None:
+    """``fidelity --plot``: the real and the simulated CDF of TTFT, TPOT and E2E (per-request
+    seconds by metric), one panel each."""
+    importlib.import_module("matplotlib").use("Agg")
+    plt = importlib.import_module("matplotlib.pyplot")
+    ticker = importlib.import_module("matplotlib.ticker")
+
+    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
+    fig, axes = plt.subplots(1, len(names), figsize=(15, 4.5))
+    for ax, (metric, name) in zip(axes, names.items()):
+        for label, side, style in (("real", real, "-"), ("simulated", simulated, "--")):
+            values = np.sort(side[metric])
+            if values.size:
+                ax.plot(values * 1e3, np.arange(1, values.size + 1) / values.size, style,
+                        label=label, drawstyle="steps-post")
+        ax.set(xscale="log", xlabel=f"{name} (ms)", ylabel="fraction of requests",
+               title=f"{name} CDF")
+        # Within one decade the log axis labels its minor ticks too, and they overlap.
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.legend()
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

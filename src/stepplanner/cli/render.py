@@ -203,10 +203,27 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
+def configuration_lines(r: dict[str, Any]) -> list[Block]:
+    """What a run simulated: workload, engine limits, policy and latency model."""
+    w, pol, lim, lm = r["workload"], r["policy"], r["limits"], r["latency_model"]
+    return [
+        Line("workload", f"{w['source']}: {w['requests']} requests over {w['duration_s']:.1f} s,"
+                         f" mean prompt {w['prompt_tokens_mean']:.0f} / output "
+                         f"{w['output_tokens_mean']:.0f} tokens"),
+        Line("engine", f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
+                       f"P={lim['kv_page_size']}"),
+        Line("policy", f"{pol['mode']} max_num_tokens={pol['max_num_tokens']} "
+                       f"max_chunk_tokens={pol['max_chunk_tokens']} {pol['scheduling_policy']} "
+                       f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
+                       f"max_pause_steps={pol['max_pause_steps']}"),
+        Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
+                              f"c={lm['c']:g} s/context"),
+    ]
+
+
 def report_blocks(r: dict[str, Any]) -> list[Block]:
     """``simulate``: the run's summary lines and its latency table by priority class."""
-    w, t, s, p, pl = r["workload"], r["throughput"], r["steps"], r["pauses"], r["planner"]
-    pol, lim, lm, req = r["policy"], r["limits"], r["latency_model"], r["requests"]
+    t, s, p, pl, req = r["throughput"], r["steps"], r["pauses"], r["planner"], r["requests"]
     refused = f"{req['refused']} refused (prompt > S_in)"
     if s["truncated_by_max_steps"]:
         refused += ", run cut by --max-steps"
@@ -221,17 +238,7 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
             for key, lat in r["latency_s"].items()]
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     return [
-        Line("workload", f"{w['source']}: {w['requests']} requests over {w['duration_s']:.1f} s,"
-                         f" mean prompt {w['prompt_tokens_mean']:.0f} / output "
-                         f"{w['output_tokens_mean']:.0f} tokens"),
-        Line("engine", f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
-                       f"P={lim['kv_page_size']}"),
-        Line("policy", f"{pol['mode']} max_num_tokens={pol['max_num_tokens']} "
-                       f"max_chunk_tokens={pol['max_chunk_tokens']} {pol['scheduling_policy']} "
-                       f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
-                       f"max_pause_steps={pol['max_pause_steps']}"),
-        Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
-                              f"c={lm['c']:g} s/context"),
+        *configuration_lines(r),
         Line("requests", f"{req['completed']}/{req['submitted']} completed, {refused}"),
         Line("throughput", f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
                            f"output tok/s, {t['tokens_per_s']:,.0f} tok/s over "
@@ -250,6 +257,53 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
                           f"{pl['p99_step_us']:.2f}; {s['count']:,} steps in "
                           f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s"),
     ]
+
+
+_FIDELITY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
+_THROUGHPUT_NAMES = {"requests_per_s": "req/s", "output_tokens_per_s": "output tok/s"}
+
+
+def fidelity_blocks(r: dict[str, Any]) -> list[Block]:
+    """``fidelity``: the real run, what was simulated, real beside simulated per class, and the
+    figure of merit."""
+    res, sim = r["results"], r["simulation"]
+    rows = []
+    for key, metrics in r["metrics"].items():
+        for metric, name in _FIDELITY_NAMES.items():
+            for p, v in metrics[metric].items():
+                rows.append([class_name(key), f"{name} {p} (ms)", _ms(v["real"]),
+                             _ms(v["simulated"]), v["error"]])
+        for metric, v in metrics.get("throughput", {}).items():
+            rows.append([class_name(key), _THROUGHPUT_NAMES[metric], v["real"], v["simulated"],
+                         v["error"]])
+    columns = [Column("class", left=True), Column("metric", left=True), Column("real", ",.2f"),
+               Column("simulated", ",.2f"), Column("error", "+.1%")]
+    scheduler = f", scheduler {res['scheduler']}" if res["scheduler"] else ""
+    merit = [Line("figure of merit" + (f" [{class_name(key)}]" if key != "all" else ""),
+                  _merit_text(s) + (" over p50 and p90 of TTFT, TPOT and E2E" if key == "all"
+                                    else "")) for key, s in r["summary"].items()]
+    return [
+        Line("real run", f"{res['file']} ({res['layout']} layout{scheduler}): "
+                         f"{res['requests']} requests, {res['failed']} failed, "
+                         f"{res['compared']} compared"),
+        *configuration_lines(r),
+        Line("simulation", f"{sim['completed']} completed, {sim['refused']} refused, "
+                           f"{sim['steps']:,} steps"
+                           + (", cut by --max-steps" if sim["truncated_by_max_steps"] else "")),
+        TableData("real vs simulated (error = (simulated - real) / real)", columns, rows,
+                  main=True),
+        *merit,
+    ]
+
+
+def _merit_text(s: dict[str, Any]) -> str:
+    if s["median_abs_error"] is None:
+        return "no figure has both sides"
+    metric, p = s["worst"].split()
+    missing = len(s["figures"]) - s["known"]
+    return (f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} "
+            f"({_FIDELITY_NAMES[metric]} {p})"
+            + (f", {missing} figure(s) without both sides" if missing else ""))
 
 
 def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:

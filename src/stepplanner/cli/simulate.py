@@ -10,8 +10,9 @@ from ..core._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
 from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
-from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      run_options, scheduling_options, workload_from, workload_options)
+from .options import (format_options, limit_options, limits_from, num_pages_option,
+                      options_from, output_format, run_options, scheduling_options,
+                      workload_from, workload_options)
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
 from .running import check_num_pages, run, run_paged
@@ -25,10 +26,7 @@ from .tuning_render import write_json
 @scheduling_options
 @run_options
 @format_options
-@click.option("--num-pages", type=int, default=0, show_default=True,
-              help="A pool of this many KV pages (of --kv-page-size tokens): admission reserves "
-                   "each request's worst case (prompt + output tokens) and the report adds page "
-                   "occupancy (0 = unlimited pages).")
+@num_pages_option
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
                    "the batch timeline (needs matplotlib).")

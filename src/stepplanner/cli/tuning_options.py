@@ -18,7 +18,7 @@ from ..sim.latency import LatencyModel, parse_coefficients
 from ..sim.latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
-from ..tuning.slo import parse_slos
+from ..tuning.slo import STABILITY, parse_queue_delay, parse_slos
 from .files import check_output_path
 from .options import compose
 
@@ -37,6 +37,30 @@ slo_option = click.option(
     "--slo", "slos", multiple=True, callback=_bad_parameter(parse_slos),
     help="Service-level objective METRIC_pN[@CLASS]=VALUE, repeatable; METRIC is ttft, tpot, "
          "e2e, queue or max_itl; VALUE in ms, s or us (e.g. ttft_p99=500ms, tpot_p99@-1=20ms).")
+
+stability_options = compose(
+    click.option(
+        "--max-queue-delay", "stability", default=f"p{STABILITY.percentile:g}="
+        f"{STABILITY.seconds:g}s", show_default=True, callback=_bad_parameter(parse_queue_delay),
+        help="Stability condition: this percentile of queueing delay (arrival to admission) "
+             "must hold too, pN=VALUE (Sarathi-Serve: p50=2s; Vidur: p99=5s)."),
+    click.option(
+        "--no-stability", is_flag=True, default=False,
+        help="Drop the stability condition: capacity under the --slo objectives alone (a "
+             "TPOT-only objective may then hold at any rate)."),
+)
+
+
+def stability_of(stability: Any, no_stability: bool) -> Any:
+    """The condition capacity applies, or None with --no-stability (not with both flags)."""
+    if not no_stability:
+        return stability
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("stability") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--no-stability drops the condition --max-queue-delay sets; "
+                               "give one of them", ctx=ctx)
+    return None
+
 
 latency_model_option = click.option(
     "--latency-model", "latency_model", default=None,

@@ -25,7 +25,11 @@ def _budget(record: dict[str, Any]) -> str | None:
 
 
 def _observed_ms(record: dict[str, Any], slo: SloTarget) -> str | None:
-    row = next((c for c in record.get("slo", []) if c["slo"] == slo.key), None)
+    return _check_ms(next((c for c in record.get("slo", []) if c["slo"] == slo.key), None))
+
+
+def _check_ms(row: dict[str, Any] | None) -> str | None:
+    """One ``slo_report`` row's observed value in ms, marked ✗ when it missed."""
     if row is None or row["observed_s"] is None:
         return None
     value = row["observed_s"] * 1e3
@@ -62,23 +66,40 @@ def sweep_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
                           "SLO (✗ = an SLO missed)")]
 
 
-def capacity_blocks(records: Sequence[dict[str, Any]], header: str) -> list[Block]:
+def conditions(slos: Sequence[SloTarget], stability: SloTarget | None) -> str:
+    """What a capacity must meet, for the header: the SLOs and the stability condition."""
+    text = f"SLOs {', '.join(str(s) for s in slos)}" if slos else "no SLO"
+    if stability is None:
+        return f"{text}; no stability condition (--no-stability)"
+    return f"{text}; stability {stability} (queueing delay, arrival to admission)"
+
+
+def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
+                    stability: SloTarget | None, max_rate: float, header: str) -> list[Block]:
     columns = [Column("configuration", left=True), Column("mode budget/\nchunk", left=True),
                Column("capacity\nreq/s", ".2f"), Column("fails at\nreq/s", ".2f"),
                Column("probes"), Column("TTFT p99\nat capacity", _MS),
-               Column("TPOT p99\nat capacity", _MS)]
+               Column("TPOT p99\nat capacity", _MS),
+               *([] if stability is None else
+                 [Column(f"{stability.key}\n≤ {stability.seconds * 1e3:g} ms")])]
     rows = []
     for r in records:
         if r.get("error") is not None:
             continue
         at = r["at_capacity"] or {}
-        rows.append([r["label"], _budget(r), r["capacity"], r["upper"], len(r["probes"]),
-                     at.get("p99_ttft_ms"), at.get("p99_tpot_ms")])
+        # Unbounded: met everything at the search's ceiling, which is a bound, not a capacity.
+        found = f"≥ {max_rate:.2f}" if r["unbounded"] else r["capacity"]
+        rows.append([r["label"], _budget(r), found, r["upper"], len(r["probes"]),
+                     at.get("p99_ttft_ms"), at.get("p99_tpot_ms"),
+                     *([] if stability is None else [_check_ms(at.get("stability"))])])
     return [Line("capacity", header),
-            TableData("highest arrival rate meeting every SLO", columns, rows, main=True),
+            TableData(f"highest arrival rate meeting every SLO"
+                      f"{'' if stability is None else ' and the stability condition'}",
+                      columns, rows, main=True),
             *_errors(records),
-            Line("units", "'fails at' is the lowest probed rate that missed an SLO ('-': still "
-                          "met at --max-rate); latencies in ms of simulated time")]
+            Line("units", "'fails at' is the lowest probed rate that missed a condition; a "
+                          "capacity '≥ R' met every condition at --max-rate R (no capacity was "
+                          "found below it); latencies in ms of simulated time")]
 
 
 # --- files ---------------------------------------------------------------------------------------
@@ -109,7 +130,8 @@ def flat(record: dict[str, Any]) -> dict[str, Any]:
     row.update({f"option.{k}": v for k, v in record["options"].items()})
     for key in ("mode", "max_num_tokens", "max_chunk_tokens"):
         row[key] = (record.get("policy") or {}).get(key)
-    for key in ("goodput", "throughput", "meets_slo", "pareto", "capacity", "upper", "error"):
+    for key in ("goodput", "throughput", "meets_slo", "pareto", "capacity", "unbounded", "upper",
+                "error"):
         if key in record:
             row[key] = record[key]
     for check in record.get("slo", []):

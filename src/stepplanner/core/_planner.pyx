@@ -691,6 +691,12 @@ cdef class StepPlan:
         """How many resident rows this plan was made over (``count``)."""
         return self.c.num_residents
 
+    @property
+    def _version(self):
+        """Changes whenever the plan does (``plan()``, ``__init__``): a ledger's ``step`` keeps
+        the version of the plan it returned, and refuses to apply it once it has changed."""
+        return self.version
+
     def as_array(self):
         """The sequences as a read-only ``SEQUENCE_DTYPE`` array viewing the plan's buffer."""
         return self._seq_buf[:self.c.num_prefill + self.c.num_decode]
@@ -761,7 +767,7 @@ cdef class StepPlan:
                 # That code called plan() on the planner that owns this plan: the plan is not
                 # the one the caller asked to apply.
                 raise _errors.apply_reentered()
-            error = _plan_error(&self.c)
+            error = _plan_error(&self.c, <int32_t*>(<_CoreMemory>self._apply_buf).data)
             if error is not None:
                 raise error
             if is_array:
@@ -852,10 +858,12 @@ cdef cnp.ndarray _EMPTY_PAUSED_BUF = np.frombuffer(_CoreMemory(sizeof(int32_t)),
 cdef object _EMPTY_APPLY_BUF = _CoreMemory(2 * sizeof(int32_t))
 
 
-cdef object _plan_error(const PlanC* p):
-    """None when every row of the plan names one of its residents and a known work, else the
-    ValueError. apply_to indexes its scratch by these, so it checks them first (O(rows))."""
-    cdef int32_t n = p.num_residents, k
+cdef object _plan_error(const PlanC* p, int32_t* seen):
+    """None when every row of the plan names one of its residents and a known work, and no
+    resident is named twice (in two rows, or a row and a pause), else the ValueError. apply_to
+    indexes its scratch by these, so it checks them first (O(rows)); a resident named twice
+    would be advanced twice by a ledger. ``seen``: scratch of ``num_residents`` int32."""
+    cdef int32_t n = p.num_residents, k, r, rows = p.num_prefill + p.num_decode
     cdef const SequenceC* s
     for k in range(p.num_prefill + p.num_decode):
         s = &p.sequences[k]
@@ -869,7 +877,17 @@ cdef object _plan_error(const PlanC* p):
     for k in range(p.num_paused):
         if p.paused[k] < 0 or p.paused[k] >= n:
             return _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{n - 1}")
+    memset(seen, 0, <size_t>n * sizeof(int32_t))
+    for k in range(rows + p.num_paused):  # seen[r]: 1 + the first name of r (rows, then pauses)
+        r = p.sequences[k].resident if k < rows else p.paused[k - rows]
+        if seen[r]:
+            return _errors.plan_resident_repeated(_where(k, rows), r, _where(seen[r] - 1, rows))
+        seen[r] = k + 1
     return None
+
+
+cdef str _where(int32_t k, int32_t rows):
+    return f"sequences[{k}].resident" if k < rows else f"paused[{k - rows}]"
 
 
 def _restore_plan(sequences, paused, num_residents):
@@ -911,7 +929,7 @@ def _restore_plan(sequences, paused, num_residents):
     plan.c.num_paused = <int32_t>n_paused
     plan.c.prefill_tokens = <int32_t>prefill_tokens
     plan.c.total_tokens = <int32_t>(prefill_tokens + rows - num_prefill)
-    error = _plan_error(&plan.c)
+    error = _plan_error(&plan.c, <int32_t*>(<_CoreMemory>plan._apply_buf).data)
     if error is not None:
         raise error
     return plan

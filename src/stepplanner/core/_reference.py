@@ -28,6 +28,7 @@ from ._types import (
     Reason,
     SchedulingPolicy,
     SequenceWork,
+    first_repeat,
     plan_repr,
     plan_to_dict,
 )
@@ -434,6 +435,9 @@ def _check_plan_rows(plan: StepPlan) -> None:
     for k, i in enumerate(plan._paused):
         if not 0 <= i < n:
             raise _errors.plan_value(f"paused[{k}]", i, f"0..{n - 1}")
+    repeated = first_repeat([s.resident for s in plan._rows], list(plan._paused))
+    if repeated is not None:
+        raise _errors.plan_resident_repeated(*repeated)
 
 
 def _apply(plan: StepPlan, residents: Any) -> None:

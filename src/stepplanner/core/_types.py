@@ -28,6 +28,7 @@ __all__ = [
     "SchedulingPolicy",
     "SequenceWork",
     "as_resident_array",
+    "first_repeat",
     "plan_repr",
     "plan_to_dict",
     "split_reason",
@@ -191,3 +192,17 @@ def plan_repr(plan: Any) -> str:
     return (f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
             f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
             f"sequences=[{rows}], paused={list(plan.paused)})")
+
+
+def first_repeat(resident: list[int], paused: list[int]) -> tuple[str, int, str] | None:
+    """(where, resident, where first) of the first plan row or pause (rows first, then pauses,
+    each in order) naming a resident an earlier one names, or None: a resident named twice
+    would be advanced twice. The compiled core and ledger find the same one in C."""
+    names = [f"sequences[{k}].resident" for k in range(len(resident))]
+    names += [f"paused[{k}]" for k in range(len(paused))]
+    first: dict[int, int] = {}
+    for k, r in enumerate(resident + paused):
+        j = first.setdefault(r, k)
+        if j != k:
+            return names[k], r, names[j]
+    return None

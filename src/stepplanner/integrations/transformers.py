@@ -163,6 +163,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self.ledger = Ledger(self.limits, self.policy, max_waiting=self.max_waiting)
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
+        self._queued: dict[str, int] = {}  # runtime id -> ledger id, waiting requests only
         self._row_states: list[RequestState] | None = None  # per ledger row; None: re-read
         self._next_id = 0
         # The plan's column views, made once per length: numpy calls run cold between the
@@ -185,6 +186,12 @@ class StepPlannerScheduler(_runtime.Scheduler):
             if i is not None and self._states[i] is state:
                 del self._resident[state.request_id]
                 departed.append(i)
+            i = self._queued.get(state.request_id)
+            if i is not None and self._states[i] is state:
+                # Out of the ledger's queue now, as out of the runtime's: left there until its
+                # turn it would hold a place under max_waiting and a slot for a step.
+                del self._queued[state.request_id], self._states[i]
+                self.ledger.cancel(i)
         if departed:
             self._retire(departed)
         return cancelled
@@ -222,6 +229,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         except (TypeError, ValueError, OverflowError, QueueFullError) as exc:
             raise type(exc)(f"request {rid}: {exc}") from None
         self._states[self._next_id] = state
+        self._queued[rid] = self._next_id
         self._next_id += 1
         super().add_waiting_request(state)
 
@@ -274,7 +282,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
             for i in admitted:
                 state = states[i]
                 rid = state.request_id
-                if self.waiting_requests.get(rid) is not state:  # cancelled while waiting
+                if self._queued.get(rid) == i:
+                    del self._queued[rid]
+                if self.waiting_requests.get(rid) is not state:  # left the runtime unseen
                     stale.append(i)
                     continue
                 # The runtime's own prefix lookup: a hit shares cached pages and moves the state

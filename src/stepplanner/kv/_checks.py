@@ -6,7 +6,8 @@ storage; the differential tests hold the storage itself equal).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,9 +17,22 @@ from ._buffers import check_layout
 from ..core._policy import StepPlannerLimits
 
 __all__ = [
-    "PageTableInvariantError", "check_page_table", "check_table_fits", "inputs_arguments",
-    "table_arguments",
+    "Geometry", "PageTableInvariantError", "check_page_table", "check_table_fits",
+    "inputs_arguments", "table_arguments",
 ]
+
+
+class Geometry(NamedTuple):
+    """A page table's sizes as its own storage holds them (the compiled table's C struct, the
+    twin's private arrays), read by each implementation's ``geometry(table)``. Every check reads
+    these, never the table's Python properties: a subclass may override those, and the kernels
+    index by what the storage holds."""
+
+    max_batch_size: int
+    max_pages_per_sequence: int
+    num_pages: int
+    kv_page_size: int
+    num_free_pages: int
 
 
 def _positive(field: str, value: object) -> int:
@@ -41,9 +55,11 @@ def table_arguments(max_batch_size: object, max_pages_per_sequence: object, num_
     return b, m, n, p
 
 
-def inputs_arguments(limits: object, page_table: Any, table_class: type, layout: object) -> str:
+def inputs_arguments(limits: object, page_table: Any, table_class: type, layout: object,
+                     geometry: Callable[[Any], Geometry]) -> tuple[str, Geometry]:
     """``StepInputs``' arguments checked (``table_class``: the implementation's own
-    ``KVPageTable``); returns the layout."""
+    ``KVPageTable``, ``geometry`` its reader of a table's storage); returns the layout and the
+    table's geometry."""
     if not isinstance(limits, StepPlannerLimits):
         raise _errors.wrong_type("limits", "StepPlannerLimits", limits)
     if not isinstance(page_table, table_class):
@@ -51,17 +67,18 @@ def inputs_arguments(limits: object, page_table: Any, table_class: type, layout:
             f"page_table must be a {table_class.__module__}.{table_class.__name__}, got "
             f"{type(page_table).__module__}.{type(page_table).__name__}")
     layout = check_layout(layout)
-    check_table_fits(page_table, limits)
-    return layout
+    sizes = geometry(page_table)
+    check_table_fits(sizes, limits)
+    return layout, sizes
 
 
-def check_table_fits(page_table: Any, limits: StepPlannerLimits) -> None:
-    """A page table for ``limits``: its page size, and a slot for every resident row (the same
-    check for ``StepInputs`` and for a ``Ledger`` that owns the table)."""
-    if page_table.kv_page_size != limits.kv_page_size:
-        raise _errors.kv_page_size_mismatch(page_table.kv_page_size, limits.kv_page_size)
-    if page_table.max_batch_size < limits.max_batch_size:
-        raise _errors.kv_slots_short(page_table.max_batch_size, limits.max_batch_size)
+def check_table_fits(sizes: Geometry, limits: StepPlannerLimits) -> None:
+    """A page table (its ``Geometry``) for ``limits``: its page size, and a slot for every
+    resident row (the same check for ``StepInputs`` and for a ``Ledger`` that owns the table)."""
+    if sizes.kv_page_size != limits.kv_page_size:
+        raise _errors.kv_page_size_mismatch(sizes.kv_page_size, limits.kv_page_size)
+    if sizes.max_batch_size < limits.max_batch_size:
+        raise _errors.kv_slots_short(sizes.max_batch_size, limits.max_batch_size)
 
 
 class PageTableInvariantError(AssertionError):

@@ -22,7 +22,7 @@ from stepplanner.core._planner cimport StepPlan, _CoreMemory
 from ..core._fields import as_int32
 from . import _buffers
 from ._buffers import block_table_rows, input_buffers, view_of
-from ._checks import check_page_table, inputs_arguments, table_arguments
+from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
 from ..core._types import SEQUENCE_DTYPE
 
 cnp.import_array()
@@ -457,6 +457,20 @@ cdef class KVPageTable:
                 f"kv_page_size={self.c.page_size}, num_free_pages={self.c.num_free})")
 
 
+def geometry(KVPageTable table not None):
+    """``table``'s sizes as its C struct holds them: what the kernels index by, and so what every
+    check reads (a subclass may override the Python properties; it cannot change these)."""
+    with cython.critical_section(table):
+        return Geometry(table.c.num_slots, table.c.max_pages, table.c.num_pages,
+                        table.c.page_size, table.c.num_free)
+
+
+def counts(KVPageTable table not None):
+    """The read-only view of ``table``'s page counts that its C writes (not a subclass's
+    ``page_counts``)."""
+    return table.page_counts
+
+
 # ============================================================================================
 # 3. StepInputs
 # ============================================================================================
@@ -499,7 +513,7 @@ cdef class StepInputs:
 
     def __cinit__(self, limits, page_table, layout="all"):
         # Everything is made here, once (see KVPageTable.__cinit__).
-        layout = inputs_arguments(limits, page_table, KVPageTable, layout)
+        layout, _ = inputs_arguments(limits, page_table, KVPageTable, layout, geometry)
         cdef KVPageTable table = <KVPageTable>page_table
         cdef int32_t b = limits.max_batch_size, m = table.c.max_pages
         cdef int32_t t = limits.t_max

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _errors
 from ..core._fields import as_int32
 from ._buffers import PADDED, block_table_rows, input_buffers, read_only, view_of
-from ._checks import check_page_table, inputs_arguments, table_arguments
+from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
 from ..core._policy import StepPlannerLimits
 from ..core._types import SEQUENCE_DTYPE
 
@@ -100,8 +100,9 @@ class KVPageTable:
         if n < 0:
             raise _errors.out_of_range("num_tokens", n, ">= 0")
         need = _pages_for(n, self._page_size)
-        if need > self.max_pages_per_sequence:
-            raise _errors.kv_tokens_over_row(n, self.max_pages_per_sequence, self._page_size)
+        width = self._rows.shape[1]
+        if need > width:
+            raise _errors.kv_tokens_over_row(n, width, self._page_size)
         have = int(self._counts[s])
         if need <= have:
             return True
@@ -140,10 +141,22 @@ class KVPageTable:
                          self._num_pages)
 
     def __repr__(self) -> str:
-        return (f"KVPageTable(max_batch_size={self.max_batch_size}, "
-                f"max_pages_per_sequence={self.max_pages_per_sequence}, "
-                f"num_pages={self._num_pages}, kv_page_size={self._page_size}, "
-                f"num_free_pages={len(self._free)})")
+        b, m, n, p, free = geometry(self)
+        return (f"KVPageTable(max_batch_size={b}, max_pages_per_sequence={m}, num_pages={n}, "
+                f"kv_page_size={p}, num_free_pages={free})")
+
+
+def geometry(table: KVPageTable) -> Geometry:
+    """``table``'s sizes as its private storage holds them, as the compiled ``geometry`` reads
+    the C struct: a subclass's public properties are never read (its private names are the
+    table's own, not a surface to override)."""
+    b, m = table._rows.shape
+    return Geometry(int(b), int(m), table._num_pages, table._page_size, len(table._free))
+
+
+def counts(table: KVPageTable) -> np.ndarray:
+    """The read-only view of ``table``'s page counts (not a subclass's ``page_counts``)."""
+    return table._counts_view
 
 
 class StepInputs:
@@ -153,8 +166,8 @@ class StepInputs:
                  layout: str = "all") -> None:
         if hasattr(self, "_out"):
             raise _errors.already_initialised("StepInputs")
-        layout = inputs_arguments(limits, page_table, KVPageTable, layout)
-        b, m, t = limits.max_batch_size, page_table.max_pages_per_sequence, limits.t_max
+        layout, sizes = inputs_arguments(limits, page_table, KVPageTable, layout, geometry)
+        b, m, t = limits.max_batch_size, sizes.max_pages_per_sequence, limits.t_max
         self._out = input_buffers(b, m, t, layout)   # prepare writes these; users see _bufs
         for name in PADDED:
             if name in self._out:
@@ -164,7 +177,7 @@ class StepInputs:
         # Which slot's pages (by stamp, -1: none) each block_table buffer row holds, the buffer
         # row each slot's pages were last copied to, and where the last step's rows started.
         self._block_stamps = [-1] * block_table_rows(b)
-        self._slot_rows = [-1] * page_table.max_batch_size
+        self._slot_rows = [-1] * sizes.max_batch_size
         self._block_start = -1
         self._block_wipe = False
         self._limits = limits
@@ -191,21 +204,23 @@ class StepInputs:
 
     def prepare(self, plan: Any) -> StepInputs:
         rows = _plan_rows(plan).copy()  # validated and filled from the same rows (threads)
+        # The table's own storage, as the compiled twin reads its C struct (not its properties).
         table = self._table
+        slots, _, _, p, _ = geometry(table)
+        pages_of, counts_of = table._rows, table._counts
         if len(rows) > self.limits.max_batch_size:
             raise _errors.kv_plan_rows(len(rows), self.limits.max_batch_size)
-        p = table.kv_page_size
         tokens = 0
         for i, (resident, _work, past, query, _logits) in enumerate(rows.tolist()):
-            if not 0 <= resident < table.max_batch_size:
-                raise _errors.kv_resident_range(i, resident, table.max_batch_size)
+            if not 0 <= resident < slots:
+                raise _errors.kv_resident_range(i, resident, slots)
             if past < 0:
                 raise _errors.kv_row_field(i, "past_length", past, ">= 0")
             if query < 1:
                 raise _errors.kv_row_field(i, "query_length", query, ">= 1")
             if past + query > _errors.INT32_MAX:
                 raise _errors.kv_row_overflow(i, past, query)
-            pages = int(table.page_counts[resident])
+            pages = int(counts_of[resident])
             if pages * p < past + query:
                 raise _errors.kv_pages_missing(i, resident, past, query, pages, p)
             tokens += query
@@ -225,7 +240,7 @@ class StepInputs:
         if page_list:
             out["kv_indptr"][0] = 0
         for i, (resident, _work, past, query, logits) in enumerate(rows.tolist()):
-            pages = table.rows[resident]
+            pages = pages_of[resident]
             end = past + query
             for pos in range(past, end):
                 out["positions"][t] = pos

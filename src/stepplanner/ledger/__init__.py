@@ -26,7 +26,9 @@ The surface (both implementations):
   first request whose worst case does not fit the free pool and reserves it at its row, every
   swap-remove releases and moves pages with the rows, ``apply``/``step`` refuse a plan row
   beyond its row's pages, and ``load`` is refused (docs/kv_pages.md). ``page_table``,
-  ``reserved_pages``, ``held_back`` and ``kv_pages_in_use()`` read it.
+  ``reserved_pages``, ``held_back`` and ``kv_pages_in_use()`` read it. Every check reads the
+  table's sizes from its storage (``geometry``), never from properties a subclass may override,
+  and the twin drives it through its class's own methods.
 * ``submit(request_id, prompt_length, priority=0, max_new_tokens=None)`` -> arrival stamp;
   O(log n). Past ``max_waiting`` it raises ``QueueFullError`` (a ``RuntimeError``): the
   backpressure signal a server turns into HTTP 429.
@@ -43,10 +45,16 @@ The surface (both implementations):
   ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only, and so is
   every array down their ``.base`` chain: the compiled ledger's are over memory Python cannot
   write, the twin's are copies). The compiled ledger makes each view once per length and keeps
-  it, so a steady loop allocates nothing.
+  it, so a steady loop allocates nothing; a kept view whose holder set its dtype, shape, strides
+  or flags is replaced, never handed out again. Views are made from the memory itself, which
+  NumPy cannot resize (no ``.base`` of one is an array the ledger keeps), and the ledger reads
+  its own state in C or through views of its own, never through one it handed out.
 * ``apply``/``step`` take a ``StepPlan`` of either implementation (a duck-typed object is a
-  ``TypeError``), and refuse a plan naming a row outside the table (``ValueError``) before
-  anything changes.
+  ``TypeError``), and refuse a plan naming a row or pause outside the table, or one resident
+  twice (two rows, a row and a pause, two pauses: an edited pickle), with ``ValueError``
+  before anything changes.
+* ``Ledger.__init__`` runs once: called again it raises "already initialised", as
+  ``KVPageTable``, ``StepInputs`` and ``StepPlanner`` do.
 * ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
 
 Decisions where SPEC §6 is silent (also in the README):
@@ -72,7 +80,10 @@ Decisions where SPEC §6 is silent (also in the README):
 * ``step(planner, finished)`` applies the plan of this ledger's previous ``step``; any change to
   the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
   ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
-  planner must not plan anything else: its one ``StepPlan`` is the pending plan.
+  planner must not plan anything else: its one ``StepPlan`` is the pending plan. ``step``
+  keeps the plan's version (``StepPlan._version``, changed by every ``plan()``) and refuses
+  (``ValueError``, nothing changed) a pending plan whose version changed: one planner shared by
+  two ledgers would otherwise apply one ledger's plan to the other. ``admit()`` drops it.
 * Threads and re-entry: one serving loop per ledger, one call at a time. The compiled ledger's
   methods hold a critical section (a lock on free-threaded CPython), and a call that runs caller
   code (an argument's ``__index__`` or ``__array__``, a record's ``__getitem__``, an iterator, a

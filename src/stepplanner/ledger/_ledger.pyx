@@ -8,9 +8,10 @@ every argument first (through the same helpers and messages as the pure-Python t
 
 cimport cython
 cimport numpy as cnp
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from stepplanner.core._planner cimport (
     STATUS_OK,
@@ -23,6 +24,7 @@ from stepplanner.core._planner cimport (
     check_row,
 )
 from stepplanner.kv._kv cimport KVPageTable, PageTableC, grow_slot, move_slot, pages_for, release_slot
+from stepplanner.kv._kv import geometry
 
 import numpy as np
 
@@ -31,6 +33,7 @@ from stepplanner.ledger._shared import (
     as_request_id,
     check_ledger_args,
     check_page_table,
+    check_pending,
     check_worst_case,
     check_rows,
     check_waiting,
@@ -38,6 +41,7 @@ from stepplanner.ledger._shared import (
     parse_records,
     plan_classes,
     plan_sizes,
+    plan_version,
     records_of,
     row_out_of_range,
     rows_argument,
@@ -45,6 +49,7 @@ from stepplanner.ledger._shared import (
     submission,
 )
 from stepplanner.core import _types
+from stepplanner.core._types import first_repeat
 
 cnp.import_array()
 
@@ -308,6 +313,24 @@ cdef int32_t first_row_out_of_range(const PlanC* p, int32_t count) noexcept nogi
     return -1
 
 
+cdef int32_t first_repeated(const PlanC* p, uint8_t* mark) noexcept nogil:
+    """The first name (plan row ``k``, or pause ``k - rows`` after the ``rows`` plan rows) of a
+    resident an earlier name names, or -1. Every name is a row whose ``mark`` is 0 (checked);
+    they are 0 again on return."""
+    cdef int32_t k, r, rows = p.num_prefill + p.num_decode, names = rows + p.num_paused
+    cdef int32_t found = -1
+    for k in range(names):
+        r = p.sequences[k].resident if k < rows else p.paused[k - rows]
+        if mark[r]:
+            found = k
+            names = k
+            break
+        mark[r] = 1
+    for k in range(names):
+        mark[p.sequences[k].resident if k < rows else p.paused[k - rows]] = 0
+    return found
+
+
 cdef int32_t first_row_beyond_pages(const PlanC* p, const PageTableC* pages) noexcept nogil:
     """The first plan row that would write KV past the pages its row holds, or -1 (every
     resident already checked to be a row)."""
@@ -391,23 +414,52 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
 
 cdef cnp.dtype _BOOL_DESCR = np.dtype(np.bool_)
 cdef cnp.dtype _UINT8_DESCR = np.dtype(np.uint8)
+cdef cnp.dtype _INT64_DESCR = np.dtype(np.int64)
+cdef cnp.dtype _RESIDENT_DESCR = _types.RESIDENT_DTYPE
 
 
-cdef object _int64_array(int32_t n, int64_t** data):
-    """A read-only int64 array of ``n`` zeros over a new ``_CoreMemory``; ``data`` gets its
-    memory, which only the C writes."""
+cdef class _RowMemory(_CoreMemory):
+    """The resident rows' memory: ``_CoreMemory`` (allocated once, freed with its owner) that
+    exports a writable buffer, since ``residents`` is writable.
+
+    NumPy cannot resize an array over it (the array does not own its data) and it has no resize
+    of its own, so no caller can move the rows from under ``t.rows``; NumPy owns no array the
+    ledger keeps (``.base.resize(..., refcheck=False)`` would otherwise free them)."""
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        PyBuffer_FillInfo(view, self, self.data, self.size, 0, flags)  # 0: writable
+
+
+cdef _CoreMemory _int64_memory(int32_t n, int64_t** data):
+    """Memory for ``n`` int64 zeros that only the C writes (Python can only read it); ``data``
+    gets its pointer."""
     cdef _CoreMemory memory = _CoreMemory(max(n, 1) * <Py_ssize_t>sizeof(int64_t))
     data[0] = <int64_t*>memory.data
-    return np.frombuffer(memory, dtype=np.int64)[:n]
+    return memory
 
 
-cdef object _view(list cache, object buffer, int32_t n, bint writable):
-    """``buffer[:n]``, made once per length and kept: the per-step properties allocate nothing
-    once the lengths a run visits have been seen."""
+cdef inline bint _intact(object view, object descr, Py_ssize_t n, const void* data,
+                         bint writable) noexcept:
+    """Whether a kept view still is what ``_view`` made: a caller holding it may have set its
+    dtype, shape, strides or flags (it is one object for every caller)."""
+    cdef cnp.ndarray arr = <cnp.ndarray>view
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIM(arr, 0) == n
+            and <void*>cnp.PyArray_DESCR(arr) == <void*>descr
+            and cnp.PyArray_STRIDE(arr, 0) == cnp.PyArray_ITEMSIZE(arr)
+            and cnp.PyArray_DATA(arr) == data and cnp.PyArray_ISALIGNED(arr)
+            and cnp.PyArray_ISWRITEABLE(arr) == writable)
+
+
+cdef object _view(list cache, object memory, object descr, int32_t n, const void* data,
+                  bint writable):
+    """The first ``n`` items of ``memory`` as a 1-D array of ``descr``, made once per length and
+    kept, so that the per-step properties allocate nothing once the lengths a run visits have
+    been seen. Made from the memory itself, so its ``.base`` leads to no array the ledger
+    keeps; a kept view a caller has changed is replaced, never handed out again. The ledger
+    reads its own state from its C pointers, never through these."""
     view = cache[n]
-    if view is None:
-        view = buffer[:n]
-        view.flags.writeable = writable
+    if view is None or not _intact(view, descr, n, data, writable):
+        view = np.frombuffer(memory, dtype=descr, count=n)
         cache[n] = view
     return view
 
@@ -427,10 +479,13 @@ cdef class Ledger:
     cdef TableC t
     cdef uint64_t next_arrival
     cdef bint stamps_exhausted      # load() gave arrival 2**64 - 1: no stamp is left
-    cdef object _rows               # numpy owner of t.rows (the writable residents)
-    cdef object _ids, _generated, _finished, _admitted   # read-only arrays over _CoreMemory
+    cdef _RowMemory _rows           # the memory of t.rows (the writable residents)
+    cdef _CoreMemory _ids, _generated, _finished, _admitted   # memory only the C writes
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
     cdef object _pending            # the plan of step() not yet applied, or None
+    cdef uint64_t _pending_version  # its version when step() returned it (a compiled plan)
+    cdef object _foreign_version    # the same for a plan of another class (plan_version)
+    cdef bint _initialised          # __init__ ran (a second call is refused)
     cdef object _fits               # the last planner step() found made for these limits
     cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
     cdef object _foreign_arrays     # the arrays _foreign points into
@@ -449,7 +504,8 @@ cdef class Ledger:
         cdef PageTableC* pages
         if page_table is not None:
             # The compiled table only: the C below grows, releases and moves its slots directly.
-            check_page_table(page_table, limits, (KVPageTable,), "a stepplanner.kv._kv.KVPageTable")
+            check_page_table(page_table, limits, (KVPageTable,), "a stepplanner.kv._kv.KVPageTable",
+                             geometry)
             pages = &(<KVPageTable>page_table).c
             self.page_table = page_table
             self.pages = pages
@@ -457,14 +513,14 @@ cdef class Ledger:
                                   <int64_t>INT32_MAX)
         self.limits = limits
         cdef int32_t b = limits.max_batch_size, w = self.max_waiting
-        self._rows = np.zeros(b, dtype=_types.RESIDENT_DTYPE)
-        self.t.rows = <ResidentC*>cnp.PyArray_DATA(self._rows)
+        self._rows = _RowMemory(b * <Py_ssize_t>sizeof(ResidentC))
+        self.t.rows = <ResidentC*>self._rows.data
         # What the C indexes by (ids key the id map) lives in memory Python can only read: no
         # view of it, nor its .base, can be made writable.
-        self._ids = _int64_array(b, &self.t.ids)
-        self._generated = _int64_array(b, &self.t.generated)
-        self._finished = _int64_array(b, &self.t.finished)
-        self._admitted = _int64_array(b, &self.t.admitted)
+        self._ids = _int64_memory(b, &self.t.ids)
+        self._generated = _int64_memory(b, &self.t.generated)
+        self._finished = _int64_memory(b, &self.t.finished)
+        self._admitted = _int64_memory(b, &self.t.admitted)
         memset(self.t.ids, 0xFF, b * sizeof(int64_t))  # every id -1
         self.t.capacity = b
         self.t.reserved_slots = self.reserved_slots
@@ -502,7 +558,11 @@ cdef class Ledger:
         self._admitted_views = [None] * (b + 1)
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None):
-        pass  # everything was checked and allocated by __cinit__: a second call changes nothing
+        # Everything was checked and allocated by __cinit__; a second call would leave the old
+        # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
+        if self._initialised:
+            raise _errors.already_initialised("Ledger")
+        self._initialised = True
 
     def __dealloc__(self):
         PyMem_Free(self.t.max_new)
@@ -537,27 +597,35 @@ cdef class Ledger:
     @property
     def residents(self):
         """Rows ``0..count-1`` as a writable view: what ``planner.plan()`` reads in place."""
-        return _view(self._rows_views, self._rows, self.t.count, True)
+        return _view(self._rows_views, self._rows, _RESIDENT_DESCR, self.t.count, self.t.rows,
+                     True)
 
     @property
     def request_ids(self):
         """The request id of each resident row (read-only view)."""
-        return _view(self._ids_views, self._ids, self.t.count, False)
+        return _view(self._ids_views, self._ids, _INT64_DESCR, self.t.count, self.t.ids, False)
 
     @property
     def output_tokens(self):
         """Tokens each resident has emitted (read-only view)."""
-        return _view(self._generated_views, self._generated, self.t.count, False)
+        return _view(self._generated_views, self._generated, _INT64_DESCR, self.t.count,
+                     self.t.generated, False)
 
     @property
     def finished_ids(self):
         """Ids the last ``apply``/``step`` marked finished, in plan order (read-only view)."""
-        return _view(self._finished_views, self._finished, self.t.num_finished, False)
+        return _view(self._finished_views, self._finished, _INT64_DESCR, self.t.num_finished,
+                     self.t.finished, False)
 
     @property
     def admitted_ids(self):
         """Ids the last ``admit``/``step`` admitted, in queue order (read-only view)."""
-        return _view(self._admitted_views, self._admitted, self.t.num_admitted, False)
+        return _view(self._admitted_views, self._admitted, _INT64_DESCR, self.t.num_admitted,
+                     self.t.admitted, False)
+
+    cdef object _own_rows(self):
+        """Rows ``0..count-1`` as a new array no caller holds, for the ledger's own reads."""
+        return np.frombuffer(self._rows, dtype=_RESIDENT_DESCR, count=self.t.count)
 
     @property
     def reserved_pages(self):
@@ -581,7 +649,7 @@ cdef class Ledger:
 
     def kv_pages_in_use(self):
         """Pages that hold committed KV now: ``sum(ceil(committed / kv_page_size))``."""
-        return pages_in_use(self.residents["committed"], self.limits.kv_page_size)
+        return pages_in_use(self._own_rows()["committed"], self.limits.kv_page_size)
 
     def __repr__(self):
         return (f"Ledger(count={self.count}, capacity={self.capacity}, waiting={self.waiting}, "
@@ -629,7 +697,8 @@ cdef class Ledger:
             finally:
                 self._busy = False
         if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
-            check_worst_case(rid, length, limit, self.page_table)  # raises the shared message
+            # raises the shared message, over the sizes the C uses
+            check_worst_case(rid, length, limit, geometry(self.page_table))
         if map_find(&self.m, rid) >= 0:
             raise _errors.duplicate_request(rid)
         if self.q.num_free == 0:
@@ -792,12 +861,21 @@ cdef class Ledger:
             <int64_t>self.pages.counts[s.resident] * self.pages.page_size)
 
     cdef int _check_plan_rows(self, const PlanC* p) except -1:
-        cdef int32_t k, rows = p.num_prefill + p.num_decode
+        """As ``_shared.plan_rows_in_range``, in its order: sizes, rows, pauses, repeats."""
+        cdef int32_t k, j, r, rows = p.num_prefill + p.num_decode
         if rows > self.t.count or p.num_paused > self.t.count:
             plan_sizes(rows, p.num_paused, self.t.count)  # raises the shared message
         k = first_row_out_of_range(p, self.t.count)
         if k >= 0:
             raise row_out_of_range(k, p.sequences[k].resident, self.t.count)
+        for k in range(p.num_paused):
+            if p.paused[k] < 0 or p.paused[k] >= self.t.count:
+                raise _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{self.t.count - 1}")
+        k = first_repeated(p, self.t.mark)
+        if k >= 0:  # the shared search names it (and the first name) in the shared words
+            resident = [p.sequences[j].resident for j in range(rows)]
+            paused = [p.paused[j] for j in range(p.num_paused)]
+            raise _errors.plan_resident_repeated(*first_repeat(resident, paused))
         return 0
 
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
@@ -805,7 +883,7 @@ cdef class Ledger:
         if apply_is_clean(p, &self.t):
             apply_plan(p, &self.t)
         else:  # it raises the matching error, or applies what it accepts
-            plan.apply_to(self.residents)
+            plan.apply_to(self._own_rows())
             # apply_to() may be a subclass's: account() indexes by the rows only once they are
             # known to be in range again.
             self._check_plan_rows(p)
@@ -849,6 +927,13 @@ cdef class Ledger:
             if not rows_plannable(&self.t, self.limits.max_input_length):
                 planner.plan(self.residents)  # raises the planner's own message for the row
         else:
+            # The planner's one plan: if it planned again (for another ledger), it is not the
+            # plan that ran. A compiled plan's version is read in C (no int is made per step).
+            if isinstance(pending, StepPlan):
+                if (<StepPlan>pending).version != self._pending_version:
+                    raise _errors.pending_plan_changed()
+            else:
+                check_pending(pending, self._foreign_version)
             p = self._check_apply(pending, finished, &mask, &stride)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
@@ -856,6 +941,10 @@ cdef class Ledger:
             self._apply(pending, p, mask, stride, True)
         self._admit_waiting()
         plan = planner.plan(self.residents, None, reasons)
+        if isinstance(plan, StepPlan):
+            self._pending_version = (<StepPlan>plan).version
+        else:
+            self._foreign_version = plan_version(plan)
         self._pending = plan
         return plan
 
@@ -930,8 +1019,9 @@ cdef class Ledger:
         self._pending = None
         for row in range(self.t.count):  # the old residents leave the id map; the waiting stay
             map_delete(&self.m, self.t.ids[row])
-        self._rows[:] = 0
-        self._rows[:n] = table
+        memset(self.t.rows, 0, self.t.capacity * sizeof(ResidentC))
+        if n:  # parse_records made it: a new C-contiguous RESIDENT_DTYPE array of n rows
+            memcpy(self.t.rows, cnp.PyArray_DATA(table), n * sizeof(ResidentC))
         memset(self.t.ids, 0xFF, self.t.capacity * sizeof(int64_t))
         for row in range(n):
             self.t.ids[row] = new_ids[row]
@@ -951,7 +1041,8 @@ cdef class Ledger:
     @cython.critical_section
     def to_records(self):
         """The residents as JSON-ready dicts (``load`` reads them back)."""
-        return records_of(self.residents, self.request_ids)
+        ids = np.frombuffer(self._ids, dtype=_INT64_DESCR, count=self.t.count)
+        return records_of(self._own_rows(), ids)
 
 
 cdef int _check_reasons(object reasons, int32_t capacity) except -1:

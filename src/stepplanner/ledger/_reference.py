@@ -20,6 +20,7 @@ from ._shared import (
     as_request_id,
     check_ledger_args,
     check_page_table,
+    check_pending,
     check_rows,
     check_waiting,
     check_worst_case,
@@ -28,6 +29,7 @@ from ._shared import (
     parse_records,
     plan_classes,
     plan_rows_in_range,
+    plan_version,
     read_only,
     records_of,
     rows_argument,
@@ -43,15 +45,23 @@ __all__ = ["Ledger", "RESIDENT_FIELDS"]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _kv_classes() -> tuple[Any, ...]:
-    """The page tables the twin drives through their Python API: the pure-Python one and, when
-    built, the compiled one (``stepplanner.KVPageTable`` is either, as the install decides)."""
-    from ..kv._reference import KVPageTable as ReferenceTable
+def _kv_modules() -> tuple[Any, ...]:
+    """The KV modules whose page tables the twin drives: the compiled one when built, and the
+    pure-Python one (``stepplanner.KVPageTable`` is either, as the install decides)."""
+    from ..kv import _reference as reference
     try:
-        from ..kv._kv import KVPageTable as CompiledTable
+        from ..kv import _kv as compiled
     except ImportError:  # a pure-Python install
-        return (ReferenceTable,)
-    return (ReferenceTable, CompiledTable)
+        return (reference,)
+    return (compiled, reference)
+
+
+def _kv_of(table: Any) -> Any:
+    """The KV module of ``table``'s own class. The twin drives the table through that class's
+    functions and reads its sizes with that module's ``geometry`` (the storage, as the compiled
+    ledger reads the C struct), so a subclass's overridden properties or methods are never
+    what it reads or calls."""
+    return next(module for module in _kv_modules() if isinstance(table, module.KVPageTable))
 
 
 def _exclusive(method: _Method) -> _Method:
@@ -77,17 +87,28 @@ class Ledger:
     See ``stepplanner.ledger`` for the surface; this class and the compiled one behave alike.
     """
 
+    _initialised = False
+
     def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None = None,
                  *, max_waiting: int | None = None, page_table: Any = None) -> None:
+        if self._initialised:
+            raise _errors.already_initialised("Ledger")
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
+        self._kv: Any = None
         if page_table is not None:
-            check_page_table(page_table, limits, _kv_classes(),
-                             "a stepplanner KVPageTable (kv._reference or kv._kv)")
+            check_page_table(page_table, limits, tuple(m.KVPageTable for m in _kv_modules()),
+                             "a stepplanner KVPageTable (kv._reference or kv._kv)",
+                             lambda table: _kv_of(table).geometry(table))
+            self._kv = _kv_of(page_table)
         self._table = page_table
         self.limits = limits
         b = limits.max_batch_size
-        self._rows = np.zeros(b, dtype=RESIDENT_DTYPE)
+        # The rows live in a bytearray that no one can resize while an array views it; every
+        # view handed out is made from it afresh, so none reaches ``_rows`` through ``.base``
+        # (whose dtype or shape a caller could otherwise change under the ledger).
+        self._rows_memory = bytearray(b * RESIDENT_DTYPE.itemsize)
+        self._rows = np.frombuffer(self._rows_memory, dtype=RESIDENT_DTYPE)
         self._ids = np.full(b, -1, dtype=np.int64)
         self._generated = np.zeros(b, dtype=np.int64)
         self._max_new = np.zeros(b, dtype=np.int64)  # 0: no limit
@@ -105,7 +126,9 @@ class Ledger:
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
         self._row_of: dict[int, int] = {}         # resident id -> row
         self._pending: Any = None                 # the plan of step() not yet applied
+        self._pending_version: int | None = 0     # its version when step() returned it
         self._busy = False                        # a call is running (see _exclusive)
+        self._initialised = True
 
     # --- views ------------------------------------------------------------------------------
 
@@ -127,7 +150,7 @@ class Ledger:
 
     @property
     def residents(self) -> np.ndarray:
-        return self._rows[:self._count]
+        return np.frombuffer(self._rows_memory, dtype=RESIDENT_DTYPE, count=self._count)
 
     @property
     def request_ids(self) -> np.ndarray:
@@ -151,8 +174,10 @@ class Ledger:
 
     @property
     def reserved_pages(self) -> int:
-        table = self._table
-        return 0 if table is None else int(table.num_pages - table.num_free_pages)
+        if self._table is None:
+            return 0
+        sizes = self._kv.geometry(self._table)
+        return int(sizes.num_pages - sizes.num_free_pages)
 
     @property
     def held_back(self) -> int:
@@ -175,7 +200,7 @@ class Ledger:
         rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                               max_new_tokens, self.limits.max_input_length)
         if self._table is not None:
-            check_worst_case(rid, length, limit, self._table)
+            check_worst_case(rid, length, limit, self._kv.geometry(self._table))
         if rid in self._waiting or rid in self._row_of:
             raise _errors.duplicate_request(rid)
         if len(self._waiting) >= self.max_waiting:
@@ -229,8 +254,8 @@ class Ledger:
             self._max_new[row] = limit
             self._done[row] = False
             self._row_of[rid] = row
-            if table is not None:
-                table.ensure(row, length + limit)   # the worst case, which fits (checked above)
+            if table is not None:  # the worst case, which fits (checked above)
+                self._kv.KVPageTable.ensure(table, row, length + limit)
             self._count += 1
             self._admitted[n] = rid
             n += 1
@@ -239,8 +264,9 @@ class Ledger:
     def _fits(self, entry: list[Any]) -> bool:
         """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""
         _, _, length, _, _, limit, _ = entry
-        pages: int = -(-(length + limit) // self._table.kv_page_size)
-        return pages <= int(self._table.num_free_pages)
+        sizes = self._kv.geometry(self._table)
+        pages: int = -(-(length + limit) // sizes.kv_page_size)
+        return pages <= int(sizes.num_free_pages)
 
     def _next_heap(self) -> list[list[Any]] | None:
         urgent, normal = self._urgent, self._normal
@@ -276,7 +302,7 @@ class Ledger:
         # A copy: apply_to() runs before the accounting reads the rows.
         seq = np.array(plan.as_array(), dtype=SEQUENCE_DTYPE, order="C").reshape(-1)
         paused = np.array(plan.paused_array(), dtype=np.int32, order="C").reshape(-1)
-        plan_rows_in_range(seq["resident"], len(paused), self._count)
+        plan_rows_in_range(seq["resident"], paused, self._count)
         if self._table is not None:
             self._check_reserved(seq)
         mask = finished_mask(finished, len(seq))
@@ -291,7 +317,8 @@ class Ledger:
         """No plan row writes KV beyond the pages its row holds."""
         rows = seq["resident"].astype(np.intp)
         tokens = seq["past_length"].astype(np.int64) + seq["query_length"]
-        held = self._table.page_counts[rows].astype(np.int64) * self._table.kv_page_size
+        page_size = self._kv.geometry(self._table).kv_page_size
+        held = self._kv.counts(self._table)[rows].astype(np.int64) * page_size
         over = np.flatnonzero(tokens > held)
         if over.size:
             k = int(over[0])
@@ -300,7 +327,7 @@ class Ledger:
                                                 int(held[k]))
 
     def _apply(self, plan: Any, seq: np.ndarray, mask: np.ndarray | None, retire: bool) -> None:
-        plan.apply_to(self._rows[:self._count])  # checks overflow before it writes anything
+        plan.apply_to(self.residents)  # checks overflow before it writes anything
         self._pending = None
         emitting = seq["select_last_token_logits"]
         rows = seq["resident"][emitting]
@@ -336,16 +363,18 @@ class Ledger:
                 raise _errors.nothing_pending()
             # Rows that load() or the caller wrote are checked before anything changes (a
             # pending plan's rows were checked when it was made, and applying keeps them valid).
-            planner.plan(self._rows[:self._count])
+            planner.plan(self.residents)
         else:
+            check_pending(pending, self._pending_version)
             seq, mask = self._check_apply(pending, finished)
         if reasons is not None:
             _check_reasons(reasons, self.capacity)
         if pending is not None:
             self._apply(pending, seq, mask, retire=True)
         self._admit()
-        plan = planner.plan(self._rows[:self._count], reasons=reasons)
+        plan = planner.plan(self.residents, reasons=reasons)
         self._pending = plan
+        self._pending_version = plan_version(plan)
         return plan
 
     @_exclusive
@@ -377,9 +406,9 @@ class Ledger:
         for row in sorted(rows, reverse=True):
             del self._row_of[int(self._ids[row])]
             if table is not None:  # slot i stays row i: the pages move as the row does
-                table.release(row)
+                self._kv.KVPageTable.release(table, row)
                 if row != last:
-                    table.move(last, row)
+                    self._kv.KVPageTable.move(table, last, row)
             if row != last:
                 for column in (self._rows, self._ids, self._generated, self._max_new, self._done):
                     column[row] = column[last]
@@ -413,7 +442,7 @@ class Ledger:
             self._next_arrival = max(self._next_arrival, int(table["arrival"].max()) + 1)
 
     def to_records(self) -> list[dict[str, Any]]:
-        return records_of(self.residents, self._ids[:self._count])
+        return records_of(self._rows[:self._count], self._ids[:self._count])
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:

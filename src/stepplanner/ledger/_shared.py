@@ -6,17 +6,17 @@ cannot check differently.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _errors
 from ..core._fields import as_bool, as_int, as_int32, as_uint64
-from ..kv._checks import check_table_fits
+from ..kv._checks import Geometry, check_table_fits
 from ..kv.paging import worst_case_pages
 from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
-from ..core._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy
+from ..core._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT64_MAX = 2**64 - 1
@@ -61,23 +61,26 @@ def check_ledger_args(limits: object, policy: object,
 
 
 def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[Any, ...],
-                     allowed: str) -> None:
+                     allowed: str, geometry: Callable[[Any], Geometry]) -> None:
     """A page table a new ledger may own: one of ``classes``, a slot per row, the limits' page
-    size, and every page free (slot ``i`` is row ``i`` from the start)."""
+    size, and every page free (slot ``i`` is row ``i`` from the start). ``geometry`` reads the
+    table's own storage: the ledger's C indexes by it, whatever a subclass's properties say."""
     if not isinstance(page_table, classes):
         raise _errors.ledger_page_table_type(page_table, allowed)
-    check_table_fits(page_table, limits)
-    if page_table.num_free_pages != page_table.num_pages:
+    sizes = geometry(page_table)
+    check_table_fits(sizes, limits)
+    if sizes.num_free_pages != sizes.num_pages:
         raise _errors.ledger_page_table_in_use(
-            page_table.num_pages - page_table.num_free_pages, page_table.num_pages)
+            sizes.num_pages - sizes.num_free_pages, sizes.num_pages)
 
 
-def check_worst_case(rid: int, length: int, limit: int, page_table: Any) -> None:
-    """A request (``limit`` 0: no ``max_new_tokens``) whose worst case some row can hold."""
+def check_worst_case(rid: int, length: int, limit: int, sizes: Geometry) -> None:
+    """A request (``limit`` 0: no ``max_new_tokens``) whose worst case some row of a table of
+    ``sizes`` can hold."""
     if limit == 0:
         raise _errors.ledger_unbounded_request(rid)
-    pages = worst_case_pages(length, limit, page_table.kv_page_size)
-    most = min(page_table.max_pages_per_sequence, page_table.num_pages)
+    pages = worst_case_pages(length, limit, sizes.kv_page_size)
+    most = min(sizes.max_pages_per_sequence, sizes.num_pages)
     if pages > most:
         raise _errors.ledger_worst_case_pages(rid, length, limit, pages, most)
 
@@ -195,13 +198,36 @@ def plan_sizes(rows: int, paused: int, count: int) -> None:
             raise _errors.plan_value(where, n, f"0..{count}, at most one per resident")
 
 
-def plan_rows_in_range(resident: np.ndarray, paused: int, count: int) -> None:
-    """Every plan row names a resident row: the accounting indexes the ledger's tables by it."""
-    plan_sizes(len(resident), paused, count)
+def plan_rows_in_range(resident: np.ndarray, paused: np.ndarray, count: int) -> None:
+    """Every plan row and every pause names a resident row, and no resident twice: the
+    accounting indexes the ledger's tables by them, and a resident named twice would be advanced
+    (and counted) twice. The compiled ledger's ``_check_plan_rows`` checks the same, in the same
+    order."""
+    plan_sizes(len(resident), len(paused), count)
     bad = np.flatnonzero((resident < 0) | (resident >= count))
     if bad.size:
         k = int(bad[0])
         raise row_out_of_range(k, int(resident[k]), count)
+    bad = np.flatnonzero((paused < 0) | (paused >= count))
+    if bad.size:
+        k = int(bad[0])
+        raise _errors.plan_value(f"paused[{k}]", int(paused[k]), f"0..{count - 1}")
+    repeated = first_repeat(resident.tolist(), paused.tolist())
+    if repeated is not None:
+        raise _errors.plan_resident_repeated(*repeated)
+
+
+def plan_version(plan: Any) -> int | None:
+    """The version of either implementation's ``StepPlan``: it changes whenever the plan does
+    (None for anything else a planner returned: ``apply``/``step`` refuse that as no plan)."""
+    version: int | None = getattr(plan, "_version", None)
+    return version
+
+
+def check_pending(plan: Any, version: int) -> None:
+    """The plan ``step()`` left pending is still the one it returned (``version`` then)."""
+    if plan_version(plan) != version:
+        raise _errors.pending_plan_changed()
 
 
 def row_out_of_range(k: int, resident: int, count: int) -> _errors.StepPlannerValueError:

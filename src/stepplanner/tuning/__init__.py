@@ -13,7 +13,16 @@ from .capacity import (
 )
 from .grid import GridPoint, expand_grid, parse_grid
 from .metrics import parse_percentiles, vllm_metrics
-from .slo import SloTarget, good_requests, goodput, parse_slo, parse_slos, slo_report
+from .slo import (
+    STABILITY,
+    SloTarget,
+    good_requests,
+    goodput,
+    parse_queue_delay,
+    parse_slo,
+    parse_slos,
+    slo_report,
+)
 from .sweep import assess, pareto_front, sweep
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "CapacityResult",
     "GridPoint",
     "Outcome",
+    "STABILITY",
     "ScaledTrace",
     "SloTarget",
     "SyntheticRates",
@@ -33,6 +43,7 @@ __all__ = [
     "pareto_front",
     "parse_grid",
     "parse_percentiles",
+    "parse_queue_delay",
     "parse_slo",
     "parse_slos",
     "run_tasks",

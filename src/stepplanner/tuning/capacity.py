@@ -10,6 +10,13 @@ halving while they do not), then bisects until the bracket is no wider than ``to
 req/s, and reports the low end: a rate that was *measured* to meet the SLOs. It assumes that
 meeting the SLOs is monotone in the rate, which queueing makes true in practice; every probe is
 kept in the result so a non-monotone case can be seen.
+
+A rate must also be *stable*: by default the median queueing delay (arrival to admission) stays
+within 2 s (``slo.STABILITY``, Sarathi-Serve's condition beside its P99 TBT SLO). Without it a
+TPOT-only objective holds at any rate, because past saturation the waiting queue, not the batch,
+absorbs the excess. A configuration that still meets everything at ``max_rate`` has no measured
+capacity: its record says ``unbounded`` with ``capacity`` None and ``max_rate`` as the bound
+that was met, never the ceiling as if it were the answer.
 """
 
 from __future__ import annotations
@@ -19,13 +26,15 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from .._errors import StepPlannerValueError
+import numpy as np
+
+from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..sim.latency import LatencyModel
 from ..sim.simulator import simulate
 from ..sim.workloads import Workload, synthetic
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
-from .slo import SloTarget
+from .slo import STABILITY, SloTarget, slo_report
 from .sweep import assess
 
 __all__ = ["CapacityResult", "ScaledTrace", "SyntheticRates", "capacity", "find_capacity"]
@@ -139,6 +148,7 @@ class CapacityTask:
     slos: tuple[SloTarget, ...]
     tolerance: float
     max_rate: float
+    stability: SloTarget | None = STABILITY
 
 
 def capacity_of(task: CapacityTask) -> dict[str, Any]:
@@ -148,24 +158,39 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
     if point.limits is None or point.policy is None:
         return record
     limits, policy = point.limits, point.policy
-    at_capacity: dict[float, dict[str, Any]] = {}
+    at_rate: dict[float, dict[str, Any]] = {}
 
     def meets(rate: float) -> bool:
         result = simulate(task.source.at(rate), limits, policy, task.latency)
         assessed = assess(result, task.slos)
-        at_capacity[rate] = assessed
-        return bool(assessed["meets_slo"])
+        stable = None
+        if task.stability is not None:
+            # Beside the SLOs, not among them: a run-level condition, so it does not decide
+            # which requests count towards goodput.
+            w = result.workload
+            (stable,) = slo_report([task.stability], result.latencies(), w.priority,
+                                   ~np.isnan(result.finish_time), w.output_tokens)
+        assessed["stable"] = stable
+        at_rate[rate] = assessed
+        return bool(assessed["meets_slo"]) and (stable is None or bool(stable["met"]))
 
     found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
-    best = at_capacity.get(found.capacity)
+    best = at_rate.get(found.capacity)
     record.update({
-        "capacity": found.capacity,
+        # Unbounded: every probe up to max_rate met everything, so there is no capacity to
+        # report, only the bound it is at least.
+        "capacity": found.capacity if found.bounded else None,
+        "unbounded": not found.bounded,
+        "max_rate": task.max_rate,
         "upper": found.upper,
-        "bounded": found.bounded,
         "tolerance": found.tolerance,
-        "probes": [{"rate": r, "meets_slo": ok} for r, ok in found.probes],
+        "probes": [{"rate": r, "meets_slo": bool(at_rate[r]["meets_slo"]),
+                    "stable": None if at_rate[r]["stable"] is None else at_rate[r]["stable"]["met"],
+                    "meets": ok} for r, ok in found.probes],
         "at_capacity": None if best is None else {
+            "rate": found.capacity,
             "goodput": best["goodput"], "throughput": best["throughput"], "slo": best["slo"],
+            "stability": best["stable"],
             "p99_ttft_ms": best["metrics"]["p99_ttft_ms"],
             "p99_tpot_ms": best["metrics"]["p99_tpot_ms"]},
     })
@@ -176,19 +201,28 @@ def capacity(source: RateSource, grid: dict[str, list[str]], base_limits: Any,
              base_options: Any, latency: LatencyModel, slos: Sequence[SloTarget],
              tolerance: float = 0.1, max_rate: float = 1e4, backend: str = "process",
              workers: int | None = None, ray_address: str | None = None,
-             progress: Progress | None = None) -> tuple[list[dict[str, Any]], Outcome]:
-    """Capacity of every grid point (configurations run in parallel, probes in sequence);
-    records sorted by capacity, best first, errors last."""
-    if not slos:
-        raise StepPlannerValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE): without one "
-                         "every rate is sustainable")
+             progress: Progress | None = None, *,
+             stability: SloTarget | None = STABILITY) -> tuple[list[dict[str, Any]], Outcome]:
+    """Capacity of every grid point (configurations run in parallel, probes in sequence) under
+    the SLOs and the ``stability`` condition (a ``queue`` SloTarget; None drops it); records
+    sorted by capacity, unbounded ones first, errors last."""
+    if stability is not None and not isinstance(stability, SloTarget):
+        raise StepPlannerTypeError(f"stability must be a SloTarget on queueing delay or None, "
+                                   f"got {type(stability).__name__}")
+    if stability is not None and (stability.metric != "queue" or stability.priority is not None):
+        raise StepPlannerValueError(f"stability={stability} is out of range; allowed: a bound on "
+                                    "queueing delay over all requests (e.g. queue_p50=2000ms)")
+    if not slos and stability is None:
+        raise StepPlannerValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE) or a "
+                                    "stability condition: without either every rate is sustainable")
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
         raise StepPlannerValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
     points = expand_grid(grid, base_limits, base_options)
-    tasks = [CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate))
-             for p in points]
+    tasks = [CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate),
+                          stability) for p in points]
     outcome = run_tasks(capacity_of, tasks, backend, workers, ray_address, progress)
     records = outcome.finished
-    records.sort(key=lambda r: (r.get("error") is not None, -r.get("capacity", 0.0),
+    records.sort(key=lambda r: (r.get("error") is not None,
+                                -math.inf if r.get("unbounded") else -(r.get("capacity") or 0.0),
                                 r["index"]))
     return records, outcome

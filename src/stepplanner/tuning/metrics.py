@@ -59,7 +59,9 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def _stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
+def series_stats(name: str, seconds: np.ndarray,
+                 percentiles: Sequence[float]) -> dict[str, float]:
+    """vLLM's mean/median/std/pN keys (ms) of one series of seconds; 0 for an empty one."""
     values = seconds if seconds.size else np.zeros(1)  # vLLM reports 0 for an empty series
     # One selection pass for the median and every percentile (ITL pools millions of gaps).
     ranked = np.percentile(values, [50.0, *percentiles])
@@ -77,7 +79,7 @@ def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES
     w = result.workload
     done = ~np.isnan(result.finish_time)
     lat = result.latencies()
-    span = _span(result)
+    span = simulated_span(result)
     total_input = int(w.prompt_tokens[done].sum())
     total_output = int(result.generated[done].sum())
     out: dict[str, Any] = {
@@ -94,19 +96,19 @@ def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES
     series = {"ttft": lat["ttft"][done], "tpot": tpot[~np.isnan(tpot)], "e2el": lat["e2e"][done]}
     for name in VLLM_METRICS:
         if name == "itl":
-            out.update(_weighted_stats(name, *pooled_itl(result.itl), percentiles))
+            out.update(weighted_series_stats(name, *pooled_itl(result.itl), percentiles))
         else:
-            out.update(_stats(name, series[name], percentiles))
+            out.update(series_stats(name, series[name], percentiles))
     return out
 
 
-def _weighted_stats(name: str, values: np.ndarray, counts: np.ndarray,
-                    percentiles: Sequence[float]) -> dict[str, float]:
-    """``_stats`` of ``np.repeat(values, counts)`` without building it (millions of gaps)."""
+def weighted_series_stats(name: str, values: np.ndarray, counts: np.ndarray,
+                          percentiles: Sequence[float]) -> dict[str, float]:
+    """``series_stats`` of ``np.repeat(values, counts)`` without building it (millions of gaps)."""
     keep = counts > 0
     values, counts = values[keep], counts[keep]
     if not values.size:
-        return _stats(name, np.zeros(0), percentiles)
+        return series_stats(name, np.zeros(0), percentiles)
     total = float(counts.sum())
     mean = float((values * counts).sum()) / total
     std = math.sqrt(float((counts * (values - mean) ** 2).sum()) / total)
@@ -122,7 +124,7 @@ def _ms(seconds: float | None) -> float:
     return 0.0 if seconds is None else seconds * 1e3
 
 
-def _span(result: Any) -> float:
+def simulated_span(result: Any) -> float:
     """Simulated seconds from the first arrival to the last step, as ``report()`` measures."""
     st = result.steps
     start = float(result.workload.arrival_time[0])

@@ -30,9 +30,11 @@ import numpy as np
 
 __all__ = [
     "METRICS",
+    "STABILITY",
     "SloTarget",
     "good_requests",
     "goodput",
+    "parse_queue_delay",
     "parse_slo",
     "parse_slos",
     "slo_report",
@@ -102,6 +104,30 @@ def parse_slo(text: str) -> SloTarget:
         return SloTarget(metric, float(match["pct"]), seconds, priority)
     except ValueError as exc:
         raise StepPlannerValueError(f"SLO {text!r}: {exc}") from None
+
+
+#: Capacity's default stability condition: median queueing delay (arrival to admission) <= 2 s,
+#: Sarathi-Serve's. Past saturation the queue, not the batch, absorbs the excess load, so TPOT
+#: alone stays met at any rate; a bound on queueing is what makes a rate sustainable.
+STABILITY = SloTarget("queue", 50.0, 2.0)
+_QUEUE_KEY = re.compile(r"^p\d+(?:\.\d+)?$")
+
+
+def parse_queue_delay(text: str) -> SloTarget:
+    """``"p50=2s"`` (Sarathi-Serve's) or ``"p99=5s"`` (Vidur's) -> a ``queue`` SloTarget over
+    all requests: the percentile of queueing delay, arrival to admission, and its bound."""
+    if not isinstance(text, str):
+        raise StepPlannerTypeError(f"queue delay must be a string pN=VALUE, got "
+                                   f"{type(text).__name__}")
+    key, sep, value = text.strip().partition("=")
+    if not sep or _QUEUE_KEY.match(key.strip().lower()) is None:
+        raise StepPlannerValueError(f"queue delay {text!r} is not pN=VALUE; e.g. p50=2s "
+                                    "(Sarathi-Serve), p99=5s (Vidur)")
+    try:
+        return parse_slo(f"queue_{key.strip()}={value}")
+    except ValueError as exc:
+        raise StepPlannerValueError(f"queue delay {text!r}: "
+                                    f"{str(exc).split(': ', 1)[-1]}") from None
 
 
 def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
