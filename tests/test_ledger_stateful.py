@@ -83,6 +83,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.accounts: dict[int, list[int]] = {}
         self.waiting: list[Waiting] = []
         self.pending = None  # (plan rows as dicts, paused, ids) of a step() not yet applied
+        self.cancelled: set[int] = set()  # residents cancelled while a plan was pending
         self.next_id = 0
         self.next_arrival = 0
 
@@ -132,12 +133,21 @@ class LedgerMachine(RuleBasedStateMachine):
                                                if i in paused else 0)
         if retire:
             self._retire_done()
+        self._drop_cancelled()
         self.pending = None
         return finished
 
     def _retire_done(self) -> None:
-        for rid in [r for r, a in self.accounts.items() if a[2]]:
+        for rid in [r for r, a in self.accounts.items() if a[2]]:  # the cancelled are done too
             del self.resident[rid], self.accounts[rid]
+        self.cancelled.clear()
+
+    def _drop_cancelled(self) -> None:
+        """A resident cancelled while a plan was pending leaves at the next call that ends that
+        plan (never reported finished): at once if the call moves rows."""
+        for rid in self.cancelled:
+            del self.resident[rid], self.accounts[rid]
+        self.cancelled.clear()
 
     def _mask(self, data, sequences: list) -> np.ndarray | None:
         if data.draw(st.booleans()):
@@ -172,15 +182,22 @@ class LedgerMachine(RuleBasedStateMachine):
     def cancel(self, data):
         rid = data.draw(st.sampled_from(sorted([w.rid for w in self.waiting]
                                                + list(self.resident))))
+        if rid in self.cancelled:
+            with pytest.raises(ValueError, match="is not waiting or resident"):
+                self.ledger.cancel(rid)
+            return
         self.ledger.cancel(rid)
-        if rid in self.resident:
+        if rid in self.resident and self.pending is not None:
+            self.cancelled.add(rid)       # rows stay as the pending plan has them
+            self.accounts[rid][2] = 1     # done: never reported finished
+        elif rid in self.resident:
             del self.resident[rid], self.accounts[rid]
-            self.pending = None
         else:
             self.waiting = [w for w in self.waiting if w.rid != rid]
 
     @rule()
     def admit(self):
+        self._drop_cancelled()
         assert self.ledger.admit() == self._admit_model()
         self.pending = None
 
@@ -224,6 +241,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.retire(ids)
         for rid in ids:
             del self.resident[rid], self.accounts[rid]
+        self.cancelled -= set(ids)
+        self._drop_cancelled()
         self.pending = None
 
     @precondition(lambda self: self.ledger.count > 0)
@@ -235,6 +254,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.retire_rows(rows)
         for row in rows:
             del self.resident[ids[row]], self.accounts[ids[row]]
+        self.cancelled -= {ids[row] for row in rows}
+        self._drop_cancelled()
         self.pending = None
 
     @rule()
@@ -242,6 +263,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger.load(self.ledger.to_records())  # rows unchanged; accounting starts afresh
         for account in self.accounts.values():
             account[:] = [0, 0, 0]
+        self.cancelled.clear()  # load() takes the records as given: cancelled rows included
         self.pending = None
 
     @rule(data=st.data())

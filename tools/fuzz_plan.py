@@ -421,6 +421,7 @@ class LedgerModel:
 
     def __init__(self) -> None:
         self.live: set[int] = set()
+        self.leaving: set[int] = set()  # cancelled while a step() plan was pending: still rows
         self.priority: dict[int, int] = {}
         self.max_new: dict[int, int] = {}
         self.step_plans: dict[int, object] = {}  # id(ledger) -> what its last step() returned
@@ -430,9 +431,11 @@ class LedgerModel:
         waiting = ledger.waiting_ids()
         if len(set(resident)) != len(resident) or set(resident) & set(waiting):
             raise Disagreement(f"ledger holds an id twice: resident {resident}, waiting {waiting}")
-        if set(resident) | set(waiting) != self.live or len(waiting) != ledger.waiting:
+        self.leaving &= set(resident)  # they leave with the loop's next call, and only then
+        expected = self.live | self.leaving
+        if set(resident) | set(waiting) != expected or len(waiting) != ledger.waiting:
             raise Disagreement(f"ledger lost or invented ids: resident {resident}, waiting "
-                               f"{waiting}, expected {sorted(map(int, self.live))}")
+                               f"{waiting}, expected {sorted(map(int, expected))}")
         if len(ledger.residents) != ledger.count or ledger.count > ledger.capacity:
             raise Disagreement(f"ledger count {ledger.count} vs {len(ledger.residents)} rows")
         if ledger.waiting > ledger.max_waiting:
@@ -794,7 +797,12 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
         return (lambda led, _p: led.load([dict(r) for r in records])), loaded
     if op == 7:
         rid = some_id(fdp, model)
-        return (lambda led, _p: led.cancel(rid)), lambda _: model.live.discard(rid)
+        def cancelled(_: object) -> None:
+            model.live.discard(rid)
+            if rid in ledger.request_ids.tolist():
+                model.leaving.add(rid)
+
+        return (lambda led, _p: led.cancel(rid)), cancelled
     if op == 8:  # the fused step; its mask is over the previous step's plan on each side
         draw = fdp.ConsumeBytes(8)
         use_mask = fdp.ConsumeBool()

@@ -308,8 +308,9 @@ def ledger_reentered() -> StepPlannerRuntimeError:
     return StepPlannerRuntimeError(
         "Ledger re-entered: a ledger call was made while another call on the same ledger was "
         "still running (from code that call ran, e.g. an argument's __array__, __index__ or "
-        "__getitem__, a planner's plan(), or from another thread); allowed: one ledger call at "
-        "a time (one serving loop per ledger)"
+        "__getitem__, a planner's plan(), or from another thread while it ran such code); "
+        "allowed: one ledger call at a time from the serving loop, and submit() and cancel() "
+        "from any other thread (they wait for the call under way)"
     )
 
 

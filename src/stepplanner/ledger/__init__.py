@@ -32,7 +32,8 @@ The surface (both implementations):
 * ``submit(request_id, prompt_length, priority=0, max_new_tokens=None)`` -> arrival stamp;
   O(log n). Past ``max_waiting`` it raises ``QueueFullError`` (a ``RuntimeError``): the
   backpressure signal a server turns into HTTP 429.
-* ``cancel(request_id)``: out of the queue (O(log n)) or out of its row, wherever it is.
+* ``cancel(request_id)``: out of the queue (O(log n)) or out of its row, wherever it is; a
+  resident of the pending ``step`` plan leaves with that plan (see Threads below).
 * ``admit()`` -> the admitted ids (a list); ``admitted_ids`` is the same as a view.
 * ``apply(plan, finished=None, *, retire=False)`` -> ``finished_ids``: SPEC §6 on the rows,
   then output accounting: each plan row with ``select_last_token_logits`` emitted one token
@@ -78,22 +79,28 @@ Decisions where SPEC §6 is silent (also in the README):
   runtimes that must flush its last token first. ``finished`` may be True only on rows that
   emitted a token; anything else is a ``ValueError`` naming the row.
 * ``step(planner, finished)`` applies the plan of this ledger's previous ``step``; any change to
-  the residents in between (``apply``, ``admit``, ``retire*``, ``cancel`` of a resident,
-  ``load``) drops that plan, and ``finished`` is then refused. Between two ``step`` calls the
+  the residents in between (``apply``, ``admit``, ``retire*``, ``load``) drops that plan, and
+  ``finished`` is then refused (a ``cancel`` does not: see Threads). Between two ``step`` calls the
   planner must not plan anything else: its one ``StepPlan`` is the pending plan. ``step``
   keeps the plan's version (``StepPlan._version``, changed by every ``plan()``) and refuses
   (``ValueError``, nothing changed) a pending plan whose version changed: one planner shared by
   two ledgers would otherwise apply one ledger's plan to the other. ``admit()`` drops it.
-* Threads and re-entry: one serving loop per ledger, one call at a time. The compiled ledger's
-  methods hold a critical section (a lock on free-threaded CPython), and a call that runs caller
-  code (an argument's ``__index__`` or ``__array__``, a record's ``__getitem__``, an iterator, a
-  plan subclass, the planner's ``plan()``) marks the ledger busy while it does: a ledger call made
-  from that code, or from another thread meanwhile, raises ``StepPlannerRuntimeError`` ("Ledger
+* Threads and re-entry (docs/threading.md): one serving loop per ledger; ``submit`` and
+  ``cancel`` from any thread. Every call holds the ledger's lock for its whole run (caller code
+  included) and records its thread. ``submit``/``cancel`` from another thread wait for it (the
+  compiled ledger waits with the GIL released) and raise their own errors (``QueueFullError``, a
+  duplicate id) to their own thread; the loop's other calls wait for a call that runs no caller
+  code and are refused while one that does (an argument's ``__index__`` or ``__array__``, a
+  record's ``__getitem__``, an iterator, a plan subclass, the planner's ``plan()``) runs on
+  another thread; any call from the caller code a call runs, on its own thread, is refused
+  (waiting would deadlock). A refused call raises ``StepPlannerRuntimeError`` ("Ledger
   re-entered") and changes nothing, and the outer call goes on from the state it read (both
-  ledgers alike). With the C state private (the read-only views are over memory Python cannot
-  write), every plan row checked against the table before it is used, and only a real
-  ``StepPlan`` accepted, sharing a ledger between threads never corrupts memory; a call may be
-  refused, which is why one loop per ledger is the design.
+  ledgers alike). Rows move only in the loop's calls: a resident cancelled while a ``step`` plan
+  is pending (the engine may be running it) keeps its row, is never reported finished, and
+  leaves in the same pass as the loop's next removal (``step``/``apply`` after applying that
+  plan, ``admit``, ``retire*``); its id stays taken until then. With the C state private (the
+  read-only views are over memory Python cannot write), every plan row checked against the table
+  before it is used, and only a real ``StepPlan`` accepted, sharing a ledger never corrupts memory.
 * Every operation checks everything first; one that raises leaves the ledger unchanged
   (``step`` checks the rows before it admits when no plan is pending). The one exception is a
   row the caller writes through ``residents`` while a ``step`` plan is pending: when planning it

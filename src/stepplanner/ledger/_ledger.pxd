@@ -51,6 +51,8 @@ ctypedef struct TableC:
     uint8_t* done             # marked finished by an apply, not yet retired
     uint8_t* mark             # scratch: rows to remove
     int32_t num_done
+    uint8_t* cancelled        # cancelled while a step() plan was pending: leaves with that plan
+    int32_t num_cancelled     # (every cancelled row is also done, so none is reported finished)
     int64_t* finished         # ids the last apply marked finished, in plan order
     int32_t num_finished
     int64_t* admitted         # ids the last admission moved in, in queue order

@@ -26,6 +26,44 @@ from stepplanner.core._planner cimport (
 from stepplanner.kv._kv cimport KVPageTable, PageTableC, grow_slot, move_slot, pages_for, release_slot
 from stepplanner.kv._kv import geometry
 
+cdef extern from *:
+    """
+    #include "pythread.h"
+    /* The ledger's lock words: written by the thread holding the ledger's lock, read by a thread
+       deciding whether to wait for it. Relaxed atomics where threads truly run at once (the
+       header exists from 3.13 on); under the GIL a plain access is already ordered. */
+    #if PY_VERSION_HEX >= 0x030D0000
+    #define sp_load_ident(p) _Py_atomic_load_ulong_relaxed(p)
+    #define sp_store_ident(p, v) _Py_atomic_store_ulong_relaxed(p, v)
+    #define sp_load_flag(p) _Py_atomic_load_int_relaxed(p)
+    #define sp_store_flag(p, v) _Py_atomic_store_int_relaxed(p, v)
+    #else
+    #define sp_load_ident(p) (*(p))
+    #define sp_store_ident(p, v) (*(p) = (v))
+    #define sp_load_flag(p) (*(p))
+    #define sp_store_flag(p, v) (*(p) = (v))
+    #endif
+    """
+    ctypedef void* PyThread_type_lock
+    PyThread_type_lock PyThread_allocate_lock()
+    void PyThread_free_lock(PyThread_type_lock)
+    int PyThread_acquire_lock(PyThread_type_lock, int) nogil
+    void PyThread_release_lock(PyThread_type_lock) nogil
+    unsigned long PyThread_get_thread_ident()
+    unsigned long sp_load_ident(const unsigned long*)
+    void sp_store_ident(unsigned long*, unsigned long)
+    int sp_load_flag(const int*)
+    void sp_store_flag(int*, int)
+    enum:
+        WAIT_LOCK
+        NOWAIT_LOCK
+
+# How a call takes the ledger's lock (Ledger._acquire).
+cdef enum:
+    CALL_GUEST = 0    # submit, cancel: from any thread; waits for the call running
+    CALL_QUIET = 1    # runs no caller code: waits for a call on another thread
+    CALL_BUSY = 2     # runs caller code: a call from another thread meanwhile is refused
+
 import numpy as np
 
 from stepplanner import _errors
@@ -469,9 +507,9 @@ cdef class Ledger:
     """Dense resident table, waiting queue and output accounting for one engine, in C.
 
     See ``stepplanner.ledger`` for the surface and the decisions; ``_reference.Ledger`` is
-    the pure-Python twin held to it by the tests. Every method that reads or writes the C state
-    holds a critical section on the ledger (free-threaded CPython; the GIL elsewhere), so a ledger
-    shared between threads is never corrupted, though one serving loop per ledger is the design.
+    the pure-Python twin held to it by the tests. Every method that reads or writes the queue or
+    the rows holds the ledger's lock for the whole call (see ``_acquire``): ``submit`` and
+    ``cancel`` wait for it from any thread; the other calls are the serving loop's.
     """
 
     cdef QueueC q
@@ -496,7 +534,9 @@ cdef class Ledger:
     cdef readonly object page_table  # the KVPageTable whose pages follow the rows, or None
     cdef PageTableC* pages           # its C table (NULL: none); page_table keeps it alive
     cdef int64_t max_tokens          # with pages: the most prompt + max_new_tokens a row holds
-    cdef bint _busy                 # a call that runs caller code is under way: see _enter
+    cdef PyThread_type_lock _lock   # held by every call that reads or writes the state
+    cdef unsigned long _holder      # the thread holding _lock (0: none): see _acquire
+    cdef int _busy                  # the holder is a CALL_BUSY call (runs caller code)
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
@@ -527,6 +567,8 @@ cdef class Ledger:
         self.t.max_new = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
         self.t.done = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.mark = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.t.cancelled = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self._lock = PyThread_allocate_lock()
         self.q.capacity = w
         self.q.by_priority = self.by_priority
         self.q.pool = <WaitingC*>PyMem_Calloc(max(w, 1), sizeof(WaitingC))
@@ -540,7 +582,10 @@ cdef class Ledger:
         self.m.keys = <int64_t*>PyMem_Calloc(slots, sizeof(int64_t))
         self.m.values = <int32_t*>PyMem_Calloc(slots, sizeof(int32_t))
         self.m.used = <uint8_t*>PyMem_Calloc(slots, sizeof(uint8_t))
+        if self._lock == NULL:
+            raise MemoryError("the ledger's lock could not be allocated")
         if (self.t.max_new == NULL or self.t.done == NULL or self.t.mark == NULL
+                or self.t.cancelled == NULL
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
@@ -568,6 +613,9 @@ cdef class Ledger:
         PyMem_Free(self.t.max_new)
         PyMem_Free(self.t.done)
         PyMem_Free(self.t.mark)
+        PyMem_Free(self.t.cancelled)
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
         PyMem_Free(self.q.pool)
         PyMem_Free(self.q.free)
         PyMem_Free(self.q.heaps[0].slots)
@@ -640,6 +688,13 @@ cdef class Ledger:
         needs more pages than are free (nothing overtakes it), else 0."""
         if self.pages == NULL:
             return 0
+        self._acquire(CALL_QUIET)  # the queue's heads move under a submit from another thread
+        try:
+            return self._held_back()
+        finally:
+            self._release()
+
+    cdef int32_t _held_back(self) noexcept:
         cdef int32_t h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
         if h < 0:
             return 0
@@ -656,30 +711,56 @@ cdef class Ledger:
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
                 f"order={'PRIORITY' if self.by_priority else 'FCFS'})")
 
-    cdef int _enter(self) except -1:
-        """Refuse a call while another runs caller code (an argument's ``__index__``/
-        ``__array__``/``__getitem__``, a planner), from that code or from another thread (with
-        the GIL the critical sections are no-ops, and Python code may switch threads): state read
-        before that code ran would be stale. A call that runs Python code holds ``_busy`` until
-        it returns; one that runs none only checks it."""
-        if self._busy:
-            raise _errors.ledger_reentered()
-        self._busy = True
+    cdef int _acquire(self, int kind) except -1:
+        """Take the ledger's lock for one call, which releases it with ``_release``.
+
+        The lock is held for the whole call, caller code included (an argument's ``__index__``/
+        ``__array__``/``__getitem__``, a planner), so no call sees state another call has half
+        changed. A call that finds it held:
+
+        * by its own thread is a re-entry from code the ledger runs: refused, whatever the call
+          (waiting would deadlock), and the outer call goes on from the state it read;
+        * by another thread: ``submit``/``cancel`` (``CALL_GUEST``) wait for it, with the GIL
+          released, however long the call runs; the serving loop's calls wait for a call that
+          runs no caller code (a ``submit``, an ``admit``), and are refused while one that runs
+          caller code is under way (``CALL_BUSY``: a ``step`` planning), as they always were:
+          only one thread drives the loop.
+
+        ``_holder`` and ``_busy`` are read without the lock: a thread compares ``_holder`` with
+        its own id, which only it writes, and a stale ``_busy`` makes a loop call wait where it
+        could have been refused (or be refused as the other call ends), never corrupt anything."""
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            if sp_load_ident(&self._holder) == me or (
+                    kind != CALL_GUEST and sp_load_flag(&self._busy)):
+                raise _errors.ledger_reentered()
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        sp_store_ident(&self._holder, me)
+        sp_store_flag(&self._busy, kind == CALL_BUSY)
         return 0
 
-    cdef int _check_idle(self) except -1:
-        if self._busy:
-            raise _errors.ledger_reentered()
-        return 0
+    cdef void _release(self) noexcept:
+        sp_store_flag(&self._busy, 0)
+        sp_store_ident(&self._holder, 0)
+        PyThread_release_lock(self._lock)
 
     # --- admission ----------------------------------------------------------------------------
 
     @cython.critical_section
     def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None):
-        """Queue a request; returns its arrival stamp."""
+        """Queue a request; returns its arrival stamp. Safe from any thread: it waits for the
+        call under way (see ``_acquire``)."""
+        self._acquire(CALL_GUEST)
+        try:
+            return self._submit(request_id, prompt_length, priority, max_new_tokens)
+        finally:
+            self._release()
+
+    cdef object _submit(self, object request_id, object prompt_length, object priority,
+                        object max_new_tokens):
         cdef int64_t rid, limit = 0
         cdef int32_t length, prio
-        self._check_idle()
         if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
                 and (max_new_tokens is None or type(max_new_tokens) is int)
                 and -2**63 <= request_id < 2**63 and 1 <= prompt_length <= self.limits.max_input_length
@@ -689,13 +770,8 @@ cdef class Ledger:
             if max_new_tokens is not None:
                 limit = max_new_tokens
         else:  # the shared checks raise the shared messages (and may run caller code)
-            self._enter()
-            try:
-                rid, length, prio, limit = submission(request_id, prompt_length, priority,
-                                                      max_new_tokens,
-                                                      self.limits.max_input_length)
-            finally:
-                self._busy = False
+            rid, length, prio, limit = submission(request_id, prompt_length, priority,
+                                                  max_new_tokens, self.limits.max_input_length)
         if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
             # raises the shared message, over the sizes the C uses
             check_worst_case(rid, length, limit, geometry(self.page_table))
@@ -725,12 +801,13 @@ cdef class Ledger:
 
     @cython.critical_section
     def cancel(self, request_id):
-        """Remove a request wherever it is: out of the queue (O(log n)) or out of its row."""
-        self._enter()
+        """Remove a request wherever it is: out of the queue (O(log n)) or out of its row; a
+        resident of the pending ``step`` plan leaves with that plan. Safe from any thread."""
+        self._acquire(CALL_GUEST)
         try:
             self._cancel(as_request_id(request_id))  # may run caller code (__index__)
         finally:
-            self._busy = False
+            self._release()
 
     cdef _cancel(self, int64_t rid):
         cdef int64_t at = map_find(&self.m, rid)
@@ -743,21 +820,44 @@ cdef class Ledger:
             self.q.free[self.q.num_free] = value
             self.q.num_free += 1
             return
-        self._pending = None
-        self.t.mark[-(value + 1)] = 1
-        self._remove_marked(self.t.mark, 1)
+        cdef int32_t row = -(value + 1)
+        if self._pending is None:
+            self._remove([row])
+            return
+        # The engine may be running the pending plan now, and step(planner, finished) will
+        # apply it: the rows stay as they are until then (row indices are the plan's), and this
+        # one leaves with it. Marked done, it is never reported finished.
+        if self.t.cancelled[row]:
+            raise _errors.not_in_ledger(rid)  # cancelled already: as if it had left
+        self.t.cancelled[row] = 1
+        self.t.num_cancelled += 1
+        if not self.t.done[row]:
+            self.t.done[row] = 1
+            self.t.num_done += 1
 
     @cython.critical_section
     def admit(self):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
-        self._check_idle()
-        self._pending = None
-        self._admit_waiting()
-        return self.admitted_ids.tolist()
+        self._acquire(CALL_QUIET)
+        try:
+            self._pending = None
+            if self.t.num_cancelled:
+                self._remove_marked(self.t.cancelled, self.t.num_cancelled)
+            self._admit_waiting()
+            return self.admitted_ids.tolist()
+        finally:
+            self._release()
 
     @cython.critical_section
     def waiting_ids(self):
         """Waiting request ids in queue order (for reports; O(n log n))."""
+        self._acquire(CALL_QUIET)  # submit/cancel from another thread wait until it has read
+        try:
+            return self._waiting_ids()
+        finally:
+            self._release()
+
+    cdef list _waiting_ids(self):
         cdef int32_t h, k
         cdef WaitingC* w
         entries = []
@@ -780,13 +880,13 @@ cdef class Ledger:
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
         cdef const PlanC* p
-        self._enter()
+        self._acquire(CALL_BUSY)
         try:
             p = self._check_apply(plan, finished, &mask, &stride)
             self._apply(plan, p, mask, stride, retire)
+            return self.finished_ids
         finally:
-            self._busy = False
-        return self.finished_ids
+            self._release()
 
     cdef const PlanC* _plan_struct(self, object plan) except NULL:
         """The plan as the C struct: a compiled plan's own, or a view of a reference plan's
@@ -845,11 +945,16 @@ cdef class Ledger:
                 admit_waiting(&self.q, &self.t, &self.m, self.pages)
 
     cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
+        """Swap-remove the marked rows. Every removal takes the cancelled rows with it (they
+        are done, and ``_remove`` marks them), so none is left to move."""
         if self.pages == NULL:
             remove_marked(&self.t, &self.m, NULL, mark, num_marked)
         else:
             with cython.critical_section(self.page_table):  # see _admit_waiting
                 remove_marked(&self.t, &self.m, self.pages, mark, num_marked)
+        if self.t.num_cancelled:
+            memset(self.t.cancelled, 0, self.t.capacity * sizeof(uint8_t))
+            self.t.num_cancelled = 0
 
     cdef int _check_reserved(self, const PlanC* p) except -1:
         cdef int32_t k = first_row_beyond_pages(p, self.pages)
@@ -892,23 +997,28 @@ cdef class Ledger:
         self._foreign_arrays = None
         if retire and self.t.num_done:
             self._remove_marked(self.t.done, self.t.num_done)
+        elif self.t.num_cancelled:  # they left with the plan they were pending in
+            self._remove_marked(self.t.cancelled, self.t.num_cancelled)
 
     @cython.critical_section
     def retire_finished(self):
         """Remove every resident that an ``apply`` marked finished."""
-        self._check_idle()
-        self._pending = None
-        self._remove_marked(self.t.done, self.t.num_done)
+        self._acquire(CALL_QUIET)
+        try:
+            self._pending = None
+            self._remove_marked(self.t.done, self.t.num_done)
+        finally:
+            self._release()
 
     @cython.critical_section
     def step(self, planner, finished=None, *, reasons=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
         ``finished`` mask over its rows) and retire what finished, admit, then plan."""
-        self._enter()
+        self._acquire(CALL_BUSY)
         try:
             return self._step(planner, finished, reasons)
         finally:
-            self._busy = False
+            self._release()
 
     cdef object _step(self, object planner, object finished, object reasons):
         if planner is not self._fits:  # comparing limits allocates: once per planner
@@ -951,11 +1061,11 @@ cdef class Ledger:
     @cython.critical_section
     def retire(self, request_ids):
         """Remove requests by id; the last rows move into the freed slots."""
-        self._enter()
+        self._acquire(CALL_BUSY)
         try:
             self._retire(request_ids)
         finally:
-            self._busy = False
+            self._release()
 
     cdef _retire(self, object request_ids):
         ids = [as_request_id(r) for r in request_ids]
@@ -973,19 +1083,27 @@ cdef class Ledger:
     @cython.critical_section
     def retire_rows(self, rows):
         """Remove residents by row index."""
-        self._enter()
+        self._acquire(CALL_BUSY)
         try:
             listed = rows_argument(rows)  # runs caller code (__array__) before count is read
             check_rows(listed, self.t.count)
             self._remove(listed)
         finally:
-            self._busy = False
+            self._release()
 
     cdef _remove(self, list rows):
+        """Swap-remove ``rows`` (distinct), and the cancelled rows with them in the same pass:
+        the rows the caller named are indices into the table as it is."""
+        cdef int32_t r, n = len(rows)
         self._pending = None
         for row in rows:
             self.t.mark[<int32_t>row] = 1
-        self._remove_marked(self.t.mark, len(rows))
+        if self.t.num_cancelled:
+            for r in range(self.t.count):
+                if self.t.cancelled[r] and not self.t.mark[r]:
+                    self.t.mark[r] = 1
+                    n += 1
+        self._remove_marked(self.t.mark, n)
 
     # --- snapshots ----------------------------------------------------------------------------
 
@@ -1002,11 +1120,11 @@ cdef class Ledger:
     @cython.critical_section
     def load(self, residents):
         """Replace the resident table with ``residents`` (see ``stepplanner.ledger``)."""
-        self._enter()
+        self._acquire(CALL_BUSY)
         try:
             self._load(residents)
         finally:
-            self._busy = False
+            self._release()
 
     cdef _load(self, object residents):
         if self.pages != NULL:
@@ -1029,7 +1147,8 @@ cdef class Ledger:
         memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))
-        self.t.num_done = self.t.num_finished = self.t.num_admitted = 0
+        memset(self.t.cancelled, 0, self.t.capacity * sizeof(uint8_t))
+        self.t.num_done = self.t.num_finished = self.t.num_admitted = self.t.num_cancelled = 0
         self.t.count = n
         if n:
             top = int(table["arrival"].max())
@@ -1041,8 +1160,12 @@ cdef class Ledger:
     @cython.critical_section
     def to_records(self):
         """The residents as JSON-ready dicts (``load`` reads them back)."""
-        ids = np.frombuffer(self._ids, dtype=_INT64_DESCR, count=self.t.count)
-        return records_of(self._own_rows(), ids)
+        self._acquire(CALL_QUIET)
+        try:
+            ids = np.frombuffer(self._ids, dtype=_INT64_DESCR, count=self.t.count)
+            return records_of(self._own_rows(), ids)
+        finally:
+            self._release()
 
 
 cdef int _check_reasons(object reasons, int32_t capacity) except -1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import functools
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -64,20 +65,35 @@ def _kv_of(table: Any) -> Any:
     return next(module for module in _kv_modules() if isinstance(table, module.KVPageTable))
 
 
-def _exclusive(method: _Method) -> _Method:
-    """One call at a time: the ledger runs caller code (``__array__``, ``__index__``, a Mapping's
-    ``__getitem__``, a planner) inside its calls, and a nested call there is refused, as the
-    compiled ledger refuses it."""
-    @functools.wraps(method)
-    def call(self: Ledger, *args: Any, **kwargs: Any) -> Any:
-        if self._busy:
-            raise _errors.ledger_reentered()
-        self._busy = True
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self._busy = False
-    return call  # type: ignore[return-value]
+# How a call takes the ledger's lock: as the compiled ledger's CALL_GUEST/QUIET/BUSY.
+_GUEST = 0  # submit, cancel: from any thread; waits for the call running
+_QUIET = 1  # runs no caller code: waits for a call on another thread
+_BUSY = 2   # runs caller code: a call from another thread meanwhile is refused
+
+
+def _exclusive(kind: int) -> Callable[[_Method], _Method]:
+    """One call at a time, under the ledger's lock, taken as the compiled ledger's ``_acquire``
+    takes it: a call that finds it held by its own thread is a re-entry from caller code the
+    ledger runs (``__array__``, ``__index__``, a Mapping's ``__getitem__``, a planner) and is
+    refused; held by another thread, ``submit``/``cancel`` wait, and the loop's calls wait unless
+    the running call runs caller code (then they are refused, as before)."""
+    def wrap(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: Ledger, *args: Any, **kwargs: Any) -> Any:
+            me = threading.get_ident()
+            lock = self._lock
+            if not lock.acquire(blocking=False):
+                if self._holder == me or (kind != _GUEST and self._busy):
+                    raise _errors.ledger_reentered()
+                lock.acquire()
+            self._holder, self._busy = me, kind == _BUSY
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._holder, self._busy = 0, False
+                lock.release()
+        return call  # type: ignore[return-value]
+    return wrap
 
 
 
@@ -127,7 +143,10 @@ class Ledger:
         self._row_of: dict[int, int] = {}         # resident id -> row
         self._pending: Any = None                 # the plan of step() not yet applied
         self._pending_version: int | None = 0     # its version when step() returned it
-        self._busy = False                        # a call is running (see _exclusive)
+        self._cancelled: set[int] = set()         # rows cancelled while a plan was pending
+        self._lock = threading.Lock()             # held by every call (see _exclusive)
+        self._holder = 0                          # the thread holding it (0: none)
+        self._busy = False                        # the holder runs caller code
         self._initialised = True
 
     # --- views ------------------------------------------------------------------------------
@@ -181,6 +200,10 @@ class Ledger:
 
     @property
     def held_back(self) -> int:
+        return self._held_back()
+
+    @_exclusive(_QUIET)  # _next_heap pops cancelled entries: never beside a submit
+    def _held_back(self) -> int:
         heap = None if self._table is None else self._next_heap()
         return 0 if heap is None or self._fits(heap[0]) else len(self._waiting)
 
@@ -194,7 +217,7 @@ class Ledger:
 
     # --- admission ----------------------------------------------------------------------------
 
-    @_exclusive
+    @_exclusive(_GUEST)
     def submit(self, request_id: int, prompt_length: int, priority: int = 0,
                max_new_tokens: int | None = None) -> int:
         rid, length, prio, limit = submission(request_id, prompt_length, priority,
@@ -215,7 +238,7 @@ class Ledger:
         self._waiting[rid] = entry
         return arrival
 
-    @_exclusive
+    @_exclusive(_GUEST)
     def cancel(self, request_id: object) -> None:
         rid = as_request_id(request_id)
         entry = self._waiting.pop(rid, None)
@@ -223,12 +246,19 @@ class Ledger:
             entry[6] = False
             return
         row = self._row_of.get(rid)
-        if row is None:
+        if row is None or row in self._cancelled:
             raise _errors.not_in_ledger(rid)
-        self._remove([row])
+        if self._pending is None:
+            self._remove([row])
+            return
+        # Rows stay put while a step() plan is pending (see the compiled ledger's _cancel).
+        self._cancelled.add(row)
+        self._done[row] = True
 
-    @_exclusive
+    @_exclusive(_QUIET)
     def admit(self) -> list[int]:
+        if self._cancelled:
+            self._remove([])
         self._admit()
         admitted: list[int] = self.admitted_ids.tolist()
         return admitted
@@ -280,13 +310,14 @@ class Ledger:
             return urgent or None
         return head
 
+    @_exclusive(_QUIET)
     def waiting_ids(self) -> list[int]:
         """Waiting request ids in queue order (for reports; O(n log n))."""
         return [entry[1] for entry in sorted(self._waiting.values())]
 
     # --- the step -----------------------------------------------------------------------------
 
-    @_exclusive
+    @_exclusive(_BUSY)
     def apply(self, plan: Any, finished: np.ndarray | None = None, *,
               retire: bool = False) -> np.ndarray:
         seq, mask = self._check_apply(plan, finished)
@@ -343,8 +374,10 @@ class Ledger:
         self._finished[:len(newly)] = self._ids[newly]
         if retire:
             self._retire_done()
+        elif self._cancelled:  # they left with the plan they were pending in
+            self._remove([])
 
-    @_exclusive
+    @_exclusive(_QUIET)
     def retire_finished(self) -> None:
         """Remove every resident that an ``apply`` marked finished."""
         self._retire_done()
@@ -352,7 +385,7 @@ class Ledger:
     def _retire_done(self) -> None:
         self._remove(np.flatnonzero(self._done[:self._count]).tolist())
 
-    @_exclusive
+    @_exclusive(_BUSY)
     def step(self, planner: Any, finished: np.ndarray | None = None, *,
              reasons: np.ndarray | None = None) -> Any:
         if getattr(planner, "limits", None) != self.limits:
@@ -377,7 +410,7 @@ class Ledger:
         self._pending_version = plan_version(plan)
         return plan
 
-    @_exclusive
+    @_exclusive(_BUSY)
     def retire(self, request_ids: Iterable[int]) -> None:
         """Remove finished requests by id; the last rows move into the freed slots."""
         ids = [as_request_id(r) for r in request_ids]
@@ -391,7 +424,7 @@ class Ledger:
             rows.append(row)
         self._remove(rows)
 
-    @_exclusive
+    @_exclusive(_BUSY)
     def retire_rows(self, rows: Sequence[int] | np.ndarray) -> None:
         """Remove residents by row index."""
         listed = rows_argument(rows)
@@ -399,11 +432,14 @@ class Ledger:
         self._remove(listed)
 
     def _remove(self, rows: list[int]) -> None:
-        # Highest row first: the last row is then never one still waiting to be removed.
+        # The cancelled rows go in the same pass: ``rows`` index the table as it is.
         self._pending = None
+        rows = sorted(set(rows) | self._cancelled, reverse=True)
+        self._cancelled = set()
         table = self._table
         last = self._count - 1
-        for row in sorted(rows, reverse=True):
+        # Highest row first: the last row is then never one still waiting to be removed.
+        for row in rows:
             del self._row_of[int(self._ids[row])]
             if table is not None:  # slot i stays row i: the pages move as the row does
                 self._kv.KVPageTable.release(table, row)
@@ -420,7 +456,7 @@ class Ledger:
 
     # --- snapshots (explain, record/replay) ---------------------------------------------------
 
-    @_exclusive
+    @_exclusive(_BUSY)
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None:
         if self._table is not None:
             raise _errors.ledger_load_with_pages()
@@ -435,12 +471,14 @@ class Ledger:
         self._generated[:] = 0
         self._max_new[:] = 0
         self._done[:] = False
+        self._cancelled = set()
         self._num_finished = self._num_admitted = 0
         self._row_of = {rid: row for row, rid in enumerate(ids.tolist())}
         self._count = n
         if n:
             self._next_arrival = max(self._next_arrival, int(table["arrival"].max()) + 1)
 
+    @_exclusive(_QUIET)
     def to_records(self) -> list[dict[str, Any]]:
         return records_of(self._rows[:self._count], self._ids[:self._count])
 
