@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..sim.latency import TERMS
 from ..sim.workloads import DEFAULT_CLASSES
 
 FORMATS = ("table", "csv", "md")
@@ -231,7 +232,8 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
                        f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
                        f"max_pause_steps={pol['max_pause_steps']}"),
         Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
-                              f"c={lm['c']:g} s/context"),
+                              f"c={lm['c']:g} s/context" + "".join(
+                                  f" + {k}={lm[k]:g}{TERMS[k]}" for k in "def" if lm.get(k))),
         Line("requests", f"{req['completed']}/{req['submitted']} completed, {refused}"),
         Line("throughput", f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
                            f"output tok/s, {t['tokens_per_s']:,.0f} tok/s over "
