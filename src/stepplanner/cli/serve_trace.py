@@ -110,7 +110,7 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
                                   "num_attention_heads", "num_key_value_heads", "vocab_size")},
         seed=kw.pop("model_seed"), attn_implementation=kw.pop("attn_implementation"),
         path=model_path)
-    policy = resolve_scheduling_policy(options, engine.limits())
+    policy = resolve_scheduling_policy(options, engine.limits())  # checked before any run
     if profile:
         name = _register(options, {}, engine.max_input_length)
         steps = harness.profile_engine(model, engine, name, repeats=repeats, seed=seed,
@@ -120,14 +120,14 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
         return
     workload = read_trace(str(trace), columns)
     ids = [f"req_{i}" for i in range(len(workload))]
+    described: dict[str, Any] | None = None  # transformers' own schedulers: no policy
+    name = scheduler
     if scheduler == "stepplanner":
         warn_no_op_options(options, policy)
         name = _register(options, dict(zip(ids, workload.priority.tolist())),
                          engine.max_input_length)
-    else:
-        name, policy = scheduler, None
-    run = harness.serve_trace(workload, model, engine, name,
-                              policy=policy_to_dict(policy) if policy is not None else None,
+        described = policy_to_dict(policy)
+    run = harness.serve_trace(workload, model, engine, name, policy=described,
                               request_ids=ids, seed=seed, threads=threads, trace=trace,
                               timings=timings_path)
     run.write_results(str(results_path))

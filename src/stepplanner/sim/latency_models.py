@@ -277,26 +277,27 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     ``rows`` equal to ``tokens`` in decode-only timings) are left at 0.
     """
     features = timings.features()
+    given = {k: v for k, v in features.items() if v is not None}
     if terms is None:
-        wanted = [k for k in COEFFICIENTS if features[k] is not None]
+        wanted = [k for k in COEFFICIENTS if k in given]
     else:
         wanted = [k for k in COEFFICIENTS if k in terms]
         unknown = sorted(set(terms) - set(COEFFICIENTS))
         if unknown or not wanted:
             raise StepPlannerValueError(
                 f"terms={terms!r} is not known; allowed: letters of {''.join(COEFFICIENTS)}")
-        lacking = [k for k in wanted if features[k] is None]
+        lacking = [k for k in wanted if k not in given]
         if lacking:
             column = {"e": "attention", "f": "rows"}
             raise StepPlannerValueError(
                 f"terms={terms!r} needs column(s) "
                 f"{', '.join(column[k] for k in lacking)}, which the timings lack")
     y = np.asarray(timings.seconds, dtype=np.float64)
-    base = [k for k in wanted if k in "abc"]
-    if len(y) < max(len(base), 1) or len(y) < 3:
+    if len(y) < 3:
         raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
                                     "(three coefficients)")
-    x = np.column_stack([features[k] for k in base]).astype(np.float64)
+    base = [k for k in wanted if k in "abc"]
+    x = np.column_stack([given[k] for k in base] or [np.zeros((len(y), 0))]).astype(np.float64)
     if np.linalg.matrix_rank(x) < len(base):
         raise StepPlannerValueError(
             "timings do not vary tokens and context independently, so a, b and c "
@@ -306,7 +307,7 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     for k in wanted:
         if k in "abc":
             continue
-        trial = np.column_stack([x, features[k]])
+        trial = np.column_stack([x, given[k]])
         if np.linalg.matrix_rank(_scaled(trial)[0]) > x.shape[1]:
             x, used = trial, used + [k]
     scaled, norms = _scaled(x)
