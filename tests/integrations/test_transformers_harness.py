@@ -17,6 +17,7 @@ import csv
 import json
 import os
 import pathlib
+import time
 from typing import Any
 
 import numpy as np
@@ -212,3 +213,49 @@ def test_cli_serve_calibrate_simulate(tmp_path: pathlib.Path) -> None:
     # the options are checked before anything runs
     out = runner.invoke(main, ["serve-trace", str(trace), "--timings", str(steps)])
     assert out.exit_code == 2 and "needs a TRACE and --results FILE" in out.output
+
+
+def test_a_step_begun_before_restart_is_not_counted() -> None:
+    # The warm-up's last step delivers its outputs inside update_batch, so the caller may restart
+    # the timer while the loop thread is still finishing that step; it must not be recorded.
+    class State:
+        position_offset, generated_tokens = 5, [1]
+
+    class Future:
+        state, query_length = State(), 1
+
+    class Processor:
+        class inputs_and_outputs:  # noqa: N801 - stands in for the runtime's attribute
+            @staticmethod
+            def prepare_batch_tensors(batch: Any, *args: Any) -> None:
+                return None
+
+        class scheduler:  # noqa: N801
+            waiting_requests: dict[str, Any] = {}
+            active_requests = {"r": None}
+
+        def prepare_next_batch(self) -> bool:
+            self.inputs_and_outputs.prepare_batch_tensors([Future()])
+            return True
+
+        def _generation_step(self, model: Any) -> None:
+            return None
+
+        def update_batch(self) -> None:
+            return None
+
+    class Manager:
+        def _create_batch_processor(self) -> Processor:
+            return Processor()
+
+    manager = Manager()
+    timer = harness.StepTimer(manager)
+    processor = manager._create_batch_processor()
+    for restart_before_update in (True, False):
+        assert processor.prepare_next_batch()
+        processor._generation_step(None)
+        if restart_before_update:
+            timer.restart(time.perf_counter())
+        processor.update_batch()
+    assert len(timer.rows) == 1 and timer.rows[0]["step"] == 0 and timer.rows[0]["start"] >= 0
+    assert timer.rows[0]["decode_rows"] == 1 and timer.rows[0]["context"] == 6

@@ -210,6 +210,7 @@ class StepTimer:
     def __init__(self, manager: Any) -> None:
         self.rows: list[dict[str, Any]] = []
         self.origin = time.perf_counter()
+        self._lock = threading.Lock()
         self._current: dict[str, Any] = {}
         create = manager._create_batch_processor
 
@@ -264,24 +265,30 @@ class StepTimer:
         batch = c["batch"]
         chunks = [(past, query) for past, query, decode in batch if not decode]
         tokens = sum(query for _, query, _ in batch)
-        self.rows.append({
+        row = {
             "seconds": end - c["start"], "tokens": tokens,
             "context": sum(past + query for past, query, _ in batch), "rows": len(batch),
             "decode_rows": len(batch) - len(chunks),
             "prefill_tokens": sum(query for _, query in chunks),
             "prefill_context": sum(past + query for past, query in chunks),
             "attention": sum(query * (past + query) for past, query, _ in batch),
-            "step": len(self.rows), "start": c["start"] - self.origin,
             "schedule_seconds": c["prepared"] - c["start"],
             "forward_seconds": c["forwarded"] - c["forward"],
             "update_seconds": end - c["forwarded"],
             "waiting": c["waiting"], "active": c["active"],
-        })
+        }
+        with self._lock:
+            # A step that began before restart() (the warm-up's last one: its outputs let the
+            # caller restart while this thread still finishes it) is not part of the run.
+            if c["start"] >= self.origin:
+                self.rows.append({**row, "step": len(self.rows),
+                                  "start": c["start"] - self.origin})
 
     def restart(self, origin: float) -> None:
         """Forget the steps so far (a warm-up); ``start`` is counted from ``origin`` on."""
-        self.rows.clear()
-        self.origin = origin
+        with self._lock:
+            self.origin = origin
+            self.rows.clear()
 
 
 def write_timings(rows: Sequence[dict[str, Any]], path: str | pathlib.Path) -> None:
