@@ -10,7 +10,8 @@ calibrated on the run's own timings file; the relative error of p50 and p90 of T
 is printed beside the spread between the two real runs of the same trace and policy
 (``real b / real a - 1``). The policy table simulates each run with the model calibrated on its
 own timings too: on a shared machine the step costs differ more between runs minutes apart than
-between policies (docs/simulator.md, "Fidelity").
+between policies (docs/simulator.md, "Fidelity"); its last column prices one reference step with
+that run's model, which says how fast the machine was during the run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ METRICS = ("ttft", "tpot", "e2e")
 QUANTILES = (50, 90)
 LOADS = ("30", "60", "85")
 POLICIES = (("fcfs", "FCFS"), ("pp", "PRIORITY+PAUSE"))
+# One step priced by each run's calibrated model, to show how fast the machine was during that
+# run: 8 decode rows at 250 positions of past each (tokens, context, rows, attention).
+REFERENCE_STEP = (8, 8 * 251, 8, 8 * 251)
 
 
 def real_latencies(results: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -102,9 +106,10 @@ def agreement(folder: pathlib.Path, terms: str | None, profile: pathlib.Path | N
 def policies(folder: pathlib.Path) -> None:
     print("\n### Policies at 85% (real; simulated with the model calibrated on each run)\n")
     print("| scheduler | run | urgent TTFT p99 ms | sim | all TPOT p99 ms | sim | "
-          "output tok/s | sim |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for rep in "ab":
+          "output tok/s | sim | reference step ms |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    reps = sorted({p.stem.rsplit("-", 1)[1] for p in folder.glob("fifo-85-*.json")})
+    for rep in reps:  # a and b, and any further repeat of the three at 85%
         for key, name in (("fifo", "transformers fifo"), *POLICIES):
             stem = folder / f"{key}-85-{rep}"
             results = json.loads(stem.with_suffix(".json").read_text())
@@ -118,7 +123,8 @@ def policies(folder: pathlib.Path) -> None:
                   f"{percentile(sim['ttft'][urgent], 99) * 1e3:,.0f} | "
                   f"{percentile(real['tpot'], 99) * 1e3:,.1f} | "
                   f"{percentile(sim['tpot'], 99) * 1e3:,.1f} | "
-                  f"{results['output_throughput']:,.1f} | {tok_s:,.1f} |")
+                  f"{results['output_throughput']:,.1f} | {tok_s:,.1f} | "
+                  f"{model.step_seconds(*REFERENCE_STEP) * 1e3:.1f} |")
 
 
 def main(argv: list[str]) -> None:
