@@ -14,7 +14,7 @@ venv=.venv-transformers
 rm -rf "$venv"
 python3 -m venv "$venv"
 "$venv/bin/pip" install -q "torch==2.13.0"
-"$venv/bin/pip" install -q ".[test,transformers]"
+"$venv/bin/pip" install -q ".[test,cli,transformers]"  # cli: the harness test drives serve-trace
 "$venv/bin/python" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__)"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_transformers.py \
-  tests/integrations/test_torch_paged_attention.py
+  tests/integrations/test_transformers_harness.py tests/integrations/test_torch_paged_attention.py

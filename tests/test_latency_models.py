@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ from stepplanner.sim.latency import DEFAULT_LATENCY, LatencyModel
 from stepplanner.sim.latency_models import (
     PRESETS,
     fit_latency,
+    fit_step_latency,
     load_latency_model,
+    read_step_timings,
     read_timings,
     save_latency_model,
 )
@@ -155,3 +158,126 @@ def test_fit_latency_clamps_a_negative_slope_to_zero() -> None:
     seconds = 0.01 + 1e-7 * context - 1e-6 * tokens
     fit = fit_latency(tokens, context, seconds)
     assert fit.model.b == 0.0 and fit.model.a > 0 and fit.model.c > 0
+
+
+# --- the timings contract (issue 21): every column a runtime writes per step -----------------
+
+CONTRACT = ("seconds", "tokens", "context", "rows", "decode_rows", "prefill_tokens",
+            "prefill_context", "attention")
+
+
+def _steps(model: LatencyModel, steps: int = 300, seed: int = 3) -> list[dict[str, float]]:
+    """Steps of random rows (a few chunks and some decode rows each), timed by ``model``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        chunks = [(int(rng.integers(0, 512)), int(rng.integers(1, 256)))
+                  for _ in range(int(rng.integers(0, 3)))]
+        decodes = [(int(rng.integers(1, 2048)), 1) for _ in range(int(rng.integers(0, 9)))]
+        rows = chunks + decodes or [(0, 7)]
+        tokens = sum(q for _, q in rows)
+        context = sum(p + q for p, q in rows)
+        attention = sum(q * (p + q) for p, q in rows)
+        out.append({"seconds": model.step_seconds(tokens, context, len(rows), attention),
+                    "tokens": tokens, "context": context, "rows": len(rows),
+                    "decode_rows": len(decodes), "prefill_tokens": sum(q for _, q in chunks),
+                    "prefill_context": sum(p + q for p, q in chunks), "attention": attention})
+    return out
+
+
+def _write(path: pathlib.Path, steps: list[dict[str, float]], columns: tuple[str, ...],
+           extra: str = "") -> None:
+    head = ",".join(columns) + ("," + extra if extra else "")
+    body = "\n".join(",".join(repr(s[c]) for c in columns) + ("," + "x" if extra else "")
+                     for s in steps)
+    path.write_text(head + "\n" + body + "\n")
+
+
+def test_step_timings_contract_recovers_every_coefficient(tmp_path: pathlib.Path) -> None:
+    truth = LatencyModel(4.7e-3, 9.8e-5, 3.1e-6, "truth", d=7.1e-8, e=2.5e-9, f=5.8e-4)
+    path = tmp_path / "steps.csv"
+    _write(path, _steps(truth), CONTRACT, extra="schedule_seconds")  # other columns ignored
+    timings = read_step_timings(path)
+    assert len(timings) == 300 and timings.decode_rows is not None
+    fit = fit_step_latency(timings, "mine")
+    assert fit.terms == "abcdef"
+    for k in "abcdef":
+        assert getattr(fit.model, k) == pytest.approx(getattr(truth, k), rel=1e-6), k
+    assert fit.r2 == pytest.approx(1.0) and fit.worst_relative_error < 1e-6
+    # The issue's model alone cannot: it leaves a step-shape error behind.
+    plain = fit_step_latency(timings, "abc", terms="abc")
+    assert (plain.model.d, plain.model.e, plain.model.f) == (0.0, 0.0, 0.0)
+    assert plain.worst_relative_error > 0.05
+
+
+def test_old_three_column_timings_still_calibrate(tmp_path: pathlib.Path) -> None:
+    truth = LatencyModel(2e-3, 1e-5, 2e-8, "truth")
+    path = tmp_path / "old.csv"
+    _write(path, _steps(truth, 40), ("tokens", "context", "seconds"))
+    timings = read_step_timings(path)
+    assert timings.rows is None and timings.attention is None
+    fit = fit_step_latency(timings)
+    assert fit.terms == "abcd"  # tokens x context needs no further column
+    assert (fit.model.a, fit.model.b, fit.model.c) == pytest.approx((truth.a, truth.b, truth.c))
+    assert fit.model.d == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match=r"terms='abcf' needs column\(s\) rows, which the "
+                                         r"timings lack"):
+        fit_step_latency(timings, terms="abcf")
+    with pytest.raises(ValueError, match="terms='abz' is not known; allowed: letters of abcdef"):
+        fit_step_latency(timings, terms="abz")
+
+
+def test_a_term_the_timings_cannot_tell_apart_is_left_at_zero(tmp_path: pathlib.Path) -> None:
+    # Decode-only steps: rows == tokens, so f cannot be told from b; b takes it all.
+    steps = [s for s in _steps(LatencyModel(3e-3, 2e-4, 4e-6, "t"), 400) if not s["prefill_tokens"]]
+    path = tmp_path / "decode.csv"
+    _write(path, steps, CONTRACT)
+    fit = fit_step_latency(read_step_timings(path))
+    assert "f" not in fit.terms and fit.model.f == 0.0
+    assert fit.model.b == pytest.approx(2e-4, rel=1e-6)
+
+
+@pytest.mark.parametrize("row, fragment", [
+    ("0.01,4,10,2,3,0,0,10", "line 2: column 'decode_rows'='3' exceeds column 'rows'='2'; "
+                             "allowed: decode_rows <= rows"),
+    ("0.01,4,10,2,2,5,5,10", "column 'prefill_tokens'='5' exceeds column 'tokens'='4'"),
+    ("0.01,4,3,2,2,0,0,10", "column 'tokens'='4' exceeds column 'context'='3'"),
+    ("0.01,4,10,2,2,0,0,x", "line 2: column 'attention': 'x' is not a number"),
+    ("0.01,4,10,-2,2,0,0,10", "line 2: column 'rows': '-2' is out of range"),
+])
+def test_inconsistent_contract_rows_name_line_and_columns(tmp_path: pathlib.Path, row: str,
+                                                          fragment: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(",".join(CONTRACT) + "\n" + row + "\n")
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        read_step_timings(path)
+
+
+def test_model_files_carry_the_new_terms_and_old_files_mean_zero(tmp_path: pathlib.Path) -> None:
+    model = LatencyModel(1e-3, 2e-5, 3e-8, "full", d=4e-9, e=5e-10, f=6e-4)
+    path = tmp_path / "m.json"
+    save_latency_model(model, path)
+    assert load_latency_model(str(path)) == model
+    old = tmp_path / "old.json"
+    old.write_text('{"format": "stepplanner-latency/1", "name": "old", "a": 1e-3, "b": 2e-5, '
+                   '"c": 3e-8}')
+    assert load_latency_model(str(old)) == LatencyModel(1e-3, 2e-5, 3e-8, "old")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "stepplanner-latency/1", "a": 1, "b": 1, "c": 1, "f": -1}')
+    with pytest.raises(ValueError, match=r"LatencyModel.f=-1 is out of range"):
+        load_latency_model(str(bad))
+
+
+def test_the_simulator_prices_each_step_with_every_term() -> None:
+    from stepplanner.core._policy import StepPlannerLimits
+    from stepplanner.sim.simulator import simulate
+    from stepplanner.sim.workloads import Workload
+
+    # One request: a 40-token prompt in one chunk, then 2 decode steps at past 40 and 41.
+    workload = Workload(np.zeros(1), np.array([40]), np.array([3]), np.zeros(1, dtype=np.int32))
+    model = LatencyModel(1e-3, 1e-5, 1e-6, "m", d=1e-7, e=1e-8, f=1e-4)
+    result = simulate(workload, StepPlannerLimits(4, 64, 8), latency=model)
+    expected = [model.step_seconds(40, 40, 1, 40 * 40), model.step_seconds(1, 41, 1, 41),
+                model.step_seconds(1, 42, 1, 42)]
+    assert result.steps["seconds"].tolist() == pytest.approx(expected, rel=1e-12)
+    assert result.finish_time[0] == pytest.approx(sum(expected), rel=1e-12)

@@ -186,8 +186,10 @@ def test_replay_rejects_bad_records(lines: list[str], match: str) -> None:
 
 def test_latency_model_parse_validation_and_source_fit() -> None:
     assert LatencyModel.parse("a=0.001, c=1e-9") == LatencyModel(a=0.001, c=1e-9, name="custom")
-    with pytest.raises(ValueError, match="latency item 'd=1' is not known"):
-        LatencyModel.parse("d=1")
+    assert LatencyModel.parse("d=1e-9,e=2e-9,f=3e-4").coefficients() == {
+        **LatencyModel().coefficients(), "d": 1e-9, "e": 2e-9, "f": 3e-4}
+    with pytest.raises(ValueError, match="latency item 'g=1' is not known"):
+        LatencyModel.parse("g=1")
     with pytest.raises(ValueError, match=r"LatencyModel.b=-1"):
         LatencyModel(b=-1)
     with pytest.raises(TypeError, match="LatencyModel.a must be a number"):

@@ -5,8 +5,10 @@ Commands: ``simulate`` (one configuration on one workload), ``compare`` (several
 budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diffed) and
 ``bench`` (forwarded to ``stepplanner.bench``); ``sweep`` (a grid of configurations against
 SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency model fitted to
-measured step times); ``fidelity`` (a real engine's per-request results beside the simulation of
-the trace it served). Needs the ``cli`` extra (click, rich).
+measured step times); ``serve-trace`` (a trace served for real through transformers' continuous
+batching: the measurements ``calibrate`` and ``fidelity`` start from; it needs the
+``transformers`` extra, imported only when it runs) and ``fidelity`` (a real engine's per-request
+results beside the simulation of the trace it served). Needs the ``cli`` extra (click, rich).
 
 Layout: one module per command, each defining one click command that ``main`` adds below;
 shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
@@ -35,6 +37,7 @@ from .explain import explain_command
 from .fidelity import fidelity_command
 from .record import record_command
 from .replay import replay_command
+from .serve_trace import serve_trace_command
 from .simulate import simulate_command
 from .sweep import sweep_command
 
@@ -49,5 +52,5 @@ def main() -> None:
 
 for _command in (simulate_command, compare_command, explain_command, record_command,
                  replay_command, bench_command, sweep_command, capacity_command,
-                 calibrate_command, fidelity_command):
+                 calibrate_command, serve_trace_command, fidelity_command):
     main.add_command(_command)

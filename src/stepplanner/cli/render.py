@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..sim.latency import TERMS
 from ..sim.workloads import DEFAULT_CLASSES
 
 FORMATS = ("table", "csv", "md")
@@ -217,7 +218,8 @@ def configuration_lines(r: dict[str, Any]) -> list[Block]:
                        f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
                        f"max_pause_steps={pol['max_pause_steps']}"),
         Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
-                              f"c={lm['c']:g} s/context"),
+                              f"c={lm['c']:g} s/context" + "".join(
+                                  f" + {k}={lm[k]:g}{TERMS[k]}" for k in "def" if lm.get(k))),
     ]
 
 

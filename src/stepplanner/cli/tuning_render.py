@@ -110,8 +110,7 @@ def document(workload: dict[str, Any], latency: Any, slos: Sequence[SloTarget],
              **extra: Any) -> dict[str, Any]:
     """The --json document of a command over configurations."""
     return {"workload": workload,
-            "latency_model": {"name": latency.name, "a": latency.a, "b": latency.b,
-                              "c": latency.c},
+            "latency_model": {"name": latency.name, **latency.coefficients()},
             "slos": [str(s) for s in slos], "grid": grid, **extra,
             "backend": outcome.backend, "workers": outcome.workers,
             "interrupted": outcome.interrupted, "results": records}

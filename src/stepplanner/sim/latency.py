@@ -1,9 +1,21 @@
-"""The simulator's step-latency model: ``t_step = a + b * tokens + c * context``.
+"""The simulator's step-latency model:
+``t_step = a + b * tokens + c * context + d * tokens * context + e * attention + f * rows``.
 
 ``tokens`` is the plan's ``total_tokens``; ``context`` is ``sum(past_length + query_length)`` over
-the planned rows: the KV positions attention reads. ``a`` is the fixed cost of one forward pass
-(streaming the weights once), ``b`` the per-token cost of the dense layers, ``c`` the per-position
-cost of attention over the KV cache.
+the planned rows: the KV positions attention reads; ``attention`` is
+``sum(query_length * (past_length + query_length))``, the query-key pairs of a per-row causal
+attention; ``rows`` the planned rows. ``a`` is the fixed cost of one forward pass (streaming the
+weights once), ``b`` the per-token cost of the dense layers, ``c`` the per-position cost of
+reading the KV cache. The three further terms are 0 unless a calibration finds them:
+
+* ``d``: an engine that runs the whole step as ONE masked attention over the packed batch
+  (transformers' ``sdpa``/``eager`` continuous batching: every query token meets every key of
+  the step, the block-diagonal mask discards most of the work) pays per token x context;
+* ``e``: a per-row kernel (flash/paged attention, vLLM) pays per query-key pair of each row;
+* ``f``: per-sequence host work (batch assembly, sampling, output bookkeeping).
+
+Measured on transformers 5.24 on the CPU (docs/simulator.md, "Fidelity"), ``d`` and ``f`` are
+what ``a + b * tokens + c * context`` was missing there.
 
 Default coefficients: Llama-3.1-8B-Instruct, FP8 weights, one H100 SXM 80GB, TensorRT-LLM.
 This is an approximation derived from public figures, not a measurement of ours. They come from
@@ -18,7 +30,7 @@ H100 HBM3 = 2.4 ms), where it lands: saturated runs cannot pin ``a`` down. The r
 every row is tabulated in docs/simulator.md (all within 10.7%; nine within 4.7%).
 
 Real engines add CUDA-graph padding, sampling and scheduling overheads; use ``LatencyModel(a, b,
-c)`` with your own measurements for anything that matters.
+c)`` (or ``stepplanner calibrate`` on a runtime's step timings) for anything that matters.
 """
 
 from __future__ import annotations
@@ -28,7 +40,12 @@ import math
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 
-__all__ = ["DEFAULT_LATENCY", "LatencyModel", "TRTLLM_H100_LLAMA31_8B_FP8"]
+__all__ = ["COEFFICIENTS", "DEFAULT_LATENCY", "LatencyModel", "TRTLLM_H100_LLAMA31_8B_FP8"]
+
+COEFFICIENTS = ("a", "b", "c", "d", "e", "f")
+# How each coefficient is printed: the unit it multiplies.
+TERMS = {"a": " s", "b": " s/token", "c": " s/context position", "d": " s/(token x context)",
+         "e": " s/attention pair", "f": " s/row"}
 
 # (ISL, OSL, total output tokens/s, requests in the benchmark's dataset): Llama 3.1 8B, H100 TP1
 # (FP8), TensorRT-LLM perf overview ("Throughput Measurements" and "$num_requests").
@@ -42,15 +59,20 @@ TRTLLM_H100_LLAMA31_8B_FP8: tuple[tuple[int, int, int, int], ...] = (
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LatencyModel:
-    """Seconds one engine step takes: ``a + b * tokens + c * context`` (see the module doc)."""
+    """Seconds one engine step takes: ``a + b * tokens + c * context + d * tokens * context +
+    e * attention + f * rows`` (see the module doc). ``d``, ``e``, ``f`` come after ``name`` so
+    ``LatencyModel(a, b, c, name)`` keeps its meaning."""
 
     a: float = 2.4e-3  # tools/fit_latency.py
     b: float = 1.45e-5
     c: float = 2.19e-8
     name: str = "Llama-3.1-8B FP8 on H100 SXM (TensorRT-LLM, approximate)"
+    d: float = 0.0
+    e: float = 0.0
+    f: float = 0.0
 
     def __post_init__(self) -> None:
-        for field in ("a", "b", "c"):
+        for field in COEFFICIENTS:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise StepPlannerTypeError(
@@ -60,13 +82,26 @@ class LatencyModel:
                 raise StepPlannerValueError(
                     f"LatencyModel.{field}={value!r} is out of range; "
                     "allowed: a finite number >= 0")
-        if self.a + self.b + self.c <= 0:
+        if self.a + self.b + self.c + self.d + self.e + self.f <= 0:
             raise StepPlannerValueError(
-                "LatencyModel a, b and c are all 0; allowed: at least one > 0, "
+                "LatencyModel coefficients are all 0; allowed: at least one > 0, "
                 "or simulated time never advances")
 
-    def step_seconds(self, tokens: int, context: int) -> float:
-        return self.a + self.b * tokens + self.c * context
+    def step_seconds(self, tokens: int, context: int, rows: int = 0,
+                     attention: int = 0) -> float:
+        """A step's seconds; ``attention`` is read only when ``e`` is not 0 (the simulator
+        computes it only then: it is the one term that needs a pass over the rows)."""
+        return (self.a + self.b * tokens + self.c * context + self.d * tokens * context
+                + self.e * attention + self.f * rows)
+
+    def coefficients(self) -> dict[str, float]:
+        """Every coefficient by its letter (what model files and reports hold)."""
+        return {k: getattr(self, k) for k in COEFFICIENTS}
+
+    def formula(self) -> str:
+        """The model as text, with only the terms it has."""
+        return " + ".join(f"{k}={v:.6g}{TERMS[k]}" for k, v in self.coefficients().items()
+                          if v or k in "abc")
 
     @classmethod
     def parse(cls, text: str) -> LatencyModel:
@@ -84,10 +119,11 @@ def parse_coefficients(text: str) -> dict[str, float]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, raw = item.partition("=")
         key = key.strip()
-        if not sep or key not in ("a", "b", "c"):
+        if not sep or key not in COEFFICIENTS:
             raise StepPlannerValueError(
                 f"latency item {item!r} is not known; allowed: a=SECONDS, "
-                "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION")
+                "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION, "
+                "d=SECONDS_PER_TOKEN_X_CONTEXT, e=SECONDS_PER_ATTENTION_PAIR, f=SECONDS_PER_ROW")
         try:
             values[key] = float(raw)
         except ValueError:

@@ -1,6 +1,7 @@
 """Named step-latency models (model x accelerator) and fitting one to a runtime's own timings.
 
-Every model is ``latency.LatencyModel``: ``t_step = a + b * tokens + c * context``.
+Every model is ``latency.LatencyModel``: ``t_step = a + b * tokens + c * context`` (+ the
+``d``, ``e``, ``f`` terms a calibration may find; the presets have none).
 
 Presets. ``llama-3.1-8b-fp8-h100`` is the package default (``latency.DEFAULT_LATENCY``), fitted
 to NVIDIA's published TensorRT-LLM throughput table. The others are *roofline* estimates scaled
@@ -17,9 +18,11 @@ an estimate, not a measurement: it carries over the default engine's efficiency 
 tensor-parallel communication. ``stepplanner calibrate`` replaces it with a fit to real
 timings. Device and model figures, with their sources, are in docs/tuning.md.
 
-Calibration fits ``a, b, c >= 0`` by least squares (the best of the unconstrained fits over every
-subset of the coefficients whose solution is non-negative: with three coefficients that
-enumeration is the exact non-negative least-squares answer) and reports R² and the worst
+Calibration reads a runtime's per-step timings (``read_step_timings``: ``seconds``, ``tokens``,
+``context`` and, when the file has them, the other ``STEP_TIMING_COLUMNS``) and fits the
+coefficients ``>= 0`` by least squares (the best of the unconstrained fits over every subset of
+the coefficients whose solution is non-negative: with at most six coefficients that enumeration
+is the exact non-negative least-squares answer), reporting R², the median and the worst
 relative error.
 """
 
@@ -35,14 +38,19 @@ import numpy as np
 
 from .._errors import StepPlannerValueError
 from ._least_squares import nonnegative_least_squares
-from .latency import DEFAULT_LATENCY, LatencyModel
+from .latency import COEFFICIENTS, DEFAULT_LATENCY, LatencyModel
 from .traces import csv_records
 
-__all__ = ["LATENCY_FORMAT", "PRESETS", "Accelerator", "Fit", "ModelShape", "fit_latency",
-           "load_latency_model", "read_timings", "roofline", "save_latency_model"]
+__all__ = ["LATENCY_FORMAT", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator", "Fit", "ModelShape",
+           "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
+           "read_step_timings", "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
-TIMING_COLUMNS = ("tokens", "context", "seconds")
+TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file must have
+# The timings contract (docs/simulator.md, "The timings file"): what a runtime writes per step so
+# that calibrate can fit every term of the model; a harness that times a runtime writes them all.
+STEP_TIMING_COLUMNS = ("seconds", "tokens", "context", "rows", "decode_rows", "prefill_tokens",
+                       "prefill_context", "attention")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,16 +139,17 @@ def load_latency_model(text: str) -> LatencyModel:
     missing = [k for k in ("a", "b", "c") if k not in data]
     if missing:
         raise StepPlannerValueError(f"latency model file {path}: missing {', '.join(missing)}")
-    try:
-        return LatencyModel(data["a"], data["b"], data["c"], str(data.get("name", path.stem)))
+    try:  # d, e, f are optional: files written before they existed mean 0
+        return LatencyModel(name=str(data.get("name", path.stem)),
+                            **{k: data.get(k, 0.0) for k in COEFFICIENTS})
     except (TypeError, ValueError) as exc:
         raise StepPlannerValueError(f"latency model file {path}: {exc}") from None
 
 
 def save_latency_model(model: LatencyModel, path: str | pathlib.Path,
                        fit: dict[str, Any] | None = None) -> None:
-    data: dict[str, Any] = {"format": LATENCY_FORMAT, "name": model.name, "a": model.a,
-                            "b": model.b, "c": model.c}
+    data: dict[str, Any] = {"format": LATENCY_FORMAT, "name": model.name,
+                            **model.coefficients()}
     if fit is not None:
         data["fit"] = fit
     pathlib.Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -149,29 +158,86 @@ def save_latency_model(model: LatencyModel, path: str | pathlib.Path,
 # --- calibration -------------------------------------------------------------------------------
 
 
-def read_timings(path: str | pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens, context, seconds) from a CSV with at least those columns; one row per step."""
+@dataclasses.dataclass(frozen=True)
+class StepTimings:
+    """One row per measured engine step: ``seconds`` and what the step held (the contract columns;
+    a column the file lacks is None). ``tokens`` = sum of query lengths, ``context`` = sum of
+    past + query, ``rows`` planned rows, ``decode_rows`` rows decoding one token,
+    ``prefill_tokens``/``prefill_context`` the same sums over the chunk rows, ``attention`` = sum
+    of query x (past + query)."""
+
+    seconds: np.ndarray
+    tokens: np.ndarray
+    context: np.ndarray
+    rows: np.ndarray | None = None
+    decode_rows: np.ndarray | None = None
+    prefill_tokens: np.ndarray | None = None
+    prefill_context: np.ndarray | None = None
+    attention: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def features(self) -> dict[str, np.ndarray | None]:
+        """Each coefficient's column (None where the file cannot give it)."""
+        return {"a": np.ones(len(self.seconds)), "b": self.tokens, "c": self.context,
+                "d": self.tokens * self.context, "e": self.attention, "f": self.rows}
+
+
+# (column, must hold) pairs checked row by row: a file that breaks one was not written by a
+# runtime that counted what it ran.
+_CONSISTENT = (("decode_rows", "rows"), ("prefill_tokens", "tokens"),
+               ("prefill_context", "context"), ("tokens", "context"), ("tokens", "attention"))
+
+
+def read_step_timings(path: str | pathlib.Path) -> StepTimings:
+    """The timings file (CSV, one row per step): ``seconds``, ``tokens`` and ``context`` are
+    required, the other contract columns (``STEP_TIMING_COLUMNS``) are read when the header has
+    them, any other column is ignored."""
     path = pathlib.Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise StepPlannerValueError(f"timings {path}: cannot be read ({exc})") from None
-    columns: dict[str, list[float]] = {c: [] for c in TIMING_COLUMNS}
-    for line, row, _ in csv_records(text, f"timings {path}", TIMING_COLUMNS):
-        for name in TIMING_COLUMNS:
-            raw = (row.get(name) or "").strip()
-            try:
-                value = float(raw)
-            except ValueError:
-                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
-                                 f"{raw!r} is not a number") from None
-            low_ok = value > 0 if name == "seconds" else value >= 0
-            if not math.isfinite(value) or not low_ok:
-                allowed = "> 0" if name == "seconds" else ">= 0"
-                raise StepPlannerValueError(f"timings {path} line {line}: column {name!r}: "
-                                 f"{raw!r} is out of range; allowed: a finite number {allowed}")
-            columns[name].append(value)
-    return tuple(np.array(columns[c]) for c in TIMING_COLUMNS)  # type: ignore[return-value]
+    where = f"timings {path}"
+    names: tuple[str, ...] = TIMING_COLUMNS
+    columns: dict[str, list[float]] = {}
+    for line, row, header in csv_records(text, where, TIMING_COLUMNS):
+        if not columns:
+            names = tuple(c for c in STEP_TIMING_COLUMNS if c in header)
+            columns = {c: [] for c in names}
+        for name in names:
+            columns[name].append(_cell(where, line, name, row.get(name)))
+        for small, large in _CONSISTENT:
+            if small in columns and large in columns and columns[small][-1] > columns[large][-1]:
+                raise StepPlannerValueError(
+                    f"{where} line {line}: column {small!r}={row.get(small)!r} exceeds column "
+                    f"{large!r}={row.get(large)!r}; allowed: {small} <= {large}")
+    arrays = {c: np.array(columns.get(c, []), dtype=np.float64) for c in names}
+    if not columns:  # a header and no rows: still the columns the header named, empty
+        arrays = {c: np.zeros(0) for c in TIMING_COLUMNS}
+    return StepTimings(**arrays)
+
+
+def _cell(where: str, line: int, name: str, raw: Any) -> float:
+    raw = (raw or "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StepPlannerValueError(f"{where} line {line}: column {name!r}: "
+                                    f"{raw!r} is not a number") from None
+    low_ok = value > 0 if name == "seconds" else value >= 0
+    if not math.isfinite(value) or not low_ok:
+        allowed = "> 0" if name == "seconds" else ">= 0"
+        raise StepPlannerValueError(f"{where} line {line}: column {name!r}: "
+                                    f"{raw!r} is out of range; allowed: a finite number {allowed}")
+    return value
+
+
+def read_timings(path: str | pathlib.Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, context, seconds) from a CSV with at least those columns; one row per step."""
+    timings = read_step_timings(path)
+    return timings.tokens, timings.context, timings.seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,30 +247,88 @@ class Fit:
     r2: float
     worst_relative_error: float
     worst_row: int  # 0-based data row
+    terms: str = "abc"  # the coefficients that were fitted (the others are 0)
+    median_relative_error: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "r2": self.r2,
+        return {"rows": self.rows, "r2": self.r2, "terms": self.terms,
+                "median_relative_error": self.median_relative_error,
                 "worst_relative_error": self.worst_relative_error, "worst_row": self.worst_row}
 
 
 def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
                 name: str = "calibrated") -> Fit:
     """Least-squares ``a, b, c >= 0`` for ``seconds ~ a + b * tokens + c * context``."""
-    x = np.column_stack([np.ones(len(seconds)), tokens, context]).astype(np.float64)
-    y = np.asarray(seconds, dtype=np.float64)
+    timings = StepTimings(np.asarray(seconds, dtype=np.float64),
+                          np.asarray(tokens, dtype=np.float64),
+                          np.asarray(context, dtype=np.float64))
+    return fit_step_latency(timings, name, terms="abc")
+
+
+def fit_step_latency(timings: StepTimings, name: str = "calibrated",
+                     terms: str | None = None) -> Fit:
+    """Least-squares coefficients ``>= 0`` of the step model (``latency.LatencyModel``) for
+    ``timings``, in seconds (not relative: the simulator adds step times up, and a relative fit
+    of timings whose noise is all upward spikes comes out 10-30% short in their sum).
+
+    ``terms``: which coefficients to fit, e.g. ``"abc"``; default every one the file's columns
+    give (``e`` needs ``attention``, ``f`` needs ``rows``). a, b and c must be told apart by the
+    timings; d, e or f that the timings cannot tell apart from the terms before them (e.g.
+    ``rows`` equal to ``tokens`` in decode-only timings) are left at 0.
+    """
+    features = timings.features()
+    given = {k: v for k, v in features.items() if v is not None}
+    if terms is None:
+        wanted = [k for k in COEFFICIENTS if k in given]
+    else:
+        wanted = [k for k in COEFFICIENTS if k in terms]
+        unknown = sorted(set(terms) - set(COEFFICIENTS))
+        if unknown or not wanted:
+            raise StepPlannerValueError(
+                f"terms={terms!r} is not known; allowed: letters of {''.join(COEFFICIENTS)}")
+        lacking = [k for k in wanted if k not in given]
+        if lacking:
+            column = {"e": "attention", "f": "rows"}
+            raise StepPlannerValueError(
+                f"terms={terms!r} needs column(s) "
+                f"{', '.join(column[k] for k in lacking)}, which the timings lack")
+    y = np.asarray(timings.seconds, dtype=np.float64)
     if len(y) < 3:
-        raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 (three coefficients)")
-    if np.linalg.matrix_rank(x) < 3:
-        raise StepPlannerValueError("timings do not vary tokens and context independently, so a, b and c "
-                         "cannot be told apart; allowed: steps with different token counts and "
-                         "different contexts (not proportional to each other)")
-    coef = nonnegative_least_squares(x, y)
+        raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
+                                    "(three coefficients)")
+    base = [k for k in wanted if k in "abc"]
+    x = np.column_stack([given[k] for k in base] or [np.zeros((len(y), 0))]).astype(np.float64)
+    if np.linalg.matrix_rank(x) < len(base):
+        raise StepPlannerValueError(
+            "timings do not vary tokens and context independently, so a, b and c "
+            "cannot be told apart; allowed: steps with different token counts and "
+            "different contexts (not proportional to each other)")
+    used = list(base)
+    for k in wanted:
+        if k in "abc":
+            continue
+        trial = np.column_stack([x, given[k]])
+        if np.linalg.matrix_rank(_scaled(trial)[0]) > x.shape[1]:
+            x, used = trial, used + [k]
+    scaled, norms = _scaled(x)
+    coef = nonnegative_least_squares(scaled, y) / norms
     if not np.any(coef > 0):
-        raise StepPlannerValueError("no non-negative a, b, c fit these timings")
-    residual = float(np.sum((x @ coef - y) ** 2))
+        raise StepPlannerValueError("no non-negative coefficients fit these timings")
+    predicted = x @ coef
+    residual = float(np.sum((predicted - y) ** 2))
     total = float(np.sum((y - y.mean()) ** 2))
-    relative = np.abs(x @ coef - y) / y
+    relative = np.abs(predicted - y) / y
     worst = int(np.argmax(relative))
-    model = LatencyModel(float(coef[0]), float(coef[1]), float(coef[2]), name)
+    values = dict.fromkeys(COEFFICIENTS, 0.0)
+    values.update(zip(used, map(float, coef)))
+    model = LatencyModel(name=name, **values)
     return Fit(model, len(y), 1.0 - residual / total if total > 0 else 1.0,
-               float(relative[worst]), worst)
+               float(relative[worst]), worst, "".join(used), float(np.median(relative)))
+
+
+def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Columns scaled to unit norm: token x context products reach 1e9 beside a column of ones,
+    and rank and least squares are only meaningful on comparable columns."""
+    norms = np.linalg.norm(x, axis=0)
+    norms[norms == 0] = 1.0
+    return x / norms, norms

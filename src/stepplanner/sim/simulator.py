@@ -351,8 +351,13 @@ class SimulationRun:
         rows = seq["resident"]
         tokens = plan.total_tokens
         context = int(seq["past_length"].sum()) + tokens
+        latency = self.latency
+        attention = 0
+        if latency.e:  # the one term that needs a pass over the rows: only when it counts
+            query = seq["query_length"].astype(np.int64)
+            attention = int(np.dot(query, seq["past_length"] + query))
         start = self.now
-        self.now = now = start + self.latency.step_seconds(tokens, context)
+        self.now = now = start + latency.step_seconds(tokens, context, len(seq), attention)
         if on_step is not None:
             on_step(len(self.records), start, ledger, plan)
 
