@@ -419,7 +419,7 @@ def test_cli_plot(run_files, tmp_path: pathlib.Path) -> None:
     (["--json", "{results}"], "--json {results}: is an input of this command"),
     (["--trace", "{other}"], "60 requests, but trace {other} has 5"),
     (["-B", "0"], "max_batch_size=0 is out of range"),
-    (["--latency", "d=1"], "latency item 'd=1' is not known"),
+    (["--latency", "z=1"], "latency item 'z=1' is not known"),
     (["--plot", "{dir}/x.txt"], ".txt is not an image format"),
 ])
 def test_cli_errors_are_one_line_with_status_2(run_files, tmp_path: pathlib.Path, extra,
