@@ -158,6 +158,7 @@ def served_workload(results: RunResults, trace: Workload | None = None,
     ok = np.flatnonzero(~results.failed)
     rows = ok[np.argsort(results.arrival[ok], kind="stable")]
     own = results.take(rows)
+    assert own.arrival is not None  # take() keeps the arrivals checked above
     priority = (own.priority if own.priority is not None
                 else np.zeros(len(own), dtype=np.int64))
     dropped = f", {results.num_failed} failed requests left out" if results.num_failed else ""

@@ -224,7 +224,7 @@ def plan_version(plan: Any) -> int | None:
     return version
 
 
-def check_pending(plan: Any, version: int) -> None:
+def check_pending(plan: Any, version: int | None) -> None:
     """The plan ``step()`` left pending is still the one it returned (``version`` then)."""
     if plan_version(plan) != version:
         raise _errors.pending_plan_changed()
