@@ -101,6 +101,12 @@ ctypedef struct PlanC:
 # SPEC §3's per-resident validation of one row; STATUS_OK when it may be planned.
 cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogil
 
+# The first plan name (row k, or pause k - rows) of a resident an earlier name names, or -1;
+# every name must be a valid resident and `mark` zero over them (it is zero again on return).
+cdef int32_t first_repeated(const PlanC* p, uint8_t* mark) noexcept nogil
+# The ValueError for a plan first_repeated found a repeat in, in the twins' shared words.
+cdef object repeated_resident_error(const PlanC* p)
+
 # The whole of SPEC §3 over validated rows. It cannot fail. `reasons` may be NULL.
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                     ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil

@@ -35,7 +35,7 @@ from ._types import (
     PlannedSequence,
     SequenceWork,
 )
-from ._types import plan_repr as _plan_repr, plan_to_dict as _plan_to_dict
+from ._types import first_repeat, plan_repr as _plan_repr, plan_to_dict as _plan_to_dict
 
 cnp.import_array()
 
@@ -767,7 +767,7 @@ cdef class StepPlan:
                 # That code called plan() on the planner that owns this plan: the plan is not
                 # the one the caller asked to apply.
                 raise _errors.apply_reentered()
-            error = _plan_error(&self.c, <int32_t*>(<_CoreMemory>self._apply_buf).data)
+            error = _plan_error(&self.c, <uint8_t*>(<_CoreMemory>self._apply_buf).data)
             if error is not None:
                 raise error
             if is_array:
@@ -858,12 +858,12 @@ cdef cnp.ndarray _EMPTY_PAUSED_BUF = np.frombuffer(_CoreMemory(sizeof(int32_t)),
 cdef object _EMPTY_APPLY_BUF = _CoreMemory(2 * sizeof(int32_t))
 
 
-cdef object _plan_error(const PlanC* p, int32_t* seen):
+cdef object _plan_error(const PlanC* p, uint8_t* mark):
     """None when every row of the plan names one of its residents and a known work, and no
     resident is named twice (in two rows, or a row and a pause), else the ValueError. apply_to
     indexes its scratch by these, so it checks them first (O(rows)); a resident named twice
-    would be advanced twice by a ledger. ``seen``: scratch of ``num_residents`` int32."""
-    cdef int32_t n = p.num_residents, k, r, rows = p.num_prefill + p.num_decode
+    would be advanced twice by a ledger. ``mark``: scratch of ``num_residents`` bytes."""
+    cdef int32_t n = p.num_residents, k
     cdef const SequenceC* s
     for k in range(p.num_prefill + p.num_decode):
         s = &p.sequences[k]
@@ -877,17 +877,35 @@ cdef object _plan_error(const PlanC* p, int32_t* seen):
     for k in range(p.num_paused):
         if p.paused[k] < 0 or p.paused[k] >= n:
             return _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{n - 1}")
-    memset(seen, 0, <size_t>n * sizeof(int32_t))
-    for k in range(rows + p.num_paused):  # seen[r]: 1 + the first name of r (rows, then pauses)
-        r = p.sequences[k].resident if k < rows else p.paused[k - rows]
-        if seen[r]:
-            return _errors.plan_resident_repeated(_where(k, rows), r, _where(seen[r] - 1, rows))
-        seen[r] = k + 1
+    memset(mark, 0, <size_t>n)
+    if first_repeated(p, mark) >= 0:
+        return repeated_resident_error(p)
     return None
 
 
-cdef str _where(int32_t k, int32_t rows):
-    return f"sequences[{k}].resident" if k < rows else f"paused[{k - rows}]"
+cdef int32_t first_repeated(const PlanC* p, uint8_t* mark) noexcept nogil:
+    """The first name (plan row ``k``, or pause ``k - rows`` after the ``rows`` plan rows) of a
+    resident an earlier name names, or -1. Every name is a valid resident whose ``mark`` is 0;
+    they are 0 again on return (the ledger keeps its ``mark`` zero between calls)."""
+    cdef int32_t k, r, rows = p.num_prefill + p.num_decode, names = rows + p.num_paused
+    cdef int32_t found = -1
+    for k in range(names):
+        r = p.sequences[k].resident if k < rows else p.paused[k - rows]
+        if mark[r]:
+            found = k
+            names = k
+            break
+        mark[r] = 1
+    for k in range(names):
+        mark[p.sequences[k].resident if k < rows else p.paused[k - rows]] = 0
+    return found
+
+
+cdef object repeated_resident_error(const PlanC* p):
+    """The shared search names the repeat and its first name in both twins' words."""
+    cdef int32_t k, rows = p.num_prefill + p.num_decode
+    return _errors.plan_resident_repeated(*first_repeat(
+        [p.sequences[k].resident for k in range(rows)], [p.paused[k] for k in range(p.num_paused)]))
 
 
 def _restore_plan(sequences, paused, num_residents):
@@ -929,7 +947,7 @@ def _restore_plan(sequences, paused, num_residents):
     plan.c.num_paused = <int32_t>n_paused
     plan.c.prefill_tokens = <int32_t>prefill_tokens
     plan.c.total_tokens = <int32_t>(prefill_tokens + rows - num_prefill)
-    error = _plan_error(&plan.c, <int32_t*>(<_CoreMemory>plan._apply_buf).data)
+    error = _plan_error(&plan.c, <uint8_t*>(<_CoreMemory>plan._apply_buf).data)
     if error is not None:
         raise error
     return plan

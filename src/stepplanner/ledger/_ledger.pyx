@@ -22,6 +22,8 @@ from stepplanner.core._planner cimport (
     StepPlan,
     _CoreMemory,
     check_row,
+    first_repeated,
+    repeated_resident_error,
 )
 from stepplanner.kv._kv cimport KVPageTable, PageTableC, grow_slot, move_slot, pages_for, release_slot
 from stepplanner.kv._kv import geometry
@@ -87,7 +89,6 @@ from stepplanner.ledger._shared import (
     submission,
 )
 from stepplanner.core import _types
-from stepplanner.core._types import first_repeat
 
 cnp.import_array()
 
@@ -349,24 +350,6 @@ cdef int32_t first_row_out_of_range(const PlanC* p, int32_t count) noexcept nogi
         if r < 0 or r >= count:
             return k
     return -1
-
-
-cdef int32_t first_repeated(const PlanC* p, uint8_t* mark) noexcept nogil:
-    """The first name (plan row ``k``, or pause ``k - rows`` after the ``rows`` plan rows) of a
-    resident an earlier name names, or -1. Every name is a row whose ``mark`` is 0 (checked);
-    they are 0 again on return."""
-    cdef int32_t k, r, rows = p.num_prefill + p.num_decode, names = rows + p.num_paused
-    cdef int32_t found = -1
-    for k in range(names):
-        r = p.sequences[k].resident if k < rows else p.paused[k - rows]
-        if mark[r]:
-            found = k
-            names = k
-            break
-        mark[r] = 1
-    for k in range(names):
-        mark[p.sequences[k].resident if k < rows else p.paused[k - rows]] = 0
-    return found
 
 
 cdef int32_t first_row_beyond_pages(const PlanC* p, const PageTableC* pages) noexcept nogil:
@@ -967,7 +950,7 @@ cdef class Ledger:
 
     cdef int _check_plan_rows(self, const PlanC* p) except -1:
         """As ``_shared.plan_rows_in_range``, in its order: sizes, rows, pauses, repeats."""
-        cdef int32_t k, j, r, rows = p.num_prefill + p.num_decode
+        cdef int32_t k, rows = p.num_prefill + p.num_decode
         if rows > self.t.count or p.num_paused > self.t.count:
             plan_sizes(rows, p.num_paused, self.t.count)  # raises the shared message
         k = first_row_out_of_range(p, self.t.count)
@@ -976,11 +959,8 @@ cdef class Ledger:
         for k in range(p.num_paused):
             if p.paused[k] < 0 or p.paused[k] >= self.t.count:
                 raise _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{self.t.count - 1}")
-        k = first_repeated(p, self.t.mark)
-        if k >= 0:  # the shared search names it (and the first name) in the shared words
-            resident = [p.sequences[j].resident for j in range(rows)]
-            paused = [p.paused[j] for j in range(p.num_paused)]
-            raise _errors.plan_resident_repeated(*first_repeat(resident, paused))
+        if first_repeated(p, self.t.mark) >= 0:
+            raise repeated_resident_error(p)
         return 0
 
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
