@@ -26,8 +26,8 @@ import numpy as np
 
 from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.core._types import IfbSchedulingMode
-from stepplanner.sim.latency import LatencyModel
-from stepplanner.sim.latency_models import fit_step_latency, read_step_timings
+from stepplanner.sim.latency import EnginePace, LatencyModel
+from stepplanner.sim.latency_models import fit_step_latency, measured_pace, read_step_timings
 from stepplanner.sim.simulator import policy_from_dict, simulate
 from stepplanner.sim.traces import read_trace
 
@@ -38,6 +38,10 @@ POLICIES = (("fcfs", "FCFS"), ("pp", "PRIORITY+PAUSE"))
 # One step priced by each run's calibrated model, to show how fast the machine was during that
 # run: 8 decode rows at 250 positions of past each (tokens, context, rows, attention).
 REFERENCE_STEP = (8, 8 * 251, 8, 8 * 251)
+PACE_WINDOW = 1.0  # seconds: --pace-window's default
+LABELS = {"own": "the run's own timings",
+          "pace": "the run's own timings, its pace replayed (diagnostic)",
+          "other": "the other repeat's timings"}
 
 
 def real_latencies(results: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -48,7 +52,8 @@ def real_latencies(results: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
 
 
-def simulated(results: dict[str, Any], model: LatencyModel) -> Any:
+def simulated(results: dict[str, Any], model: LatencyModel, pace: EnginePace | None = None
+              ) -> Any:
     run = results["stepplanner"]
     limits = StepPlannerLimits(**run["limits"])
     if run["options"] is None:  # transformers' own scheduler: FCFS at its step budget is closest
@@ -56,7 +61,7 @@ def simulated(results: dict[str, Any], model: LatencyModel) -> Any:
                                          max_num_tokens=limits.max_step_tokens)
     else:
         options = policy_from_dict(run["options"])
-    return simulate(read_trace(run["trace"]), limits, options, model)
+    return simulate(read_trace(run["trace"]), limits, options, model, pace=pace)
 
 
 def percentile(values: np.ndarray, q: float) -> float:
@@ -71,36 +76,69 @@ def calibrated(timings: pathlib.Path, terms: str | None = None) -> LatencyModel:
     return fit_step_latency(read_step_timings(timings), str(timings), terms).model
 
 
-def agreement(folder: pathlib.Path, terms: str | None, profile: pathlib.Path | None) -> None:
-    label = "the run's own timings" if profile is None else profile.name
-    print(f"\n### Agreement: model terms {terms or 'all'}, calibrated on {label}\n")
-    print("| load | policy | figure | real a | sim a | error a | real b | sim b | error b | "
-          "real b vs a |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    errors: dict[str, list[float]] = {"a": [], "b": []}
+def timings_of(pricing: str, folder: pathlib.Path, key: str, load: str, rep: str,
+               reps: list[str]) -> pathlib.Path:
+    """The timings file a run is priced by: its own (``own``; ``pace``: its own, with its
+    measured pace replayed), the other repeat's of the same trace and policy (``other``: minutes
+    apart on the same machine), or a fixed file."""
+    if pricing in ("own", "pace"):
+        return folder / f"{key}-{load}-{rep}.csv"
+    if pricing == "other":
+        return folder / f"{key}-{load}-{reps[(reps.index(rep) + 1) % len(reps)]}.csv"
+    return pathlib.Path(pricing)
+
+
+def agreement(folder: pathlib.Path, reps: list[str], terms: str | None, pricing: str,
+              show: bool) -> dict[str, np.ndarray]:
+    """Every run's figures, real and simulated; the table when ``show``; the errors per repeat."""
+    label = LABELS.get(pricing, pricing)
+    if show:
+        print(f"\n### Agreement: model terms {terms or 'all'}, calibrated on {label}\n")
+        head = " | ".join(f"real {r} | sim {r} | error {r}" for r in reps)
+        spread = " | ".join(f"real {r} vs {reps[0]}" for r in reps[1:])
+        print(f"| load | policy | figure | {head} | {spread} |")
+        print("| --- | --- | --- |" + " ---: |" * (3 * len(reps) + len(reps) - 1))
+    errors: dict[str, list[float]] = {rep: [] for rep in reps}
     for load in LOADS:
         for key, name in POLICIES:
             real, sim = {}, {}
-            for rep in "ab":
-                stem = folder / f"{key}-{load}-{rep}"
-                results = json.loads(stem.with_suffix(".json").read_text())
-                model = calibrated(profile or stem.with_suffix(".csv"), terms)
+            for rep in reps:
+                results = json.loads((folder / f"{key}-{load}-{rep}.json").read_text())
+                timings = timings_of(pricing, folder, key, load, rep, reps)
+                model = calibrated(timings, terms)
+                pace = (measured_pace(read_step_timings(timings), model, PACE_WINDOW, str(timings))
+                        if pricing == "pace" else None)
                 real[rep] = figures(real_latencies(results))
-                sim[rep] = figures(simulated(results, model).latencies())
-            for fig in real["a"]:
+                sim[rep] = figures(simulated(results, model, pace).latencies())
+            for fig in real[reps[0]]:
                 cells = []
-                for rep in "ab":
+                for rep in reps:
                     err = sim[rep][fig] / real[rep][fig] - 1
                     errors[rep].append(err)
                     cells += [f"{real[rep][fig] * 1e3:,.1f}", f"{sim[rep][fig] * 1e3:,.1f}",
                               f"{err:+.1%}"]
-                spread = real["b"][fig] / real["a"][fig] - 1
-                print(f"| {load}% | {name} | {fig} ms | " + " | ".join(cells) +
-                      f" | {spread:+.1%} |")
-    for rep, errs in errors.items():
-        e = np.abs(errs)
-        print(f"\nrun {rep}: median |error| {np.median(e):.1%}, worst {e.max():.1%}, "
-              f"{int((e > 0.25).sum())} of {e.size} over 25%")
+                cells += [f"{real[rep][fig] / real[reps[0]][fig] - 1:+.1%}" for rep in reps[1:]]
+                if show:
+                    print(f"| {load}% | {name} | {fig} ms | " + " | ".join(cells) + " |")
+    return {rep: np.abs(errs) for rep, errs in errors.items()}
+
+
+def spreads(folder: pathlib.Path, reps: list[str]) -> np.ndarray:
+    """|real r / real first - 1| of every figure of every later repeat: the machine's own noise."""
+    out = []
+    for load in LOADS:
+        for key, _ in POLICIES:
+            first = figures(real_latencies(json.loads(
+                (folder / f"{key}-{load}-{reps[0]}.json").read_text())))
+            for rep in reps[1:]:
+                later = figures(real_latencies(json.loads(
+                    (folder / f"{key}-{load}-{rep}.json").read_text())))
+                out += [later[f] / first[f] - 1 for f in first]
+    return np.abs(out)
+
+
+def summary(e: np.ndarray) -> str:
+    return f"{np.median(e):.1%} / {e.max():.1%} / {int((e > 0.25).sum())} of {e.size}"
 
 
 def policies(folder: pathlib.Path) -> None:
@@ -130,16 +168,28 @@ def policies(folder: pathlib.Path) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=pathlib.Path)
-    parser.add_argument("--calibrate-on", type=pathlib.Path, action="append", default=[],
-                        help="Also the agreement with every run priced by a model calibrated on "
-                             "this timings file (a --profile grid, a closed-loop burst), with "
-                             "every term and with a, b, c only.")
+    parser.add_argument("--repeats", nargs="+", default=["a", "b"],
+                        help="The repeats' names in the file names (default: a b).")
+    parser.add_argument("--calibrate-on", action="append", default=[],
+                        help="Also price every run by a model calibrated on this timings file "
+                             "(a --profile grid, a closed-loop burst).")
     args = parser.parse_args(argv)
-    agreement(args.folder, None, None)
-    agreement(args.folder, "abc", None)
-    for timings in args.calibrate_on:
-        agreement(args.folder, None, timings)
-        agreement(args.folder, "abc", timings)
+    reps = args.repeats
+    rows = []
+    for pricing in ["own", "pace", *(["other"] if len(reps) > 1 else []), *args.calibrate_on]:
+        for terms in (None, "abc"):
+            errors = agreement(args.folder, reps, terms, pricing,
+                               show=pricing in ("own", "pace") and terms is None)
+            name = LABELS.get(pricing, pathlib.Path(pricing).name)
+            rows.append(f"| {name} | {terms or 'all'} | " +
+                        " | ".join(summary(errors[r]) for r in reps) + " |")
+    print("\n### Summary: median / worst |error| / figures over 25%\n")
+    print("| model calibrated on | terms | " + " | ".join(f"run {r}" for r in reps) + " |")
+    print("| --- | --- |" + " --- |" * len(reps))
+    print("\n".join(rows))
+    if len(reps) > 1:
+        print(f"\nreal vs real ({', '.join(reps[1:])} against {reps[0]}): "
+              f"{summary(spreads(args.folder, reps))}")
     policies(args.folder)
 
 

@@ -12,6 +12,7 @@ import click
 from ..core._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..fidelity.compare import fidelity_report
 from ..fidelity.results import RunResults, read_results, served_workload
+from ..sim.latency_models import measured_pace, read_step_timings
 from ..sim.traces import read_trace
 from ..sim.workloads import Workload
 from .errors import InputError, library_errors
@@ -50,16 +51,27 @@ OPTION_PARAMETERS = {"mode": "ifb_scheduling_mode", "max_num_tokens": "max_num_t
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write an image (.png, .svg, .pdf, ...): real and simulated CDFs of TTFT, "
                    "TPOT and E2E (needs matplotlib).")
+@click.option("--pace-from", "pace_from", type=click.Path(exists=True, dir_okay=False),
+              default=None, metavar="TIMINGS.csv",
+              help="Diagnostic: replay the real run's own speed over time. Each simulated step "
+                   "takes the model's seconds x the ratio of measured to modelled seconds of "
+                   "the real steps that started in the same window (needs the timings file's "
+                   "'start' column, as serve-trace writes it).")
+@click.option("--pace-window", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="--pace-from: the window, in seconds.")
 @library_errors
 def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
                      max_steps: int | None, progress: bool, num_pages: int, fmt: str,
-                     json_path: str | None, plot: str | None, **kw: Any) -> None:
+                     json_path: str | None, plot: str | None, pace_from: str | None,
+                     pace_window: float, **kw: Any) -> None:
     """Simulate the trace a real run served, with its limits and policy, and print real beside
     simulated: p50/p90/p99 of TTFT, TPOT, ITL and E2E and throughput, with relative errors.
 
     RESULTS.json is stepplanner's per-request results or vLLM's (vllm bench serve
     --save-result --save-detailed). The trace, limits and policy default to those the results
-    record (a stepplanner results file); a flag given here replaces its field.
+    record (a stepplanner results file); a flag given here replaces its field. --pace-from
+    separates the error the engine's changing speed made from the rest (a diagnostic: the
+    pace comes from the run being checked).
     """
     if plot:
         require_matplotlib()
@@ -76,14 +88,17 @@ def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
     warn_no_op_options(options, policy)
     _notices(results, latency_model, latency_text, policy)
     latency = latency_of(latency_model, latency_text)
+    pace = (measured_pace(read_step_timings(pace_from), latency, pace_window,
+                          f"--pace-from {pace_from}") if pace_from else None)
     workload, matched = served_workload(results, trace, trace_name)
     check_num_pages(num_pages, workload, limits)
     show = progress and fmt == "table"
     if num_pages:
         result, _ = run_paged(workload, limits, policy, latency, max_steps, show, "simulating",
-                              num_pages)
+                              num_pages, pace)
     else:
-        result = run(workload, limits, policy, latency, max_steps, show, "simulating")
+        result = run(workload, limits, policy, latency, max_steps, show, "simulating",
+                     pace=pace)
     warn_refused(result)
     fidelity = fidelity_report(matched, result)
     if json_path is not None:

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from ..core._policy import StepPlannerLimits
-from ..sim.latency import LatencyModel
+from ..sim.latency import EnginePace, LatencyModel
 from ..sim.paged import PageOccupancy, row_pages, simulate_paged
 from ..sim.simulator import SimulationResult, simulate
 from ..sim.workloads import Workload
@@ -51,23 +51,25 @@ class ProgressBar:
 
 def run(workload: Workload, limits: StepPlannerLimits, options: Any,
         latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-        on_step: Any = None) -> SimulationResult:
+        on_step: Any = None, pace: EnginePace | None = None) -> SimulationResult:
     """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on."""
     bar = ProgressBar(len(workload), progress, label)
     try:
         return simulate(workload, limits, options, latency, max_steps=max_steps,
-                        on_step=on_step, progress=bar, progress_every=1024)
+                        on_step=on_step, progress=bar, progress_every=1024, pace=pace)
     finally:
         bar.close()
 
 
 def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
               latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-              num_pages: int) -> tuple[SimulationResult, PageOccupancy]:
+              num_pages: int, pace: EnginePace | None = None
+              ) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
     with ProgressBar(len(workload), progress, label) as bar:
         return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
-                              max_steps=max_steps, progress=bar, progress_every=1024)
+                              max_steps=max_steps, progress=bar, progress_every=1024,
+                              pace=pace)
 
 
 def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
-from ..sim.latency import DEFAULT_LATENCY, LatencyModel
+from ..sim.latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from ..sim.simulator import DEFAULT_LIMITS, policy_to_dict, resolve_options, simulate
 from ..sim.workloads import Workload
 from .results import RESULTS_FORMAT
@@ -27,9 +27,11 @@ __all__ = ["simulated_results"]
 def simulated_results(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
                       options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
                       latency: LatencyModel = DEFAULT_LATENCY,
-                      trace: str | None = None) -> dict[str, Any]:
+                      trace: str | None = None, pace: EnginePace | None = None
+                      ) -> dict[str, Any]:
     """Simulate ``workload`` and return its results document (rows in the workload's order;
-    ``trace`` is the path recorded in the ``"stepplanner"`` object)."""
+    ``trace`` is the path recorded in the ``"stepplanner"`` object; ``pace`` as ``simulate``
+    takes it: an engine whose speed changed during the run)."""
     policy = resolve_options(options, limits)
     emitted: list[np.ndarray] = []
 
@@ -37,7 +39,7 @@ def simulated_results(workload: Workload, limits: StepPlannerLimits = DEFAULT_LI
         rows = plan.as_array()
         emitted.append(ledger.request_ids[rows["resident"][rows["select_last_token_logits"]]])
 
-    result = simulate(workload, limits, policy, latency, on_step=record)
+    result = simulate(workload, limits, policy, latency, on_step=record, pace=pace)
     end = result.steps["end_time"]
     times: list[list[float]] = [[] for _ in range(len(workload))]
     for k, ids in enumerate(emitted):

@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 
-__all__ = ["COEFFICIENTS", "DEFAULT_LATENCY", "LatencyModel", "TRTLLM_H100_LLAMA31_8B_FP8"]
+__all__ = ["COEFFICIENTS", "DEFAULT_LATENCY", "EnginePace", "LatencyModel",
+           "TRTLLM_H100_LLAMA31_8B_FP8"]
 
 COEFFICIENTS = ("a", "b", "c", "d", "e", "f")
 # How each coefficient is printed: the unit it multiplies.
@@ -133,3 +135,47 @@ def parse_coefficients(text: str) -> dict[str, float]:
 
 
 DEFAULT_LATENCY = LatencyModel()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnginePace:
+    """How fast an engine ran, window by window, against a step model: a step starting ``t``
+    seconds after the run's first arrival takes the model's seconds x ``factors[k]`` for
+    ``k = t // window`` (the last factor after the last window).
+
+    A diagnostic, not a prediction: it comes from the very run it is replayed against
+    (``latency_models.measured_pace``: that run's measured over modelled step seconds per
+    window), and says how much of a simulation's error is the engine's speed changing while the
+    run went on (a shared machine, thermal limits, a noisy neighbour) rather than the scheduling
+    or the model's shape (docs/simulator.md, "Fidelity")."""
+
+    window: float
+    factors: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, (int, float)):
+            raise StepPlannerTypeError(f"EnginePace.window must be a number of seconds, got "
+                                       f"{type(self.window).__name__} {self.window!r}")
+        if not math.isfinite(self.window) or self.window <= 0:
+            raise StepPlannerValueError(f"EnginePace.window={self.window!r} is out of range; "
+                                        "allowed: a finite number of seconds > 0")
+        if not isinstance(self.factors, Sequence) or isinstance(self.factors, str):
+            raise StepPlannerTypeError(f"EnginePace.factors must be a sequence of numbers, got "
+                                       f"{type(self.factors).__name__}")
+        factors = tuple(self.factors)
+        if not factors:
+            raise StepPlannerValueError("EnginePace.factors is empty; allowed: one factor per "
+                                        "window, at least one")
+        for k, value in enumerate(factors):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise StepPlannerTypeError(f"EnginePace.factors[{k}] must be a number, got "
+                                           f"{type(value).__name__} {value!r}")
+            if not math.isfinite(value) or value <= 0:
+                raise StepPlannerValueError(f"EnginePace.factors[{k}]={value!r} is out of "
+                                            "range; allowed: a finite number > 0")
+        object.__setattr__(self, "factors", tuple(float(v) for v in factors))
+
+    def at(self, t: float) -> float:
+        """The factor of a step starting ``t`` seconds after the first arrival."""
+        k = int(t // self.window) if t > 0 else 0
+        return self.factors[min(k, len(self.factors) - 1)]

@@ -38,12 +38,12 @@ import numpy as np
 
 from .._errors import StepPlannerValueError
 from ._least_squares import nonnegative_least_squares
-from .latency import COEFFICIENTS, DEFAULT_LATENCY, LatencyModel
+from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
 __all__ = ["LATENCY_FORMAT", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator", "Fit", "ModelShape",
            "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
-           "read_step_timings", "read_timings", "roofline", "save_latency_model"]
+           "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
 TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file must have
@@ -51,6 +51,9 @@ TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file mus
 # that calibrate can fit every term of the model; a harness that times a runtime writes them all.
 STEP_TIMING_COLUMNS = ("seconds", "tokens", "context", "rows", "decode_rows", "prefill_tokens",
                        "prefill_context", "attention")
+# Read when present, for ``measured_pace`` only: when each step started, in seconds from the run's
+# first arrival (serve-trace writes it).
+PACE_COLUMNS = ("start",)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -174,6 +177,7 @@ class StepTimings:
     prefill_tokens: np.ndarray | None = None
     prefill_context: np.ndarray | None = None
     attention: np.ndarray | None = None
+    start: np.ndarray | None = None  # not the contract's: seconds from the first arrival
 
     def __len__(self) -> int:
         return len(self.seconds)
@@ -204,7 +208,7 @@ def read_step_timings(path: str | pathlib.Path) -> StepTimings:
     columns: dict[str, list[float]] = {}
     for line, row, header in csv_records(text, where, TIMING_COLUMNS):
         if not columns:
-            names = tuple(c for c in STEP_TIMING_COLUMNS if c in header)
+            names = tuple(c for c in (*STEP_TIMING_COLUMNS, *PACE_COLUMNS) if c in header)
             columns = {c: [] for c in names}
         for name in names:
             columns[name].append(_cell(where, line, name, row.get(name)))
@@ -332,3 +336,46 @@ def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     norms = np.linalg.norm(x, axis=0)
     norms[norms == 0] = 1.0
     return x / norms, norms
+
+
+def measured_pace(timings: StepTimings, model: LatencyModel, window: float = 1.0,
+                  where: str = "timings") -> EnginePace:
+    """The engine's speed over a run against ``model``: per ``window`` seconds (by each step's
+    ``start``), the steps' measured seconds over ``model``'s seconds for the same steps. A window
+    in which no step started (the engine was idle) keeps the factor before it (the first busy
+    window's, before any).
+
+    Replayed with ``simulate(..., pace=)`` it removes from a simulation's error what the engine's
+    changing speed put there (a diagnostic; see :class:`~stepplanner.sim.latency.EnginePace`).
+    """
+    if timings.start is None:
+        raise StepPlannerValueError(f"{where}: no 'start' column; allowed: a timings file with "
+                                    "each step's start in seconds from the first arrival (as "
+                                    "serve-trace writes)")
+    if len(timings) == 0:
+        raise StepPlannerValueError(f"{where}: no steps; allowed: at least one timed step")
+    EnginePace(window, (1.0,))  # the window checked before it is used
+    modelled = (model.a + model.b * timings.tokens + model.c * timings.context
+                + model.d * timings.tokens * timings.context)
+    if model.e:
+        if timings.attention is None:
+            raise StepPlannerValueError(f"{where}: no 'attention' column, and the model has "
+                                        f"e={model.e!r}; allowed: the column, or a model with e=0")
+        modelled = modelled + model.e * timings.attention
+    if model.f:
+        if timings.rows is None:
+            raise StepPlannerValueError(f"{where}: no 'rows' column, and the model has "
+                                        f"f={model.f!r}; allowed: the column, or a model with f=0")
+        modelled = modelled + model.f * timings.rows
+    slot = (timings.start // window).astype(np.int64)
+    measured = np.bincount(slot, weights=timings.seconds)
+    priced = np.bincount(slot, weights=modelled)
+    busy = priced > 0
+    factors = np.empty(len(priced))
+    factors[busy] = measured[busy] / priced[busy]
+    last = float(factors[np.argmax(busy)])  # idle windows keep the factor before them
+    for k in range(len(factors)):
+        if busy[k]:
+            last = float(factors[k])
+        factors[k] = last
+    return EnginePace(float(window), tuple(factors.tolist()))

@@ -42,7 +42,7 @@ from ..core._types import (
     RESIDENT_DTYPE,
     Reason,
 )
-from .latency import DEFAULT_LATENCY, LatencyModel
+from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from ..ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
 
@@ -222,26 +222,32 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
              options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
              latency: LatencyModel = DEFAULT_LATENCY, *, max_steps: int | None = None,
              on_step: OnStep | None = None, progress: Progress | None = None,
-             progress_every: int = 2048) -> SimulationResult:
+             progress_every: int = 2048, pace: EnginePace | None = None) -> SimulationResult:
     """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
 
     ``on_step(step, start_time, ledger, plan)`` runs after each plan, before it is applied
     (``StepPlanner`` is the one ``stepplanner`` selects). ``progress(steps, sim_time,
     completed)`` runs every ``progress_every`` steps. ``max_steps`` cuts the run short.
+    ``pace`` replays a real run's measured speed over time on ``latency`` (a diagnostic:
+    :class:`~stepplanner.sim.latency.EnginePace`).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps)
-    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits))
+    policy = check_run_args(workload, limits, options, latency, max_steps, pace)
+    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits),
+                        pace=pace)
     return run.run(max_steps, on_step, progress, progress_every)
 
 
 def check_run_args(workload: Any, limits: StepPlannerLimits, options: Any, latency: Any,
-                   max_steps: Any) -> ResolvedSchedulingPolicy:
+                   max_steps: Any, pace: Any = None) -> ResolvedSchedulingPolicy:
     """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
     ``options`` resolve to under ``limits``."""
     if not isinstance(workload, Workload):
         raise _errors.wrong_type("workload", "Workload", workload)
     if not isinstance(latency, LatencyModel):
         raise _errors.wrong_type("latency", "LatencyModel", latency)
+    if pace is not None and not isinstance(pace, EnginePace):
+        raise StepPlannerTypeError(f"pace must be an EnginePace or None, got "
+                                   f"{type(pace).__name__}")
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
                                   or max_steps < 1):
         raise StepPlannerValueError(
@@ -268,9 +274,10 @@ class SimulationRun:
 
     def __init__(self, workload: Workload, limits: StepPlannerLimits,
                  policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any,
-                 page_table: Any = None) -> None:
+                 page_table: Any = None, pace: EnginePace | None = None) -> None:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
+        self.pace = pace
         self.planner = planner
         # Every request may wait: the workload is the whole demand, nothing is pushed back.
         self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table)
@@ -357,7 +364,10 @@ class SimulationRun:
             query = seq["query_length"].astype(np.int64)
             attention = int(np.dot(query, seq["past_length"] + query))
         start = self.now
-        self.now = now = start + latency.step_seconds(tokens, context, len(seq), attention)
+        seconds = latency.step_seconds(tokens, context, len(seq), attention)
+        if self.pace is not None:
+            seconds *= self.pace.at(start - float(self.w.arrival_time[0]))
+        self.now = now = start + seconds
         if on_step is not None:
             on_step(len(self.records), start, ledger, plan)
 

@@ -1,0 +1,117 @@
+"""tools/fidelity_tables.py (the tables of docs/simulator.md "Fidelity") on a matrix of runs the
+simulator made and wrote in the harness's layouts: priced by their own timings every error is 0;
+priced by a machine twice as slow the tables say so."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.util
+import io
+import json
+import pathlib
+
+import pytest
+
+from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from stepplanner.fidelity.simulated import simulated_results
+from stepplanner.sim.latency import LatencyModel
+from stepplanner.sim.simulator import simulate
+from stepplanner.sim.traces import read_trace
+from stepplanner.sim.workloads import synthetic
+
+TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "fidelity_tables.py"
+LIMITS = StepPlannerLimits(max_batch_size=8, max_input_length=400, kv_page_size=16,
+                           max_step_tokens=256)
+LATENCY = LatencyModel(a=3e-4, b=2e-4, c=6e-6, name="cpu")
+FCFS = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=256)
+PRIORITY_PAUSE = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+                                   max_num_tokens=256,
+                                   scheduling_policy=SchedulingPolicy.PRIORITY,
+                                   preemption=PreemptionMode.PAUSE, max_pause_steps=8,
+                                   priority_reserved_slots=1)
+RATES = {"30": 2.0, "60": 4.0, "85": 6.0}
+
+
+def load_tool():
+    if not TOOL.exists():
+        pytest.skip("tools/fidelity_tables.py is not beside this tests/ (e.g. a wheel test run)")
+    spec = importlib.util.spec_from_file_location("fidelity_tables", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_timings(path: pathlib.Path, workload, options, latency: LatencyModel) -> None:
+    """The steps of the simulated run, timed by ``latency``: the old three-column layout and the
+    ``start`` the pace is measured from."""
+    steps = simulate(workload, LIMITS, options, LATENCY).steps
+    first = float(workload.arrival_time[0])
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["seconds", "tokens", "context", "start"])
+        for tokens, context, end, seconds in zip(*(steps[k].tolist() for k in (
+                "tokens", "context", "end_time", "seconds"))):
+            out.writerow([latency.step_seconds(tokens, context), tokens, context,
+                          end - seconds - first])
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    folder = tmp_path_factory.mktemp("matrix")
+    for load, rate in RATES.items():
+        trace = folder / f"trace-{load}.csv"
+        synthetic(requests=40, rate=rate, seed=int(load), max_prompt=400,
+                  max_output=32).to_csv(trace)
+        workload = read_trace(trace)
+        runs = [("fcfs", FCFS), ("pp", PRIORITY_PAUSE)] + ([("fifo", FCFS)] if load == "85"
+                                                           else [])
+        for key, options in runs:
+            doc = simulated_results(workload, LIMITS, options, LATENCY, trace=str(trace))
+            if key == "fifo":  # the runtime's own scheduler: no stepplanner policy recorded
+                doc["stepplanner"].update(scheduler="fifo", options=None)
+            for rep in "ab":
+                (folder / f"{key}-{load}-{rep}.json").write_text(json.dumps(doc))
+                write_timings(folder / f"{key}-{load}-{rep}.csv", workload, options, LATENCY)
+    slow = LatencyModel(a=2 * LATENCY.a, b=2 * LATENCY.b, c=2 * LATENCY.c, name="slow")
+    write_timings(folder / "slow.csv", read_trace(folder / "trace-85.csv"), FCFS, slow)
+    return folder
+
+
+def tables(folder: pathlib.Path, *args: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        load_tool().main([str(folder), *args])
+    return out.getvalue()
+
+
+def test_runs_priced_by_their_own_timings_agree_exactly(matrix: pathlib.Path) -> None:
+    text = tables(matrix)
+    exact = "0.0% / 0.0% / 0 of 36"
+    assert f"| the run's own timings | all | {exact} | {exact} |" in text
+    assert f"| the other repeat's timings | abc | {exact} | {exact} |" in text
+    assert (f"| the run's own timings, its pace replayed (diagnostic) | all | {exact} | {exact} |"
+            in text)
+    assert f"real vs real (b against a): {exact}" in text
+    # the agreement tables (own timings; pace replayed): 6 figures x 3 loads x 2 policies each,
+    # every error 0
+    rows = [line for line in text.splitlines() if line.startswith(("| 30%", "| 60%", "| 85%"))]
+    assert len(rows) == 2 * 36
+    assert all(cell.strip() in ("+0.0%", "-0.0%") for row in rows
+               for cell in row.split("|")[6:-1:3])
+    policy_rows = [line for line in text.splitlines()
+                   if line.startswith(("| transformers fifo |", "| FCFS |", "| PRIORITY+PAUSE |"))]
+    assert len(policy_rows) == 6
+    for row in policy_rows:  # real and simulated urgent TTFT p99 and TPOT p99 are the same
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert cells[2] == cells[3] and cells[4] == cells[5], row
+
+
+def test_a_machine_twice_as_slow_shows_in_every_figure(matrix: pathlib.Path) -> None:
+    text = tables(matrix, "--calibrate-on", str(matrix / "slow.csv"))
+    row = next(line for line in text.splitlines() if line.startswith("| slow.csv | abc |"))
+    for cell in row.split("|")[3:-1]:
+        median, worst, over = (part.strip() for part in cell.split("/"))
+        assert float(median.rstrip("%")) >= 90.0, row  # every step costs twice: at least +90%
+        assert over == "36 of 36", row
