@@ -198,8 +198,11 @@ def test_replaying_the_runs_own_pace_removes_the_error_the_pace_made(
     assert off["max_abs_error"] > 0.05  # a model at one speed misses an engine that changed
     replayed = fidelity(results, "--latency", LATENCY_TEXT, "--pace-from", timings_path)
     assert replayed.exit_code == 0, replayed.output
-    summary = json.loads(replayed.output)["summary"]["all"]
-    assert summary["max_abs_error"] == pytest.approx(0.0, abs=1e-9)
+    report = json.loads(replayed.output)
+    assert report["summary"]["all"]["max_abs_error"] == pytest.approx(0.0, abs=1e-9)
+    assert report["pace"]["from"] == timings_path and report["pace"]["window"] == 0.5
+    assert (report["pace"]["min"], report["pace"]["max"]) == pytest.approx((0.6, 1.8))
+    assert report["pace"]["windows"] >= 4
     # a window that does not fit the run's changes leaves part of the error
     coarse = fidelity(results, "--latency", LATENCY_TEXT, "--pace-from", timings_path,
                       "--pace-window", "3")

@@ -91,25 +91,28 @@ def test_runs_priced_by_their_own_timings_agree_exactly(matrix: pathlib.Path) ->
     exact = "0.0% / 0.0% / 0 of 36"
     assert f"| the run's own timings | all | {exact} | {exact} |" in text
     assert f"| the other repeat's timings | abc | {exact} | {exact} |" in text
-    assert (f"| the run's own timings, its pace replayed (diagnostic) | all | {exact} | {exact} |"
+    assert (f"| the run's own timings, pace replayed in 0.5-s windows | all | {exact} | {exact} |"
             in text)
+    assert f"| every other run of the repeat, pooled | all | {exact} | {exact} |" in text
     assert f"real vs real (b against a): {exact}" in text
-    # the agreement tables (own timings; pace replayed): 6 figures x 3 loads x 2 policies each,
-    # every error 0
+    # the agreement table: 6 figures x 3 loads x 2 policies, every error 0 with the run's own
+    # model and with its pace replayed, and the real repeats alike
     rows = [line for line in text.splitlines() if line.startswith(("| 30%", "| 60%", "| 85%"))]
-    assert len(rows) == 2 * 36
-    assert all(cell.strip() in ("+0.0%", "-0.0%") for row in rows
-               for cell in row.split("|")[6:-1:3])
+    assert len(rows) == 36
+    for row in rows:
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert {c.lstrip("+-") for c in cells[5:7] + cells[9:12]} == {"0.0%"}, row
     policy_rows = [line for line in text.splitlines()
                    if line.startswith(("| transformers fifo |", "| FCFS |", "| PRIORITY+PAUSE |"))]
     assert len(policy_rows) == 6
-    for row in policy_rows:  # real and simulated urgent TTFT p99 and TPOT p99 are the same
+    for row in policy_rows:  # real, simulated and paced urgent TTFT p99 and TPOT p99 alike
         cells = [c.strip() for c in row.split("|")[1:-1]]
-        assert cells[2] == cells[3] and cells[4] == cells[5], row
+        assert cells[2] == cells[3] == cells[4] and cells[5] == cells[6] == cells[7], row
 
 
 def test_a_machine_twice_as_slow_shows_in_every_figure(matrix: pathlib.Path) -> None:
-    text = tables(matrix, "--calibrate-on", str(matrix / "slow.csv"))
+    text = tables(matrix, "--calibrate-on", str(matrix / "slow.csv"), "--pace-windows", "2")
+    assert "| the run's own timings, pace replayed in 2-s windows | all | 0.0% / 0.0%" in text
     row = next(line for line in text.splitlines() if line.startswith("| slow.csv | abc |"))
     for cell in row.split("|")[3:-1]:
         median, worst, over = (part.strip() for part in cell.split("/"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import statistics
 from typing import Any
 
 import click
@@ -12,7 +13,7 @@ import click
 from ..core._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..fidelity.compare import fidelity_report
 from ..fidelity.results import RunResults, read_results, served_workload
-from ..sim.latency_models import measured_pace, read_step_timings
+from ..sim.latency_models import PACE_WINDOW, measured_pace, read_step_timings
 from ..sim.traces import read_trace
 from ..sim.workloads import Workload
 from .errors import InputError, library_errors
@@ -57,7 +58,7 @@ OPTION_PARAMETERS = {"mode": "ifb_scheduling_mode", "max_num_tokens": "max_num_t
                    "takes the model's seconds x the ratio of measured to modelled seconds of "
                    "the real steps that started in the same window (needs the timings file's "
                    "'start' column, as serve-trace writes it).")
-@click.option("--pace-window", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--pace-window", type=click.FloatRange(min=0, min_open=True), default=PACE_WINDOW,
               show_default=True, help="--pace-from: the window, in seconds.")
 @library_errors
 def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
@@ -101,6 +102,11 @@ def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
                      pace=pace)
     warn_refused(result)
     fidelity = fidelity_report(matched, result)
+    if pace is not None:
+        fidelity.report["pace"] = {"from": pace_from, "window": pace.window,
+                                   "windows": len(pace.factors), "min": min(pace.factors),
+                                   "median": statistics.median(pace.factors),
+                                   "max": max(pace.factors)}
     if json_path is not None:
         write_json(json_path, fidelity.report)
     if plot:

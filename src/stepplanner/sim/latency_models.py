@@ -42,7 +42,7 @@ from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
 __all__ = ["LATENCY_FORMAT", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator", "Fit", "ModelShape",
-           "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
+           "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
            "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
@@ -54,6 +54,9 @@ STEP_TIMING_COLUMNS = ("seconds", "tokens", "context", "rows", "decode_rows", "p
 # Read when present, for ``measured_pace`` only: when each step started, in seconds from the run's
 # first arrival (serve-trace writes it).
 PACE_COLUMNS = ("start",)
+# measured_pace's window: short enough to follow a shared machine's speed (it moves +-20% from one
+# second to the next), long enough to average ~10 of the longest steps of a small engine.
+PACE_WINDOW = 0.5
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -338,7 +341,7 @@ def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x / norms, norms
 
 
-def measured_pace(timings: StepTimings, model: LatencyModel, window: float = 1.0,
+def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PACE_WINDOW,
                   where: str = "timings") -> EnginePace:
     """The engine's speed over a run against ``model``: per ``window`` seconds (by each step's
     ``start``), the steps' measured seconds over ``model``'s seconds for the same steps. A window
