@@ -11,6 +11,7 @@ import io
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
@@ -34,10 +35,11 @@ PRIORITY_PAUSE = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
 RATES = {"30": 2.0, "60": 4.0, "85": 6.0}
 
 
-def load_tool():
-    if not TOOL.exists():
-        pytest.skip("tools/fidelity_tables.py is not beside this tests/ (e.g. a wheel test run)")
-    spec = importlib.util.spec_from_file_location("fidelity_tables", TOOL)
+def load_tool(name: str = "fidelity_tables"):
+    path = TOOL.parent / f"{name}.py"
+    if not path.exists():
+        pytest.skip(f"tools/{name}.py is not beside this tests/ (e.g. a wheel test run)")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -118,3 +120,17 @@ def test_a_machine_twice_as_slow_shows_in_every_figure(matrix: pathlib.Path) -> 
         median, worst, over = (part.strip() for part in cell.split("/"))
         assert float(median.rstrip("%")) >= 90.0, row  # every step costs twice: at least +90%
         assert over == "36 of 36", row
+
+
+def test_the_matrix_scales_each_trace_to_its_share_of_the_capacity(tmp_path: pathlib.Path) -> None:
+    matrix_tool = load_tool("fidelity_matrix")
+    for load in (30, 85):
+        original = read_trace(matrix_tool.TRACES / f"trace-{load}.csv")
+        scaled = read_trace(matrix_tool.scaled_trace(load, 12.5, tmp_path))
+        rate = (len(scaled) - 1) / (scaled.arrival_time[-1] - scaled.arrival_time[0])
+        assert rate == pytest.approx(load / 100 * 12.5, rel=1e-4)
+        # the same requests in the same order; only the gaps between arrivals changed
+        for column in ("prompt_tokens", "output_tokens", "priority"):
+            assert getattr(scaled, column).tolist() == getattr(original, column).tolist()
+        gaps, old_gaps = np.diff(scaled.arrival_time), np.diff(original.arrival_time)
+        np.testing.assert_allclose(gaps, old_gaps * (gaps.sum() / old_gaps.sum()), atol=2e-6)

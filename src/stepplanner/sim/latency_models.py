@@ -358,18 +358,17 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
     if len(timings) == 0:
         raise StepPlannerValueError(f"{where}: no steps; allowed: at least one timed step")
     EnginePace(window, (1.0,))  # the window checked before it is used
-    modelled = (model.a + model.b * timings.tokens + model.c * timings.context
-                + model.d * timings.tokens * timings.context)
-    if model.e:
-        if timings.attention is None:
-            raise StepPlannerValueError(f"{where}: no 'attention' column, and the model has "
-                                        f"e={model.e!r}; allowed: the column, or a model with e=0")
-        modelled = modelled + model.e * timings.attention
-    if model.f:
-        if timings.rows is None:
-            raise StepPlannerValueError(f"{where}: no 'rows' column, and the model has "
-                                        f"f={model.f!r}; allowed: the column, or a model with f=0")
-        modelled = modelled + model.f * timings.rows
+    modelled = np.zeros(len(timings))
+    for coefficient, column in timings.features().items():
+        weight = getattr(model, coefficient)
+        if not weight:
+            continue
+        if column is None:
+            name = {"e": "attention", "f": "rows"}[coefficient]
+            raise StepPlannerValueError(f"{where}: no {name!r} column, and the model has "
+                                        f"{coefficient}={weight!r}; allowed: the column, or a "
+                                        f"model with {coefficient}=0")
+        modelled = modelled + weight * column
     slot = (timings.start // window).astype(np.int64)
     measured = np.bincount(slot, weights=timings.seconds)
     priced = np.bincount(slot, weights=modelled)

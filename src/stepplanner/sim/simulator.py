@@ -277,7 +277,7 @@ class SimulationRun:
                  page_table: Any = None, pace: EnginePace | None = None) -> None:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
-        self.pace = pace
+        self.pace = pace  # its windows count from the first arrival
         self.planner = planner
         # Every request may wait: the workload is the whole demand, nothing is pushed back.
         self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table)
@@ -297,7 +297,8 @@ class SimulationRun:
         # (request ids, their previous token's time, this token's time). Every other gap is one
         # step's duration, so these suffice to rebuild the pooled ITL sample after the run.
         self.apart: list[tuple[np.ndarray, np.ndarray, float]] = []
-        self.now = float(workload.arrival_time[0]) if n else 0.0
+        self.first_arrival = float(workload.arrival_time[0]) if n else 0.0
+        self.now = self.first_arrival
         self.next_request = 0
         self.completed = 0
 
@@ -366,7 +367,7 @@ class SimulationRun:
         start = self.now
         seconds = latency.step_seconds(tokens, context, len(seq), attention)
         if self.pace is not None:
-            seconds *= self.pace.at(start - float(self.w.arrival_time[0]))
+            seconds *= self.pace.at(start - self.first_arrival)
         self.now = now = start + seconds
         if on_step is not None:
             on_step(len(self.records), start, ledger, plan)
