@@ -210,6 +210,14 @@ def test_cli_serve_calibrate_simulate(tmp_path: pathlib.Path) -> None:
                                "--max-num-tokens", "64", "--json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["requests"]["completed"] == 8
+    # fidelity reads the real run, and replays its pace from the timings' start column
+    out = runner.invoke(main, ["fidelity", str(results), "--latency-model", str(model),
+                               "--pace-from", str(steps), "--format", "json", "--no-progress"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["results"]["compared"] == 8
+    pace = report["pace"]
+    assert pace["windows"] >= 1 and 0 < pace["min"] <= pace["median"] <= pace["max"]
     # the options are checked before anything runs
     out = runner.invoke(main, ["serve-trace", str(trace), "--timings", str(steps)])
     assert out.exit_code == 2 and "needs a TRACE and --results FILE" in out.output
