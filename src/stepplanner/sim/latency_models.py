@@ -54,8 +54,8 @@ STEP_TIMING_COLUMNS = ("seconds", "tokens", "context", "rows", "decode_rows", "p
 # Read when present, for ``measured_pace`` only: when each step started, in seconds from the run's
 # first arrival (serve-trace writes it).
 PACE_COLUMNS = ("start",)
-# measured_pace's window: short enough to follow a shared machine's speed (it moves +-20% from one
-# second to the next), long enough to average ~10 of the longest steps of a small engine.
+# measured_pace's window: short enough to follow a shared machine's speed (0.8-1.36x from one 2-s
+# window to the next), long enough to average ~10 of the longest steps of a small engine.
 PACE_WINDOW = 0.5
 
 
