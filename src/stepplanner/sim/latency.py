@@ -159,21 +159,23 @@ class EnginePace:
         if not math.isfinite(self.window) or self.window <= 0:
             raise StepPlannerValueError(f"EnginePace.window={self.window!r} is out of range; "
                                         "allowed: a finite number of seconds > 0")
-        if not isinstance(self.factors, Sequence) or isinstance(self.factors, str):
+        given: object = self.factors  # checked as what a caller may pass, not as annotated
+        if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
             raise StepPlannerTypeError(f"EnginePace.factors must be a sequence of numbers, got "
-                                       f"{type(self.factors).__name__}")
-        factors = tuple(self.factors)
-        if not factors:
+                                       f"{type(given).__name__}")
+        if not given:
             raise StepPlannerValueError("EnginePace.factors is empty; allowed: one factor per "
                                         "window, at least one")
-        for k, value in enumerate(factors):
+        factors: list[float] = []
+        for k, value in enumerate(given):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise StepPlannerTypeError(f"EnginePace.factors[{k}] must be a number, got "
                                            f"{type(value).__name__} {value!r}")
             if not math.isfinite(value) or value <= 0:
                 raise StepPlannerValueError(f"EnginePace.factors[{k}]={value!r} is out of "
                                             "range; allowed: a finite number > 0")
-        object.__setattr__(self, "factors", tuple(float(v) for v in factors))
+            factors.append(float(value))
+        object.__setattr__(self, "factors", tuple(factors))
 
     def at(self, t: float) -> float:
         """The factor of a step starting ``t`` seconds after the first arrival."""
