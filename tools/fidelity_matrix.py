@@ -18,7 +18,7 @@ so each can be rerun by hand from the command line this prints before it. In ord
 
 Loads are relative to the machine at hand, so a faster or slower machine runs the same
 experiment. Nothing else should run on the machine meanwhile: the engine's step times are the
-measurement. About 12 minutes on 2 cores for two repeats (each run takes its trace's span plus
+measurement. About 10 minutes on 2 cores for two repeats (each run takes its trace's span plus
 the queue's drain, and ~7 s to build and warm the model).
 """
 
