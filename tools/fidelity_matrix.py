@@ -112,7 +112,8 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, str(HERE))
     import fidelity_tables
 
-    table_args = [str(out), "--repeats", *args.repeats, "--calibrate-on", str(out / "profile.csv")]
+    table_args = [str(out), "--repeats", *args.repeats, "--calibrate-on", str(out / "profile.csv"),
+                  "--pace-windows", "0.25", "1", "2"]
     if args.capacity is None:
         table_args += ["--calibrate-on", str(out / "burst-a.csv")]
     text = io.StringIO()
