@@ -191,6 +191,9 @@ class StepTimings:
                 "d": self.tokens * self.context, "e": self.attention, "f": self.rows}
 
 
+# The optional terms' columns: a model with the term needs the column in the timings file.
+_TERM_COLUMNS = {"e": "attention", "f": "rows"}
+
 # (column, must hold) pairs checked row by row: a file that breaks one was not written by a
 # runtime that counted what it ran.
 _CONSISTENT = (("decode_rows", "rows"), ("prefill_tokens", "tokens"),
@@ -295,10 +298,9 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
                 f"terms={terms!r} is not known; allowed: letters of {''.join(COEFFICIENTS)}")
         lacking = [k for k in wanted if k not in given]
         if lacking:
-            column = {"e": "attention", "f": "rows"}
             raise StepPlannerValueError(
                 f"terms={terms!r} needs column(s) "
-                f"{', '.join(column[k] for k in lacking)}, which the timings lack")
+                f"{', '.join(_TERM_COLUMNS[k] for k in lacking)}, which the timings lack")
     y = np.asarray(timings.seconds, dtype=np.float64)
     if len(y) < 3:
         raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
@@ -364,7 +366,7 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
         if not weight:
             continue
         if column is None:
-            name = {"e": "attention", "f": "rows"}[coefficient]
+            name = _TERM_COLUMNS[coefficient]
             raise StepPlannerValueError(f"{where}: no {name!r} column, and the model has "
                                         f"{coefficient}={weight!r}; allowed: the column, or a "
                                         f"model with {coefficient}=0")
