@@ -31,6 +31,8 @@ from stepplanner.core._types import IfbSchedulingMode
 from stepplanner.sim.latency import EnginePace, LatencyModel
 from stepplanner.sim.latency_models import (PACE_WINDOW, StepTimings, fit_step_latency,
                                             measured_pace, read_step_timings)
+from stepplanner.fidelity.compare import real_samples
+from stepplanner.fidelity.results import read_results
 from stepplanner.sim.simulator import policy_from_dict, simulate
 from stepplanner.sim.traces import read_trace
 
@@ -47,12 +49,11 @@ LABELS = {"own": "the run's own timings",
           "others": "every other run of the repeat, pooled"}
 
 
-def real_latencies(results: dict[str, Any]) -> dict[str, np.ndarray]:
-    ttft, e2e = np.array(results["ttfts"]), np.array(results["latencies"])
-    out = np.array(results["output_lens"])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), np.nan)
-    return {"ttft": ttft, "tpot": tpot, "e2e": e2e}
+def real_latencies(path: pathlib.Path, cls: str = "all") -> dict[str, np.ndarray]:
+    """The real run's TTFT, TPOT and E2E of class ``cls`` (``all``, ``-1``, ...), counted as
+    ``stepplanner fidelity`` counts them (failed requests left out)."""
+    sample = real_samples(read_results(path))[cls]
+    return {"ttft": sample.ttft, "tpot": sample.tpot, "e2e": sample.e2e}
 
 
 def simulated(results: dict[str, Any], model: LatencyModel, pace: EnginePace | None = None
@@ -116,12 +117,13 @@ def simulated_figures(folder: pathlib.Path, reps: list[str], terms: str | None,
     for load in LOADS:
         for key, _ in POLICIES:
             for rep in reps:
-                results = json.loads((folder / f"{key}-{load}-{rep}.json").read_text())
+                path = folder / f"{key}-{load}-{rep}.json"
+                results = json.loads(path.read_text())
                 timings = timings_of(pricing, folder, key, load, rep, reps)
                 model = calibrated(timings, terms)
                 pace = (measured_pace(read_step_timings(timings), model, window, str(timings))
                         if pricing == "pace" and isinstance(timings, pathlib.Path) else None)
-                real = figures(real_latencies(results))
+                real = figures(real_latencies(path))
                 sim = figures(simulated(results, model, pace).latencies())
                 for fig in real:
                     out[load, key, fig, rep] = (real[fig], sim[fig])
@@ -160,11 +162,9 @@ def spreads(folder: pathlib.Path, reps: list[str]) -> np.ndarray:
     out = []
     for load in LOADS:
         for key, _ in POLICIES:
-            first = figures(real_latencies(json.loads(
-                (folder / f"{key}-{load}-{reps[0]}.json").read_text())))
+            first = figures(real_latencies(folder / f"{key}-{load}-{reps[0]}.json"))
             for rep in reps[1:]:
-                later = figures(real_latencies(json.loads(
-                    (folder / f"{key}-{load}-{rep}.json").read_text())))
+                later = figures(real_latencies(folder / f"{key}-{load}-{rep}.json"))
                 out += [later[f] / first[f] - 1 for f in first]
     return np.abs(out)
 
@@ -187,12 +187,13 @@ def policies(folder: pathlib.Path) -> None:
             timings = stem.with_suffix(".csv")
             model = calibrated(timings)
             pace = measured_pace(read_step_timings(timings), model, PACE_WINDOW, str(timings))
-            real = real_latencies(results)
+            real = real_latencies(stem.with_suffix(".json"))
+            real_urgent = real_latencies(stem.with_suffix(".json"), "-1")
             urgent = np.array(results["priorities"]) < 0
             result = simulated(results, model)
             sim, paced = result.latencies(), simulated(results, model, pace).latencies()
             tok_s = result.report()["throughput"]["output_tokens_per_s"]
-            print(f"| {name} | {rep} | {percentile(real['ttft'][urgent], 99) * 1e3:,.0f} | "
+            print(f"| {name} | {rep} | {percentile(real_urgent['ttft'], 99) * 1e3:,.0f} | "
                   f"{percentile(sim['ttft'][urgent], 99) * 1e3:,.0f} | "
                   f"{percentile(paced['ttft'][urgent], 99) * 1e3:,.0f} | "
                   f"{percentile(real['tpot'], 99) * 1e3:,.1f} | "

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-import numpy as np
 
 from ..core._policy import resolve_scheduling_policy
 from ..sim.simulator import policy_to_dict
@@ -147,15 +146,13 @@ def _summary(data: dict[str, Any], results_path: str, timings_path: str, steps: 
                f"{data['duration']:.2f} s ({data['request_throughput']:.2f} req/s, "
                f"{data['output_throughput']:.1f} output tok/s) over {steps} steps")
     ok = [i for i, e in enumerate(data["errors"]) if not e]
-    ttft = np.array([data["ttfts"][i] for i in ok]) * 1e3
-    e2e = np.array([data["latencies"][i] for i in ok]) * 1e3
-    out = np.array([data["output_lens"][i] for i in ok])
-    many = out > 1
-    tpot = (e2e[many] - ttft[many]) / (out[many] - 1)
-    for label, values in (("TTFT", ttft), ("TPOT", tpot), ("E2E", e2e)):
-        if values.size:
-            p50, p90, p99 = np.percentile(values, [50, 90, 99])
-            click.echo(f"{label} ms p50 {p50:.1f}  p90 {p90:.1f}  p99 {p99:.1f}")
+    # the results' own percentiles; a series with no request in it is not printed
+    has_tpot = any(data["output_lens"][i] > 1 for i in ok)
+    for label, key, shown in (("TTFT", "ttft", ok), ("TPOT", "tpot", has_tpot),
+                              ("E2E", "e2el", ok)):
+        if shown:
+            click.echo(f"{label} ms p50 {data[f'p50_{key}_ms']:.1f}  "
+                       f"p90 {data[f'p90_{key}_ms']:.1f}  p99 {data[f'p99_{key}_ms']:.1f}")
     for e in sorted({e for e in data["errors"] if e})[:5]:
         click.echo(f"failed: {e}", err=True)
     click.echo(f"results written to {results_path}; timings to {timings_path}")

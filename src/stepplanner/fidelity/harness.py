@@ -47,6 +47,8 @@ from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..core._policy import StepPlannerLimits
 from ..sim.latency_models import STEP_TIMING_COLUMNS
 from ..sim.workloads import Workload
+from ..tuning.metrics import series_stats
+from .results import RESULTS_FORMAT
 
 try:
     import torch
@@ -60,7 +62,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 __all__ = ["EXTRA_STEP_COLUMNS", "RESULTS_FORMAT", "EngineSpec", "ModelSpec", "ServedRun",
            "StepTimer", "profile_engine", "serve_trace", "write_timings"]
 
-RESULTS_FORMAT = "stepplanner-results/1"
 # Beside the contract: where in the run the step started, how its time splits, and the queue.
 EXTRA_STEP_COLUMNS = ("step", "start", "schedule_seconds", "forward_seconds", "update_seconds",
                       "waiting", "active")
@@ -368,13 +369,8 @@ class ServedRun:
         for metric, values in (("ttft", [ttfts[i] for i in ok]), ("tpot", tpots),
                                ("itl", [g for i in ok for g in itls[i]]),
                                ("e2el", [latencies[i] for i in ok])):
-            ms = np.asarray(values, dtype=np.float64) * 1e3
-            has = ms.size > 0
-            data[f"mean_{metric}_ms"] = float(ms.mean()) if has else 0.0
-            data[f"median_{metric}_ms"] = float(np.median(ms)) if has else 0.0
-            data[f"std_{metric}_ms"] = float(ms.std()) if has else 0.0
-            for q in (50, 90, 99):
-                data[f"p{q}_{metric}_ms"] = float(np.percentile(ms, q)) if has else 0.0
+            data.update(series_stats(metric, np.asarray(values, dtype=np.float64),
+                                     (50.0, 90.0, 99.0)))
         data["stepplanner"] = self.run
         return data
 
