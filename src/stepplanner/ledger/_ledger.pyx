@@ -956,6 +956,10 @@ cdef class Ledger:
         k = first_row_out_of_range(p, self.t.count)
         if k >= 0:
             raise row_out_of_range(k, p.sequences[k].resident, self.t.count)
+        if p != &self._foreign:
+            # A compiled plan's pauses and residents were checked where it was made: plan_step
+            # builds them in range and distinct, and an unpickled one is refused otherwise.
+            return 0
         for k in range(p.num_paused):
             if p.paused[k] < 0 or p.paused[k] >= self.t.count:
                 raise _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{self.t.count - 1}")
