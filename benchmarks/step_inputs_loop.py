@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 import stepplanner as sp
-from stepplanner.core import _planner as _core
+from stepplanner import _core
 from stepplanner.kv import _kv
 from stepplanner.bench import planner as bench
 from stepplanner.kv._buffers import LAYOUTS

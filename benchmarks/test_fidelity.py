@@ -20,8 +20,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.fidelity.compare import check_fidelity
 from stepplanner.fidelity.results import read_results, served_workload
 from stepplanner.fidelity.simulated import simulated_results

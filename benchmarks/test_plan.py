@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepplanner.core import _planner as _core
-from stepplanner.core import _reference
+from stepplanner import _core
+from stepplanner import _core_py as _reference
 from stepplanner.bench import planner as bench
 from stepplanner.testing import as_resident_array, as_resident_states
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepplanner.core import _planner as _core
+from stepplanner import _core
 from stepplanner.kv import _kv
-from stepplanner.kv import _reference as _kv_reference
+from stepplanner.kv import _kv_py as _kv_reference
 from stepplanner.bench import planner as bench
 from stepplanner.kv._buffers import LAYOUTS, layout_arrays
-from stepplanner.core._types import as_resident_array
+from stepplanner.planner._types import as_resident_array
 
 BATCH = 256
 P = bench.KV_PAGE_SIZE

@@ -33,8 +33,8 @@ REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
 REFERENCE_ONLY = os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python"
 
 
-def load_impl(name: str, compiled: str = "stepplanner.core._planner",
-              reference: str = "stepplanner.core._reference", what: str = "the compiled core"):
+def load_impl(name: str, compiled: str = "stepplanner._core",
+              reference: str = "stepplanner._core_py", what: str = "the compiled core"):
     """The ``compiled`` or ``reference`` module for a ``core`` param, or skip/fail as the
     environment says (one rule for the planner, the KV module and any later compiled twin)."""
     if name == "python":
@@ -50,13 +50,13 @@ def load_impl(name: str, compiled: str = "stepplanner.core._planner",
 
 
 def load_core(name: str):
-    """stepplanner.core._planner or stepplanner.core._reference."""
+    """stepplanner._core or stepplanner._core_py."""
     return load_impl(name)
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
 def core(request):
-    """stepplanner.core._planner or stepplanner.core._reference: StepPlanner, StepPlan, ResidentState."""
+    """stepplanner._core or stepplanner._core_py: StepPlanner, StepPlan, ResidentState."""
     return load_core(request.param)
 
 
@@ -72,8 +72,8 @@ def reference():
 
 
 def load_kv(name: str):
-    """stepplanner.kv._kv or stepplanner.kv._reference."""
-    return load_impl(name, "stepplanner.kv._kv", "stepplanner.kv._reference", "stepplanner.kv._kv")
+    """stepplanner.kv._kv or stepplanner.kv._kv_py."""
+    return load_impl(name, "stepplanner.kv._kv", "stepplanner.kv._kv_py", "stepplanner.kv._kv")
 
 
 @pytest.fixture(scope="session", params=["compiled", "python"])
@@ -101,7 +101,7 @@ def ledger_impl(core):
     if core.IMPLEMENTATION == "compiled":
         from stepplanner.ledger._ledger import Ledger
     else:
-        from stepplanner.ledger._reference import Ledger
+        from stepplanner.ledger._ledger_py import Ledger
     return types.SimpleNamespace(Ledger=Ledger, StepPlanner=core.StepPlanner,
                                  name=core.IMPLEMENTATION)
 

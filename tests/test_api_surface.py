@@ -101,7 +101,7 @@ def test_same_method_signatures(compiled, reference):
 def _stub_inits():
     """Constructor parameters as the compiled core's stub declares them (extension types
     do not expose ``__init__`` signatures to ``inspect``)."""
-    text = importlib.resources.files("stepplanner").joinpath("core", "_planner.pyi").read_text("utf-8")
+    text = importlib.resources.files("stepplanner").joinpath("_core.pyi").read_text("utf-8")
     inits = {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.ClassDef):
@@ -134,13 +134,13 @@ def _import_in_subprocess(impl):
 def test_impl_switch_selects_the_reference(impl):
     result = _import_in_subprocess(impl)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["python", "stepplanner.core._reference"]
+    assert result.stdout.split() == ["python", "stepplanner._core_py"]
 
 
 def test_impl_switch_default_is_compiled(compiled):
     result = _import_in_subprocess(None)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["compiled", "stepplanner.core._planner"]
+    assert result.stdout.split() == ["compiled", "stepplanner._core"]
 
 
 def test_unknown_impl_is_an_import_error():
@@ -154,7 +154,7 @@ _BLOCKED_CORE_RUN = """
 import sys, importlib.abc
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name == "stepplanner.core._planner":
+        if name == "stepplanner._core":
             raise ImportError("blocked: no compiled core in this run")
 sys.meta_path.insert(0, Block())
 import pytest
@@ -207,7 +207,7 @@ def test_ledger_implementations_have_the_same_surface(compiled):
     """Both ledgers (the page table is the ledger's own, so there is no wrapper to export),
     and the compiled constructor as its stub declares it."""
     from stepplanner.ledger import _ledger as _ledger_core
-    from stepplanner.ledger import _reference as _ledger_reference
+    from stepplanner.ledger import _ledger_py as _ledger_reference
 
     assert "PagedLedger" not in stepplanner.__all__ and not hasattr(stepplanner, "PagedLedger")
     ours, theirs = _ledger_reference.Ledger, _ledger_core.Ledger

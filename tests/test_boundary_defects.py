@@ -22,7 +22,7 @@ from stepplanner import (
     SequenceWork,
     ledger,
 )
-from stepplanner.core import _fields, _types, checks
+from stepplanner.planner import _fields, _types, checks
 from stepplanner.testing import as_resident_array, as_resident_states
 
 ROWS = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0),
@@ -533,8 +533,8 @@ def test_equality_is_by_type_not_by_class_name(core, planner):
             return resident._astuple()
 
     assert plan != StepPlan() and resident != ResidentState()
-    other = pytest.importorskip("stepplanner.core._reference" if core.IMPLEMENTATION == "compiled"
-                                else "stepplanner.core._planner")
+    other = pytest.importorskip("stepplanner._core_py" if core.IMPLEMENTATION == "compiled"
+                                else "stepplanner._core")
     assert resident == other.ResidentState(*ROWS[0])  # the two implementations still agree
     assert plan == other.StepPlanner(planner.policy, planner.limits).plan(
         as_resident_array(ROWS))

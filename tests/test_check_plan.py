@@ -16,7 +16,7 @@ from stepplanner import (
     SequenceWork,
     StepPlannerLimits,
 )
-from stepplanner.core.checks import PlanInvariantError, check_plan
+from stepplanner.planner.checks import PlanInvariantError, check_plan
 from stepplanner.testing import as_resident_array, as_resident_states, planning_cases
 
 C, D = SequenceWork.CONTEXT, SequenceWork.DECODE

@@ -8,8 +8,8 @@ import json
 import pytest
 
 import stepplanner as sp
-from stepplanner.core import _config_keys
-from stepplanner.core._fields import enum_fields
+from stepplanner.planner import _config_keys
+from stepplanner.planner._fields import enum_fields
 
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
 from click.testing import CliRunner  # noqa: E402

@@ -18,7 +18,7 @@ from stepplanner import (
     resolve_scheduling_policy,
     split_reason,
 )
-from stepplanner.core.checks import check_plan
+from stepplanner.planner.checks import check_plan
 from stepplanner.testing import as_resident_array
 
 DATA = json.loads((Path(__file__).parent / "data" / "worked_examples.json").read_text("utf-8"))

@@ -14,8 +14,8 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.simulator import simulate

@@ -202,7 +202,7 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import resource
         import stepplanner as sp
-        from stepplanner.core import _planner as _core
+        from stepplanner import _core
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
         big = sp.StepPlannerLimits(2**26, 16, 16)
         planner = _core.StepPlanner.__new__(_core.StepPlanner)
@@ -315,7 +315,7 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
             limits.max_batch_size * limits.max_input_length)
         return limits
 
-    from stepplanner.kv import _kv as kv_compiled, _reference as kv_reference
+    from stepplanner.kv import _kv as kv_compiled, _kv_py as kv_reference
 
     def pages_seen(ledger, table, model):
         seen["tables"] += isinstance(table, (kv_compiled.KVPageTable, kv_reference.KVPageTable))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from stepplanner import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 
-from stepplanner.core.checks import check_plan
+from stepplanner.planner.checks import check_plan
 from stepplanner.testing import (
     as_resident_array,
     as_resident_states,

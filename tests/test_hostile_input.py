@@ -110,8 +110,8 @@ def assert_same_plan(core, policy, residents, count=None):
 
 
 def foreign(core):
-    from stepplanner.core import _planner as _core
-    from stepplanner.core import _reference
+    from stepplanner import _core
+    from stepplanner import _core_py as _reference
     return _reference if core is _core else _core
 
 

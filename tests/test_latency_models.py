@@ -269,7 +269,7 @@ def test_model_files_carry_the_new_terms_and_old_files_mean_zero(tmp_path: pathl
 
 
 def test_the_simulator_prices_each_step_with_every_term() -> None:
-    from stepplanner.core._policy import StepPlannerLimits
+    from stepplanner.planner._policy import StepPlannerLimits
     from stepplanner.sim.simulator import simulate
     from stepplanner.sim.workloads import Workload
 

@@ -21,15 +21,22 @@ import stepplanner
 PACKAGE = pathlib.Path(stepplanner.__file__).parent
 
 # Lower layers first: a module may import its own layer and the ones below it. The serving path
-# is _errors/_select, core, kv, ledger; everything from sim on is offline.
+# is _errors/_select, planner (what the kernel shares), the kernel (_core, its twin _core_py, and
+# core, which picks one), kv, ledger; everything from sim on is offline.
 LAYERS = {
     "_errors": 0, "_select": 0,
-    "core": 1, "kv": 2, "ledger": 3,
-    "testing": 4, "sim": 4,
-    "tuning": 5, "bench": 5, "fidelity": 5,
-    "cli": 6, "integrations": 6,
-    "__init__": 7, "__main__": 8,
+    "planner": 1,
+    "_core": 2, "_core_py": 2, "core": 2,
+    "kv": 3, "ledger": 4,
+    "testing": 5, "sim": 5,
+    "tuning": 6, "bench": 6, "fidelity": 6,
+    "cli": 7, "integrations": 7,
+    "__init__": 8, "__main__": 9,
 }
+# Each compiled module and its pure-Python twin, named so that one finds the other.
+TWINS = {"stepplanner._core": "stepplanner._core_py",
+         "stepplanner.kv._kv": "stepplanner.kv._kv_py",
+         "stepplanner.ledger._ledger": "stepplanner.ledger._ledger_py"}
 OFFLINE = ("sim", "tuning", "bench", "cli", "fidelity", "integrations", "testing")
 MAX_UPWARD = 2
 
@@ -78,8 +85,9 @@ def imports(name: str, path: pathlib.Path) -> list[tuple[str, int, bool]]:
         if not source.startswith("stepplanner"):
             continue
         commented = "#" in rest or "#" in names
-        for item in re.split(r"[,\s()]+", re.sub(r"#[^\n]*", "", names)):
-            if not item or item == "as" or item == "*":
+        names = re.sub(r"\s+as\s+\w+", "", re.sub(r"#[^\n]*", "", names))  # "x as y" is x
+        for item in re.split(r"[,\s()]+", names):
+            if not item or item == "*":
                 continue
             sub = f"{source}.{item}"
             if is_module(sub):
@@ -163,9 +171,28 @@ def test_the_graph_reader_sees_real_imports():
     targets = {name: {t for t, _, _ in edges} for name, edges in graph().items()}
     assert "stepplanner.sim.simulator" in targets["stepplanner.sim.paged"]
     assert "stepplanner.core" in targets["stepplanner"]
-    assert "stepplanner.ledger._shared" in targets["stepplanner.ledger._reference"]
+    assert "stepplanner.ledger._shared" in targets["stepplanner.ledger._ledger_py"]
     if (PACKAGE / "kv" / "_kv.pyx").exists():  # a development install: the Cython sources too
-        assert "stepplanner.core._planner" in targets["stepplanner.kv._kv"]
+        assert "stepplanner._core" in targets["stepplanner.kv._kv"]
+
+
+def test_the_kernel_is_where_the_design_names_it():
+    # src/stepplanner/_core.pyx (its .pxd and .pyi beside it), compiled as stepplanner._core;
+    # no core/ package beside it meaning something else.
+    import stepplanner._core as kernel
+
+    assert kernel.__name__ == "stepplanner._core" and hasattr(kernel, "StepPlanner")
+    assert (PACKAGE / "_core.pxd").exists() and (PACKAGE / "_core.pyi").exists()
+    assert not (PACKAGE / "core").is_dir()
+
+
+def test_every_compiled_module_has_its_twin_beside_it():
+    import importlib
+
+    for compiled, twin in TWINS.items():
+        a, b = importlib.import_module(compiled), importlib.import_module(twin)
+        assert a.__name__.rpartition(".")[0] == b.__name__.rpartition(".")[0]
+        assert twin == compiled + "_py"
 
 
 def _modules_after(code: str, **env: str) -> list[str]:
@@ -179,21 +206,20 @@ def _modules_after(code: str, **env: str) -> list[str]:
 def test_import_loads_the_serving_path_only(compiled):
     loaded = _modules_after("import stepplanner")
     offline = [m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in OFFLINE]
-    twins = [m for m in loaded if m.endswith("._reference")]
+    twins = [m for m in loaded if m in TWINS.values()]
     assert not offline and not twins, offline + twins
-    assert {"stepplanner.core._planner", "stepplanner.kv._kv",
-            "stepplanner.ledger._ledger"} <= set(loaded)
+    assert set(TWINS) <= set(loaded)
 
 
 def test_python_impl_selects_every_twin():
     loaded = _modules_after(
         "import stepplanner as sp\n"
         "assert sp.IMPLEMENTATION == 'python'\n"
-        "assert sp.StepPlanner.__module__ == 'stepplanner.core._reference'\n"
-        "assert sp.KVPageTable.__module__ == 'stepplanner.kv._reference'\n"
-        "assert sp.Ledger.__module__ == 'stepplanner.ledger._reference'",
+        "assert sp.StepPlanner.__module__ == 'stepplanner._core_py'\n"
+        "assert sp.KVPageTable.__module__ == 'stepplanner.kv._kv_py'\n"
+        "assert sp.Ledger.__module__ == 'stepplanner.ledger._ledger_py'",
         STEPPLANNER_IMPL="python")
-    assert not [m for m in loaded if m.rsplit(".", 1)[-1] in ("_planner", "_kv", "_ledger")]
+    assert not set(TWINS) & set(loaded)
 
 
 @pytest.mark.parametrize("name, module", [

@@ -293,7 +293,7 @@ def test_load_refuses_arrivals_that_waiting_requests_hold(make) -> None:
 
 def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) -> None:
     from stepplanner.ledger import _ledger as _ledger_core
-    from stepplanner.ledger import _reference as _ledger_reference
+    from stepplanner.ledger import _ledger_py as _ledger_reference
 
     policy = resolve_scheduling_policy(SchedulingOptions(
         scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=1), LIMITS)
@@ -393,7 +393,7 @@ def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
 
 def test_compiled_ledger_takes_plans_of_the_reference_planner(compiled, reference) -> None:
     from stepplanner.ledger import _ledger as _ledger_core
-    from stepplanner.ledger import _reference as _ledger_reference
+    from stepplanner.ledger import _ledger_py as _ledger_reference
 
     ledgers = (_ledger_core.Ledger(LIMITS, POLICY), _ledger_reference.Ledger(LIMITS, POLICY))
     planners = [reference.StepPlanner(POLICY, LIMITS) for _ in ledgers]  # one per step loop

@@ -20,7 +20,7 @@ import pytest
 from stepplanner import SEQUENCE_DTYPE, SchedulingOptions, StepPlannerLimits
 from stepplanner import resolve_scheduling_policy
 from stepplanner._errors import StepPlannerRuntimeError
-from stepplanner.core._reference import StepPlan as ReferencePlan
+from stepplanner._core_py import StepPlan as ReferencePlan
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
 POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)
@@ -140,7 +140,7 @@ def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
     result = _run(f"""
         import numpy as np, stepplanner as sp
         from stepplanner import SEQUENCE_DTYPE
-        from stepplanner.core._reference import StepPlan
+        from stepplanner._core_py import StepPlan
         from stepplanner.ledger import Ledger
         led = Ledger(sp.StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16))
         led.submit(1, 10); led.admit()

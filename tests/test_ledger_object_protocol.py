@@ -15,8 +15,8 @@ import pytest
 
 from stepplanner import _errors
 from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
-from stepplanner.core import _reference as reference_core
-from stepplanner.core._types import PlannedSequence, SequenceWork
+from stepplanner import _core_py as reference_core
+from stepplanner.planner._types import PlannedSequence, SequenceWork
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
 POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)

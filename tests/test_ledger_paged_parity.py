@@ -48,12 +48,12 @@ class PagedParity(RuleBasedStateMachine):
                 row_pages=st.integers(2, 12), extra_slots=st.integers(0, 2))
     def start(self, b, s_in, page, by_priority, pause, reserved, max_waiting, num_pages,
               row_pages, extra_slots):
-        from stepplanner.core import _planner as _core
+        from stepplanner import _core
         from stepplanner.kv import _kv
-        from stepplanner.kv import _reference as _kv_reference
+        from stepplanner.kv import _kv_py as _kv_reference
         from stepplanner.ledger import _ledger as _ledger_core
-        from stepplanner.ledger import _reference as _ledger_reference
-        from stepplanner.core import _reference
+        from stepplanner.ledger import _ledger_py as _ledger_reference
+        from stepplanner import _core_py as _reference
 
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
@@ -239,12 +239,12 @@ def test_long_serving_runs_stay_identical(seed):
     """A serving loop of a few thousand fused steps with arrivals, the sampler's early stops
     and cancellations, on both implementations: the same plans, finishes and page tables at
     every step, and every planned row within its row's pages."""
-    from stepplanner.core import _planner as _core
+    from stepplanner import _core
     from stepplanner.kv import _kv
-    from stepplanner.kv import _reference as _kv_reference
+    from stepplanner.kv import _kv_py as _kv_reference
     from stepplanner.ledger import _ledger as _ledger_core
-    from stepplanner.ledger import _reference as _ledger_reference
-    from stepplanner.core import _reference
+    from stepplanner.ledger import _ledger_py as _ledger_reference
+    from stepplanner import _core_py as _reference
 
     rng = np.random.default_rng(seed)
     b, page = int(rng.integers(2, 9)), int(rng.choice([1, 4, 16]))

@@ -31,10 +31,10 @@ from stepplanner import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from stepplanner.core import _reference
-from stepplanner.ledger import _reference as _ledger_reference
+from stepplanner import _core_py as _reference
+from stepplanner.ledger import _ledger_py as _ledger_reference
 from stepplanner._errors import QueueFullError
-from stepplanner.core.checks import check_plan
+from stepplanner.planner.checks import check_plan
 from stepplanner.ledger import RESIDENT_FIELDS
 
 REFUSALS = (TypeError, ValueError, OverflowError, QueueFullError)
@@ -68,7 +68,7 @@ class LedgerMachine(RuleBasedStateMachine):
             max_pause_steps=max_pause, priority_reserved_slots=min(reserved, b - 1)),
             self.limits)
         if self.impl == "compiled":
-            from stepplanner.core import _planner as _core
+            from stepplanner import _core
             from stepplanner.ledger import _ledger as _ledger_core
             ledger_type, planner_type = _ledger_core.Ledger, _core.StepPlanner
         else:

@@ -9,7 +9,7 @@ import pytest
 
 import stepplanner as sp
 from stepplanner import StepPlannerLimits
-from stepplanner.kv import _reference as _kv_reference
+from stepplanner.kv import _kv_py as _kv_reference
 from stepplanner.sim.paged import simulate_paged
 
 

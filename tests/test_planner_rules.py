@@ -14,7 +14,7 @@ from stepplanner import (
     SequenceWork,
     split_reason,
 )
-from stepplanner.core.checks import check_plan
+from stepplanner.planner.checks import check_plan
 from stepplanner.testing import as_resident_array, as_resident_states
 
 MIXED, PREFILL_FIRST = IfbSchedulingMode.MIXED, IfbSchedulingMode.PREFILL_FIRST

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 import stepplanner as sp
-from stepplanner.core._policy import resolve_with_rules
+from stepplanner.planner._policy import resolve_with_rules
 
 MIXED, PREFILL_FIRST, AUTO = (sp.IfbSchedulingMode.MIXED, sp.IfbSchedulingMode.PREFILL_FIRST,
                               sp.IfbSchedulingMode.AUTO)

@@ -220,7 +220,7 @@ def fastest_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     core whenever it is built, whatever STEPPLANNER_IMPL selects (the two plan identically,
     tests/test_parity.py; what these tests check is the latency model and its published fit)."""
     try:
-        from stepplanner.core import _planner as _core
+        from stepplanner import _core
     except ImportError:  # a platform without the compiled core: the reference, slowly
         return
     monkeypatch.setattr(stepplanner, "StepPlanner", _core.StepPlanner)

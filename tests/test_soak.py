@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import stepplanner as sp
-from stepplanner.core.checks import check_plan
+from stepplanner.planner.checks import check_plan
 from stepplanner.sim.simulator import simulate
 from stepplanner.sim.workloads import Workload
 

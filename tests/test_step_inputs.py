@@ -161,7 +161,7 @@ def test_bad_plans_are_refused_before_anything_is_written(kv, rows, error, messa
 def test_a_step_plan_read_in_place_is_checked_like_an_array(worked, rows, message):
     """A StepPlan's rows are validated where they lie (no copy): a plan that does not fit the
     page table is refused the same way, and nothing is written."""
-    from stepplanner.core import _planner as _core
+    from stepplanner import _core
 
     _, inputs = worked
     inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
@@ -293,7 +293,7 @@ def run_serving_steps(sp_module, kv, steps=12):
 
 
 def test_plans_from_both_planners_give_the_same_arrays(kv):
-    from stepplanner.core import _reference
+    from stepplanner import _core_py as _reference
     ours = run_serving_steps(sp, kv)
     theirs = run_serving_steps(_reference, kv)
     assert ours == theirs

@@ -241,6 +241,6 @@ def test_one_kept_plan_applied_by_many_threads_gives_the_same_ledger(compiled: A
 def test_importing_stepplanner_keeps_the_gil_disabled() -> None:
     # The compiled module declares Py_mod_gil_not_used (freethreading_compatible in setup.py); a
     # module without it would make CPython re-enable the GIL at import, with a warning.
-    import stepplanner.core._planner  # noqa: F401
+    import stepplanner._core  # noqa: F401
 
     assert not sys._is_gil_enabled()  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ import sys, tarfile, zipfile
 sdist, wheel = sys.argv[1:]
 s = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
 w = zipfile.ZipFile(wheel).namelist()
-MODULES = ["core/_planner", "kv/_kv", "ledger/_ledger"]  # each compiled module: .pyx in the sdist; .pxd + .pyi in both
+MODULES = ["_core", "kv/_kv", "ledger/_ledger"]  # each compiled module: .pyx in the sdist; .pxd + .pyi in both
 need_s = [f"src/stepplanner/{m}.{ext}" for m in MODULES for ext in ("pyx", "pxd", "pyi")]
 need_s += ["src/stepplanner/py.typed", "pyproject.toml", "setup.py", "README.md", "tests/conftest.py"]
 missing = [n for n in need_s if n not in s]
@@ -78,7 +78,7 @@ tests_ok=1
 head -1 "$WORK/pytest.log"
 ls -A "$WORK/run"
 (cd "$WORK/run" && STEPPLANNER_REQUIRE_COMPILED=1 "$WORK/wheel-venv/bin/python" -c \
-  "import stepplanner, stepplanner.core._planner as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
+  "import stepplanner, stepplanner._core as c; print('imported', stepplanner.IMPLEMENTATION, 'from', c.__file__)")
 grep -E '^(FAILED|ERROR) ' "$WORK/pytest.log" || true
 tail -1 "$WORK/pytest.log"
 

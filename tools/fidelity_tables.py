@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.core._types import IfbSchedulingMode
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode
 from stepplanner.sim.latency import EnginePace, LatencyModel
 from stepplanner.sim.latency_models import (PACE_WINDOW, StepTimings, fit_step_latency,
                                             measured_pace, read_step_timings)

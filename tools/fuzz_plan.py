@@ -12,7 +12,7 @@ fuzzed ``count`` and ``reasons`` array, followed by ``apply_to`` on both. The ha
   for an unresolved mode in the planner constructor, MemoryError only there and only for a
   max_batch_size of ``UNHOLDABLE_BATCH`` or more);
 * a call that raised changed the previous plan (``to_dict`` before vs after);
-* an accepted plan breaks an invariant (``stepplanner.core.checks.check_plan``);
+* an accepted plan breaks an invariant (``stepplanner.planner.checks.check_plan``);
 * the process dies (a segfault in the compiled core is reported by libFuzzer as a crash).
 
 An input starting with ``LEDGER_MARKER`` is a ``Ledger`` episode instead: fuzzed submit / cancel /
@@ -50,13 +50,13 @@ import numpy as np
 
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
-    from stepplanner.core import _planner as _core
+    from stepplanner import _core
     from stepplanner.kv import _kv
-    from stepplanner.kv import _reference as _kv_reference
+    from stepplanner.kv import _kv_py as _kv_reference
     from stepplanner.ledger import _ledger as _ledger_core
-    from stepplanner.ledger import _reference as _ledger_reference
-    from stepplanner.core import _reference
-    from stepplanner.core.checks import check_plan
+    from stepplanner.ledger import _ledger_py as _ledger_reference
+    from stepplanner import _core_py as _reference
+    from stepplanner.planner.checks import check_plan
     from stepplanner.ledger import Ledger
 
 ALLOWED = (TypeError, ValueError, OverflowError)

@@ -55,8 +55,8 @@ ubsan_rt=$(gcc -print-file-name=libubsan.so)
 # Every extension (one per .pyx) must be built and carry the sanitizers. ldd's output goes to a
 # variable first: `ldd | grep -q` under pipefail fails falsely when grep exits early and ldd
 # gets SIGPIPE.
-for pyx in "$work"/src/src/stepplanner/*/*.pyx; do
-  ext=${pyx#"$work"/src/src/stepplanner/}; ext=${ext%.pyx}   # e.g. core/_planner
+for pyx in "$work"/src/src/stepplanner/*.pyx "$work"/src/src/stepplanner/*/*.pyx; do
+  ext=${pyx#"$work"/src/src/stepplanner/}; ext=${ext%.pyx}   # e.g. _core, kv/_kv
   so=$(ls "$work"/venv/lib/python3*/site-packages/stepplanner/"$ext".*.so 2>/dev/null || true)
   if [ -z "$so" ]; then
     echo "sanitize: the extension $ext was not built; refusing to report a pass" >&2

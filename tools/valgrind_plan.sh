@@ -31,7 +31,7 @@ in_use() {  # bytes "in use at exit" from a memcheck log
 
 core_errors() {  # memcheck error blocks with a stack frame in the compiled core's code
   awk '/^==[0-9]+== ([A-Z].*(Invalid|uninitialised|Mismatched|overlap)|[0-9,]+ bytes in [0-9,]+ blocks are definitely lost)/{blk=$0; keep=0; next}
-       blk!="" && /(_planner\.c:|_planner\.pyx|_planner\.cpython)/ {keep=1}
+       blk!="" && /(_core\.c:|_core\.pyx|_core\.cpython)/ {keep=1}
        blk!="" && /^==[0-9]+== $/ {if (keep) print blk; blk=""; keep=0}' "$1"
 }
 

@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from ._errors import INT32_MAX, INT32_MIN, UINT64_MAX
 from .core import ResidentState
-from .core._policy import (
+from .planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
@@ -45,7 +45,7 @@ from .core._policy import (
     mixed_feasible,
     resolve_scheduling_policy,
 )
-from .core._types import (
+from .planner._types import (
     IfbSchedulingMode,
     PreemptionMode,
     Row,

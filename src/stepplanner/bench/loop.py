@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from ..core import _planner
+from .. import _core as _planner
 from ..kv import _kv
-from ..ledger import _ledger, _reference as _ledger_reference
-from ..core._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
-from ..core._types import IfbSchedulingMode
+from ..ledger import _ledger, _ledger_py as _ledger_reference
+from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from ..planner._types import IfbSchedulingMode
 from .planner import BATCH_SECONDS, interleaved_medians
 
 __all__ = ["LOOP_BATCH_SIZES", "LoopTiming", "Stream", "loop_allocated_bytes", "measure_loop",

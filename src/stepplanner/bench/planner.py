@@ -9,7 +9,7 @@ steady-state ledger (:func:`steady_ledger`) that is left unchanged between calls
 - ``c_loop``: the same kernel rerun in a C loop with no Python in between (``time_kernel_loop``);
 - ``shuffled``: ``plan()`` over the ledger's rows in a new order every call, so the kernel
   cannot reuse its previous order and must sort from scratch;
-- ``reference``: the pure-Python twin (``stepplanner.core._reference``) on the same ledger.
+- ``reference``: the pure-Python twin (``stepplanner._core_py``) on the same ledger.
 
 Every figure is the median, over repeated batches of calls timed with ``time.perf_counter_ns``,
 of the time per call. The benchmark suite in ``benchmarks/`` builds its cases from the same
@@ -31,9 +31,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..core import _planner, _reference
-from ..core._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
-from ..core._types import (
+from .. import _core as _planner, _core_py as _reference
+from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from ..planner._types import (
     IfbSchedulingMode,
     PreemptionMode,
     Row,

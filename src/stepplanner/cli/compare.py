@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
-from ..core._policy import SchedulingOptions, resolve_scheduling_policy
+from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from ..cli import tuning_extras
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors

@@ -1,15 +1,15 @@
 """The ``KEY=VALUE,...`` configuration syntax of ``compare --config``, ``replay --config`` and
 ledger files: SchedulingOptions and StepPlannerLimits fields by name or alias, the same keys
-``--grid`` takes (one table, in ``stepplanner.core._config_keys``)."""
+``--grid`` takes (one table, in ``stepplanner.planner._config_keys``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from ..core._config_keys import apply_fields, canonical_key, field_name
+from ..planner._config_keys import apply_fields, canonical_key, field_name
 from .._errors import StepPlannerValueError
-from ..core._policy import SchedulingOptions, StepPlannerLimits
+from ..planner._policy import SchedulingOptions, StepPlannerLimits
 
 __all__ = ["Config", "canonical_key", "parse_config", "parse_config_text"]
 
@@ -27,7 +27,7 @@ def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
                  base_options: SchedulingOptions, name: str | None = None) -> Config:
     """``{"policy": "priority", "max_num_tokens": 1024, ...}`` on top of the bases.
 
-    Keys: those of ``--grid`` (``stepplanner.core._config_keys``: the SchedulingOptions and
+    Keys: those of ``--grid`` (``stepplanner.planner._config_keys``: the SchedulingOptions and
     StepPlannerLimits field names with dashes or underscores, and their aliases) and name.
     Enum values by name (any case) or number.
     """

@@ -10,14 +10,14 @@ import click
 import numpy as np
 
 from .._errors import StepPlannerValueError
-from ..core._policy import (
+from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     resolve_with_rules,
     t_max_text,
 )
-from ..core._types import IfbSchedulingMode, split_reason
+from ..planner._types import IfbSchedulingMode, split_reason
 from ..core import StepPlanner
 from ..ledger import Ledger
 from ..sim.simulator import DEFAULT_LIMITS

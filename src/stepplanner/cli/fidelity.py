@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..core._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..fidelity.compare import fidelity_report
 from ..fidelity.results import RunResults, read_results, served_workload
 from ..sim.latency_models import PACE_WINDOW, measured_pace, read_step_timings

@@ -9,8 +9,8 @@ from typing import Any
 import click
 import numpy as np
 
-from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions
-from ..core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions
+from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.simulator import SimulationResult
 
 SHOW_REFUSED = 5  # refused requests named before "and N more"

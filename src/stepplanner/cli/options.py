@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
-from ..core._policy import SchedulingOptions, StepPlannerLimits
-from ..core._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..planner._policy import SchedulingOptions, StepPlannerLimits
+from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.simulator import DEFAULT_LIMITS
 from ..sim.traces import read_trace
 from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic

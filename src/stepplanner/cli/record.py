@@ -7,7 +7,7 @@ from typing import Any
 import click
 import numpy as np
 
-from ..core._policy import resolve_scheduling_policy
+from ..planner._policy import resolve_scheduling_policy
 from ..sim.latency import LatencyModel
 from ..sim.simulator import StepRecorder
 from .errors import library_errors

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions, resolve_scheduling_policy
-from ..core._types import IfbSchedulingMode
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, resolve_scheduling_policy
+from ..planner._types import IfbSchedulingMode
 from ..sim.simulator import policy_to_dict, read_record_header, replay
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ..core._policy import StepPlannerLimits
+from ..planner._policy import StepPlannerLimits
 from ..sim.latency import EnginePace, LatencyModel
 from ..sim.paged import PageOccupancy, row_pages, simulate_paged
 from ..sim.simulator import SimulationResult, simulate

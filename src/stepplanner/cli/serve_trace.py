@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from ..core._policy import resolve_scheduling_policy
+from ..planner._policy import resolve_scheduling_policy
 from ..sim.simulator import policy_to_dict
 from ..sim.traces import read_trace
 from .errors import InputError, library_errors

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..core._policy import resolve_scheduling_policy
+from ..planner._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
 from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused

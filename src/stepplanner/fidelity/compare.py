@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import StepPlannerValueError
-from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from ..sim.latency import LatencyModel
 from ..sim.simulator import SimulationResult, policy_to_dict, pooled_itl, simulate
 from ..sim.workloads import Workload

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
-from ..core._policy import StepPlannerLimits
+from ..planner._policy import StepPlannerLimits
 from ..sim.latency_models import STEP_TIMING_COLUMNS
 from ..sim.workloads import Workload
 from ..tuning.metrics import series_stats

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import INT32_MAX, INT32_MIN, StepPlannerValueError
-from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..sim.simulator import policy_from_dict
 from ..sim.workloads import Workload
 

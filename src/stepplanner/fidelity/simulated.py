@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from ..sim.latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from ..sim.simulator import DEFAULT_LIMITS, policy_to_dict, resolve_options, simulate
 from ..sim.workloads import Workload

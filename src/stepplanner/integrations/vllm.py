@@ -66,7 +66,7 @@ from ..core import (  # noqa: E402
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from ..core._fields import enum_from_text  # noqa: E402
+from ..planner._fields import enum_from_text  # noqa: E402
 
 __all__ = ["SUPPORTED_VLLM_VERSION", "StepPlannerScheduler", "StepPlannerStats", "StepRecord",
            "limits_from_config", "options_from_config"]

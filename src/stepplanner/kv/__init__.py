@@ -1,7 +1,7 @@
 """KV pages and a step's attention inputs (docs/kv_pages.md).
 
 ``_kv.pxd`` declares the page table's C structs, ``_kv.pyx`` holds ``KVPageTable`` and
-``StepInputs.prepare`` (the fill loops), ``_reference.py`` is their pure-Python twin; ``_checks``
+``StepInputs.prepare`` (the fill loops), ``_kv_py.py`` is their pure-Python twin; ``_checks``
 holds the argument checks both run, ``_buffers`` the array layouts both fill, and ``paging`` the
 helpers for a runtime that keeps its own ledger (``worst_case_pages``, ``release_rows``).
 """
@@ -17,7 +17,7 @@ from .paging import release_rows, worst_case_pages
 if TYPE_CHECKING:
     from ._kv import KVPageTable, StepInputs
 else:
-    _impl = implementation("stepplanner.kv._kv", "stepplanner.kv._reference")
+    _impl = implementation("stepplanner.kv._kv", "stepplanner.kv._kv_py")
     KVPageTable = _impl.KVPageTable
     StepInputs = _impl.StepInputs
 

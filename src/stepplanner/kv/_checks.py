@@ -12,9 +12,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import _errors
-from ..core._fields import as_int32
+from ..planner._fields import as_int32
 from ._buffers import check_layout
-from ..core._policy import StepPlannerLimits
+from ..planner._policy import StepPlannerLimits
 
 __all__ = [
     "Geometry", "PageTableInvariantError", "check_page_table", "check_table_fits",

@@ -1,10 +1,10 @@
 # The C contract of the KV page table and of the step's attention inputs.
-# _kv.pyx implements it; KVPageTable and StepInputs wrap it. Plans are read through core/_planner's
+# _kv.pyx implements it; KVPageTable and StepInputs wrap it. Plans are read through _core's
 # SequenceC (read-only: this module never writes a plan).
 
 from libc.stdint cimport int32_t, int64_t, uint64_t
 
-from stepplanner.core._planner cimport SequenceC
+from stepplanner._core cimport SequenceC
 
 # Per resident slot a list of page ids over one pool of pages, each holding `page_size` tokens.
 ctypedef struct PageTableC:
@@ -81,7 +81,7 @@ cdef void fill_inputs(const PageTableC* t, const SequenceC* rows, int32_t count,
 
 cdef class KVPageTable:
     cdef PageTableC c
-    cdef object _free_buf        # arrays over core._planner._CoreMemory: memory the C code writes and
+    cdef object _free_buf        # arrays over _core._CoreMemory: memory the C code writes and
     cdef object _stamp_buf       # Python can only read
     cdef readonly object rows
     cdef readonly object page_counts

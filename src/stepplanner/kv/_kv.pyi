@@ -1,5 +1,5 @@
 """Types of the compiled KV module (``_kv.pyx``); ``stepplanner.KVPageTable`` and
-``stepplanner.StepInputs`` come from here. The pure-Python twin (``_reference.py``) has the
+``stepplanner.StepInputs`` come from here. The pure-Python twin (``_kv_py.py``) has the
 same surface.
 """
 
@@ -10,7 +10,7 @@ from typing_extensions import Self, disjoint_base
 import numpy as np
 import numpy.typing as npt
 
-from ..core._policy import StepPlannerLimits
+from ..planner._policy import StepPlannerLimits
 from ._checks import Geometry
 
 IMPLEMENTATION: str

@@ -1,5 +1,5 @@
 """Compiled KV page table and step attention inputs (the C side of stepplanner.KVPageTable and
-stepplanner.StepInputs; the pure-Python twin is _reference.py).
+stepplanner.StepInputs; the pure-Python twin is _kv_py.py).
 
 Layout of this file, top to bottom:
   1. the kernels: page-pool bookkeeping and the fill of a step's inputs, C only, ``noexcept nogil``;
@@ -18,12 +18,12 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from .. import _errors
-from stepplanner.core._planner cimport StepPlan, _CoreMemory
-from ..core._fields import as_int32
+from stepplanner._core cimport StepPlan, _CoreMemory
+from ..planner._fields import as_int32
 from . import _buffers
 from ._buffers import block_table_rows, input_buffers, view_of
 from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
-from ..core._types import SEQUENCE_DTYPE
+from ..planner._types import SEQUENCE_DTYPE
 
 cnp.import_array()
 

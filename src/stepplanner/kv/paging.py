@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _errors
-from ..core._fields import as_int32
+from ..planner._fields import as_int32
 
 __all__ = ["release_rows", "worst_case_pages"]
 

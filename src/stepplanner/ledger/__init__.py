@@ -1,6 +1,6 @@
 """The resident ledger a serving loop keeps between steps (SPEC §6): waiting queue, admission,
 output accounting and retirement, in C (``_ledger.pyx``; ``STEPPLANNER_IMPL=python`` selects the
-pure-Python twin ``_reference.py``, which behaves the same; ``_shared.py`` holds the checks both run).
+pure-Python twin ``_ledger_py.py``, which behaves the same; ``_shared.py`` holds the checks both run).
 
 A ``Ledger`` owns a dense ``RESIDENT_DTYPE`` table of ``max_batch_size`` rows and one int64
 request id per row; rows ``0..count-1`` are the residents, always dense. ``ledger.residents`` is
@@ -113,11 +113,11 @@ from typing import TYPE_CHECKING
 
 from .._errors import QueueFullError
 from .._select import implementation
-from ..core._types import RESIDENT_FIELDS
+from ..planner._types import RESIDENT_FIELDS
 
 __all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS"]
 
 if TYPE_CHECKING:
-    from ._reference import Ledger
+    from ._ledger_py import Ledger
 else:
-    Ledger = implementation("stepplanner.ledger._ledger", "stepplanner.ledger._reference").Ledger
+    Ledger = implementation("stepplanner.ledger._ledger", "stepplanner.ledger._ledger_py").Ledger

@@ -1,10 +1,10 @@
 # The C contract of the compiled ledger (stepplanner.ledger._ledger): the waiting queue, the id map
 # and the resident table, as plain structs over preallocated arrays. _ledger.pyx implements
-# them and the Ledger class that owns the memory; the planner's structs come from core/_planner.pxd.
+# them and the Ledger class that owns the memory; the planner's structs come from _core.pxd.
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 
-from stepplanner.core._planner cimport ResidentC
+from stepplanner._core cimport ResidentC
 
 cdef enum:
     HEAP_NORMAL = 0   # priority >= 0

@@ -1,5 +1,5 @@
 """Types of the compiled ledger (``_ledger.pyx``); ``stepplanner.Ledger`` comes from here or
-from the pure-Python twin (``_reference.py``), which has the same surface."""
+from the pure-Python twin (``_ledger_py.py``), which has the same surface."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, SupportsIndex, final
@@ -7,9 +7,9 @@ from typing import Any, SupportsIndex, final
 import numpy as np
 import numpy.typing as npt
 
-from ..core._planner import StepPlan, StepPlanner
+from .._core import StepPlan, StepPlanner
 from ..kv._kv import KVPageTable
-from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 
 IMPLEMENTATION: str
 

@@ -3,7 +3,7 @@
 Top of the file: the C (structs of ``_ledger.pxd``, ``noexcept nogil``): the queue's heaps,
 the id map, admission, accounting and swap-remove retirement. Below: ``Ledger``, which checks
 every argument first (through the same helpers and messages as the pure-Python twin,
-``_reference.py``; both call ``_shared.py``), then runs the C with nothing left to check. See ``stepplanner.ledger``.
+``_ledger_py.py``; both call ``_shared.py``), then runs the C with nothing left to check. See ``stepplanner.ledger``.
 """
 
 cimport cython
@@ -13,7 +13,7 @@ from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
-from stepplanner.core._planner cimport (
+from stepplanner._core cimport (
     STATUS_OK,
     WORK_CONTEXT,
     PlanC,
@@ -88,7 +88,7 @@ from stepplanner.ledger._shared import (
     step_reasons_error,
     submission,
 )
-from stepplanner.core import _types
+from stepplanner.planner import _types
 
 cnp.import_array()
 
@@ -489,7 +489,7 @@ cdef object _view(list cache, object memory, object descr, int32_t n, const void
 cdef class Ledger:
     """Dense resident table, waiting queue and output accounting for one engine, in C.
 
-    See ``stepplanner.ledger`` for the surface and the decisions; ``_reference.Ledger`` is
+    See ``stepplanner.ledger`` for the surface and the decisions; ``_ledger_py.Ledger`` is
     the pure-Python twin held to it by the tests. Every method that reads or writes the queue or
     the rows holds the ledger's lock for the whole call (see ``_acquire``): ``submit`` and
     ``cancel`` wait for it from any thread; the other calls are the serving loop's.

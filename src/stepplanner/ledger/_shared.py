@@ -1,6 +1,6 @@
 """What both ledgers share in Python: argument conversion, the checks whose messages both raise,
 and ``load()``'s parsing of records (that runs once per snapshot, never per step). The compiled
-ledger (``_ledger.pyx``) and its pure-Python twin (``_reference.py``) both call these, so the two
+ledger (``_ledger.pyx``) and its pure-Python twin (``_ledger_py.py``) both call these, so the two
 cannot check differently.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from .. import _errors
-from ..core._fields import as_bool, as_int, as_int32, as_uint64
+from ..planner._fields import as_bool, as_int, as_int32, as_uint64
 from ..kv._checks import Geometry, check_table_fits
 from ..kv.paging import worst_case_pages
-from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
-from ..core._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
+from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
+from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT64_MAX = 2**64 - 1
@@ -250,9 +250,9 @@ def plan_classes() -> tuple[Any, ...]:
     A duck-typed plan is refused: the compiled ledger indexes C arrays by what a plan holds."""
     global _PLAN_CLASSES
     if not _PLAN_CLASSES:
-        from ..core._reference import StepPlan as ReferencePlan
+        from .._core_py import StepPlan as ReferencePlan
         try:
-            from ..core._planner import StepPlan as CorePlan
+            from .._core import StepPlan as CorePlan
         except ImportError:  # a pure-Python install
             _PLAN_CLASSES = (ReferencePlan,)
         else:

@@ -23,14 +23,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._least_squares import nonnegative_least_squares
-from ..core._policy import (
+from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     rd,
     resolve_scheduling_policy,
 )
-from ..core._types import IfbSchedulingMode
+from ..planner._types import IfbSchedulingMode
 from .latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
 from .simulator import SimulationResult, simulate
 from .workloads import Workload

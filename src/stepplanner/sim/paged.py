@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..core import StepPlanner
-from ..core._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from ..kv import KVPageTable
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .simulator import (

@@ -30,14 +30,14 @@ import numpy as np
 from .. import _errors
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from .._errors import StepPlannerTypeError, StepPlannerValueError
-from ..core._fields import enum_fields, enum_from_text
-from ..core._policy import (
+from ..planner._fields import enum_fields, enum_from_text
+from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from ..core._types import (
+from ..planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
     Reason,

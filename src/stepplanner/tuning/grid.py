@@ -1,7 +1,7 @@
 """A grid of configurations: ``--grid NAME=V1,V2,...`` over ``SchedulingOptions`` and limits.
 
 NAME and the values are the configuration keys of ``compare --config`` (one table,
-``stepplanner.core._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
+``stepplanner.planner._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
 with ``_`` or ``-``, or an alias users bring from the CLI and from vLLM (``mode``, ``policy``,
 ``reserved``, ``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
 ``max_step_tokens``); enum members by name in any case (``mixed``, ``prefill_first``) or number,
@@ -20,9 +20,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..core._config_keys import apply_fields, field_name, field_value
+from ..planner._config_keys import apply_fields, field_name, field_value
 from .._errors import StepPlannerValueError
-from ..core._policy import (
+from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,

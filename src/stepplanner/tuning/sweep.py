@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core._policy import SchedulingOptions, StepPlannerLimits
+from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..sim.latency import LatencyModel
 from ..sim.simulator import SimulationResult, simulate
 from ..sim.workloads import Workload

@@ -1,5 +1,5 @@
 # The C contract of the compiled core: constants, structs and the kernel's signature.
-# _planner.pyx implements it; the Python surface (StepPlanner, StepPlan, ResidentState) wraps it.
+# _core.pyx implements it; the Python surface (StepPlanner, StepPlan, ResidentState) wraps it.
 
 from libc.stdint cimport int32_t, uint8_t, uint64_t
 
@@ -31,7 +31,7 @@ cdef enum:
     REASON_HELD_PREFILL_FIRST = 7
     REASON_RELEASED = 0x10
 
-# What row validation finds; _planner.pyx turns a status into the matching _errors exception.
+# What row validation finds; _core.pyx turns a status into the matching _errors exception.
 cdef enum:
     STATUS_OK = 0
     STATUS_COMMITTED_NEGATIVE = 1
@@ -141,7 +141,7 @@ cdef class StepPlan:
 
 cdef class ResidentState:
     cdef ResidentC c
-    cdef uint64_t stamp       # the last plan()/apply_to() call that read it (see _planner.pyx)
+    cdef uint64_t stamp       # the last plan()/apply_to() call that read it (see _core.pyx)
     cdef int32_t stamp_index  # and the index that call read it at
 
 cdef class StepPlanner:

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import _errors
-from ..core._policy import ResolvedSchedulingPolicy, StepPlannerLimits
-from ..core._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
+from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
 
 from ._shared import (
     as_request_id,
@@ -49,7 +49,7 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 def _kv_modules() -> tuple[Any, ...]:
     """The KV modules whose page tables the twin drives: the compiled one when built, and the
     pure-Python one (``stepplanner.KVPageTable`` is either, as the install decides)."""
-    from ..kv import _reference as reference
+    from ..kv import _kv_py as reference
     try:
         from ..kv import _kv as compiled
     except ImportError:  # a pure-Python install
@@ -114,7 +114,7 @@ class Ledger:
         self._kv: Any = None
         if page_table is not None:
             check_page_table(page_table, limits, tuple(m.KVPageTable for m in _kv_modules()),
-                             "a stepplanner KVPageTable (kv._reference or kv._kv)",
+                             "a stepplanner KVPageTable (kv._kv_py or kv._kv)",
                              lambda table: _kv_of(table).geometry(table))
             self._kv = _kv_of(page_table)
         self._table = page_table

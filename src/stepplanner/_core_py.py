@@ -12,10 +12,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _errors
-from ._fields import RESIDENT_CONVERTERS
-from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
-from ._types import (
+from . import _errors
+from .planner._fields import RESIDENT_CONVERTERS
+from .planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
+from .planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
     RESIDENT_FIELDS,

@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 
-from .. import _errors
-from ._fields import as_bool, as_int32, as_uint64
-from ._policy import check_policy
-from ._types import (
+from . import _errors
+from .planner._fields import as_bool, as_int32, as_uint64
+from .planner._policy import check_policy
+from .planner._types import (
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
     AnyResidentState,
@@ -35,7 +35,7 @@ from ._types import (
     PlannedSequence,
     SequenceWork,
 )
-from ._types import first_repeat, plan_repr as _plan_repr, plan_to_dict as _plan_to_dict
+from .planner._types import first_repeat, plan_repr as _plan_repr, plan_to_dict as _plan_to_dict
 
 cnp.import_array()
 
@@ -388,7 +388,7 @@ for _name, (_dtype, _size, _offsets) in _layout.items():
     # order, same offsets as the structs, or no import.
     if (tuple(_offsets) != _dtype.names or _dtype.itemsize != _size
             or any(_dtype.fields[f][1] != o for f, o in _offsets.items())):
-        raise ImportError(f"stepplanner.core._planner: the C {_name} struct does not match its dtype "
+        raise ImportError(f"stepplanner._core: the C {_name} struct does not match its dtype "
                           f"({_size} bytes, offsets {_offsets}; dtype {_dtype})")
 del _layout, _name, _dtype, _size, _offsets
 

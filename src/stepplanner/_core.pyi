@@ -1,6 +1,6 @@
-"""Types of the compiled core (``_planner.pyx``); ``stepplanner``'s public names come from here.
+"""Types of the compiled core (``_core.pyx``); ``stepplanner``'s public names come from here.
 
-The pure-Python twin (``_reference.py``) has the same surface. ``python -m mypy.stubtest
+The pure-Python twin (``_core_py.py``) has the same surface. ``python -m mypy.stubtest
 stepplanner`` checks this file against the built module in CI.
 """
 
@@ -12,8 +12,8 @@ from typing_extensions import disjoint_base
 import numpy as np
 import numpy.typing as npt
 
-from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
-from ._types import PlannedSequence
+from .planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from .planner._types import PlannedSequence
 
 # What plan() and apply_to() read: ResidentState rows, or a 1-D RESIDENT_DTYPE array (zero-copy).
 _Residents: TypeAlias = list[ResidentState] | tuple[ResidentState, ...] | npt.NDArray[np.void]
