@@ -33,7 +33,7 @@ def test_all_lists_spec_names_and_they_import():
 
 
 @pytest.mark.parametrize(("enum_type", "members"), [
-    (stepplanner.SchedulingPolicy, {"FCFS": 0, "PRIORITY": 1}),
+    (stepplanner.SchedulingPolicy, {"FCFS": 0, "PRIORITY": 1, "EDF": 2, "DEADLINE": 3}),
     (stepplanner.IfbSchedulingMode, {"AUTO": 0, "MIXED": 1, "PREFILL_FIRST": 2}),
     (stepplanner.PreemptionMode, {"NONE": 0, "PAUSE": 1}),
     (stepplanner.SequenceWork, {"CONTEXT": 0, "DECODE": 1}),
@@ -224,4 +224,4 @@ def test_ledger_implementations_have_the_same_surface(compiled):
                if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
     stub = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
     assert stub == list(inspect.signature(ours).parameters) == [
-        "limits", "policy", "max_waiting", "page_table"]
+        "limits", "policy", "max_waiting", "page_table", "slo_classes", "step_time"]

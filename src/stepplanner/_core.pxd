@@ -15,6 +15,8 @@ cdef enum:
 cdef enum:
     POLICY_FCFS = 0
     POLICY_PRIORITY = 1
+    POLICY_EDF = 2        # the ledger's deadline policies: planned as PRIORITY (SPEC §7)
+    POLICY_DEADLINE = 3
 
 cdef enum:
     PREEMPT_NONE = 0

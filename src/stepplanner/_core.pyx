@@ -132,7 +132,7 @@ cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_
     call's order and insertion-sorted; once that has moved more than about one key per resident
     the input is far from sorted and a merge sort finishes the job, keeping O(B log B).
     """
-    cdef bint by_priority = cfg.scheduling_policy == POLICY_PRIORITY
+    cdef bint by_priority = cfg.scheduling_policy != POLICY_FCFS  # EDF, DEADLINE: SPEC §7
     cdef SortKeyC* keys = s.keys
     cdef int32_t i, j, idx, k = 0
     cdef int32_t prev = s.order_count
@@ -217,7 +217,7 @@ cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int
 
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                     ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil:
-    cdef bint by_priority = cfg.scheduling_policy == POLICY_PRIORITY
+    cdef bint by_priority = cfg.scheduling_policy != POLICY_FCFS  # EDF, DEADLINE: SPEC §7
     cdef int32_t* order = scratch.order
     cdef uint8_t* paused = scratch.paused
     cdef int32_t* prompts = scratch.prompts

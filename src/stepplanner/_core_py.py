@@ -357,7 +357,8 @@ class StepPlanner:
             self._planning = False
 
         s_in, p, t_max = lim.max_input_length, lim.kv_page_size, lim.t_max
-        by_priority = pol.scheduling_policy == SchedulingPolicy.PRIORITY
+        # EDF and DEADLINE rows carry the ledger's ranks: planned as PRIORITY (SPEC §7).
+        by_priority = pol.scheduling_policy != SchedulingPolicy.FCFS
         prio = [r[0] if by_priority else 0 for r in rows]
         order = sorted(range(n_res), key=lambda i: (prio[i], rows[i][1], i))
         decoding = [bool(r[4]) for r in rows]

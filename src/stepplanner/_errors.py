@@ -459,6 +459,33 @@ def ledger_load_with_pages() -> StepPlannerValueError:
         "a ledger made with page_table=None")
 
 
+# --- deadlines (the ledger's EDF and DEADLINE policies, docs/scheduling.md) ------------------
+
+
+def now_required(call: str, policy: str) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"{call}: now is required under SchedulingPolicy.{policy} (the ledger ranks by "
+        "deadlines on the runtime's clock); allowed: a finite number of seconds")
+
+
+def arrival_time_required(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request {request_id} has objectives but no arrival_time; allowed: its arrival time "
+        "on the clock the runtime passes as now (its deadlines count from it)")
+
+
+def not_finite_time(field: str, value: object) -> StepPlannerValueError:
+    return StepPlannerValueError(f"{field}={value!r} is not a time; allowed: a finite number "
+                                 "of seconds")
+
+
+def ledger_load_with_deadlines(policy: str) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"load() is refused under SchedulingPolicy.{policy}: loaded residents come without "
+        "arrival times or objectives, and their rows' priority and arrival are the ledger's "
+        "ranks; allowed: load() under FCFS or PRIORITY")
+
+
 def kv_inputs_memory(
     max_batch_size: int, max_tokens: int, max_pages: int,
 ) -> StepPlannerMemoryError:

@@ -32,6 +32,7 @@ from .planner._types import (
     SequenceWork,
     split_reason,
 )
+from .planner._slo import SLO
 from .planner.checks import PlanInvariantError, check_plan
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ __all__ = [
     "Reason",
     "ResidentState",
     "ResolvedSchedulingPolicy",
+    "SLO",
     "SchedulingOptions",
     "SchedulingPolicy",
     "SequenceWork",

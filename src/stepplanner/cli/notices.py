@@ -10,7 +10,7 @@ import click
 import numpy as np
 
 from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions
-from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..planner._types import IfbSchedulingMode, PreemptionMode, orders_by_priority
 from ..sim.simulator import SimulationResult
 
 SHOW_REFUSED = 5  # refused requests named before "and N more"
@@ -31,11 +31,11 @@ def no_op_options(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
     prefix = f"{where}: " if where else ""
     notes = []
     mixed = policy.mode == IfbSchedulingMode.MIXED
-    pausing = mixed and policy.scheduling_policy == SchedulingPolicy.PRIORITY
+    pausing = mixed and orders_by_priority(policy.scheduling_policy)
     if options.preemption == PreemptionMode.PAUSE and not pausing:
         notes.append(f"{prefix}preemption=PAUSE pauses nothing under {policy.mode.name} + "
                      f"{policy.scheduling_policy.name}: it acts only with MIXED mode and the "
-                     "PRIORITY policy (SPEC §3 step 2)")
+                     "PRIORITY, EDF or DEADLINE policy (SPEC §3 step 2, §7)")
     if options.max_pause_steps and not (pausing and policy.preemption == PreemptionMode.PAUSE):
         notes.append(f"{prefix}max_pause_steps={options.max_pause_steps} has no effect: nothing "
                      "is paused without MIXED + PRIORITY + preemption=PAUSE")

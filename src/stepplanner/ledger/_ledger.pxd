@@ -9,6 +9,19 @@ from stepplanner._core cimport ResidentC
 cdef enum:
     HEAP_NORMAL = 0   # priority >= 0
     HEAP_URGENT = 1   # priority < 0: may take the reserved slots
+    HEAP_LOSING = 2   # DEADLINE: relegated at admission (cannot make its first token in time)
+
+# The order of a heap: arrival; (priority, arrival); (first token due, arrival).
+cdef enum:
+    ORDER_FCFS = 0
+    ORDER_PRIORITY = 1
+    ORDER_DEADLINE = 2
+
+# How the ledger ranks its rows before each plan (docs/scheduling.md; _shared.RANK_*).
+cdef enum:
+    RANK_NONE = 0
+    RANK_EDF = 1
+    RANK_DEADLINE = 2
 
 # One waiting request, in a pool slot of the queue.
 ctypedef struct WaitingC:
@@ -17,21 +30,23 @@ ctypedef struct WaitingC:
     int64_t max_new_tokens    # 0: no limit
     int32_t priority
     int32_t prompt_length
-    int32_t heap              # HEAP_NORMAL or HEAP_URGENT
+    int32_t heap              # HEAP_NORMAL, HEAP_URGENT or HEAP_LOSING
     int32_t position          # index in that heap
+    double first_due          # its first token's deadline (inf: no objectives)
+    double gap                # its per-token objective (0: none)
 
-# A binary min-heap of pool slots by queue key: (priority, arrival) or (arrival).
+# A binary min-heap of pool slots by queue key (its ORDER_*).
 ctypedef struct HeapC:
     int32_t* slots
     int32_t size
+    int32_t order
 
 ctypedef struct QueueC:
     WaitingC* pool            # max_waiting entries
     int32_t* free             # a stack of unused pool slots
     int32_t num_free
     int32_t capacity          # max_waiting
-    HeapC heaps[2]            # indexed by HEAP_NORMAL / HEAP_URGENT
-    bint by_priority
+    HeapC heaps[3]            # indexed by HEAP_NORMAL / HEAP_URGENT / HEAP_LOSING
 
 # Request id -> where it is: value >= 0 is a pool slot (waiting), value < 0 is row -(value + 1).
 # Open addressing with linear probing at load <= 1/2; deletion shifts entries back, so the table
@@ -57,7 +72,26 @@ ctypedef struct TableC:
     int32_t num_finished
     int64_t* admitted         # ids the last admission moved in, in queue order
     int32_t num_admitted
+    double* first_due         # deadlines: the first token's due time (inf: no objectives)
+    double* gap               # the per-token objective (0: none)
+    uint64_t* stamp           # the submission stamp (rows' arrival holds the rank under EDF/DEADLINE)
+    uint8_t* relegated        # DEADLINE gave up on its objectives: served after the rest
+    int64_t* relegated_ids    # ids the last call relegated (rows and waiting requests)
+    int32_t num_relegated
     int32_t count
     int32_t capacity          # B
     int32_t reserved_slots
 
+
+# What the rank pass needs (docs/scheduling.md): the policy's ranking and the step-time estimate.
+ctypedef struct DeadlineC:
+    int32_t ranking           # RANK_*
+    int32_t measured          # the estimate is measured from now (step_time=None)
+    int32_t sampled           # it has been measured at least once
+    int64_t step_tokens       # a full step's tokens (max_num_tokens)
+    int64_t chunk             # the most a prompt advances in a step (max_chunk_tokens)
+    int64_t page_size
+    double base               # step_time=(base, per_token): a step of t tokens takes
+    double per_token          #   base + per_token * t seconds
+    double estimate           # the measured step time
+    double last_now           # the now of the previous step (NaN: none yet)

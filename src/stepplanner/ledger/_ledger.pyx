@@ -10,6 +10,7 @@ cimport cython
 cimport numpy as cnp
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from libc.math cimport INFINITY, NAN, floor, fmax, fmin, isnan
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -70,7 +71,18 @@ import numpy as np
 
 from stepplanner import _errors
 from stepplanner.ledger._shared import (
+    EDF_SPAN,
+    KEY_NONE,
+    KEY_SPAN,
+    KEY_ZERO,
+    LEVEL_AT_RISK,
+    LEVEL_DUE,
+    LEVEL_RELEGATED,
+    LEVEL_SLACK,
+    STEP_TIME_WEIGHT,
     as_request_id,
+    as_time,
+    check_deadline_args,
     check_ledger_args,
     check_page_table,
     check_pending,
@@ -83,6 +95,8 @@ from stepplanner.ledger._shared import (
     plan_sizes,
     plan_version,
     records_of,
+    optional_now,
+    request_deadlines,
     row_out_of_range,
     rows_argument,
     step_reasons_error,
@@ -94,15 +108,27 @@ cnp.import_array()
 
 IMPLEMENTATION = "compiled"
 cdef uint64_t UINT64_MAX_ = 0xFFFFFFFFFFFFFFFFULL
+# _shared's deadline constants as C values (one definition: _shared.py).
+cdef uint64_t KEY_ZERO_ = KEY_ZERO
+cdef double KEY_SPAN_ = KEY_SPAN
+cdef uint64_t KEY_NONE_ = KEY_NONE
+cdef double EDF_SPAN_ = EDF_SPAN
+cdef int32_t LEVEL_DUE_ = LEVEL_DUE
+cdef int32_t LEVEL_AT_RISK_ = LEVEL_AT_RISK
+cdef int32_t LEVEL_SLACK_ = LEVEL_SLACK
+cdef int32_t LEVEL_RELEGATED_ = LEVEL_RELEGATED
+cdef double STEP_TIME_WEIGHT_ = STEP_TIME_WEIGHT
 
 
 # ============================================================================================
 # 1. The waiting queue: two binary heaps over a pool of entries
 # ============================================================================================
 
-cdef inline bint before(const WaitingC* a, const WaitingC* b, bint by_priority) noexcept nogil:
-    if by_priority and a.priority != b.priority:
+cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noexcept nogil:
+    if order == ORDER_PRIORITY and a.priority != b.priority:
         return a.priority < b.priority
+    if order == ORDER_DEADLINE and a.first_due != b.first_due:
+        return a.first_due < b.first_due   # inf (no objectives) after every deadline
     return a.arrival < b.arrival
 
 
@@ -115,7 +141,7 @@ cdef void sift_up(QueueC* q, HeapC* h, int32_t pos) noexcept nogil:
     cdef int32_t slot = h.slots[pos], parent
     while pos > 0:
         parent = (pos - 1) >> 1
-        if not before(&q.pool[slot], &q.pool[h.slots[parent]], q.by_priority):
+        if not before(&q.pool[slot], &q.pool[h.slots[parent]], h.order):
             break
         heap_place(q, h, pos, h.slots[parent])
         pos = parent
@@ -129,9 +155,9 @@ cdef void sift_down(QueueC* q, HeapC* h, int32_t pos) noexcept nogil:
         if child >= h.size:
             break
         if child + 1 < h.size and before(&q.pool[h.slots[child + 1]], &q.pool[h.slots[child]],
-                                         q.by_priority):
+                                         h.order):
             child += 1
-        if not before(&q.pool[h.slots[child]], &q.pool[slot], q.by_priority):
+        if not before(&q.pool[h.slots[child]], &q.pool[slot], h.order):
             break
         heap_place(q, h, pos, h.slots[child])
         pos = child
@@ -154,8 +180,7 @@ cdef void heap_remove(QueueC* q, int32_t slot) noexcept nogil:
     if pos == h.size:
         return
     heap_place(q, h, pos, h.slots[h.size])
-    if pos > 0 and before(&q.pool[h.slots[pos]], &q.pool[h.slots[(pos - 1) >> 1]],
-                          q.by_priority):
+    if pos > 0 and before(&q.pool[h.slots[pos]], &q.pool[h.slots[(pos - 1) >> 1]], h.order):
         sift_up(q, h, pos)
     else:
         sift_down(q, h, pos)
@@ -166,12 +191,17 @@ cdef int32_t next_heap(const QueueC* q, int32_t free_slots, int32_t reserved) no
     a priority >= 0 request held back by the reservation, when an urgent one may still pass."""
     cdef const HeapC* urgent = &q.heaps[HEAP_URGENT]
     cdef const HeapC* normal = &q.heaps[HEAP_NORMAL]
+    cdef const HeapC* losing = &q.heaps[HEAP_LOSING]
     cdef int32_t head
     if urgent.size and (not normal.size or before(&q.pool[urgent.slots[0]],
-                                                  &q.pool[normal.slots[0]], q.by_priority)):
+                                                  &q.pool[normal.slots[0]], normal.order)):
         head = HEAP_URGENT
     elif normal.size:
         head = HEAP_NORMAL
+    elif losing.size and (free_slots > reserved or q.pool[losing.slots[0]].priority < 0):
+        # Relegated requests come after every other, and never take a reserved slot unless
+        # they are urgent themselves.
+        return HEAP_LOSING
     else:
         return -1
     if head == HEAP_NORMAL and free_slots <= reserved:
@@ -247,10 +277,13 @@ cdef inline int64_t worst_case(const WaitingC* w, const PageTableC* pages) noexc
     return pages_for(<int64_t>w.prompt_length + w.max_new_tokens, pages.page_size)
 
 
-cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) noexcept nogil:
+cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
+                           const DeadlineC* d, double now) noexcept nogil:
     """Move waiting requests into free rows in queue order; returns how many. With ``pages``
     each admitted row gets its worst case, and the first request whose worst case the free pool
-    cannot hold stops admission: nothing overtakes it, so it is never starved."""
+    cannot hold stops admission: nothing overtakes it, so it is never starved. Under DEADLINE
+    (``now`` not NaN) a head that cannot make its first token in time even if served at once
+    moves behind every request that still can (the relegated heap)."""
     cdef int32_t n = 0, h, slot, row
     cdef int64_t need = 0
     cdef HeapC* heap
@@ -263,6 +296,14 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) n
         heap = &q.heaps[h]
         slot = heap.slots[0]
         w = &q.pool[slot]
+        if (d.ranking == RANK_DEADLINE and not isnan(now) and h != HEAP_LOSING
+                and now + prompt_seconds(d, w.prompt_length, d.chunk) > w.first_due):
+            heap_remove(q, slot)
+            w.heap = HEAP_LOSING
+            heap_push(q, slot)
+            t.relegated_ids[t.num_relegated] = w.request_id
+            t.num_relegated += 1
+            continue
         row = t.count
         if pages != NULL:
             need = worst_case(w, pages)
@@ -284,6 +325,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages) n
         t.generated[row] = 0
         t.max_new[row] = w.max_new_tokens
         t.done[row] = 0
+        t.first_due[row] = w.first_due
+        t.gap[row] = w.gap
+        t.stamp[row] = w.arrival
+        t.relegated[row] = w.heap == HEAP_LOSING
         map_set(m, w.request_id, -(row + 1))
         q.free[q.num_free] = slot
         q.num_free += 1
@@ -419,6 +464,10 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
                 t.generated[row] = t.generated[last]
                 t.max_new[row] = t.max_new[last]
                 t.done[row] = t.done[last]
+                t.first_due[row] = t.first_due[last]
+                t.gap[row] = t.gap[last]
+                t.stamp[row] = t.stamp[last]
+                t.relegated[row] = t.relegated[last]
                 map_set(m, t.ids[row], -(row + 1))
             mark[row] = 0
             memset(&t.rows[last], 0, sizeof(ResidentC))
@@ -430,7 +479,116 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
 
 
 # ============================================================================================
-# 4. Ledger
+# 4. Deadlines: the rank pass of EDF and DEADLINE (docs/scheduling.md; the twin's _rank)
+# ============================================================================================
+
+cdef inline double step_estimate(const DeadlineC* d) noexcept nogil:
+    if d.measured:
+        return d.estimate
+    return d.base + d.per_token * <double>d.step_tokens
+
+
+cdef inline double prompt_seconds(const DeadlineC* d, int64_t tokens, int64_t chunk) noexcept nogil:
+    """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
+    return <double>((tokens + chunk - 1) // chunk) * step_estimate(d)
+
+
+cdef inline double next_due(const TableC* t, int32_t r) noexcept nogil:
+    """When row ``r``'s next token is due (inf: no deadline)."""
+    cdef int64_t g = t.generated[r]
+    if g == 0:
+        return t.first_due[r]
+    if t.gap[r] > 0:
+        return t.first_due[r] + <double>g * t.gap[r]
+    return INFINITY
+
+
+cdef inline uint64_t slack_key(double slack) noexcept nogil:
+    return <uint64_t>(KEY_ZERO_ + <int64_t>floor(fmax(fmin(slack * 1e6, KEY_SPAN_), -KEY_SPAN_)))
+
+
+cdef inline void relegate(TableC* t, int32_t r) noexcept nogil:
+    t.relegated[r] = 1
+    t.relegated_ids[t.num_relegated] = t.ids[r]
+    t.num_relegated += 1
+
+
+cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
+    """Write each row's priority and arrival from its deadlines at ``now``.
+
+    EDF: priority = the next deadline in milliseconds from now (INT32_MAX: none), arrival =
+    the stamp. DEADLINE: priority = a level (LEVEL_*), arrival = the slack in microseconds (the
+    stamp for relegated rows, after every keyed row for rows without a deadline); a prompt that
+    cannot make its first token even if served at once is relegated here."""
+    cdef double est = step_estimate(d), due, slack, urgent
+    cdef int32_t r, decoding = 0
+    cdef int64_t rest, normal
+    cdef ResidentC* row
+    for r in range(t.count):
+        decoding += t.rows[r].context_committed != 0
+    normal = max(d.page_size, min(d.chunk, d.step_tokens - decoding))
+    for r in range(t.count):
+        row = &t.rows[r]
+        due = next_due(t, r) if row.context_committed else t.first_due[r]
+        if d.ranking == RANK_EDF:
+            if due == INFINITY:
+                row.priority = INT32_MAX
+            else:
+                row.priority = <int32_t>floor(fmax(fmin((due - now) * 1000.0, EDF_SPAN_),
+                                                   -EDF_SPAN_))
+            row.arrival = t.stamp[r]
+            continue
+        if t.relegated[r]:
+            row.priority = LEVEL_RELEGATED_
+            row.arrival = t.stamp[r]
+        elif due == INFINITY:
+            row.priority = LEVEL_SLACK_
+            row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
+        elif row.context_committed:
+            slack = due - now - est
+            row.priority = LEVEL_DUE_ if slack < est else LEVEL_SLACK_
+            row.arrival = slack_key(slack)
+        else:
+            rest = <int64_t>row.prompt_length - row.committed
+            urgent = prompt_seconds(d, rest, d.chunk)
+            if now + urgent > due:
+                relegate(t, r)
+                row.priority = LEVEL_RELEGATED_
+                row.arrival = t.stamp[r]
+            else:
+                row.priority = (LEVEL_AT_RISK_ if now + prompt_seconds(d, rest, normal) + est > due
+                                else LEVEL_SLACK_)
+                row.arrival = slack_key(due - now - urgent)
+
+
+cdef void mark_late(TableC* t, const PlanC* p, double now) noexcept nogil:
+    """DEADLINE: a row whose token (emitted by ``p``, at ``now``) came after its deadline has
+    lost its objectives; before ``account`` counts the token."""
+    cdef int32_t k, r
+    for k in range(p.num_prefill + p.num_decode):
+        if not p.sequences[k].select_last_token_logits:
+            continue
+        r = p.sequences[k].resident
+        if not t.relegated[r] and now > next_due(t, r):
+            relegate(t, r)
+
+
+cdef void measure_step(DeadlineC* d, double now, bint ran) noexcept nogil:
+    """step_time=None: a step's duration (between two steps' now) moves the estimate."""
+    cdef double last = d.last_now, sample
+    d.last_now = now
+    if not d.measured or not ran or isnan(last) or now <= last:
+        return
+    sample = now - last
+    if d.sampled:
+        d.estimate += STEP_TIME_WEIGHT_ * (sample - d.estimate)
+    else:
+        d.estimate = sample
+        d.sampled = 1
+
+
+# ============================================================================================
+# 5. Ledger
 # ============================================================================================
 
 cdef cnp.dtype _BOOL_DESCR = np.dtype(np.bool_)
@@ -502,7 +660,12 @@ cdef class Ledger:
     cdef bint stamps_exhausted      # load() gave arrival 2**64 - 1: no stamp is left
     cdef _RowMemory _rows           # the memory of t.rows (the writable residents)
     cdef _CoreMemory _ids, _generated, _finished, _admitted   # memory only the C writes
+    cdef _CoreMemory _relegated_memory
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
+    cdef list _relegated_views
+    cdef DeadlineC d                # the rank pass's policy and step-time estimate
+    cdef dict _classes              # slo_classes: priority -> SLO
+    cdef object _policy_name
     cdef object _pending            # the plan of step() not yet applied, or None
     cdef uint64_t _pending_version  # its version when step() returned it (a compiled plan)
     cdef object _foreign_version    # the same for a plan of another class (plan_version)
@@ -521,9 +684,16 @@ cdef class Ledger:
     cdef unsigned long _holder      # the thread holding _lock (0: none): see _acquire
     cdef int _busy                  # the holder is a CALL_BUSY call (runs caller code)
 
-    def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None):
+    def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
+                  slo_classes=None, step_time=None):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
+        (self.d.ranking, self._classes, self.d.base, self.d.per_token, self.d.measured,
+         self.d.step_tokens, self.d.chunk) = check_deadline_args(policy, limits, slo_classes,
+                                                                 step_time)
+        self.d.page_size = limits.kv_page_size
+        self.d.last_now = NAN
+        self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         cdef PageTableC* pages
         if page_table is not None:
             # The compiled table only: the C below grows, releases and moves its slots directly.
@@ -544,6 +714,7 @@ cdef class Ledger:
         self._generated = _int64_memory(b, &self.t.generated)
         self._finished = _int64_memory(b, &self.t.finished)
         self._admitted = _int64_memory(b, &self.t.admitted)
+        self._relegated_memory = _int64_memory(b + w, &self.t.relegated_ids)
         memset(self.t.ids, 0xFF, b * sizeof(int64_t))  # every id -1
         self.t.capacity = b
         self.t.reserved_slots = self.reserved_slots
@@ -551,13 +722,22 @@ cdef class Ledger:
         self.t.done = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.mark = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.cancelled = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.t.first_due = <double*>PyMem_Calloc(b, sizeof(double))
+        self.t.gap = <double*>PyMem_Calloc(b, sizeof(double))
+        self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
+        self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self._lock = PyThread_allocate_lock()
         self.q.capacity = w
-        self.q.by_priority = self.by_priority
         self.q.pool = <WaitingC*>PyMem_Calloc(max(w, 1), sizeof(WaitingC))
         self.q.free = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_NORMAL].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_URGENT].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        self.q.heaps[HEAP_LOSING].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        cdef int32_t order = (ORDER_DEADLINE if self.d.ranking != RANK_NONE
+                              else ORDER_PRIORITY if self.by_priority else ORDER_FCFS)
+        self.q.heaps[HEAP_NORMAL].order = order
+        self.q.heaps[HEAP_URGENT].order = order
+        self.q.heaps[HEAP_LOSING].order = ORDER_FCFS
         cdef uint64_t slots = 8
         while slots < 2 * (<uint64_t>b + <uint64_t>w):
             slots <<= 1
@@ -568,9 +748,11 @@ cdef class Ledger:
         if self._lock == NULL:
             raise MemoryError("the ledger's lock could not be allocated")
         if (self.t.max_new == NULL or self.t.done == NULL or self.t.mark == NULL
-                or self.t.cancelled == NULL
+                or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
+                or self.t.stamp == NULL or self.t.relegated == NULL
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
+                or self.q.heaps[2].slots == NULL
                 or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
             raise _errors.StepPlannerMemoryError(
                 f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
@@ -584,8 +766,12 @@ cdef class Ledger:
         self._generated_views = [None] * (b + 1)
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
+        self._relegated_views = [None] * (b + w + 1)
+        for i in range(b):
+            self.t.first_due[i] = INFINITY
 
-    def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None):
+    def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
+                 slo_classes=None, step_time=None):
         # Everything was checked and allocated by __cinit__; a second call would leave the old
         # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
         if self._initialised:
@@ -597,12 +783,17 @@ cdef class Ledger:
         PyMem_Free(self.t.done)
         PyMem_Free(self.t.mark)
         PyMem_Free(self.t.cancelled)
+        PyMem_Free(self.t.first_due)
+        PyMem_Free(self.t.gap)
+        PyMem_Free(self.t.stamp)
+        PyMem_Free(self.t.relegated)
         if self._lock != NULL:
             PyThread_free_lock(self._lock)
         PyMem_Free(self.q.pool)
         PyMem_Free(self.q.free)
         PyMem_Free(self.q.heaps[0].slots)
         PyMem_Free(self.q.heaps[1].slots)
+        PyMem_Free(self.q.heaps[2].slots)
         PyMem_Free(self.m.keys)
         PyMem_Free(self.m.values)
         PyMem_Free(self.m.used)
@@ -654,6 +845,18 @@ cdef class Ledger:
         return _view(self._admitted_views, self._admitted, _INT64_DESCR, self.t.num_admitted,
                      self.t.admitted, False)
 
+    @property
+    def relegated_ids(self):
+        """Ids the last ``step``/``admit``/``apply``/``rank`` relegated (DEADLINE: they can no
+        longer meet their objectives), in the order it did (read-only view)."""
+        return _view(self._relegated_views, self._relegated_memory, _INT64_DESCR,
+                     self.t.num_relegated, self.t.relegated_ids, False)
+
+    @property
+    def step_time_estimate(self):
+        """The seconds the rank pass expects a step to take (``step_time``, or measured)."""
+        return step_estimate(&self.d)
+
     cdef object _own_rows(self):
         """Rows ``0..count-1`` as a new array no caller holds, for the ledger's own reads."""
         return np.frombuffer(self._rows, dtype=_RESIDENT_DESCR, count=self.t.count)
@@ -692,7 +895,12 @@ cdef class Ledger:
     def __repr__(self):
         return (f"Ledger(count={self.count}, capacity={self.capacity}, waiting={self.waiting}, "
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
-                f"order={'PRIORITY' if self.by_priority else 'FCFS'})")
+                f"order={self._order_name()})")
+
+    def _order_name(self):
+        if self.d.ranking != RANK_NONE:
+            return self._policy_name
+        return "PRIORITY" if self.by_priority else "FCFS"
 
     cdef int _acquire(self, int kind) except -1:
         """Take the ledger's lock for one call, which releases it with ``_release``.
@@ -731,17 +939,19 @@ cdef class Ledger:
     # --- admission ----------------------------------------------------------------------------
 
     @cython.critical_section
-    def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None):
+    def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None, *,
+               arrival_time=None, slo=None):
         """Queue a request; returns its arrival stamp. Safe from any thread: it waits for the
         call under way (see ``_acquire``)."""
         self._acquire(CALL_GUEST)
         try:
-            return self._submit(request_id, prompt_length, priority, max_new_tokens)
+            return self._submit(request_id, prompt_length, priority, max_new_tokens,
+                                arrival_time, slo)
         finally:
             self._release()
 
     cdef object _submit(self, object request_id, object prompt_length, object priority,
-                        object max_new_tokens):
+                        object max_new_tokens, object arrival_time, object slo):
         cdef int64_t rid, limit = 0
         cdef int32_t length, prio
         if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
@@ -755,6 +965,9 @@ cdef class Ledger:
         else:  # the shared checks raise the shared messages (and may run caller code)
             rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                                   max_new_tokens, self.limits.max_input_length)
+        cdef double due = INFINITY, gap = 0.0
+        if slo is not None or arrival_time is not None or self._classes:
+            due, gap = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
             # raises the shared message, over the sizes the C uses
             check_worst_case(rid, length, limit, geometry(self.page_table))
@@ -777,6 +990,8 @@ cdef class Ledger:
         w.max_new_tokens = limit
         w.priority = prio
         w.prompt_length = length
+        w.first_due = due
+        w.gap = gap
         w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
         heap_push(&self.q, slot)
         map_set(&self.m, rid, slot)
@@ -819,14 +1034,16 @@ cdef class Ledger:
             self.t.num_done += 1
 
     @cython.critical_section
-    def admit(self):
+    def admit(self, *, now=None):
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
         self._acquire(CALL_QUIET)
         try:
+            when = optional_now("admit", now, self.d.ranking, RANK_DEADLINE)
             self._pending = None
             if self.t.num_cancelled:
                 self._remove_marked(self.t.cancelled, self.t.num_cancelled)
-            self._admit_waiting()
+            self.t.num_relegated = 0
+            self._admit_waiting(NAN if when is None else when)
             return self.admitted_ids.tolist()
         finally:
             self._release()
@@ -844,10 +1061,14 @@ cdef class Ledger:
         cdef int32_t h, k
         cdef WaitingC* w
         entries = []
-        for h in range(2):
+        for h in range(3):
             for k in range(self.q.heaps[h].size):
                 w = &self.q.pool[self.q.heaps[h].slots[k]]
-                if self.by_priority:
+                if h == HEAP_LOSING:
+                    entries.append(((True, w.arrival), w.request_id))
+                elif self.d.ranking != RANK_NONE:
+                    entries.append(((False, w.first_due, w.arrival), w.request_id))
+                elif self.by_priority:
                     entries.append(((w.priority, w.arrival), w.request_id))
                 else:
                     entries.append(((w.arrival,), w.request_id))
@@ -857,7 +1078,7 @@ cdef class Ledger:
     # --- the step -----------------------------------------------------------------------------
 
     @cython.critical_section
-    def apply(self, plan, finished=None, *, retire=False):
+    def apply(self, plan, finished=None, *, retire=False, now=None):
         """Advance the residents by ``plan`` (SPEC §6), count each emitted token, mark finished
         requests; with ``retire`` also remove them. Returns ``finished_ids``."""
         cdef const char* mask = NULL
@@ -865,8 +1086,10 @@ cdef class Ledger:
         cdef const PlanC* p
         self._acquire(CALL_BUSY)
         try:
+            when = optional_now("apply", now, self.d.ranking, RANK_DEADLINE)
             p = self._check_apply(plan, finished, &mask, &stride)
-            self._apply(plan, p, mask, stride, retire)
+            self.t.num_relegated = 0
+            self._apply(plan, p, mask, stride, retire, NAN if when is None else when)
             return self.finished_ids
         finally:
             self._release()
@@ -917,15 +1140,15 @@ cdef class Ledger:
                 raise _errors.finished_without_token(k, p.sequences[k].resident)
         return p
 
-    cdef void _admit_waiting(self):
+    cdef void _admit_waiting(self, double now):
         # The table's own methods hold its critical section; so does the ledger while its C
         # changes the table, so that another thread's ensure or release cannot interleave with
         # it on a free-threaded build (a no-op under the GIL).
         if self.pages == NULL:
-            admit_waiting(&self.q, &self.t, &self.m, NULL)
+            admit_waiting(&self.q, &self.t, &self.m, NULL, &self.d, now)
         else:
             with cython.critical_section(self.page_table):
-                admit_waiting(&self.q, &self.t, &self.m, self.pages)
+                admit_waiting(&self.q, &self.t, &self.m, self.pages, &self.d, now)
 
     cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
         """Swap-remove the marked rows. Every removal takes the cancelled rows with it (they
@@ -968,7 +1191,7 @@ cdef class Ledger:
         return 0
 
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
-                bint retire):
+                bint retire, double now):
         if apply_is_clean(p, &self.t):
             apply_plan(p, &self.t)
         else:  # it raises the matching error, or applies what it accepts
@@ -977,6 +1200,8 @@ cdef class Ledger:
             # known to be in range again.
             self._check_plan_rows(p)
         self._pending = None
+        if self.d.ranking == RANK_DEADLINE and not isnan(now):
+            mark_late(&self.t, p, now)
         account(&self.t, p, mask, stride)
         self._foreign_arrays = None
         if retire and self.t.num_done:
@@ -995,16 +1220,30 @@ cdef class Ledger:
             self._release()
 
     @cython.critical_section
-    def step(self, planner, finished=None, *, reasons=None):
+    def step(self, planner, finished=None, *, reasons=None, now=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
-        ``finished`` mask over its rows) and retire what finished, admit, then plan."""
+        ``finished`` mask over its rows) and retire what finished, admit, rank (EDF, DEADLINE:
+        from ``now``, the runtime's clock), then plan."""
         self._acquire(CALL_BUSY)
         try:
-            return self._step(planner, finished, reasons)
+            return self._step(planner, finished, reasons, now)
         finally:
             self._release()
 
-    cdef object _step(self, object planner, object finished, object reasons):
+    @cython.critical_section
+    def rank(self, now):
+        """Write each row's priority and arrival from its deadlines at ``now`` (what ``step``
+        does before it plans); a no-op under FCFS and PRIORITY."""
+        self._acquire(CALL_QUIET)
+        try:
+            when = as_time("now", now)
+            self.t.num_relegated = 0
+            if self.d.ranking != RANK_NONE:
+                rank_rows(&self.t, &self.d, when)
+        finally:
+            self._release()
+
+    cdef object _step(self, object planner, object finished, object reasons, object now):
         if planner is not self._fits:  # comparing limits allocates: once per planner
             if getattr(planner, "limits", None) != self.limits:
                 raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
@@ -1013,6 +1252,9 @@ cdef class Ledger:
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
         cdef const PlanC* p = NULL
+        cdef double when = NAN
+        if now is not None or self.d.ranking != RANK_NONE:
+            when = optional_now("step", now, self.d.ranking, RANK_EDF)
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
@@ -1031,9 +1273,14 @@ cdef class Ledger:
             p = self._check_apply(pending, finished, &mask, &stride)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
+        self.t.num_relegated = 0
+        if not isnan(when):
+            measure_step(&self.d, when, p != NULL and p.num_prefill + p.num_decode > 0)
         if pending is not None:
-            self._apply(pending, p, mask, stride, True)
-        self._admit_waiting()
+            self._apply(pending, p, mask, stride, True, when)
+        self._admit_waiting(when)
+        if self.d.ranking != RANK_NONE:
+            rank_rows(&self.t, &self.d, when)
         plan = planner.plan(self.residents, None, reasons)
         if isinstance(plan, StepPlan):
             self._pending_version = (<StepPlan>plan).version
@@ -1095,7 +1342,7 @@ cdef class Ledger:
         cdef int32_t h, k
         cdef WaitingC* w
         stamps = {}
-        for h in range(2):
+        for h in range(3):
             for k in range(self.q.heaps[h].size):
                 w = &self.q.pool[self.q.heaps[h].slots[k]]
                 stamps[w.request_id] = w.arrival
@@ -1113,6 +1360,8 @@ cdef class Ledger:
     cdef _load(self, object residents):
         if self.pages != NULL:
             raise _errors.ledger_load_with_pages()
+        if self.d.ranking != RANK_NONE:
+            raise _errors.ledger_load_with_deadlines(self._policy_name)
         # Every record is read (caller code: a Mapping's __getitem__) before the ledger is.
         table, ids = parse_records(residents, self.t.capacity)
         check_waiting(table, ids, self._waiting_stamps())
@@ -1132,6 +1381,10 @@ cdef class Ledger:
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.done, 0, self.t.capacity * sizeof(uint8_t))
         memset(self.t.cancelled, 0, self.t.capacity * sizeof(uint8_t))
+        memset(self.t.relegated, 0, self.t.capacity * sizeof(uint8_t))
+        memset(self.t.gap, 0, self.t.capacity * sizeof(double))
+        for row in range(self.t.capacity):
+            self.t.first_due[row] = INFINITY
         self.t.num_done = self.t.num_finished = self.t.num_admitted = self.t.num_cancelled = 0
         self.t.count = n
         if n:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import functools
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -18,7 +19,21 @@ from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
 
 from ._shared import (
+    KEY_NONE,
+    KEY_SPAN,
+    KEY_ZERO,
+    EDF_SPAN,
+    LEVEL_AT_RISK,
+    LEVEL_DUE,
+    LEVEL_RELEGATED,
+    LEVEL_SLACK,
+    RANK_DEADLINE,
+    RANK_EDF,
+    RANK_NONE,
+    STEP_TIME_WEIGHT,
     as_request_id,
+    as_time,
+    check_deadline_args,
     check_ledger_args,
     check_page_table,
     check_pending,
@@ -30,9 +45,11 @@ from ._shared import (
     parse_records,
     plan_classes,
     plan_rows_in_range,
+    optional_now,
     plan_version,
     read_only,
     records_of,
+    request_deadlines,
     rows_argument,
     step_reasons_error,
     submission,
@@ -106,11 +123,17 @@ class Ledger:
     _initialised = False
 
     def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None = None,
-                 *, max_waiting: int | None = None, page_table: Any = None) -> None:
+                 *, max_waiting: int | None = None, page_table: Any = None,
+                 slo_classes: Mapping[int, Any] | None = None,
+                 step_time: tuple[float, float] | None = None) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
+        (self._ranking, self._classes, self._base, self._per_token, self._measured,
+         self._step_tokens, self._chunk) = check_deadline_args(policy, limits, slo_classes,
+                                                               step_time)
+        self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         self._kv: Any = None
         if page_table is not None:
             check_page_table(page_table, limits, tuple(m.KVPageTable for m in _kv_modules()),
@@ -133,12 +156,24 @@ class Ledger:
         self._num_finished = 0
         self._admitted = np.zeros(b, dtype=np.int64)
         self._num_admitted = 0
+        # Deadlines (docs/scheduling.md): per row, the first token's due time and the per-token
+        # gap (inf, 0: no objectives), the submission stamp (the rows' arrival holds the rank
+        # under EDF/DEADLINE) and whether DEADLINE relegated it.
+        self._first_due = np.full(b, np.inf)
+        self._gap = np.zeros(b)
+        self._stamp = np.zeros(b, dtype=np.uint64)
+        self._relegated = np.zeros(b, dtype=bool)
+        self._relegated_ids: list[int] = []
+        self._estimate = 0.0          # the measured step time (step_time=None)
+        self._sampled = False         # whether it has been measured yet
+        self._last_now: float | None = None
         self._count = 0
         self._next_arrival = 0
         # Two heaps so that an urgent request can be found behind a held-back head in O(log n);
         # a cancelled entry stays in its heap, marked dead, until it reaches the top.
         self._urgent: list[list[Any]] = []
         self._normal: list[list[Any]] = []
+        self._losing: list[list[Any]] = []   # DEADLINE: relegated at admission, by stamp
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
         self._row_of: dict[int, int] = {}         # resident id -> row
         self._pending: Any = None                 # the plan of step() not yet applied
@@ -188,6 +223,14 @@ class Ledger:
         return read_only(self._admitted[:self._num_admitted])
 
     @property
+    def relegated_ids(self) -> np.ndarray:
+        return read_only(np.array(self._relegated_ids, dtype=np.int64))
+
+    @property
+    def step_time_estimate(self) -> float:
+        return self._step_estimate()
+
+    @property
     def page_table(self) -> Any:
         return self._table
 
@@ -213,15 +256,22 @@ class Ledger:
     def __repr__(self) -> str:
         return (f"Ledger(count={self._count}, capacity={self.capacity}, waiting={self.waiting}, "
                 f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
-                f"order={'PRIORITY' if self.by_priority else 'FCFS'})")
+                f"order={self._order_name()})")
+
+    def _order_name(self) -> str:
+        if self._ranking != RANK_NONE:
+            return self._policy_name
+        return "PRIORITY" if self.by_priority else "FCFS"
 
     # --- admission ----------------------------------------------------------------------------
 
     @_exclusive(_GUEST)
     def submit(self, request_id: int, prompt_length: int, priority: int = 0,
-               max_new_tokens: int | None = None) -> int:
+               max_new_tokens: int | None = None, *, arrival_time: float | None = None,
+               slo: Any = None) -> int:
         rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                               max_new_tokens, self.limits.max_input_length)
+        due, gap = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self._table is not None:
             check_worst_case(rid, length, limit, self._kv.geometry(self._table))
         if rid in self._waiting or rid in self._row_of:
@@ -232,8 +282,11 @@ class Ledger:
             raise _errors.stamps_exhausted(rid)
         arrival = self._next_arrival
         self._next_arrival += 1
-        key = (prio, arrival) if self.by_priority else (arrival,)
-        entry = [key, rid, length, prio, arrival, limit, True]
+        if self._ranking != RANK_NONE:
+            key: tuple[Any, ...] = (due, arrival)
+        else:
+            key = (prio, arrival) if self.by_priority else (arrival,)
+        entry = [key, rid, length, prio, arrival, limit, True, due, gap, False]
         heapq.heappush(self._urgent if prio < 0 else self._normal, entry)
         self._waiting[rid] = entry
         return arrival
@@ -256,14 +309,16 @@ class Ledger:
         self._done[row] = True
 
     @_exclusive(_QUIET)
-    def admit(self) -> list[int]:
+    def admit(self, *, now: float | None = None) -> list[int]:
+        when = optional_now("admit", now, self._ranking, RANK_DEADLINE)
         if self._cancelled:
             self._remove([])
-        self._admit()
+        self._relegated_ids = []
+        self._admit(when)
         admitted: list[int] = self.admitted_ids.tolist()
         return admitted
 
-    def _admit(self) -> None:
+    def _admit(self, now: float | None = None) -> None:
         self._pending = None
         table = self._table
         n = 0
@@ -271,14 +326,29 @@ class Ledger:
             heap = self._next_heap()
             if heap is None:
                 break
+            head = heap[0]
+            if (now is not None and self._ranking == RANK_DEADLINE and heap is not self._losing
+                    and now + self._prompt_seconds(head[2], self._chunk) > head[7]):
+                # It cannot make its first token in time even if served at once: behind every
+                # request that still can (never dropped: it waits in the relegated heap).
+                heapq.heappop(heap)
+                head[0] = (head[4],)
+                head[9] = True
+                heapq.heappush(self._losing, head)
+                self._relegated_ids.append(head[1])
+                continue
             # No overtaking: the first request whose worst case the free pool cannot hold
             # stops admission, so a large request is never starved by smaller ones behind it.
             if table is not None and not self._fits(heap[0]):
                 break
-            _, rid, length, prio, arrival, limit, _ = heapq.heappop(heap)
+            _, rid, length, prio, arrival, limit, _, due, gap, lost = heapq.heappop(heap)
             del self._waiting[rid]
             row = self._count
             self._rows[row] = (prio, arrival, length, 0, False, 0)
+            self._first_due[row] = due
+            self._gap[row] = gap
+            self._stamp[row] = arrival
+            self._relegated[row] = lost
             self._ids[row] = rid
             self._generated[row] = 0
             self._max_new[row] = limit
@@ -293,18 +363,22 @@ class Ledger:
 
     def _fits(self, entry: list[Any]) -> bool:
         """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""
-        _, _, length, _, _, limit, _ = entry
+        length, limit = entry[2], entry[5]
         sizes = self._kv.geometry(self._table)
         pages: int = -(-(length + limit) // sizes.kv_page_size)
         return pages <= int(sizes.num_free_pages)
 
     def _next_heap(self) -> list[list[Any]] | None:
-        urgent, normal = self._urgent, self._normal
-        for heap in (urgent, normal):
+        urgent, normal, losing = self._urgent, self._normal, self._losing
+        for heap in (urgent, normal, losing):
             while heap and not heap[0][6]:
                 heapq.heappop(heap)
         head = urgent if urgent and (not normal or urgent[0][0] < normal[0][0]) else normal
         if not head:
+            # Relegated requests come after every other, and never take a reserved slot
+            # unless they are urgent themselves.
+            if losing and (self.free_slots > self.reserved_slots or losing[0][3] < 0):
+                return losing
             return None
         if head is normal and self.free_slots <= self.reserved_slots:
             return urgent or None
@@ -313,15 +387,18 @@ class Ledger:
     @_exclusive(_QUIET)
     def waiting_ids(self) -> list[int]:
         """Waiting request ids in queue order (for reports; O(n log n))."""
-        return [entry[1] for entry in sorted(self._waiting.values())]
+        return [entry[1] for entry in sorted(self._waiting.values(),
+                                             key=lambda e: (e[9], e[0]))]
 
     # --- the step -----------------------------------------------------------------------------
 
     @_exclusive(_BUSY)
     def apply(self, plan: Any, finished: np.ndarray | None = None, *,
-              retire: bool = False) -> np.ndarray:
+              retire: bool = False, now: float | None = None) -> np.ndarray:
+        when = optional_now("apply", now, self._ranking, RANK_DEADLINE)
         seq, mask = self._check_apply(plan, finished)
-        self._apply(plan, seq, mask, retire)
+        self._relegated_ids = []
+        self._apply(plan, seq, mask, retire, when)
         return self.finished_ids
 
     def _check_apply(self, plan: Any, finished: object) -> tuple[np.ndarray, np.ndarray | None]:
@@ -357,11 +434,17 @@ class Ledger:
             raise _errors.ledger_pages_exceeded(k, row, int(self._ids[row]), int(tokens[k]),
                                                 int(held[k]))
 
-    def _apply(self, plan: Any, seq: np.ndarray, mask: np.ndarray | None, retire: bool) -> None:
+    def _apply(self, plan: Any, seq: np.ndarray, mask: np.ndarray | None, retire: bool,
+               now: float | None = None) -> None:
         plan.apply_to(self.residents)  # checks overflow before it writes anything
         self._pending = None
         emitting = seq["select_last_token_logits"]
         rows = seq["resident"][emitting]
+        if now is not None and self._ranking == RANK_DEADLINE:
+            for row in rows.tolist():  # a token later than its deadline: the request is lost
+                if not self._relegated[row] and now > self._next_due(row):
+                    self._relegated[row] = True
+                    self._relegated_ids.append(int(self._ids[row]))
         self._generated[rows] += 1
         limit = self._max_new[rows]
         done = (limit > 0) & (self._generated[rows] >= limit)
@@ -387,9 +470,10 @@ class Ledger:
 
     @_exclusive(_BUSY)
     def step(self, planner: Any, finished: np.ndarray | None = None, *,
-             reasons: np.ndarray | None = None) -> Any:
+             reasons: np.ndarray | None = None, now: float | None = None) -> Any:
         if getattr(planner, "limits", None) != self.limits:
             raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
+        when = optional_now("step", now, self._ranking, RANK_EDF)
         pending = self._pending
         if pending is None:
             if finished is not None:
@@ -402,13 +486,93 @@ class Ledger:
             seq, mask = self._check_apply(pending, finished)
         if reasons is not None:
             _check_reasons(reasons, self.capacity)
+        self._relegated_ids = []
+        if when is not None:
+            self._measure(pending, when)
         if pending is not None:
-            self._apply(pending, seq, mask, retire=True)
-        self._admit()
+            self._apply(pending, seq, mask, True, when)
+        self._admit(when)
+        if when is not None and self._ranking != RANK_NONE:
+            self._rank(when)
         plan = planner.plan(self.residents, reasons=reasons)
         self._pending = plan
         self._pending_version = plan_version(plan)
         return plan
+
+    @_exclusive(_QUIET)
+    def rank(self, now: float) -> None:
+        """Write each row's priority and arrival from its deadlines at ``now`` (what ``step``
+        does before it plans); a no-op under FCFS and PRIORITY."""
+        when = as_time("now", now)
+        self._relegated_ids = []
+        if self._ranking != RANK_NONE:
+            self._rank(when)
+
+    def _step_estimate(self) -> float:
+        if self._measured:
+            return self._estimate
+        return self._base + self._per_token * self._step_tokens
+
+    def _prompt_seconds(self, tokens: int, chunk: int) -> float:
+        """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
+        return ((tokens + chunk - 1) // chunk) * self._step_estimate()
+
+    def _next_due(self, row: int) -> float:
+        """When the row's next token is due (inf: no deadline)."""
+        due, generated = float(self._first_due[row]), int(self._generated[row])
+        if generated == 0:
+            return due
+        gap = float(self._gap[row])
+        return due + generated * gap if gap > 0 else math.inf
+
+    def _measure(self, pending: Any, now: float) -> None:
+        """step_time=None: each step's duration (between two steps' now) moves the estimate."""
+        last, self._last_now = self._last_now, now
+        if (not self._measured or pending is None or last is None or now <= last
+                or pending.num_prefill + pending.num_decode == 0):
+            return
+        sample = now - last
+        if self._sampled:
+            self._estimate += STEP_TIME_WEIGHT * (sample - self._estimate)
+        else:
+            self._estimate, self._sampled = sample, True
+
+    def _rank(self, now: float) -> None:
+        """The rank pass (docs/scheduling.md), as the compiled ledger's ``rank_rows``."""
+        rows, count = self._rows, self._count
+        committed_rows = rows["context_committed"][:count]
+        est = self._step_estimate()
+        page = self.limits.kv_page_size
+        normal = max(page, min(self._chunk, self._step_tokens - int(committed_rows.sum())))
+        for r in range(count):
+            decoding = bool(rows["context_committed"][r])
+            due = self._next_due(r) if decoding else float(self._first_due[r])
+            stamp = int(self._stamp[r])
+            if self._ranking == RANK_EDF:
+                prio = (2**31 - 1 if due == math.inf
+                        else math.floor(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
+                rows["priority"][r], rows["arrival"][r] = prio, stamp
+                continue
+            if self._relegated[r]:
+                level, key = LEVEL_RELEGATED, stamp
+            elif due == math.inf:
+                level, key = LEVEL_SLACK, KEY_NONE + min(stamp, KEY_NONE - 1)
+            elif decoding:
+                slack = due - now - est
+                level = LEVEL_DUE if slack < est else LEVEL_SLACK
+                key = _slack_key(slack)
+            else:
+                rest = int(rows["prompt_length"][r]) - int(rows["committed"][r])
+                urgent = self._prompt_seconds(rest, self._chunk)
+                if now + urgent > due:
+                    self._relegated[r] = True
+                    self._relegated_ids.append(int(self._ids[r]))
+                    level, key = LEVEL_RELEGATED, stamp
+                else:
+                    at_risk = now + self._prompt_seconds(rest, normal) + est > due
+                    level = LEVEL_AT_RISK if at_risk else LEVEL_SLACK
+                    key = _slack_key(due - now - urgent)
+            rows["priority"][r], rows["arrival"][r] = level, key
 
     @_exclusive(_BUSY)
     def retire(self, request_ids: Iterable[int]) -> None:
@@ -446,7 +610,8 @@ class Ledger:
                 if row != last:
                     self._kv.KVPageTable.move(table, last, row)
             if row != last:
-                for column in (self._rows, self._ids, self._generated, self._max_new, self._done):
+                for column in (self._rows, self._ids, self._generated, self._max_new, self._done,
+                               self._first_due, self._gap, self._stamp, self._relegated):
                     column[row] = column[last]
                 self._row_of[int(self._ids[row])] = row
             last -= 1
@@ -460,6 +625,8 @@ class Ledger:
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None:
         if self._table is not None:
             raise _errors.ledger_load_with_pages()
+        if self._ranking != RANK_NONE:
+            raise _errors.ledger_load_with_deadlines(self._policy_name)
         table, ids = parse_records(residents, self.capacity)
         check_waiting(table, ids, {rid: entry[4] for rid, entry in self._waiting.items()})
         n = len(table)
@@ -471,6 +638,9 @@ class Ledger:
         self._generated[:] = 0
         self._max_new[:] = 0
         self._done[:] = False
+        self._first_due[:] = np.inf
+        self._gap[:] = 0.0
+        self._relegated[:] = False
         self._cancelled = set()
         self._num_finished = self._num_admitted = 0
         self._row_of = {rid: row for row, rid in enumerate(ids.tolist())}
@@ -481,6 +651,11 @@ class Ledger:
     @_exclusive(_QUIET)
     def to_records(self) -> list[dict[str, Any]]:
         return records_of(self._rows[:self._count], self._ids[:self._count])
+
+
+def _slack_key(slack: float) -> int:
+    """A slack in seconds as DEADLINE's uint64 order key: microseconds around KEY_ZERO."""
+    return KEY_ZERO + math.floor(max(min(slack * 1e6, KEY_SPAN), -KEY_SPAN))
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:

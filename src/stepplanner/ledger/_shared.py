@@ -16,6 +16,7 @@ from ..planner._fields import as_bool, as_int, as_int32, as_uint64
 from ..kv._checks import Geometry, check_table_fits
 from ..kv.paging import worst_case_pages
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
+from ..planner._slo import SLO, check_slo, check_slo_classes, slo_fields
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -106,6 +107,97 @@ def submission(rid: object, prompt_length: object, priority: object, max_new_tok
     if not 1 <= length <= max_input_length:
         raise _errors.ledger_prompt_length(rid_, length, max_input_length)
     return rid_, length, prio, limit
+
+
+# --- deadlines (docs/scheduling.md): the numbers both ledgers' rank passes use -----------------
+
+# How a ledger ranks its rows before each plan: not at all (FCFS, PRIORITY), by the next deadline
+# (EDF), or by slack with relegation (DEADLINE).
+RANK_NONE, RANK_EDF, RANK_DEADLINE = 0, 1, 2
+# DEADLINE's levels, written into each row's priority (the planner pauses every row whose
+# priority is larger than the first pending prompt's: SPEC §3 step 2).
+LEVEL_DUE = 0        # a decode that cannot skip a step without missing its next deadline
+LEVEL_AT_RISK = 1    # a prompt that misses its first-token deadline at the normal pace
+LEVEL_SLACK = 2      # everything that can still meet its objectives and can wait a step
+LEVEL_RELEGATED = 3  # a request that can no longer meet them: served after the rest
+# Keys written into ``arrival`` (uint64): slack in microseconds around KEY_ZERO (clamped to
+# +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp), relegated rows
+# by stamp. EDF writes the next deadline in milliseconds from now into ``priority``.
+KEY_ZERO = 2**51
+KEY_SPAN = 2**50
+KEY_NONE = 2**62
+EDF_SPAN = 2**31 - 2     # EDF's priority: +-EDF_SPAN ms; INT32_MAX is "no deadline"
+# A measured step time: each step's duration moves the estimate this far towards it.
+STEP_TIME_WEIGHT = 0.25
+
+
+def check_deadline_args(policy: ResolvedSchedulingPolicy | None, limits: StepPlannerLimits,
+                        slo_classes: object, step_time: object
+                        ) -> tuple[int, dict[int, SLO], float, float, bool, int, int]:
+    """(ranking, classes, base seconds, seconds per token, measured, step tokens, chunk) of a
+    new ledger: what its rank pass needs, every argument checked.
+
+    ``step_time``: ``(base, per_token)`` seconds, the estimate of a step of ``t`` tokens being
+    ``base + per_token * t``, or ``None`` to measure it from the ``now`` of consecutive steps.
+    A step is estimated at the policy's full budget (``max_num_tokens``); a prompt advances by at
+    most ``max_chunk_tokens`` a step."""
+    classes = check_slo_classes(slo_classes)
+    policy_id = policy.scheduling_policy if policy is not None else SchedulingPolicy.FCFS
+    ranking = {SchedulingPolicy.EDF: RANK_EDF,
+               SchedulingPolicy.DEADLINE: RANK_DEADLINE}.get(policy_id, RANK_NONE)
+    measured = step_time is None
+    base = per_token = 0.0
+    if not measured:
+        if (not isinstance(step_time, tuple) or len(step_time) != 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in step_time)):
+            raise _errors.StepPlannerTypeError(
+                "step_time must be a (base_seconds, seconds_per_token) pair of numbers, or None "
+                f"(measured from now), got {step_time!r}")
+        base, per_token = (float(v) for v in step_time)
+        for name, value in (("step_time base", base), ("step_time per_token", per_token)):
+            if not (value >= 0 and value < float("inf")):
+                raise _errors.out_of_range(name, value, "a finite number of seconds >= 0")
+    if policy is None:
+        return ranking, classes, base, per_token, measured, limits.t_max, limits.max_input_length
+    return (ranking, classes, base, per_token, measured, policy.max_num_tokens,
+            policy.max_chunk_tokens)
+
+
+def as_time(field: str, value: object) -> float:
+    """A time on the runtime's clock, or a duration: a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _errors.StepPlannerTypeError(
+            f"{field} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise _errors.not_finite_time(field, value)
+    return seconds
+
+
+def request_deadlines(rid: int, priority: int, arrival_time: object, slo: object,
+                      classes: dict[int, SLO]) -> tuple[float, float]:
+    """(first token due, per-token gap) of a submitted request: its own ``slo``, else its
+    priority class's, else none (``inf``, 0)."""
+    own = check_slo("slo", slo)
+    chosen = own if own is not None else classes.get(priority)
+    if arrival_time is not None:
+        arrival = as_time("arrival_time", arrival_time)
+    elif chosen is not None:
+        raise _errors.arrival_time_required(rid)
+    else:
+        arrival = 0.0
+    return slo_fields(chosen, arrival)
+
+
+def optional_now(call: str, now: object, ranking: int, needed: int) -> float | None:
+    """``now`` as a float; ``None`` when not given and the ledger's ranking needs none here
+    (``needed``: the least ranking that requires it)."""
+    if now is None:
+        if ranking >= needed and ranking != RANK_NONE:
+            policy = "EDF" if ranking == RANK_EDF else "DEADLINE"
+            raise _errors.now_required(call, policy)
+        return None
+    return as_time("now", now)
 
 
 def parse_records(residents: Sequence[Mapping[str, Any]],

@@ -28,6 +28,7 @@ __all__ = [
     "SchedulingPolicy",
     "SequenceWork",
     "as_resident_array",
+    "orders_by_priority",
     "first_repeat",
     "plan_repr",
     "plan_to_dict",
@@ -36,10 +37,24 @@ __all__ = [
 
 
 class SchedulingPolicy(enum.IntEnum):
-    """Order in which residents are served: arrival only, or (priority, arrival)."""
+    """Order in which residents are served: arrival only, or (priority, arrival).
+
+    ``EDF`` and ``DEADLINE`` are the ledger's deadline policies (docs/scheduling.md): before
+    each plan the ledger writes every row's ``priority`` and ``arrival`` from the request's
+    deadlines, and the planner plans them exactly as ``PRIORITY`` (SPEC §7). ``EDF`` orders by
+    the next deadline alone; ``DEADLINE`` ranks by slack against a step-time estimate and
+    relegates requests that can no longer meet their objectives.
+    """
 
     FCFS = 0
     PRIORITY = 1
+    EDF = 2
+    DEADLINE = 3
+
+
+def orders_by_priority(policy: SchedulingPolicy) -> bool:
+    """Whether the planner orders rows by (priority, arrival): every policy but ``FCFS``."""
+    return policy != SchedulingPolicy.FCFS
 
 
 class IfbSchedulingMode(enum.IntEnum):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ._policy import ResolvedSchedulingPolicy, StepPlannerLimits
-from ._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy, SequenceWork
+from ._types import IfbSchedulingMode, PreemptionMode, SequenceWork, orders_by_priority
 from ._types import ResidentRow as _Row
 
 __all__ = ["PlanInvariantError", "check_plan"]
@@ -99,7 +99,7 @@ def _check_totals(plan: Any, seqs: list[Any]) -> None:
 
 
 def _order_key(policy: ResolvedSchedulingPolicy, rows: list[_Row], i: int) -> tuple[int, int, int]:
-    prio = rows[i].priority if policy.scheduling_policy == SchedulingPolicy.PRIORITY else 0
+    prio = rows[i].priority if orders_by_priority(policy.scheduling_policy) else 0
     return prio, rows[i].arrival, i
 
 
@@ -172,7 +172,7 @@ def _check_budget(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, p
 
 def _check_pause(policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: list[int]) -> None:
     pausing = (policy.mode == IfbSchedulingMode.MIXED
-               and policy.scheduling_policy == SchedulingPolicy.PRIORITY
+               and orders_by_priority(policy.scheduling_policy)
                and policy.preemption == PreemptionMode.PAUSE)
     if not pausing:
         if paused:
@@ -219,7 +219,7 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
             _fail("PREFILL_FIRST planned decode rows while a prompt is pending")
         best = prompts[0]
         for i, w in planned.items():
-            if (policy.scheduling_policy == SchedulingPolicy.PRIORITY
+            if (orders_by_priority(policy.scheduling_policy)
                     and rows[i].priority != rows[best].priority):
                 _fail(f"PREFILL_FIRST + PRIORITY planned resident {i} (priority "
                       f"{rows[i].priority}) while priority {rows[best].priority} is pending")
@@ -241,7 +241,7 @@ def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, ro
     """
     prompts = _active_prompts(policy, rows, paused)
     if policy.mode == IfbSchedulingMode.PREFILL_FIRST and prompts:
-        if policy.scheduling_policy == SchedulingPolicy.PRIORITY:
+        if orders_by_priority(policy.scheduling_policy):
             best = min(rows[i].priority for i in prompts)
             prompts = [i for i in prompts if rows[i].priority == best]
     num_decode = sum(1 for s in seqs if s.work == SequenceWork.DECODE)
