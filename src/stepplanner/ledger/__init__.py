@@ -115,9 +115,11 @@ from .._errors import QueueFullError
 from .._select import implementation
 from ..planner._types import RESIDENT_FIELDS
 
-__all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS"]
+__all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS", "Ranker"]
 
 if TYPE_CHECKING:
-    from ._ledger_py import Ledger
+    from ._ledger_py import Ledger, Ranker
 else:
-    Ledger = implementation("stepplanner.ledger._ledger", "stepplanner.ledger._ledger_py").Ledger
+    _impl = implementation("stepplanner.ledger._ledger", "stepplanner.ledger._ledger_py")
+    Ledger = _impl.Ledger
+    Ranker = _impl.Ranker

@@ -100,3 +100,33 @@ class Ledger:
     def retire_rows(self, rows: Sequence[int] | npt.NDArray[np.integer[Any]]) -> None: ...
     def load(self, residents: Sequence[Mapping[str, Any]]) -> None: ...
     def to_records(self) -> list[dict[str, Any]]: ...
+
+@final
+class Ranker:
+    """The ledger's rank pass over rows a runtime keeps itself."""
+
+    @property
+    def limits(self) -> StepPlannerLimits: ...
+    @property
+    def policy(self) -> ResolvedSchedulingPolicy: ...
+    def __init__(
+        self,
+        limits: StepPlannerLimits,
+        policy: ResolvedSchedulingPolicy,
+        *,
+        step_time: tuple[float, float] | None = None,
+    ) -> None: ...
+    @property
+    def step_time_estimate(self) -> float: ...
+    def measure(self, now: float, ran: bool = True) -> None: ...
+    def admits(self, prompt_tokens: SupportsIndex, first_due: float, now: float) -> bool: ...
+    def rank(
+        self,
+        rows: npt.NDArray[np.void],
+        first_due: npt.NDArray[np.float64],
+        gap: npt.NDArray[np.float64],
+        generated: npt.NDArray[np.int64],
+        stamp: npt.NDArray[np.uint64],
+        relegated: npt.NDArray[np.uint8],
+        now: float,
+    ) -> npt.NDArray[np.int64]: ...

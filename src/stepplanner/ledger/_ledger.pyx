@@ -84,6 +84,7 @@ from stepplanner.ledger._shared import (
     as_time,
     check_deadline_args,
     check_ledger_args,
+    check_rank_arrays,
     check_page_table,
     check_pending,
     check_worst_case,
@@ -103,6 +104,8 @@ from stepplanner.ledger._shared import (
     submission,
 )
 from stepplanner.planner import _types
+from stepplanner.planner._fields import as_int
+from stepplanner.planner._policy import ResolvedSchedulingPolicy
 
 cnp.import_array()
 
@@ -1414,3 +1417,76 @@ cdef int _check_reasons(object reasons, int32_t capacity) except -1:
             or cnp.PyArray_DIM(<cnp.ndarray>reasons, 0) < capacity):
         raise step_reasons_error(capacity)
     return 0
+
+
+@cython.final
+cdef class Ranker:
+    """The ledger's rank pass over rows a runtime keeps itself (the vLLM scheduler keeps no
+    ``Ledger``): the same C as the ledger's (``rank_rows``), so an adapter keeps no copy of the
+    policy. ``Ranker(limits, policy, *, step_time=None)``; see ``stepplanner.ledger``."""
+
+    cdef DeadlineC d
+    cdef readonly object limits
+    cdef readonly object policy
+    cdef _CoreMemory _positions, _lost   # row i's id is i; the rows the last rank relegated
+    cdef int64_t* positions
+    cdef int64_t* lost
+    cdef list _lost_views
+
+    def __cinit__(self, limits, policy, *, step_time=None):
+        if not isinstance(policy, ResolvedSchedulingPolicy):
+            raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
+        check_ledger_args(limits, policy, 0)
+        (self.d.ranking, _, self.d.base, self.d.per_token, self.d.measured, self.d.step_tokens,
+         self.d.chunk) = check_deadline_args(policy, limits, None, step_time)
+        self.d.page_size = limits.kv_page_size
+        self.d.last_now = NAN
+        self.limits, self.policy = limits, policy
+        cdef int32_t b = limits.max_batch_size, i
+        self._positions = _int64_memory(b, &self.positions)
+        self._lost = _int64_memory(b, &self.lost)
+        for i in range(b):
+            self.positions[i] = i
+        self._lost_views = [None] * (b + 1)
+
+    @property
+    def step_time_estimate(self):
+        return step_estimate(&self.d)
+
+    def measure(self, now, ran=True):
+        """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
+        (``step_time=None``) moves towards the time since the previous one."""
+        measure_step(&self.d, as_time("now", now), bool(ran))
+
+    def admits(self, prompt_tokens, first_due, now):
+        """Whether a waiting prompt can still make its first token in time if served at once
+        (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
+        cdef int64_t tokens = as_int("prompt_tokens", prompt_tokens)
+        cdef double due = float(first_due), when = as_time("now", now)
+        if self.d.ranking != RANK_DEADLINE:
+            return True
+        return not when + prompt_seconds(&self.d, tokens, self.d.chunk) > due
+
+    def rank(self, rows, first_due, gap, generated, stamp, relegated, now):
+        """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
+        positions it relegated (and sets them in ``relegated``). A no-op under FCFS/PRIORITY."""
+        cdef int32_t n = check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
+                                           self.limits.max_batch_size)
+        cdef double when = as_time("now", now)
+        cdef TableC t
+        memset(&t, 0, sizeof(TableC))
+        if self.d.ranking == RANK_NONE:
+            return _view(self._lost_views, self._lost, _INT64_DESCR, 0, self.lost, False)
+        t.rows = <ResidentC*>cnp.PyArray_DATA(<cnp.ndarray>rows)
+        t.first_due = <double*>cnp.PyArray_DATA(<cnp.ndarray>first_due)
+        t.gap = <double*>cnp.PyArray_DATA(<cnp.ndarray>gap)
+        t.generated = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>generated)
+        t.stamp = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>stamp)
+        t.relegated = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>relegated)
+        t.ids = self.positions
+        t.relegated_ids = self.lost
+        t.count = n
+        rank_rows(&t, &self.d, when)
+        return _view(self._lost_views, self._lost, _INT64_DESCR, t.num_relegated, self.lost,
+                     False)
+

@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import _errors
+from ..planner._fields import as_int
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
+from ..planner._slo import check_slo_classes
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
 
 from ._shared import (
@@ -35,6 +37,7 @@ from ._shared import (
     as_time,
     check_deadline_args,
     check_ledger_args,
+    check_rank_arrays,
     check_page_table,
     check_pending,
     check_rows,
@@ -56,7 +59,7 @@ from ._shared import (
     UINT64_MAX,
 )
 
-__all__ = ["Ledger", "RESIDENT_FIELDS"]
+__all__ = ["Ledger", "RESIDENT_FIELDS", "Ranker"]
 
 # --- the twin -----------------------------------------------------------------------------------
 
@@ -130,9 +133,9 @@ class Ledger:
             raise _errors.already_initialised("Ledger")
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
-        (self._ranking, self._classes, self._base, self._per_token, self._measured,
-         self._step_tokens, self._chunk) = check_deadline_args(policy, limits, slo_classes,
-                                                               step_time)
+        self._d = _Deadlines(limits, policy, step_time)
+        self._ranking = self._d.ranking
+        self._classes = check_slo_classes(slo_classes)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         self._kv: Any = None
         if page_table is not None:
@@ -164,9 +167,6 @@ class Ledger:
         self._stamp = np.zeros(b, dtype=np.uint64)
         self._relegated = np.zeros(b, dtype=bool)
         self._relegated_ids: list[int] = []
-        self._estimate = 0.0          # the measured step time (step_time=None)
-        self._sampled = False         # whether it has been measured yet
-        self._last_now: float | None = None
         self._count = 0
         self._next_arrival = 0
         # Two heaps so that an urgent request can be found behind a held-back head in O(log n);
@@ -228,7 +228,7 @@ class Ledger:
 
     @property
     def step_time_estimate(self) -> float:
-        return self._step_estimate()
+        return self._d.estimate_seconds()
 
     @property
     def page_table(self) -> Any:
@@ -328,7 +328,7 @@ class Ledger:
                 break
             head = heap[0]
             if (now is not None and self._ranking == RANK_DEADLINE and heap is not self._losing
-                    and now + self._prompt_seconds(head[2], self._chunk) > head[7]):
+                    and now + self._d.prompt_seconds(head[2], self._d.chunk) > head[7]):
                 # It cannot make its first token in time even if served at once: behind every
                 # request that still can (never dropped: it waits in the relegated heap).
                 heapq.heappop(heap)
@@ -442,7 +442,7 @@ class Ledger:
         rows = seq["resident"][emitting]
         if now is not None and self._ranking == RANK_DEADLINE:
             for row in rows.tolist():  # a token later than its deadline: the request is lost
-                if not self._relegated[row] and now > self._next_due(row):
+                if not self._relegated[row] and now > _next_due(self, row):
                     self._relegated[row] = True
                     self._relegated_ids.append(int(self._ids[row]))
         self._generated[rows] += 1
@@ -488,7 +488,8 @@ class Ledger:
             _check_reasons(reasons, self.capacity)
         self._relegated_ids = []
         if when is not None:
-            self._measure(pending, when)
+            self._d.measure(when, pending is not None
+                            and pending.num_prefill + pending.num_decode > 0)
         if pending is not None:
             self._apply(pending, seq, mask, True, when)
         self._admit(when)
@@ -508,71 +509,10 @@ class Ledger:
         if self._ranking != RANK_NONE:
             self._rank(when)
 
-    def _step_estimate(self) -> float:
-        if self._measured:
-            return self._estimate
-        return self._base + self._per_token * self._step_tokens
-
-    def _prompt_seconds(self, tokens: int, chunk: int) -> float:
-        """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
-        return ((tokens + chunk - 1) // chunk) * self._step_estimate()
-
-    def _next_due(self, row: int) -> float:
-        """When the row's next token is due (inf: no deadline)."""
-        due, generated = float(self._first_due[row]), int(self._generated[row])
-        if generated == 0:
-            return due
-        gap = float(self._gap[row])
-        return due + generated * gap if gap > 0 else math.inf
-
-    def _measure(self, pending: Any, now: float) -> None:
-        """step_time=None: each step's duration (between two steps' now) moves the estimate."""
-        last, self._last_now = self._last_now, now
-        if (not self._measured or pending is None or last is None or now <= last
-                or pending.num_prefill + pending.num_decode == 0):
-            return
-        sample = now - last
-        if self._sampled:
-            self._estimate += STEP_TIME_WEIGHT * (sample - self._estimate)
-        else:
-            self._estimate, self._sampled = sample, True
-
     def _rank(self, now: float) -> None:
-        """The rank pass (docs/scheduling.md), as the compiled ledger's ``rank_rows``."""
-        rows, count = self._rows, self._count
-        committed_rows = rows["context_committed"][:count]
-        est = self._step_estimate()
-        page = self.limits.kv_page_size
-        normal = max(page, min(self._chunk, self._step_tokens - int(committed_rows.sum())))
-        for r in range(count):
-            decoding = bool(rows["context_committed"][r])
-            due = self._next_due(r) if decoding else float(self._first_due[r])
-            stamp = int(self._stamp[r])
-            if self._ranking == RANK_EDF:
-                prio = (2**31 - 1 if due == math.inf
-                        else math.floor(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
-                rows["priority"][r], rows["arrival"][r] = prio, stamp
-                continue
-            if self._relegated[r]:
-                level, key = LEVEL_RELEGATED, stamp
-            elif due == math.inf:
-                level, key = LEVEL_SLACK, KEY_NONE + min(stamp, KEY_NONE - 1)
-            elif decoding:
-                slack = due - now - est
-                level = LEVEL_DUE if slack < est else LEVEL_SLACK
-                key = _slack_key(slack)
-            else:
-                rest = int(rows["prompt_length"][r]) - int(rows["committed"][r])
-                urgent = self._prompt_seconds(rest, self._chunk)
-                if now + urgent > due:
-                    self._relegated[r] = True
-                    self._relegated_ids.append(int(self._ids[r]))
-                    level, key = LEVEL_RELEGATED, stamp
-                else:
-                    at_risk = now + self._prompt_seconds(rest, normal) + est > due
-                    level = LEVEL_AT_RISK if at_risk else LEVEL_SLACK
-                    key = _slack_key(due - now - urgent)
-            rows["priority"][r], rows["arrival"][r] = level, key
+        lost = rank_rows(self._d, self._rows[:self._count], self._first_due, self._gap,
+                         self._generated, self._stamp, self._relegated, now)
+        self._relegated_ids.extend(int(self._ids[r]) for r in lost)
 
     @_exclusive(_BUSY)
     def retire(self, request_ids: Iterable[int]) -> None:
@@ -651,6 +591,141 @@ class Ledger:
     @_exclusive(_QUIET)
     def to_records(self) -> list[dict[str, Any]]:
         return records_of(self._rows[:self._count], self._ids[:self._count])
+
+
+# --- deadlines: the rank pass (docs/scheduling.md), as the compiled ledger's C ---------------
+
+
+class _Deadlines:
+    """The rank pass's policy and step-time estimate (the compiled ledger's ``DeadlineC``)."""
+
+    def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None,
+                 step_time: object) -> None:
+        (self.ranking, _, self.base, self.per_token, self.measured, self.step_tokens,
+         self.chunk) = check_deadline_args(policy, limits, None, step_time)
+        self.page_size = limits.kv_page_size
+        self.estimate = 0.0           # the measured step time (step_time=None)
+        self.sampled = False          # whether it has been measured yet
+        self.last_now = math.nan      # the now of the previous step
+
+    def estimate_seconds(self) -> float:
+        if self.measured:
+            return self.estimate
+        return self.base + self.per_token * self.step_tokens
+
+    def prompt_seconds(self, tokens: int, chunk: int) -> float:
+        """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
+        return ((tokens + chunk - 1) // chunk) * self.estimate_seconds()
+
+    def measure(self, now: float, ran: bool) -> None:
+        """step_time=None: a step's duration (between two steps' now) moves the estimate."""
+        last, self.last_now = self.last_now, now
+        if not self.measured or not ran or math.isnan(last) or now <= last:
+            return
+        sample = now - last
+        if self.sampled:
+            self.estimate += STEP_TIME_WEIGHT * (sample - self.estimate)
+        else:
+            self.estimate, self.sampled = sample, True
+
+
+def _next_due(ledger: Any, row: int) -> float:
+    return next_due(ledger._first_due, ledger._gap, ledger._generated, row)
+
+
+def next_due(first_due: np.ndarray, gap: np.ndarray, generated: np.ndarray, row: int) -> float:
+    """When the row's next token is due (inf: no deadline)."""
+    due, tokens = float(first_due[row]), int(generated[row])
+    if tokens == 0:
+        return due
+    step = float(gap[row])
+    return due + tokens * step if step > 0 else math.inf
+
+
+def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
+              generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
+              now: float) -> list[int]:
+    """Write each row's priority and arrival from its deadlines at ``now``; returns the rows
+    it relegated (the compiled ``rank_rows``)."""
+    lost: list[int] = []
+    count = len(rows)
+    est = d.estimate_seconds()
+    decoding = int(rows["context_committed"].astype(bool).sum())
+    normal = max(d.page_size, min(d.chunk, d.step_tokens - decoding))
+    for r in range(count):
+        committed = bool(rows["context_committed"][r])
+        due = next_due(first_due, gap, generated, r) if committed else float(first_due[r])
+        key = int(stamp[r])
+        if d.ranking == RANK_EDF:
+            prio = (2**31 - 1 if due == math.inf
+                    else math.floor(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
+            rows["priority"][r], rows["arrival"][r] = prio, key
+            continue
+        if relegated[r]:
+            level = LEVEL_RELEGATED
+        elif due == math.inf:
+            level, key = LEVEL_SLACK, KEY_NONE + min(key, KEY_NONE - 1)
+        elif committed:
+            slack = due - now - est
+            level = LEVEL_DUE if slack < est else LEVEL_SLACK
+            key = _slack_key(slack)
+        else:
+            rest = int(rows["prompt_length"][r]) - int(rows["committed"][r])
+            urgent = d.prompt_seconds(rest, d.chunk)
+            if now + urgent > due:
+                relegated[r] = True
+                lost.append(r)
+                level = LEVEL_RELEGATED
+            else:
+                at_risk = now + d.prompt_seconds(rest, normal) + est > due
+                level = LEVEL_AT_RISK if at_risk else LEVEL_SLACK
+                key = _slack_key(due - now - urgent)
+        rows["priority"][r], rows["arrival"][r] = level, key
+    return lost
+
+
+class Ranker:
+    """The ledger's rank pass over rows a runtime keeps itself (the vLLM scheduler keeps no
+    ``Ledger``): the same C as the ledger's, so an adapter keeps no copy of the policy."""
+
+    def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy, *,
+                 step_time: tuple[float, float] | None = None) -> None:
+        if not isinstance(policy, ResolvedSchedulingPolicy):
+            raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
+        check_ledger_args(limits, policy, 0)
+        self.limits, self.policy = limits, policy
+        self._d = _Deadlines(limits, policy, step_time)
+
+    @property
+    def step_time_estimate(self) -> float:
+        return self._d.estimate_seconds()
+
+    def measure(self, now: float, ran: bool = True) -> None:
+        """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
+        (``step_time=None``) moves towards the time since the previous one."""
+        self._d.measure(as_time("now", now), bool(ran))
+
+    def admits(self, prompt_tokens: int, first_due: float, now: float) -> bool:
+        """Whether a waiting prompt can still make its first token in time if served at once
+        (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
+        tokens = as_int("prompt_tokens", prompt_tokens)
+        due, when = float(first_due), as_time("now", now)
+        if self._d.ranking != RANK_DEADLINE:
+            return True
+        return not when + self._d.prompt_seconds(tokens, self._d.chunk) > due
+
+    def rank(self, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
+             generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
+             now: float) -> np.ndarray:
+        """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
+        positions it relegated (and sets them in ``relegated``). A no-op under FCFS/PRIORITY."""
+        check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
+                          self.limits.max_batch_size)
+        when = as_time("now", now)
+        if self._d.ranking == RANK_NONE:
+            return np.zeros(0, dtype=np.int64)
+        lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when)
+        return np.array(lost, dtype=np.int64)
 
 
 def _slack_key(slack: float) -> int:

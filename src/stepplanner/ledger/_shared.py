@@ -200,6 +200,38 @@ def optional_now(call: str, now: object, ranking: int, needed: int) -> float | N
     return as_time("now", now)
 
 
+# What Ranker.rank reads and writes: (argument, dtype, written).
+RANK_ARRAYS = (("first_due", np.dtype(np.float64), False), ("gap", np.dtype(np.float64), False),
+               ("generated", np.dtype(np.int64), False), ("stamp", np.dtype(np.uint64), False),
+               ("relegated", np.dtype(np.uint8), True))
+
+
+def check_rank_arrays(rows: object, arrays: Sequence[object], capacity: int) -> int:
+    """``Ranker.rank``'s arguments: ``rows`` a writable C-contiguous 1-D RESIDENT_DTYPE array of
+    at most ``capacity`` rows, and one C-contiguous 1-D array per row of each of RANK_ARRAYS
+    (``relegated`` writable). Returns the row count."""
+    if (not isinstance(rows, np.ndarray) or rows.dtype != RESIDENT_DTYPE or rows.ndim != 1
+            or not rows.flags.c_contiguous or not rows.flags.writeable):
+        raise _errors.StepPlannerTypeError(
+            "rows must be a writable C-contiguous 1-D array of RESIDENT_DTYPE, got "
+            f"{type(rows).__name__}" + (f" of {rows.dtype}" if isinstance(rows, np.ndarray)
+                                        else ""))
+    n = len(rows)
+    if n > capacity:
+        raise _errors.out_of_range("len(rows)", n, f"0..{capacity} (max_batch_size)")
+    for (name, dtype, written), value in zip(RANK_ARRAYS, arrays):
+        if (not isinstance(value, np.ndarray) or value.dtype != dtype or value.ndim != 1
+                or not value.flags.c_contiguous or (written and not value.flags.writeable)):
+            raise _errors.StepPlannerTypeError(
+                f"{name} must be a {'writable ' if written else ''}C-contiguous 1-D {dtype} "
+                f"array, got {type(value).__name__}"
+                + (f" of {value.dtype}" if isinstance(value, np.ndarray) else ""))
+        if len(value) != n:
+            raise _errors.StepPlannerValueError(
+                f"{name} has {len(value)} entries for {n} rows; allowed: one per row")
+    return n
+
+
 def parse_records(residents: Sequence[Mapping[str, Any]],
                   capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other.
