@@ -219,9 +219,15 @@ def test_ledger_implementations_have_the_same_surface(compiled):
             assert (_comparable(inspect.signature(getattr(ours, name)))
                     == _comparable(inspect.signature(getattr(theirs, name)))), name
     text = importlib.resources.files("stepplanner").joinpath("ledger", "_ledger.pyi").read_text("utf-8")
-    (init,) = [item for node in ast.parse(text).body if isinstance(node, ast.ClassDef)
+    (init,) = [item for node in ast.parse(text).body
+               if isinstance(node, ast.ClassDef) and node.name == "Ledger"
                for item in node.body
                if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
     stub = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
     assert stub == list(inspect.signature(ours).parameters) == [
         "limits", "policy", "max_waiting", "page_table", "slo_classes", "step_time"]
+    ranker, compiled_ranker = _ledger_reference.Ranker, _ledger_core.Ranker
+    for name in sorted(_public(ranker)):
+        if callable(getattr(ranker, name)):
+            assert (_comparable(inspect.signature(getattr(ranker, name)))
+                    == _comparable(inspect.signature(getattr(compiled_ranker, name)))), name
