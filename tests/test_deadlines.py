@@ -1,0 +1,435 @@
+"""The ledger's deadline policies (docs/scheduling.md): SLOs on requests, EDF and DEADLINE.
+
+The planner plans both as PRIORITY (SPEC §7); what is tested here is what the ledger writes into
+the rows before each plan, its queue order, relegation, and the errors. Every scenario runs on
+the compiled ledger and on the twin (``ledger_impl``), and a hypothesis test drives both in
+lockstep through random submit/cancel/admit/step/rank sequences with a clock, comparing every
+row, plan, view and error message.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import stepplanner as sp
+from stepplanner import _core, _core_py
+from stepplanner.ledger import _ledger, _ledger_py
+from stepplanner.ledger._shared import (
+    KEY_NONE,
+    KEY_ZERO,
+    LEVEL_AT_RISK,
+    LEVEL_DUE,
+    LEVEL_RELEGATED,
+    LEVEL_SLACK,
+)
+
+LIMITS = sp.StepPlannerLimits(max_batch_size=4, max_input_length=256, kv_page_size=16)
+STEP = (0.01, 0.0)  # every step is estimated at 10 ms
+
+
+def policy(name: str, pause: bool = True, limits: sp.StepPlannerLimits = LIMITS, **options):
+    return sp.resolve_scheduling_policy(sp.SchedulingOptions(
+        scheduling_policy=sp.SchedulingPolicy[name],
+        preemption=sp.PreemptionMode.PAUSE if pause else sp.PreemptionMode.NONE, **options),
+        limits)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def impl(request):
+    """(ledger module, planner module) of one implementation."""
+    return (_ledger, _core) if request.param == "compiled" else (_ledger_py, _core_py)
+
+
+def make(impl, name="DEADLINE", pause=True, step_time=STEP, **kwargs):
+    ledger_mod, core_mod = impl
+    pol = policy(name, pause)
+    return (ledger_mod.Ledger(LIMITS, pol, step_time=step_time, max_waiting=64, **kwargs),
+            core_mod.StepPlanner(pol, LIMITS))
+
+
+def row_of(ledger, rid):
+    return ledger.residents[int(np.flatnonzero(ledger.request_ids == rid)[0])]
+
+
+# --- SLO values ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [0, -1, -0.5, math.nan, math.inf, -math.inf])
+def test_slo_refuses_values_that_are_no_objective(bad):
+    with pytest.raises(ValueError, match=r"ttft=.* out of range; allowed: a finite number"):
+        sp.SLO(bad)
+    with pytest.raises(ValueError, match=r"tpot=.* out of range"):
+        sp.SLO(0.25, bad)
+
+
+@pytest.mark.parametrize("bad", ["250ms", True, None, [1]])
+def test_slo_refuses_non_numbers(bad):
+    with pytest.raises(TypeError, match="ttft must be a number of seconds"):
+        sp.SLO(bad)
+
+
+def test_slo_holds_seconds_as_floats():
+    assert sp.SLO(1, 2) == sp.SLO(1.0, 2.0) and sp.SLO(0.25).tpot is None
+
+
+@pytest.mark.parametrize(("classes", "error", "match"), [
+    ([sp.SLO(1.0)], TypeError, "slo_classes must be a mapping"),
+    ({"0": sp.SLO(1.0)}, ValueError, "slo_classes key '0' is not a priority"),
+    ({2**31: sp.SLO(1.0)}, ValueError, "is not a priority; allowed: an int32"),
+    ({0: (0.25, 0.1)}, TypeError, r"slo_classes\[0\] must be an SLO"),
+])
+def test_bad_slo_classes_are_refused(impl, classes, error, match):
+    with pytest.raises(error, match=match):
+        make(impl, slo_classes=classes)
+
+
+@pytest.mark.parametrize(("step_time", "error", "match"), [
+    (0.01, TypeError, "step_time must be a"),
+    ((0.01,), TypeError, "step_time must be a"),
+    (("a", 0), TypeError, "step_time must be a"),
+    ((-0.01, 0.0), ValueError, "step_time base=-0.01 is out of range"),
+    ((0.01, math.nan), ValueError, "step_time per_token=nan is out of range"),
+    ((math.inf, 0.0), ValueError, "step_time base=inf is out of range"),
+])
+def test_bad_step_time_is_refused(impl, step_time, error, match):
+    with pytest.raises(error, match=match):
+        make(impl, step_time=step_time)
+
+
+# --- submit -------------------------------------------------------------------------------------
+
+
+def _state(ledger):
+    return (ledger.to_records(), ledger.waiting_ids(), ledger.waiting)
+
+
+def test_objectives_need_an_arrival_time_and_a_refusal_changes_nothing(impl):
+    ledger, _ = make(impl, slo_classes={0: sp.SLO(0.5)})
+    ledger.submit(1, 10, 1)  # class 1 has no objectives: no arrival time needed
+    before = _state(ledger)
+    with pytest.raises(ValueError, match="request 2 has objectives but no arrival_time"):
+        ledger.submit(2, 10, 0)  # by its class
+    with pytest.raises(ValueError, match="request 3 has objectives but no arrival_time"):
+        ledger.submit(3, 10, 1, slo=sp.SLO(1.0))  # its own
+    for bad, error in ((math.nan, ValueError), (math.inf, ValueError), ("0", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match="arrival_time"):
+            ledger.submit(4, 10, 0, arrival_time=bad)
+    with pytest.raises(TypeError, match="slo must be an SLO or None, got tuple"):
+        ledger.submit(5, 10, 0, arrival_time=0.0, slo=(0.5, 0.1))
+    assert _state(ledger) == before
+    ledger.submit(2, 10, 0, arrival_time=0.0)
+    assert ledger.waiting == 2
+
+
+@pytest.mark.parametrize("call", ["step", "admit", "apply"])
+def test_now_is_required_where_the_policy_reads_the_clock(impl, call):
+    ledger, planner = make(impl)
+    ledger.submit(1, 10, arrival_time=0.0, slo=sp.SLO(1.0))
+    plan = ledger.step(planner, now=0.0)
+    before = _state(ledger)
+    with pytest.raises(ValueError, match=f"{call}: now is required under "
+                                         "SchedulingPolicy.DEADLINE"):
+        if call == "step":
+            ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool))
+        elif call == "admit":
+            ledger.admit()
+        else:
+            ledger.apply(plan)
+    assert _state(ledger) == before
+    with pytest.raises(ValueError, match="now=nan is not a time"):
+        ledger.step(planner, now=math.nan)
+
+
+def test_edf_needs_now_to_step_but_not_to_admit(impl):
+    ledger, planner = make(impl, "EDF")
+    ledger.admit()
+    with pytest.raises(ValueError, match="step: now is required under SchedulingPolicy.EDF"):
+        ledger.step(planner)
+
+
+def test_fcfs_and_priority_plan_the_same_with_or_without_objectives(impl):
+    """Requests without objectives, or under a policy that ignores them: today's behaviour."""
+    rng = np.random.default_rng(3)
+    requests = [(int(rng.integers(1, 200)), int(rng.integers(0, 3)), int(rng.integers(1, 6)))
+                for _ in range(30)]
+    for name in ("FCFS", "PRIORITY"):
+        runs = []
+        for objectives in (False, True):
+            ledger, planner = make(impl, name, slo_classes={0: sp.SLO(0.01, 0.001)}
+                                   if objectives else None)
+            for rid, (length, prio, out) in enumerate(requests):
+                extra = {"arrival_time": 0.0, "slo": sp.SLO(0.02)} if objectives else {}
+                ledger.submit(rid, length, prio, out, **extra)
+            plans, now = [], 0.0
+            plan = ledger.step(planner, now=now if objectives else None)
+            while ledger.count:
+                plans.append((plan.to_dict(), ledger.residents.tolist()))
+                now += 0.05
+                plan = ledger.step(planner, now=now if objectives else None)
+            assert not ledger.relegated_ids.size
+            runs.append(plans)
+        assert runs[0] == runs[1]
+
+
+# --- what the rank pass writes ---------------------------------------------------------------
+
+
+def test_edf_writes_milliseconds_to_the_next_deadline(impl):
+    ledger, planner = make(impl, "EDF", pause=False)
+    ledger.submit(1, 32, arrival_time=0.0, slo=sp.SLO(0.5, 0.125), max_new_tokens=5)
+    ledger.submit(2, 32, arrival_time=0.0, slo=sp.SLO(0.25))  # TTFT only
+    ledger.submit(3, 32)                                        # no objectives
+    plan = ledger.step(planner, now=0.125)
+    assert [row_of(ledger, r)["priority"] for r in (1, 2, 3)] == [375, 125, 2**31 - 1]
+    assert [row_of(ledger, r)["arrival"] for r in (1, 2, 3)] == [0, 1, 2]  # the stamps
+    ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.25)  # first tokens
+    # Request 1's token 1 is due at 0.5 + 0.125; request 2 has no deadline left.
+    assert row_of(ledger, 1)["priority"] == 375
+    assert row_of(ledger, 2)["priority"] == 2**31 - 1
+
+
+def test_deadline_levels(impl):
+    ledger, planner = make(impl, step_time=(0.01, 0.0))
+    # Two decodes: one with slack, one that cannot skip a step; then an at-risk prompt.
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(1.0, 1.0))
+    ledger.submit(2, 16, arrival_time=0.0, slo=sp.SLO(1.0, 0.001))
+    ledger.step(planner, now=0.0)
+    ledger.step(planner, np.zeros(2, dtype=bool), now=0.01)  # both decoding, 1 token each
+    # At now=0.99 both emit token 1; request 2's token 2 is due at 1.002: its slack (1.002 -
+    # 0.99 - 0.01) is under a step -> LEVEL_DUE; request 1's is due at 3.0 -> LEVEL_SLACK.
+    ledger.submit(3, 240, arrival_time=0.0, slo=sp.SLO(1.03))  # 1 step at 256 tokens/step
+    ledger.submit(4, 240, arrival_time=0.0, slo=sp.SLO(9.0))   # plenty of time
+    plan = ledger.step(planner, np.zeros(2, dtype=bool), now=0.99)
+    levels = {r: int(row_of(ledger, r)["priority"]) for r in (1, 2, 3, 4)}
+    # Request 3: urgent = 1 step (10 ms) <= 40 ms left; at the normal pace, 256 - 2 decodes ->
+    # 240 tokens a step: 1 step + a step of margin = 20 ms <= 40 ms: not at risk yet.
+    assert levels == {1: LEVEL_SLACK, 2: LEVEL_DUE, 3: LEVEL_SLACK, 4: LEVEL_SLACK}
+    assert not plan.to_dict()["paused"]
+
+
+def test_an_at_risk_prompt_pauses_the_decodes_that_can_wait_but_never_one_that_cannot(impl):
+    ledger, planner = make(impl, step_time=(0.01, 0.0))
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(1.0, 1.0))
+    ledger.submit(2, 16, arrival_time=0.0, slo=sp.SLO(1.0, 0.001))
+    ledger.step(planner, now=0.0)
+    ledger.step(planner, np.zeros(2, dtype=bool), now=0.01)
+    # Due at 1.005: served at once (one 10 ms step) it makes it; at the normal pace plus a step
+    # of margin (1.01) it does not: at risk.
+    ledger.submit(3, 240, arrival_time=0.0, slo=sp.SLO(1.005))
+    plan = ledger.step(planner, np.zeros(2, dtype=bool), now=0.99)
+    rows = {r: i for i, r in enumerate(ledger.request_ids.tolist())}
+    assert int(row_of(ledger, 3)["priority"]) == LEVEL_AT_RISK
+    assert int(row_of(ledger, 2)["priority"]) == LEVEL_DUE
+    assert plan.to_dict()["paused"] == [rows[1]]       # the decode with slack waits
+    planned = {s["resident"] for s in plan.to_dict()["sequences"]}
+    assert planned == {rows[2], rows[3]}              # the one about to miss runs
+
+
+def test_a_prompt_that_cannot_make_it_is_relegated_once_and_served_after(impl):
+    ledger, planner = make(impl, step_time=(0.05, 0.0))
+    ledger.submit(1, 240, arrival_time=0.0, slo=sp.SLO(0.2))
+    ledger.step(planner, now=0.0)
+    assert not ledger.relegated_ids.size
+    ledger.submit(2, 240, arrival_time=0.0, slo=sp.SLO(0.21))
+    ledger.submit(3, 240, arrival_time=0.1, slo=sp.SLO(5.0))
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.19)
+    # Request 2 (0.21 due, one 50 ms step needed at 0.19) cannot make it: relegated at
+    # admission; request 1 finished its prompt; request 3 has slack.
+    assert ledger.relegated_ids.tolist() == [2]
+    assert int(row_of(ledger, 2)["priority"]) == LEVEL_RELEGATED
+    assert int(row_of(ledger, 2)["arrival"]) == 1  # its stamp: relegated rows go by arrival
+    assert int(row_of(ledger, 3)["priority"]) == LEVEL_SLACK
+    ledger.rank(0.3)
+    assert not ledger.relegated_ids.size  # relegated once: later calls do not count it again
+    assert int(row_of(ledger, 2)["priority"]) == LEVEL_RELEGATED
+
+
+def test_a_late_token_relegates_its_request(impl):
+    ledger, planner = make(impl, step_time=(0.01, 0.0))
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(0.1, 0.02), max_new_tokens=10)
+    ledger.step(planner, now=0.0)
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.05)   # first token at 0.05 <= 0.1
+    assert not ledger.relegated_ids.size
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.13)   # token 1 due 0.12: late
+    assert ledger.relegated_ids.tolist() == [1]
+    assert int(row_of(ledger, 1)["priority"]) == LEVEL_RELEGATED
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.14)
+    assert not ledger.relegated_ids.size                     # once
+
+
+def test_rows_without_deadlines_come_after_every_keyed_row(impl):
+    ledger, planner = make(impl)
+    ledger.submit(1, 32)
+    ledger.submit(2, 32, arrival_time=0.0, slo=sp.SLO(100.0))
+    ledger.step(planner, now=0.0)
+    assert int(row_of(ledger, 1)["arrival"]) == KEY_NONE + 0
+    assert KEY_ZERO < int(row_of(ledger, 2)["arrival"]) < KEY_NONE
+    assert ledger.to_records()  # the records still read (ranks are what the rows hold)
+
+
+def test_the_queue_is_in_first_token_deadline_order(impl):
+    ledger, planner = make(impl, "EDF")
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(5.0))
+    ledger.submit(2, 16)                                       # no objectives: last
+    ledger.submit(3, 16, arrival_time=0.5, slo=sp.SLO(1.0))    # due 1.5
+    ledger.submit(4, 16, arrival_time=1.0, slo=sp.SLO(0.2))    # due 1.2
+    assert ledger.waiting_ids() == [4, 3, 1, 2]
+
+
+def test_admission_takes_requests_that_can_still_make_it_first(impl):
+    ledger_mod, core_mod = impl
+    limits = sp.StepPlannerLimits(max_batch_size=1, max_input_length=256, kv_page_size=16)
+    pol = policy("DEADLINE", limits=limits, max_num_tokens=32)
+    ledger = ledger_mod.Ledger(limits, pol, step_time=(0.01, 0.0))
+    planner = core_mod.StepPlanner(pol, limits)
+    ledger.submit(1, 200, arrival_time=0.0, slo=sp.SLO(0.05))  # needs 13 steps: hopeless
+    ledger.submit(2, 200, arrival_time=0.0, slo=sp.SLO(1.0))
+    ledger.step(planner, now=0.0)
+    assert ledger.request_ids.tolist() == [2] and ledger.relegated_ids.tolist() == [1]
+    assert ledger.waiting_ids() == [1]  # still waiting, never dropped
+
+
+def test_the_measured_step_time_follows_the_clock(impl):
+    ledger, planner = make(impl, step_time=None)
+    assert ledger.step_time_estimate == 0.0
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(10.0, 1.0), max_new_tokens=50)
+    ledger.step(planner, now=1.0)
+    ledger.step(planner, np.zeros(1, dtype=bool), now=1.1)      # the first sample: 0.1
+    assert ledger.step_time_estimate == pytest.approx(0.1)
+    ledger.step(planner, np.zeros(1, dtype=bool), now=1.3)      # moves a quarter towards 0.2
+    assert ledger.step_time_estimate == pytest.approx(0.125)
+
+
+def test_load_is_refused_under_a_deadline_policy(impl):
+    ledger, _ = make(impl, "EDF")
+    with pytest.raises(ValueError, match="load\\(\\) is refused under SchedulingPolicy.EDF"):
+        ledger.load([])
+
+
+def test_the_planner_plans_deadline_policies_as_priority(core):
+    rows = [core.ResidentState(1, 0, 40, 41, True), core.ResidentState(0, 5, 60, 0, False),
+            core.ResidentState(2, 2, 20, 0, False), core.ResidentState(1, 3, 50, 50, True)]
+    limits = sp.StepPlannerLimits(4, 64, 16)
+    plans = []
+    for name in ("PRIORITY", "EDF", "DEADLINE"):
+        pol = policy(name, limits=limits, max_num_tokens=52, max_chunk_tokens=32)
+        plans.append(core.StepPlanner(pol, limits).plan(rows).to_dict())
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0]["paused"] == [0, 2, 3]  # SPEC §5's second example
+
+
+# --- the Ranker: the same pass over a runtime's own rows ---------------------------------------
+
+
+def test_ranker_writes_what_the_ledger_writes(impl):
+    ledger_mod, _ = impl
+    ledger, planner = make(impl, step_time=(0.01, 0.0001))
+    for rid in range(4):
+        ledger.submit(rid, 40 * (rid + 1), arrival_time=0.0, slo=sp.SLO(0.05 * (rid + 1), 0.01))
+    plan = ledger.step(planner, now=0.0)
+    lost_before = ledger.relegated_ids.tolist()
+    ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.02)
+    lost_before += ledger.relegated_ids.tolist()
+    rows = ledger.residents.copy()
+    original = rows.copy()
+    ranker = ledger_mod.Ranker(LIMITS, policy("DEADLINE"), step_time=(0.01, 0.0001))
+    order = ledger.request_ids.tolist()
+    first_due = np.array([0.05 * (r + 1) for r in order])
+    gap = np.full(len(order), 0.01)
+    generated = ledger.output_tokens.astype(np.int64).copy()
+    stamp = np.array(order, dtype=np.uint64)
+    relegated = np.isin(order, lost_before).astype(np.uint8)  # the runtime keeps it per request
+    rows["priority"], rows["arrival"] = 7, 7  # the ranker overwrites both
+    lost = ranker.rank(rows, first_due, gap, generated, stamp, relegated, 0.03)
+    ledger.rank(0.03)
+    assert rows.tolist() == ledger.residents.tolist()
+    assert sorted(np.asarray(order)[lost].tolist()) == sorted(ledger.relegated_ids.tolist())
+    assert rows[["prompt_length", "committed"]].tolist() == original[
+        ["prompt_length", "committed"]].tolist()
+
+
+@pytest.mark.parametrize(("argument", "value", "error", "match"), [
+    ("rows", np.zeros(2, dtype=np.int64), TypeError, "rows must be a writable"),
+    ("first_due", np.zeros(2, dtype=np.float32), TypeError, "first_due must be a"),
+    ("gap", np.zeros(3), ValueError, "gap has 3 entries for 2 rows"),
+    ("relegated", np.zeros(2, dtype=bool), TypeError, "relegated must be a writable"),
+])
+def test_ranker_checks_its_arrays(impl, argument, value, error, match):
+    ledger_mod, _ = impl
+    ranker = ledger_mod.Ranker(LIMITS, policy("EDF"))
+    args = {"rows": np.zeros(2, dtype=sp.RESIDENT_DTYPE), "first_due": np.zeros(2),
+            "gap": np.zeros(2), "generated": np.zeros(2, dtype=np.int64),
+            "stamp": np.zeros(2, dtype=np.uint64), "relegated": np.zeros(2, dtype=np.uint8)}
+    args[argument] = value
+    with pytest.raises(error, match=match):
+        ranker.rank(now=0.0, **args)
+
+
+# --- compiled and twin in lockstep -------------------------------------------------------------
+
+OPS = st.lists(st.tuples(
+    st.sampled_from(["submit", "submit", "submit", "step", "step", "step", "cancel", "admit",
+                     "rank"]),
+    st.integers(0, 2**16), st.floats(0.0, 0.03)), min_size=1, max_size=80)
+
+
+def _outcome(call):
+    try:
+        return ("ok", call())
+    except (TypeError, ValueError, OverflowError, sp.QueueFullError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@given(ops=OPS, name=st.sampled_from(["EDF", "DEADLINE"]), pause=st.booleans(),
+       measured=st.booleans(), page=st.sampled_from([1, 16]))
+def test_compiled_and_twin_agree_under_deadline_policies(ops, name, pause, measured, page):
+    limits = sp.StepPlannerLimits(max_batch_size=3, max_input_length=64, kv_page_size=page)
+    pol = policy(name, pause, limits=limits, max_pause_steps=2)
+    # Objectives a few steps long, so rows move between every level over a run.
+    classes = {0: sp.SLO(0.15, 0.06), 1: sp.SLO(0.6)}
+    step_time = None if measured else (0.005, 0.0001)
+    pairs = [(m.Ledger(limits, pol, max_waiting=6, slo_classes=classes, step_time=step_time),
+              c.StepPlanner(pol, limits)) for m, c in ((_ledger, _core), (_ledger_py, _core_py))]
+    now, next_id, plans = 0.0, 0, [None, None]
+    for op, seed, dt in ops:
+        results = []
+        for k, (ledger, planner) in enumerate(pairs):
+            rng = np.random.default_rng(seed)
+            if op == "submit":
+                prio = int(rng.integers(0, 3))
+                own = sp.SLO(float(rng.uniform(0.02, 0.8)), float(rng.uniform(0.01, 0.1))) \
+                    if rng.random() < 0.3 else None
+                timed = prio != 2 or own is not None or rng.random() < 0.5
+                call = lambda: ledger.submit(  # noqa: E731
+                    next_id, int(rng.integers(1, 80)), prio, int(rng.integers(1, 30)),
+                    arrival_time=now if timed else None, slo=own)
+            elif op == "step":
+                plan = plans[k]
+                mask = (None if plan is None or rng.random() < 0.5 else
+                        plan.as_array()["select_last_token_logits"] & (rng.random(len(plan.sequences)) < 0.3))
+
+                def call(ledger=ledger, planner=planner, mask=mask, k=k):
+                    plans[k] = ledger.step(planner, mask, now=now)
+                    return plans[k].to_dict()
+            elif op == "cancel":
+                call = lambda: ledger.cancel(int(rng.integers(0, max(next_id, 1))))  # noqa: E731
+            elif op == "admit":
+                def call(ledger=ledger, k=k):
+                    plans[k] = None
+                    return ledger.admit(now=now)
+            else:
+                call = lambda: ledger.rank(now)  # noqa: E731
+            results.append((_outcome(call), ledger.residents.tolist(),
+                            ledger.request_ids.tolist(), ledger.output_tokens.tolist(),
+                            ledger.relegated_ids.tolist(), ledger.waiting_ids(),
+                            ledger.step_time_estimate))
+        assert results[0] == results[1], op
+        if op == "submit" and results[0][0][0] == "ok":
+            next_id += 1
+        now += dt
