@@ -1,4 +1,5 @@
-"""``simulate --plot``: paths checked before the run, the timeline binned in time."""
+"""``simulate --plot``: paths checked before the run, the timeline binned in time; every latency
+axis labelled, whatever its range."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)
 from click.testing import CliRunner  # noqa: E402
 
 from stepplanner.cli import main  # noqa: E402
-from stepplanner.cli.plot import bin_in_time  # noqa: E402
+from stepplanner.cli.plot import bin_in_time, fidelity_figure  # noqa: E402
 
 SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
          "--no-progress"]
@@ -67,3 +68,44 @@ def test_plot_is_written(tmp_path: pathlib.Path) -> None:
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def tick_labels(ax) -> list:
+    """The x axis's drawn tick labels, major and minor, that have text: those of ticks inside
+    the view (matplotlib labels the ticks on either side of it too, and does not draw them)."""
+    lo, hi = sorted(ax.get_xlim())
+    x = ax.xaxis
+    ticks = [(loc, tick) for locs, get in ((x.get_majorticklocs(), x.get_major_ticks),
+                                           (x.get_minorticklocs(), x.get_minor_ticks))
+             for loc, tick in zip(locs, get(len(locs)))]
+    return [tick.label1 for loc, tick in ticks
+            if lo <= loc <= hi and tick.label1.get_visible() and tick.label1.get_text()]
+
+
+def drawn(fig):
+    """``fig`` laid out and drawn by Agg, so tick labels hold their text and extents."""
+    FigureCanvasAgg = pytest.importorskip("matplotlib.backends.backend_agg").FigureCanvasAgg
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+@pytest.mark.parametrize("low_ms, high_ms", [
+    (12.0, 80.0),        # inside one decade with no power of ten: the TPOT panel had no label
+    (7.0, 60.0),         # one power of ten inside: one label only
+    (25.0, 28.0),        # a narrow range
+    (40.0, 7_000.0),     # two decades and more
+    (0.5, 50_000.0),     # five decades
+])
+def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(low_ms: float,
+                                                                     high_ms: float) -> None:
+    pytest.importorskip("matplotlib")
+    seconds = np.geomspace(low_ms, high_ms, 60) / 1e3
+    series = {m: seconds for m in ("ttft", "tpot", "e2e")}
+    simulated = {m: s * 1.05 for m, s in series.items()}
+    fig = drawn(fidelity_figure(series, simulated, "title"))
+    for ax in fig.axes:
+        labels = tick_labels(ax)
+        assert len(labels) >= 2, (ax.get_title(), [t.get_text() for t in labels])
+        boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), \
+            (ax.get_title(), [t.get_text() for t in labels])
