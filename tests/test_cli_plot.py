@@ -1,8 +1,9 @@
-"""``simulate --plot``: paths checked before the run, the timeline binned in time; every latency
-axis labelled, whatever its range."""
+"""``simulate --plot``: paths checked before the run (``compare --plot``'s too), the timeline
+binned in time; every latency axis labelled, whatever its range."""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
 import numpy as np
@@ -41,21 +42,22 @@ def test_few_steps_are_left_as_they_are() -> None:
     assert t.tolist() == [1.5, 2.0] and mean["v"].tolist() == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("command", ["simulate", "compare"])
 @pytest.mark.parametrize(("name", "message"), [
     ("missing-dir/x.png", "directory"),
     ("x.txt", ".txt is not an image format matplotlib writes; allowed:"),
     ("x", "no suffix is not an image format"),
 ])
-def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Path, name: str,
-                                              message: str) -> None:
+def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Path, command: str,
+                                              name: str, message: str) -> None:
     pytest.importorskip("matplotlib")
-    import stepplanner.cli.simulate as simulate_module
+    module = importlib.import_module(f"stepplanner.cli.{command}")
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the simulation ran before the plot path was checked")
 
-    monkeypatch.setattr(simulate_module, "run", must_not_run)
-    result = CliRunner().invoke(main, ["simulate", *SMALL, "--plot", str(tmp_path / name)],
+    monkeypatch.setattr(module, "run", must_not_run)
+    result = CliRunner().invoke(main, [command, *SMALL, "--plot", str(tmp_path / name)],
                                 catch_exceptions=False)
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1

@@ -1,5 +1,6 @@
 """``simulate --plot``: the TTFT CDF per priority class and the batch timeline; ``fidelity --plot``:
-the real and simulated CDFs (matplotlib).
+the real and simulated CDFs (matplotlib); and what every figure is drawn with (``compare_plot``
+draws from it too): a latency CDF, a millisecond axis that reads at any range, a figure, a file.
 
 Each figure is built by a ``*_figure`` function that returns it (what the tests inspect) and
 written by ``save``; the figures are ``matplotlib.figure.Figure`` objects, not pyplot's, so no
@@ -104,11 +105,12 @@ def latency_axis(ax: Any, values_ms: np.ndarray, label: str, max_labels: int = 8
     ax.set_xlim(lo / 10 ** (0.03 * decades), hi * 10 ** (0.03 * decades))
     subs = (1.0, 2.0, 5.0) if 3 * decades <= max_labels else (1.0,)
     ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(_plain))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(plain_number))
     ax.xaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def _plain(value: float, _position: Any = None) -> str:
+def plain_number(value: float, _position: Any = None) -> str:
+    """A tick label: 5, 20, 1,000 or 0.5, never 10^3."""
     return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
