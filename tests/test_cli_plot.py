@@ -1,7 +1,9 @@
-"""``simulate --plot``: paths checked before the run, the timeline binned in time."""
+"""``simulate --plot``: paths checked before the run (``compare --plot``'s too), the timeline
+binned in time; every latency axis labelled, whatever its range."""
 
 from __future__ import annotations
 
+import importlib
 import pathlib
 
 import numpy as np
@@ -11,7 +13,7 @@ pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)
 from click.testing import CliRunner  # noqa: E402
 
 from stepplanner.cli import main  # noqa: E402
-from stepplanner.cli.plot import bin_in_time  # noqa: E402
+from stepplanner.cli.plot import bin_in_time, fidelity_figure  # noqa: E402
 
 SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
          "--no-progress"]
@@ -40,21 +42,22 @@ def test_few_steps_are_left_as_they_are() -> None:
     assert t.tolist() == [1.5, 2.0] and mean["v"].tolist() == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("command", ["simulate", "compare"])
 @pytest.mark.parametrize(("name", "message"), [
     ("missing-dir/x.png", "directory"),
     ("x.txt", ".txt is not an image format matplotlib writes; allowed:"),
     ("x", "no suffix is not an image format"),
 ])
-def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Path, name: str,
-                                              message: str) -> None:
+def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Path, command: str,
+                                              name: str, message: str) -> None:
     pytest.importorskip("matplotlib")
-    import stepplanner.cli.simulate as simulate_module
+    module = importlib.import_module(f"stepplanner.cli.{command}")
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the simulation ran before the plot path was checked")
 
-    monkeypatch.setattr(simulate_module, "run", must_not_run)
-    result = CliRunner().invoke(main, ["simulate", *SMALL, "--plot", str(tmp_path / name)],
+    monkeypatch.setattr(module, "run", must_not_run)
+    result = CliRunner().invoke(main, [command, *SMALL, "--plot", str(tmp_path / name)],
                                 catch_exceptions=False)
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
@@ -67,3 +70,44 @@ def test_plot_is_written(tmp_path: pathlib.Path) -> None:
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def tick_labels(ax) -> list:
+    """The x axis's drawn tick labels, major and minor, that have text: those of ticks inside
+    the view (matplotlib labels the ticks on either side of it too, and does not draw them)."""
+    lo, hi = sorted(ax.get_xlim())
+    x = ax.xaxis
+    ticks = [(loc, tick) for locs, get in ((x.get_majorticklocs(), x.get_major_ticks),
+                                           (x.get_minorticklocs(), x.get_minor_ticks))
+             for loc, tick in zip(locs, get(len(locs)))]
+    return [tick.label1 for loc, tick in ticks
+            if lo <= loc <= hi and tick.label1.get_visible() and tick.label1.get_text()]
+
+
+def drawn(fig):
+    """``fig`` laid out and drawn by Agg, so tick labels hold their text and extents."""
+    FigureCanvasAgg = pytest.importorskip("matplotlib.backends.backend_agg").FigureCanvasAgg
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+@pytest.mark.parametrize("low_ms, high_ms", [
+    (12.0, 80.0),        # inside one decade with no power of ten: the TPOT panel had no label
+    (7.0, 60.0),         # one power of ten inside: one label only
+    (25.0, 28.0),        # a narrow range
+    (40.0, 7_000.0),     # two decades and more
+    (0.5, 50_000.0),     # five decades
+])
+def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(low_ms: float,
+                                                                     high_ms: float) -> None:
+    pytest.importorskip("matplotlib")
+    seconds = np.geomspace(low_ms, high_ms, 60) / 1e3
+    series = {m: seconds for m in ("ttft", "tpot", "e2e")}
+    simulated = {m: s * 1.05 for m, s in series.items()}
+    fig = drawn(fidelity_figure(series, simulated, "title"))
+    for ax in fig.axes:
+        labels = tick_labels(ax)
+        assert len(labels) >= 2, (ax.get_title(), [t.get_text() for t in labels])
+        boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), \
+            (ax.get_title(), [t.get_text() for t in labels])

@@ -10,12 +10,14 @@ import click
 from .._errors import StepPlannerValueError
 from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from ..cli import tuning_extras
+from .compare_plot import plot_compare
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
-from .files import read_json
+from .files import check_not_an_input, read_json
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, output_format, run_options,
                       workload_from, workload_options)
+from .plot import check_plot_path, require_matplotlib
 from .render import comparison_blocks, emit, with_page_columns
 from .running import check_num_pages, run, run_paged
 from .tuning_options import latency_of
@@ -37,12 +39,20 @@ DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
 @click.option("--config-file", type=click.File("r"),
               help="A JSON list of configuration objects (same keys as --config).")
 @format_options
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write an image (.png, .svg, .pdf, ...): per configuration the TTFT CDF of "
+                   "each priority class, and the classes' TTFT p99 side by side (needs "
+                   "matplotlib).")
 @tuning_extras.compare_options
 @library_errors
 def compare_command(latency_text: str, max_steps: int | None, progress: bool,
                     configs: Sequence[str], config_file: Any, fmt: str, as_json: bool,
-                    slos: Any, latency_model: Any, **kw: Any) -> None:
+                    plot: str | None, slos: Any, latency_model: Any, **kw: Any) -> None:
     """Run several configurations on one workload and show them side by side."""
+    if plot:
+        require_matplotlib()
+        check_not_an_input("--plot", plot, [kw["trace"], config_file and config_file.name])
+        check_plot_path(plot)
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
     items: list[dict[str, Any]] = [parse_config_text(text) for text in configs]
@@ -59,7 +69,7 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
         warn_no_op_options(config.options, policy, config.name)
         check_num_pages(pool, workload, config.limits, f"config {config.name!r}: num_pages")
     latency = latency_of(latency_model, latency_text)
-    reports = []
+    reports, results = [], []
     for k, (config, policy, (_, pool)) in enumerate(zip(runs, policies, pools), start=1):
         show, label = progress and fmt == "table", f"{k}/{len(runs)} {config.name}"
         pages = {}
@@ -70,13 +80,19 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
         else:
             result = run(workload, config.limits, policy, latency, max_steps, show, label)
         warn_refused(result, config.name)
+        if plot:
+            results.append((config.name, result))
         reports.append({"name": config.name, **result.report(), **pages,
                         **tuning_extras.section(result, slos)})
+    if plot:
+        plot_compare(results, plot, f"TTFT by priority class: {workload.source}; {latency.name}")
     if fmt == "json":
         click.echo(write_json(None, reports))
     else:
         emit([*with_page_columns(comparison_blocks(reports), reports),
               *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
+    if plot:
+        click.echo(f"plot written to {plot}", err=True)
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+from collections.abc import Sequence
 from typing import IO, Any
 
 from .._errors import StepPlannerValueError
@@ -43,3 +44,14 @@ def check_output_path(option: str, path: str) -> None:
         raise InputError(f"{option} {path}: directory {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise InputError(f"{option} {path}: directory {str(folder)!r} is not writable")
+
+
+def check_not_an_input(option: str, path: str | None, inputs: Sequence[str | None]) -> None:
+    """An output that would overwrite an input (``--json results.json`` for the argument) is
+    refused before anything is read twice or lost."""
+    if path is None or not os.path.exists(path):
+        return
+    for given_path in filter(None, inputs):
+        if os.path.samefile(path, given_path):
+            raise InputError(f"{option} {path}: is an input of this command; allowed: another "
+                             "file")

@@ -1,10 +1,17 @@
 """``simulate --plot``: the TTFT CDF per priority class and the batch timeline; ``fidelity --plot``:
-the real and simulated CDFs (matplotlib)."""
+the real and simulated CDFs (matplotlib); and what every figure is drawn with (``compare_plot``
+draws from it too): a latency CDF, a millisecond axis that reads at any range, a figure, a file.
+
+Each figure is built by a ``*_figure`` function that returns it (what the tests inspect) and
+written by ``save``; the figures are ``matplotlib.figure.Figure`` objects, not pyplot's, so no
+global state is touched and nothing needs closing."""
 
 from __future__ import annotations
 
 import importlib
+import math
 import pathlib
+from typing import Any
 
 import click
 import numpy as np
@@ -57,21 +64,65 @@ def bin_in_time(seconds: np.ndarray, series: dict[str, np.ndarray], bins: int,
     return middles, means
 
 
-def plot_result(result: SimulationResult, path: str) -> None:
-    # Imported by name: matplotlib is optional and has no stubs where it is not installed.
-    importlib.import_module("matplotlib").use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+def new_figure(**kw: Any) -> Any:
+    """A matplotlib ``Figure`` (imported by name: matplotlib is optional and has no stubs where
+    it is not installed)."""
+    return importlib.import_module("matplotlib.figure").Figure(**kw)
 
+
+def save(fig: Any, path: str) -> None:
+    fig.savefig(path, dpi=110)
+
+
+def cdf(ax: Any, seconds: np.ndarray, *args: Any, **kw: Any) -> np.ndarray:
+    """The empirical CDF of ``seconds`` (NaN left out) drawn in ms; the sorted ms values back."""
+    values = np.sort(seconds[~np.isnan(seconds)]) * 1e3
+    if values.size:
+        ax.plot(values, np.arange(1, values.size + 1) / values.size, *args, **kw)
+    return values
+
+
+def latency_axis(ax: Any, values_ms: np.ndarray, label: str, max_labels: int = 8) -> None:
+    """An x axis of milliseconds that has labelled, non-overlapping ticks whatever the range of
+    ``values_ms``: log when they span more than a decade, ticked at 1, 2 and 5 times each power
+    of ten (each power alone where that would be over ``max_labels`` labels: a panel's width
+    holds about 8 at 110 dpi), the numbers written plainly; linear, with
+    matplotlib's own ticks, within a decade. (A log axis within one decade may have no major
+    tick at all, and the minor labels matplotlib then adds overlap.) The limits come from
+    ``values_ms``, so panels given the same values agree."""
+    ticker = importlib.import_module("matplotlib.ticker")
+    ax.set_xlabel(label)
+    shown = values_ms[np.isfinite(values_ms) & (values_ms > 0)]
+    if shown.size == 0:
+        return
+    lo, hi = float(shown.min()), float(shown.max())
+    decades = math.log10(hi / lo)
+    if decades <= 1.0:
+        pad = 0.03 * (hi - lo) or 0.05 * hi
+        ax.set_xlim(max(0.0, lo - pad), hi + pad)
+        return
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 10 ** (0.03 * decades), hi * 10 ** (0.03 * decades))
+    subs = (1.0, 2.0, 5.0) if 3 * decades <= max_labels else (1.0,)
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(plain_number))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def plain_number(value: float, _position: Any = None) -> str:
+    """A tick label: 5, 20, 1,000 or 0.5, never 10^3."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def result_figure(result: SimulationResult) -> Any:
+    """``simulate --plot``: the TTFT CDF per priority class and the batch timeline."""
     w = result.workload
     ttft = result.latencies()["ttft"]
-    fig, (ax_cdf, ax_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for p in w.classes:
-        values = np.sort(ttft[(w.priority == p) & ~np.isnan(ttft)])
-        if values.size:
-            ax_cdf.plot(values * 1e3, np.arange(1, values.size + 1) / values.size,
-                        label=class_name(str(p)))
-    ax_cdf.set(xscale="log", xlabel="TTFT (ms, simulated)", ylabel="fraction of requests",
-               title="TTFT CDF by priority class")
+    fig = new_figure(figsize=(12, 4.5), layout="tight")
+    ax_cdf, ax_time = fig.subplots(1, 2)
+    shown = [cdf(ax_cdf, ttft[w.priority == p], label=class_name(str(p))) for p in w.classes]
+    latency_axis(ax_cdf, np.concatenate(shown), "TTFT (ms, simulated)")
+    ax_cdf.set(ylabel="fraction of requests", title="TTFT CDF by priority class")
     ax_cdf.legend()
     st = result.steps
     start = float(st["end_time"][0] - st["seconds"][0]) if len(st["seconds"]) else 0.0
@@ -88,33 +139,31 @@ def plot_result(result: SimulationResult, path: str) -> None:
                 title=f"batch timeline ({len(st['seconds']):,} steps"
                       + (f", {span:.2g} s bins)" if len(t) < len(st["seconds"]) else ")"))
     ax_time.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot_result(result: SimulationResult, path: str) -> None:
+    save(result_figure(result), path)
+
+
+def fidelity_figure(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray],
+                    title: str) -> Any:
+    """``fidelity --plot``: the real and the simulated CDF of TTFT, TPOT and E2E (per-request
+    seconds by metric), one panel each."""
+    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
+    fig = new_figure(figsize=(15, 4.5), layout="tight")
+    axes = fig.subplots(1, len(names))
+    for ax, (metric, name) in zip(axes, names.items()):
+        shown = [cdf(ax, side[metric], style, label=label, drawstyle="steps-post")
+                 for label, side, style in (("real", real, "-"),
+                                            ("simulated", simulated, "--"))]
+        latency_axis(ax, np.concatenate(shown), f"{name} (ms)")
+        ax.set(ylabel="fraction of requests", title=f"{name} CDF")
+        ax.legend()
+    fig.suptitle(title)
+    return fig
 
 
 def plot_fidelity(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray], path: str,
                   title: str) -> None:
-    """``fidelity --plot``: the real and the simulated CDF of TTFT, TPOT and E2E (per-request
-    seconds by metric), one panel each."""
-    importlib.import_module("matplotlib").use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
-    ticker = importlib.import_module("matplotlib.ticker")
-
-    names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
-    fig, axes = plt.subplots(1, len(names), figsize=(15, 4.5))
-    for ax, (metric, name) in zip(axes, names.items()):
-        for label, side, style in (("real", real, "-"), ("simulated", simulated, "--")):
-            values = np.sort(side[metric])
-            if values.size:
-                ax.plot(values * 1e3, np.arange(1, values.size + 1) / values.size, style,
-                        label=label, drawstyle="steps-post")
-        ax.set(xscale="log", xlabel=f"{name} (ms)", ylabel="fraction of requests",
-               title=f"{name} CDF")
-        # Within one decade the log axis labels its minor ticks too, and they overlap.
-        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fidelity_figure(real, simulated, title), path)
