@@ -32,3 +32,15 @@ def test_plan_alone(benchmark, batch: int) -> None:
     run = bench_loop.plan_alone_batch(batch, calls=1)
     benchmark.group = f"loop B={batch:>4}"
     benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
+
+
+@pytest.mark.parametrize("policy", ["priority", "deadline"])
+@pytest.mark.parametrize("deadline_batch", bench_loop.DEADLINE_BATCH_SIZES,
+                         ids=lambda b: f"B{b}")
+def test_fused_step_by_policy(benchmark, deadline_batch: int, policy: str) -> None:
+    """Static PRIORITY+PAUSE against DEADLINE+PAUSE (objectives per class, the clock advancing
+    a modelled step per call): issue 28 asks for at most 1.3x. ``python -m stepplanner.bench
+    --deadline-cost`` times the two in interleaved rounds, the fairer comparison."""
+    run = bench_loop.fused_batch(deadline_batch, calls=1, policy=policy)
+    benchmark.group = f"policy B={deadline_batch:>4}"
+    benchmark.pedantic(run, rounds=2000, warmup_rounds=20)

@@ -41,6 +41,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--loop", choices=("on", "off", "only"), default="on",
                         help="also time the whole host step of a serving loop (ledger.step) "
                              "against plan() at B=64,256,1024 (default: on)")
+    parser.add_argument("--deadline-cost", action="store_true",
+                        help="only time the deadline-aware host step against the static-priority "
+                             "one (interleaved rounds, B=256 and 1024) and print the ratio")
     parser.add_argument("--reference-max-batch", type=int, default=max(BATCH_SIZES),
                         metavar="B", help="time the pure-Python reference up to this B")
     return parser
@@ -50,6 +53,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench
     """Entry point of ``python -m stepplanner.bench`` and ``stepplanner bench`` (which passes
     its own name as ``prog``, for usage lines and errors); returns 0."""
     args = _parser(prog).parse_args(argv)
+    if args.deadline_cost:
+        costs = host_loop.measure_deadline_cost()
+        print(json.dumps([asdict(c) | {"ratio": c.ratio} for c in costs], indent=2) if args.json
+              else host_loop.render_deadline_cost(costs))
+        return 0
     loop = host_loop.measure_loop() if args.loop != "off" else []
     if args.loop == "only":
         print(json.dumps([asdict(t) for t in loop], indent=2) if args.json

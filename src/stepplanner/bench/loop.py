@@ -36,10 +36,12 @@ from .. import _core as _planner
 from ..kv import _kv
 from ..ledger import _ledger, _ledger_py as _ledger_reference
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
-from ..planner._types import IfbSchedulingMode
+from ..planner._slo import SLO
+from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from .planner import BATCH_SECONDS, interleaved_medians
 
-__all__ = ["LOOP_BATCH_SIZES", "LoopTiming", "Stream", "loop_allocated_bytes", "measure_loop",
+__all__ = ["DEADLINE_BATCH_SIZES", "LOOP_BATCH_SIZES", "DeadlineCost", "LoopTiming", "Stream",
+           "loop_allocated_bytes", "measure_deadline_cost", "measure_loop", "render_deadline_cost",
            "render_loop"]
 
 LOOP_BATCH_SIZES = (64, 256, 1024)
@@ -48,17 +50,35 @@ KV_PAGE_SIZE = 64
 EOS_PROBABILITY = 1 / 256
 TARGET_FUSED_OVER_PLAN = 2.0
 STAGES = ("admit", "plan", "accounting", "apply", "retire")
+# The deadline-aware step against the static-priority one (issue 28: at most 1.3x at B=256 and
+# B=1024): the same stream under PRIORITY+PAUSE, and under DEADLINE+PAUSE with one objective per
+# class, the clock advancing one modelled step (STEP_SECONDS) per call.
+DEADLINE_BATCH_SIZES = (256, 1024)
+TARGET_DEADLINE_OVER_PRIORITY = 1.3
+STEP_SECONDS = 0.015
+SLO_CLASSES = {0: SLO(0.25, 0.05), 1: SLO(1.0, 0.1), 2: SLO(5.0, 0.3)}
+STEP_TIME = (2.4e-3, 1.45e-5)  # the simulator's default latency model's a and b
+POLICIES = {
+    "mixed": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED),
+    "priority": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+                                  scheduling_policy=SchedulingPolicy.PRIORITY,
+                                  preemption=PreemptionMode.PAUSE, max_pause_steps=8),
+    "deadline": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+                                  scheduling_policy=SchedulingPolicy.DEADLINE,
+                                  preemption=PreemptionMode.PAUSE, max_pause_steps=8),
+}
 
 
 class Stream:
     """A seeded stream of requests and sampler masks for one ledger of B slots."""
 
-    def __init__(self, batch: int, seed: int = 0) -> None:
+    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed") -> None:
         self.limits = StepPlannerLimits(batch, MAX_INPUT_LENGTH, KV_PAGE_SIZE)
-        self.policy = resolve_scheduling_policy(
-            SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED), self.limits)
+        self.policy = resolve_scheduling_policy(POLICIES[policy], self.limits)
+        self.deadlines = policy == "deadline"
         self.rng = np.random.default_rng(seed)
         self.next_id = 0
+        self.now = 0.0  # the runtime's clock: one modelled step per step
         # The sampler's mask for a plan of n rows is masks[n], made once per length (as a
         # runtime's sampler writes into a buffer it already has). Chunks come first in a plan and
         # most emit nothing, so the first EOS_FREE_ROWS flags are False; a plan with more chunks
@@ -76,10 +96,27 @@ class Stream:
         prompts = self.rng.integers(16, 2049, short)
         outputs = self.rng.integers(16, 513, short)
         priorities = self.rng.integers(0, 3, short)
+        arrival = self.now if self.deadlines else None
         for k in range(short):
             ledger.submit(self.next_id, int(prompts[k]), int(priorities[k]),
-                          max_new_tokens=int(outputs[k]))
+                          max_new_tokens=int(outputs[k]), arrival_time=arrival)
             self.next_id += 1
+
+    def ledger(self, page_table: Any = None) -> Any:
+        """A compiled ledger for this stream (objectives per class under ``deadline``)."""
+        extra: dict[str, Any] = ({"slo_classes": SLO_CLASSES, "step_time": STEP_TIME}
+                                 if self.deadlines else {})
+        return _ledger.Ledger(self.limits, self.policy, max_waiting=8 * self.limits.max_batch_size,
+                              page_table=page_table, **extra)
+
+    def clock(self, steps: int) -> list[float] | list[None]:
+        """The ``now`` of each of the next ``steps`` steps (made before any timing, so the
+        timed loop makes no float), and the clock moved past them."""
+        if not self.deadlines:
+            return [None] * steps
+        times = [self.now + STEP_SECONDS * (k + 1) for k in range(steps)]
+        self.now = times[-1]
+        return times
 
     def finished_for(self, plan: Any) -> np.ndarray | None:
         chunks: int = plan.num_prefill
@@ -95,28 +132,30 @@ WARM_STEPS = 600  # about twice the mean output: every slot has turned over
 PAGED_ROW_PAGES = -(-(2048 + 512) // KV_PAGE_SIZE)
 
 
-def _steady(batch: int, seed: int = 0, paged: bool = False) -> tuple[Stream, Any, Any, Any]:
+def _steady(batch: int, seed: int = 0, paged: bool = False,
+            policy: str = "mixed") -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
-    stream = Stream(batch, seed)
+    stream = Stream(batch, seed, policy)
     planner = _planner.StepPlanner(stream.policy, stream.limits)
     table = (_kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
              if paged else None)
-    ledger = _ledger.Ledger(stream.limits, stream.policy, max_waiting=8 * batch,
-                                 page_table=table)
+    ledger = stream.ledger(table)
     stream.top_up(ledger, 4 * batch)
-    plan = ledger.step(planner)
-    for _ in range(WARM_STEPS):
+    plan = ledger.step(planner, now=stream.clock(1)[0])
+    for now in stream.clock(WARM_STEPS):
         stream.top_up(ledger, 4 * batch)
-        plan = ledger.step(planner, stream.finished_for(plan))
+        plan = ledger.step(planner, stream.finished_for(plan), now=now)
     return stream, planner, ledger, plan
 
 
 # --- timed batches ---------------------------------------------------------------------------
 
 
-def fused_batch(batch: int, calls: int, paged: bool = False) -> Callable[[], float]:
-    """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)``; ns per step."""
-    stream, planner, ledger, plan = _steady(batch, paged=paged)
+def fused_batch(batch: int, calls: int, paged: bool = False,
+                policy: str = "mixed") -> Callable[[], float]:
+    """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)`` (with the
+    runtime's ``now`` under ``deadline``); ns per step."""
+    stream, planner, ledger, plan = _steady(batch, paged=paged, policy=policy)
     state = [plan]
     finished_for = stream.finished_for
     step = ledger.step
@@ -124,10 +163,16 @@ def fused_batch(batch: int, calls: int, paged: bool = False) -> Callable[[], flo
     def run() -> float:
         if ledger.waiting < 2 * batch:  # room for the batch's admissions, untimed (and rare)
             stream.top_up(ledger, 4 * batch)
+        times = iter(stream.clock(calls))
         plan = state[0]
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            plan = step(planner, finished_for(plan))
+        if stream.deadlines:
+            t0 = time.perf_counter_ns()
+            for now in times:
+                plan = step(planner, finished_for(plan), now=now)
+        else:
+            t0 = time.perf_counter_ns()
+            for _ in times:
+                plan = step(planner, finished_for(plan))
         elapsed = time.perf_counter_ns() - t0
         state[0] = plan
         return elapsed / calls
@@ -175,21 +220,23 @@ def plan_in_loop_batch(batch: int, calls: int) -> Callable[[], float]:
     return run
 
 
-def loop_allocated_bytes(batch: int, steps: int = 200) -> int:
+def loop_allocated_bytes(batch: int, steps: int = 200, policy: str = "mixed") -> int:
     """Python bytes allocated (tracemalloc peak) over ``steps`` fused steps in steady state."""
-    stream, planner, ledger, plan = _steady(batch)
+    stream, planner, ledger, plan = _steady(batch, policy=policy)
     stream.top_up(ledger, 4 * batch)
     finished_for, step = stream.finished_for, ledger.step
-    for _ in range(steps):  # every view length this stretch visits is made once, here
-        plan = step(planner, finished_for(plan))
+    # Every view length the measured stretch visits is made once here (plan lengths vary more
+    # when a policy pauses, hence a stretch several times as long).
+    for now in stream.clock(4 * steps):
+        plan = step(planner, finished_for(plan), now=now)
     stream.top_up(ledger, 4 * batch)
-    counter = iter(range(steps))
+    times = iter(stream.clock(steps))
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        for _ in counter:
-            plan = step(planner, finished_for(plan))
+        for now in times:
+            plan = step(planner, finished_for(plan), now=now)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -315,3 +362,50 @@ def render_loop(timings: Sequence[LoopTiming]) -> str:
             lines.append(f"{t.batch:>6}{name:>10}" + "".join(f"{_cell(stages[s]):>12}"
                                                            for s in STAGES) + f"{total:>10,.0f}")
     return "\n".join(lines)
+
+
+# --- the deadline-aware step's cost ----------------------------------------------------------
+
+
+@dataclass
+class DeadlineCost:
+    """Median ns per fused step at one B: static PRIORITY+PAUSE against DEADLINE+PAUSE."""
+
+    batch: int
+    priority_ns: float
+    deadline_ns: float
+    alloc_bytes: int  # over steady DEADLINE steps
+
+    @property
+    def ratio(self) -> float:
+        return self.deadline_ns / self.priority_ns
+
+
+def measure_deadline_cost(batch_sizes: Sequence[int] = DEADLINE_BATCH_SIZES,
+                          interleave: Callable[[dict[Any, Callable[[], float]]],
+                                               dict[Any, float]] | None = None
+                          ) -> list[DeadlineCost]:
+    """The two policies' fused steps taking turns in one run, per B."""
+    interleave = interleave or interleaved_medians
+    batches: dict[Any, Callable[[], float]] = {}
+    for b in sorted(set(batch_sizes)):
+        calls = max(1, int(BATCH_SECONDS * 1e9 / (40.0 * b)))
+        for name in ("priority", "deadline"):
+            batches[b, name] = fused_batch(b, calls, policy=name)
+    ns = interleave(batches)
+    return [DeadlineCost(b, ns[b, "priority"], ns[b, "deadline"],
+                         loop_allocated_bytes(b, policy="deadline"))
+            for b in sorted(set(batch_sizes))]
+
+
+def render_deadline_cost(costs: Sequence[DeadlineCost]) -> str:
+    lines = ["deadline-aware host step: the steady stream under PRIORITY+PAUSE and DEADLINE+PAUSE "
+             "(median ns per fused step)",
+             f"{'B':>6}{'priority':>11}{'deadline':>11}{'ratio':>8}{'alloc B':>9}",
+             f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g} at B=256 and B=1024, "
+             "alloc 0)"]
+    for c in costs:
+        lines.append(f"{c.batch:>6}{c.priority_ns:>11,.0f}{c.deadline_ns:>11,.0f}"
+                     f"{c.ratio:>8.2f}{c.alloc_bytes:>9}")
+    return "\n".join(lines)
+

@@ -10,7 +10,7 @@ cimport cython
 cimport numpy as cnp
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
-from libc.math cimport INFINITY, NAN, floor, fmax, fmin, isnan
+from libc.math cimport INFINITY, NAN, isfinite, isnan
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy, memset
 
@@ -506,8 +506,14 @@ cdef inline double next_due(const TableC* t, int32_t r) noexcept nogil:
     return INFINITY
 
 
+cdef inline double clamp(double x, double span) noexcept nogil:
+    # Comparisons, not fmin/fmax: no libm call and no NaN rules (x is finite here).
+    return span if x > span else (-span if x < -span else x)
+
+
 cdef inline uint64_t slack_key(double slack) noexcept nogil:
-    return <uint64_t>(KEY_ZERO_ + <int64_t>floor(fmax(fmin(slack * 1e6, KEY_SPAN_), -KEY_SPAN_)))
+    # Truncation (a cast), as the twin's int(): only the order matters, and a cast needs no libm.
+    return <uint64_t>(KEY_ZERO_ + <int64_t>clamp(slack * 1e6, KEY_SPAN_))
 
 
 cdef inline void relegate(TableC* t, int32_t r) noexcept nogil:
@@ -537,8 +543,7 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             if due == INFINITY:
                 row.priority = INT32_MAX
             else:
-                row.priority = <int32_t>floor(fmax(fmin((due - now) * 1000.0, EDF_SPAN_),
-                                                   -EDF_SPAN_))
+                row.priority = <int32_t>clamp((due - now) * 1000.0, EDF_SPAN_)
             row.arrival = t.stamp[r]
             continue
         if t.relegated[r]:
@@ -1256,7 +1261,9 @@ cdef class Ledger:
         cdef Py_ssize_t stride = 0
         cdef const PlanC* p = NULL
         cdef double when = NAN
-        if now is not None or self.d.ranking != RANK_NONE:
+        if type(now) is float and isfinite(<double>now):  # the loop's own call: nothing to check
+            when = <double>now
+        elif now is not None or self.d.ranking != RANK_NONE:
             when = optional_now("step", now, self.d.ranking, RANK_EDF)
         if pending is None:
             if finished is not None:

@@ -658,7 +658,7 @@ def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.nd
         key = int(stamp[r])
         if d.ranking == RANK_EDF:
             prio = (2**31 - 1 if due == math.inf
-                    else math.floor(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
+                    else int(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
             rows["priority"][r], rows["arrival"][r] = prio, key
             continue
         if relegated[r]:
@@ -730,7 +730,7 @@ class Ranker:
 
 def _slack_key(slack: float) -> int:
     """A slack in seconds as DEADLINE's uint64 order key: microseconds around KEY_ZERO."""
-    return KEY_ZERO + math.floor(max(min(slack * 1e6, KEY_SPAN), -KEY_SPAN))
+    return KEY_ZERO + int(max(min(slack * 1e6, KEY_SPAN), -KEY_SPAN))  # truncated, as C casts
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:
