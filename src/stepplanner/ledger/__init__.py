@@ -58,7 +58,7 @@ The surface (both implementations):
   ``KVPageTable``, ``StepInputs`` and ``StepPlanner`` do.
 * ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
 
-Decisions where SPEC §6 is silent (also in the README):
+Decisions where SPEC §6 is silent (the package-wide ones: docs/decisions.md):
 
 * Request ids are int64. A C table of int64 keys keeps admission and retirement in C and hands
   finished ids back as a numpy view with no allocation; a runtime whose ids are strings keeps
