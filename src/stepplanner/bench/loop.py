@@ -63,6 +63,8 @@ POLICIES = {
     "priority": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
                                   scheduling_policy=SchedulingPolicy.PRIORITY,
                                   preemption=PreemptionMode.PAUSE, max_pause_steps=8),
+    "priority-nopause": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+                                          scheduling_policy=SchedulingPolicy.PRIORITY),
     "deadline": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
                                   scheduling_policy=SchedulingPolicy.DEADLINE,
                                   preemption=PreemptionMode.PAUSE, max_pause_steps=8),
@@ -72,10 +74,12 @@ POLICIES = {
 class Stream:
     """A seeded stream of requests and sampler masks for one ledger of B slots."""
 
-    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed") -> None:
+    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed",
+                 classes: int = 3) -> None:
         self.limits = StepPlannerLimits(batch, MAX_INPUT_LENGTH, KV_PAGE_SIZE)
         self.policy = resolve_scheduling_policy(POLICIES[policy], self.limits)
         self.deadlines = policy == "deadline"
+        self.classes = classes
         self.rng = np.random.default_rng(seed)
         self.next_id = 0
         self.now = 0.0  # the runtime's clock: one modelled step per step
@@ -95,7 +99,7 @@ class Stream:
             return
         prompts = self.rng.integers(16, 2049, short)
         outputs = self.rng.integers(16, 513, short)
-        priorities = self.rng.integers(0, 3, short)
+        priorities = self.rng.integers(0, self.classes, short)
         arrival = self.now if self.deadlines else None
         for k in range(short):
             ledger.submit(self.next_id, int(prompts[k]), int(priorities[k]),
@@ -132,10 +136,10 @@ WARM_STEPS = 600  # about twice the mean output: every slot has turned over
 PAGED_ROW_PAGES = -(-(2048 + 512) // KV_PAGE_SIZE)
 
 
-def _steady(batch: int, seed: int = 0, paged: bool = False,
-            policy: str = "mixed") -> tuple[Stream, Any, Any, Any]:
+def _steady(batch: int, seed: int = 0, paged: bool = False, policy: str = "mixed",
+            classes: int = 3) -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
-    stream = Stream(batch, seed, policy)
+    stream = Stream(batch, seed, policy, classes)
     planner = _planner.StepPlanner(stream.policy, stream.limits)
     table = (_kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
              if paged else None)
@@ -151,11 +155,11 @@ def _steady(batch: int, seed: int = 0, paged: bool = False,
 # --- timed batches ---------------------------------------------------------------------------
 
 
-def fused_batch(batch: int, calls: int, paged: bool = False,
-                policy: str = "mixed") -> Callable[[], float]:
+def fused_batch(batch: int, calls: int, paged: bool = False, policy: str = "mixed",
+                classes: int = 3) -> Callable[[], float]:
     """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)`` (with the
     runtime's ``now`` under ``deadline``); ns per step."""
-    stream, planner, ledger, plan = _steady(batch, paged=paged, policy=policy)
+    stream, planner, ledger, plan = _steady(batch, paged=paged, policy=policy, classes=classes)
     state = [plan]
     finished_for = stream.finished_for
     step = ledger.step
@@ -220,11 +224,17 @@ def plan_in_loop_batch(batch: int, calls: int) -> Callable[[], float]:
     return run
 
 
-def loop_allocated_bytes(batch: int, steps: int = 200, policy: str = "mixed") -> int:
-    """Python bytes allocated (tracemalloc peak) over ``steps`` fused steps in steady state."""
+def loop_allocated_bytes(batch: int, steps: int = 200, policy: str = "mixed",
+                         masks: bool = True) -> int:
+    """Python bytes allocated (tracemalloc peak) over ``steps`` fused steps in steady state.
+
+    ``masks=False`` passes no sampler mask: picking one reads the plan's row counts, and a count
+    above 256 is a new Python int (the harness's allocation, not the ledger's), which a policy
+    that decodes several hundred rows a step makes every step."""
     stream, planner, ledger, plan = _steady(batch, policy=policy)
     stream.top_up(ledger, 4 * batch)
-    finished_for, step = stream.finished_for, ledger.step
+    step = ledger.step
+    finished_for = stream.finished_for if masks else _no_mask
     # Every view length the measured stretch visits is made once here (plan lengths vary more
     # when a policy pauses, hence a stretch several times as long).
     for now in stream.clock(4 * steps):
@@ -241,6 +251,10 @@ def loop_allocated_bytes(batch: int, steps: int = 200, policy: str = "mixed") ->
     finally:
         tracemalloc.stop()
     return peak - before
+
+
+def _no_mask(plan: Any) -> None:
+    return None
 
 
 # --- the loop taken apart --------------------------------------------------------------------
@@ -394,7 +408,7 @@ def measure_deadline_cost(batch_sizes: Sequence[int] = DEADLINE_BATCH_SIZES,
             batches[b, name] = fused_batch(b, calls, policy=name)
     ns = interleave(batches)
     return [DeadlineCost(b, ns[b, "priority"], ns[b, "deadline"],
-                         loop_allocated_bytes(b, policy="deadline"))
+                         loop_allocated_bytes(b, policy="deadline", masks=False))
             for b in sorted(set(batch_sizes))]
 
 

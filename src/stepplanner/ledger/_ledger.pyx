@@ -526,9 +526,10 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     """Write each row's priority and arrival from its deadlines at ``now``.
 
     EDF: priority = the next deadline in milliseconds from now (INT32_MAX: none), arrival =
-    the stamp. DEADLINE: priority = a level (LEVEL_*), arrival = the slack in microseconds (the
-    stamp for relegated rows, after every keyed row for rows without a deadline); a prompt that
-    cannot make its first token even if served at once is relegated here."""
+    the stamp. DEADLINE: priority = a level (LEVEL_*), arrival = a prompt's slack in
+    microseconds (least slack first), a decode's or a relegated row's stamp, and for rows
+    without a deadline their stamp after every keyed row; a prompt that cannot make its first
+    token even if served at once is relegated here."""
     cdef double est = step_estimate(d), due, slack, urgent
     cdef int32_t r, decoding = 0
     cdef int64_t rest, normal
@@ -553,9 +554,11 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.priority = LEVEL_SLACK_
             row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
         elif row.context_committed:
+            # A decode's place within its level changes no plan (every active decode gets a row,
+            # after the chunks): its stamp keeps the order, and so the planner's sort, steady.
             slack = due - now - est
             row.priority = LEVEL_DUE_ if slack < est else LEVEL_SLACK_
-            row.arrival = slack_key(slack)
+            row.arrival = t.stamp[r]
         else:
             rest = <int64_t>row.prompt_length - row.committed
             urgent = prompt_seconds(d, rest, d.chunk)

@@ -665,10 +665,8 @@ def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.nd
             level = LEVEL_RELEGATED
         elif due == math.inf:
             level, key = LEVEL_SLACK, KEY_NONE + min(key, KEY_NONE - 1)
-        elif committed:
-            slack = due - now - est
-            level = LEVEL_DUE if slack < est else LEVEL_SLACK
-            key = _slack_key(slack)
+        elif committed:  # a decode keeps its stamp: its place in its level changes no plan
+            level = LEVEL_DUE if due - now - est < est else LEVEL_SLACK
         else:
             rest = int(rows["prompt_length"][r]) - int(rows["committed"][r])
             urgent = d.prompt_seconds(rest, d.chunk)

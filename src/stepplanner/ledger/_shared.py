@@ -120,9 +120,10 @@ LEVEL_DUE = 0        # a decode that cannot skip a step without missing its next
 LEVEL_AT_RISK = 1    # a prompt that misses its first-token deadline at the normal pace
 LEVEL_SLACK = 2      # everything that can still meet its objectives and can wait a step
 LEVEL_RELEGATED = 3  # a request that can no longer meet them: served after the rest
-# Keys written into ``arrival`` (uint64): slack in microseconds around KEY_ZERO (clamped to
-# +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp), relegated rows
-# by stamp. EDF writes the next deadline in milliseconds from now into ``priority``.
+# Keys written into ``arrival`` (uint64): a prompt's slack in microseconds around KEY_ZERO
+# (clamped to +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp),
+# decodes and relegated rows by stamp. EDF writes the next deadline in milliseconds from now
+# into ``priority``.
 KEY_ZERO = 2**51
 KEY_SPAN = 2**50
 KEY_NONE = 2**62
