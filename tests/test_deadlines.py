@@ -26,6 +26,7 @@ from stepplanner.ledger._shared import (
     LEVEL_DUE,
     LEVEL_RELEGATED,
     LEVEL_SLACK,
+    LEVEL_STRIDE,
 )
 
 LIMITS = sp.StepPlannerLimits(max_batch_size=4, max_input_length=256, kv_page_size=16)
@@ -54,6 +55,11 @@ def make(impl, name="DEADLINE", pause=True, step_time=STEP, **kwargs):
 
 def row_of(ledger, rid):
     return ledger.residents[int(np.flatnonzero(ledger.request_ids == rid)[0])]
+
+
+def level(ledger, rid):
+    """DEADLINE's level of a resident (its priority is level x LEVEL_STRIDE + its class)."""
+    return (int(row_of(ledger, rid)["priority"]) + LEVEL_STRIDE // 2) // LEVEL_STRIDE
 
 
 # --- SLO values ------------------------------------------------------------------------------
@@ -206,7 +212,7 @@ def test_deadline_levels(impl):
     ledger.submit(3, 240, arrival_time=0.0, slo=sp.SLO(1.03))  # 1 step at 256 tokens/step
     ledger.submit(4, 240, arrival_time=0.0, slo=sp.SLO(9.0))   # plenty of time
     plan = ledger.step(planner, np.zeros(2, dtype=bool), now=0.99)
-    levels = {r: int(row_of(ledger, r)["priority"]) for r in (1, 2, 3, 4)}
+    levels = {r: level(ledger, r) for r in (1, 2, 3, 4)}
     # Request 3: urgent = 1 step (10 ms) <= 40 ms left; at the normal pace, 256 - 2 decodes ->
     # 240 tokens a step: 1 step + a step of margin = 20 ms <= 40 ms: not at risk yet.
     assert levels == {1: LEVEL_SLACK, 2: LEVEL_DUE, 3: LEVEL_SLACK, 4: LEVEL_SLACK}
@@ -224,8 +230,8 @@ def test_an_at_risk_prompt_pauses_the_decodes_that_can_wait_but_never_one_that_c
     ledger.submit(3, 240, arrival_time=0.0, slo=sp.SLO(1.005))
     plan = ledger.step(planner, np.zeros(2, dtype=bool), now=0.99)
     rows = {r: i for i, r in enumerate(ledger.request_ids.tolist())}
-    assert int(row_of(ledger, 3)["priority"]) == LEVEL_AT_RISK
-    assert int(row_of(ledger, 2)["priority"]) == LEVEL_DUE
+    assert level(ledger, 3) == LEVEL_AT_RISK
+    assert level(ledger, 2) == LEVEL_DUE
     assert plan.to_dict()["paused"] == [rows[1]]       # the decode with slack waits
     planned = {s["resident"] for s in plan.to_dict()["sequences"]}
     assert planned == {rows[2], rows[3]}              # the one about to miss runs
@@ -242,12 +248,12 @@ def test_a_prompt_that_cannot_make_it_is_relegated_once_and_served_after(impl):
     # Request 2 (0.21 due, one 50 ms step needed at 0.19) cannot make it: relegated at
     # admission; request 1 finished its prompt; request 3 has slack.
     assert ledger.relegated_ids.tolist() == [2]
-    assert int(row_of(ledger, 2)["priority"]) == LEVEL_RELEGATED
+    assert level(ledger, 2) == LEVEL_RELEGATED
     assert int(row_of(ledger, 2)["arrival"]) == 1  # its stamp: relegated rows go by arrival
-    assert int(row_of(ledger, 3)["priority"]) == LEVEL_SLACK
+    assert level(ledger, 3) == LEVEL_SLACK
     ledger.rank(0.3)
     assert not ledger.relegated_ids.size  # relegated once: later calls do not count it again
-    assert int(row_of(ledger, 2)["priority"]) == LEVEL_RELEGATED
+    assert level(ledger, 2) == LEVEL_RELEGATED
 
 
 def test_a_late_token_relegates_its_request(impl):
@@ -258,9 +264,21 @@ def test_a_late_token_relegates_its_request(impl):
     assert not ledger.relegated_ids.size
     ledger.step(planner, np.zeros(1, dtype=bool), now=0.13)   # token 1 due 0.12: late
     assert ledger.relegated_ids.tolist() == [1]
-    assert int(row_of(ledger, 1)["priority"]) == LEVEL_RELEGATED
+    assert level(ledger, 1) == LEVEL_RELEGATED
     ledger.step(planner, np.zeros(1, dtype=bool), now=0.14)
     assert not ledger.relegated_ids.size                     # once
+
+
+def test_within_a_level_the_request_class_goes_first(impl):
+    ledger, planner = make(impl, step_time=(0.001, 0.0))
+    ledger.submit(1, 64, 3, arrival_time=0.0, slo=sp.SLO(50.0))   # less slack, lower class
+    ledger.submit(2, 64, -2, arrival_time=0.0, slo=sp.SLO(90.0))
+    plan = ledger.step(planner, now=0.0)
+    assert level(ledger, 1) == level(ledger, 2) == LEVEL_SLACK
+    assert int(row_of(ledger, 2)["priority"]) == LEVEL_SLACK * LEVEL_STRIDE - 2
+    assert int(row_of(ledger, 1)["priority"]) == LEVEL_SLACK * LEVEL_STRIDE + 3
+    rows = {r: i for i, r in enumerate(ledger.request_ids.tolist())}
+    assert plan.to_dict()["sequences"][0]["resident"] == rows[2]  # its chunk comes first
 
 
 def test_rows_without_deadlines_come_after_every_keyed_row(impl):
@@ -331,7 +349,8 @@ def test_ranker_writes_what_the_ledger_writes(impl):
     ledger_mod, _ = impl
     ledger, planner = make(impl, step_time=(0.01, 0.0001))
     for rid in range(4):
-        ledger.submit(rid, 40 * (rid + 1), arrival_time=0.0, slo=sp.SLO(0.05 * (rid + 1), 0.01))
+        ledger.submit(rid, 40 * (rid + 1), rid % 2, arrival_time=0.0,
+                      slo=sp.SLO(0.05 * (rid + 1), 0.01))
     plan = ledger.step(planner, now=0.0)
     lost_before = ledger.relegated_ids.tolist()
     ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.02)
@@ -346,7 +365,8 @@ def test_ranker_writes_what_the_ledger_writes(impl):
     stamp = np.array(order, dtype=np.uint64)
     relegated = np.isin(order, lost_before).astype(np.uint8)  # the runtime keeps it per request
     rows["priority"], rows["arrival"] = 7, 7  # the ranker overwrites both
-    lost = ranker.rank(rows, first_due, gap, generated, stamp, relegated, 0.03)
+    classes = np.array([r % 2 for r in order], dtype=np.int32)
+    lost = ranker.rank(rows, first_due, gap, generated, stamp, relegated, 0.03, classes=classes)
     ledger.rank(0.03)
     assert rows.tolist() == ledger.residents.tolist()
     assert sorted(np.asarray(order)[lost].tolist()) == sorted(ledger.relegated_ids.tolist())

@@ -75,6 +75,7 @@ ctypedef struct TableC:
     double* first_due         # deadlines: the first token's due time (inf: no objectives)
     double* gap               # the per-token objective (0: none)
     uint64_t* stamp           # the submission stamp (rows' arrival holds the rank under EDF/DEADLINE)
+    int32_t* klass            # the request's own priority (rows' priority holds the rank)
     uint8_t* relegated        # DEADLINE gave up on its objectives: served after the rest
     int64_t* relegated_ids    # ids the last call relegated (rows and waiting requests)
     int32_t num_relegated

@@ -129,4 +129,6 @@ class Ranker:
         stamp: npt.NDArray[np.uint64],
         relegated: npt.NDArray[np.uint8],
         now: float,
+        *,
+        classes: npt.NDArray[np.int32] | None = None,
     ) -> npt.NDArray[np.int64]: ...

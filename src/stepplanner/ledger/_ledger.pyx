@@ -79,6 +79,8 @@ from stepplanner.ledger._shared import (
     LEVEL_DUE,
     LEVEL_RELEGATED,
     LEVEL_SLACK,
+    LEVEL_STRIDE,
+    CLASS_SPAN,
     STEP_TIME_WEIGHT,
     as_request_id,
     as_time,
@@ -120,6 +122,8 @@ cdef int32_t LEVEL_DUE_ = LEVEL_DUE
 cdef int32_t LEVEL_AT_RISK_ = LEVEL_AT_RISK
 cdef int32_t LEVEL_SLACK_ = LEVEL_SLACK
 cdef int32_t LEVEL_RELEGATED_ = LEVEL_RELEGATED
+cdef int32_t LEVEL_STRIDE_ = LEVEL_STRIDE
+cdef int32_t CLASS_SPAN_ = CLASS_SPAN
 cdef double STEP_TIME_WEIGHT_ = STEP_TIME_WEIGHT
 
 
@@ -331,6 +335,7 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         t.first_due[row] = w.first_due
         t.gap[row] = w.gap
         t.stamp[row] = w.arrival
+        t.klass[row] = w.priority
         t.relegated[row] = w.heap == HEAP_LOSING
         map_set(m, w.request_id, -(row + 1))
         q.free[q.num_free] = slot
@@ -470,6 +475,7 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
                 t.first_due[row] = t.first_due[last]
                 t.gap[row] = t.gap[last]
                 t.stamp[row] = t.stamp[last]
+                t.klass[row] = t.klass[last]
                 t.relegated[row] = t.relegated[last]
                 map_set(m, t.ids[row], -(row + 1))
             mark[row] = 0
@@ -516,6 +522,13 @@ cdef inline uint64_t slack_key(double slack) noexcept nogil:
     return <uint64_t>(KEY_ZERO_ + <int64_t>clamp(slack * 1e6, KEY_SPAN_))
 
 
+cdef inline int32_t level_of(const TableC* t, int32_t r, int32_t level) noexcept nogil:
+    """DEADLINE's priority for row ``r`` at ``level``: the level, then the row's own class."""
+    cdef int32_t k = t.klass[r]
+    k = CLASS_SPAN_ if k > CLASS_SPAN_ else (-CLASS_SPAN_ if k < -CLASS_SPAN_ else k)
+    return level * LEVEL_STRIDE_ + k
+
+
 cdef inline void relegate(TableC* t, int32_t r) noexcept nogil:
     t.relegated[r] = 1
     t.relegated_ids[t.num_relegated] = t.ids[r]
@@ -548,27 +561,28 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.arrival = t.stamp[r]
             continue
         if t.relegated[r]:
-            row.priority = LEVEL_RELEGATED_
+            row.priority = level_of(t, r, LEVEL_RELEGATED_)
             row.arrival = t.stamp[r]
         elif due == INFINITY:
-            row.priority = LEVEL_SLACK_
+            row.priority = level_of(t, r, LEVEL_SLACK_)
             row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
         elif row.context_committed:
             # A decode's place within its level changes no plan (every active decode gets a row,
             # after the chunks): its stamp keeps the order, and so the planner's sort, steady.
             slack = due - now - est
-            row.priority = LEVEL_DUE_ if slack < est else LEVEL_SLACK_
+            row.priority = level_of(t, r, LEVEL_DUE_ if slack < est else LEVEL_SLACK_)
             row.arrival = t.stamp[r]
         else:
             rest = <int64_t>row.prompt_length - row.committed
             urgent = prompt_seconds(d, rest, d.chunk)
             if now + urgent > due:
                 relegate(t, r)
-                row.priority = LEVEL_RELEGATED_
+                row.priority = level_of(t, r, LEVEL_RELEGATED_)
                 row.arrival = t.stamp[r]
             else:
-                row.priority = (LEVEL_AT_RISK_ if now + prompt_seconds(d, rest, normal) + est > due
-                                else LEVEL_SLACK_)
+                row.priority = level_of(t, r, LEVEL_AT_RISK_
+                                        if now + prompt_seconds(d, rest, normal) + est > due
+                                        else LEVEL_SLACK_)
                 row.arrival = slack_key(due - now - urgent)
 
 
@@ -736,6 +750,7 @@ cdef class Ledger:
         self.t.first_due = <double*>PyMem_Calloc(b, sizeof(double))
         self.t.gap = <double*>PyMem_Calloc(b, sizeof(double))
         self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
+        self.t.klass = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self._lock = PyThread_allocate_lock()
         self.q.capacity = w
@@ -760,7 +775,7 @@ cdef class Ledger:
             raise MemoryError("the ledger's lock could not be allocated")
         if (self.t.max_new == NULL or self.t.done == NULL or self.t.mark == NULL
                 or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
-                or self.t.stamp == NULL or self.t.relegated == NULL
+                or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.q.heaps[2].slots == NULL
@@ -797,6 +812,7 @@ cdef class Ledger:
         PyMem_Free(self.t.first_due)
         PyMem_Free(self.t.gap)
         PyMem_Free(self.t.stamp)
+        PyMem_Free(self.t.klass)
         PyMem_Free(self.t.relegated)
         if self._lock != NULL:
             PyThread_free_lock(self._lock)
@@ -1439,8 +1455,10 @@ cdef class Ranker:
     cdef readonly object limits
     cdef readonly object policy
     cdef _CoreMemory _positions, _lost   # row i's id is i; the rows the last rank relegated
+    cdef _CoreMemory _no_classes         # every row of class 0 (rank() without classes)
     cdef int64_t* positions
     cdef int64_t* lost
+    cdef int32_t* no_classes
     cdef list _lost_views
 
     def __cinit__(self, limits, policy, *, step_time=None):
@@ -1455,6 +1473,8 @@ cdef class Ranker:
         cdef int32_t b = limits.max_batch_size, i
         self._positions = _int64_memory(b, &self.positions)
         self._lost = _int64_memory(b, &self.lost)
+        self._no_classes = _CoreMemory(max(b, 1) * <Py_ssize_t>sizeof(int32_t))
+        self.no_classes = <int32_t*>self._no_classes.data
         for i in range(b):
             self.positions[i] = i
         self._lost_views = [None] * (b + 1)
@@ -1477,11 +1497,13 @@ cdef class Ranker:
             return True
         return not when + prompt_seconds(&self.d, tokens, self.d.chunk) > due
 
-    def rank(self, rows, first_due, gap, generated, stamp, relegated, now):
+    def rank(self, rows, first_due, gap, generated, stamp, relegated, now, *, classes=None):
         """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
-        positions it relegated (and sets them in ``relegated``). A no-op under FCFS/PRIORITY."""
+        positions it relegated (and sets them in ``relegated``). ``classes``: each row's own
+        priority (int32; None: all 0), which orders rows within a DEADLINE level. A no-op under
+        FCFS/PRIORITY."""
         cdef int32_t n = check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
-                                           self.limits.max_batch_size)
+                                           self.limits.max_batch_size, classes)
         cdef double when = as_time("now", now)
         cdef TableC t
         memset(&t, 0, sizeof(TableC))
@@ -1493,6 +1515,8 @@ cdef class Ranker:
         t.generated = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>generated)
         t.stamp = <uint64_t*>cnp.PyArray_DATA(<cnp.ndarray>stamp)
         t.relegated = <uint8_t*>cnp.PyArray_DATA(<cnp.ndarray>relegated)
+        t.klass = (self.no_classes if classes is None
+                   else <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>classes))
         t.ids = self.positions
         t.relegated_ids = self.lost
         t.count = n

@@ -29,6 +29,8 @@ from ._shared import (
     LEVEL_DUE,
     LEVEL_RELEGATED,
     LEVEL_SLACK,
+    LEVEL_STRIDE,
+    CLASS_SPAN,
     RANK_DEADLINE,
     RANK_EDF,
     RANK_NONE,
@@ -165,6 +167,7 @@ class Ledger:
         self._first_due = np.full(b, np.inf)
         self._gap = np.zeros(b)
         self._stamp = np.zeros(b, dtype=np.uint64)
+        self._klass = np.zeros(b, dtype=np.int32)
         self._relegated = np.zeros(b, dtype=bool)
         self._relegated_ids: list[int] = []
         self._count = 0
@@ -348,6 +351,7 @@ class Ledger:
             self._first_due[row] = due
             self._gap[row] = gap
             self._stamp[row] = arrival
+            self._klass[row] = prio
             self._relegated[row] = lost
             self._ids[row] = rid
             self._generated[row] = 0
@@ -511,7 +515,7 @@ class Ledger:
 
     def _rank(self, now: float) -> None:
         lost = rank_rows(self._d, self._rows[:self._count], self._first_due, self._gap,
-                         self._generated, self._stamp, self._relegated, now)
+                         self._generated, self._stamp, self._relegated, now, self._klass)
         self._relegated_ids.extend(int(self._ids[r]) for r in lost)
 
     @_exclusive(_BUSY)
@@ -551,7 +555,8 @@ class Ledger:
                     self._kv.KVPageTable.move(table, last, row)
             if row != last:
                 for column in (self._rows, self._ids, self._generated, self._max_new, self._done,
-                               self._first_due, self._gap, self._stamp, self._relegated):
+                               self._first_due, self._gap, self._stamp, self._klass,
+                               self._relegated):
                     column[row] = column[last]
                 self._row_of[int(self._ids[row])] = row
             last -= 1
@@ -644,7 +649,7 @@ def next_due(first_due: np.ndarray, gap: np.ndarray, generated: np.ndarray, row:
 
 def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
               generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
-              now: float) -> list[int]:
+              now: float, classes: np.ndarray | None = None) -> list[int]:
     """Write each row's priority and arrival from its deadlines at ``now``; returns the rows
     it relegated (the compiled ``rank_rows``)."""
     lost: list[int] = []
@@ -661,6 +666,7 @@ def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.nd
                     else int(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
             rows["priority"][r], rows["arrival"][r] = prio, key
             continue
+        klass = 0 if classes is None else max(min(int(classes[r]), CLASS_SPAN), -CLASS_SPAN)
         if relegated[r]:
             level = LEVEL_RELEGATED
         elif due == math.inf:
@@ -678,7 +684,7 @@ def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.nd
                 at_risk = now + d.prompt_seconds(rest, normal) + est > due
                 level = LEVEL_AT_RISK if at_risk else LEVEL_SLACK
                 key = _slack_key(due - now - urgent)
-        rows["priority"][r], rows["arrival"][r] = level, key
+        rows["priority"][r], rows["arrival"][r] = level * LEVEL_STRIDE + klass, key
     return lost
 
 
@@ -714,15 +720,18 @@ class Ranker:
 
     def rank(self, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
              generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
-             now: float) -> np.ndarray:
+             now: float, *, classes: np.ndarray | None = None) -> np.ndarray:
         """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
-        positions it relegated (and sets them in ``relegated``). A no-op under FCFS/PRIORITY."""
+        positions it relegated (and sets them in ``relegated``). ``classes``: each row's own
+        priority (int32; None: all 0), which orders rows within a DEADLINE level. A no-op under
+        FCFS/PRIORITY."""
         check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
-                          self.limits.max_batch_size)
+                          self.limits.max_batch_size, classes)
         when = as_time("now", now)
         if self._d.ranking == RANK_NONE:
             return np.zeros(0, dtype=np.int64)
-        lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when)
+        lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when,
+                         classes)
         return np.array(lost, dtype=np.int64)
 
 

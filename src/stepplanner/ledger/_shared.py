@@ -120,6 +120,10 @@ LEVEL_DUE = 0        # a decode that cannot skip a step without missing its next
 LEVEL_AT_RISK = 1    # a prompt that misses its first-token deadline at the normal pace
 LEVEL_SLACK = 2      # everything that can still meet its objectives and can wait a step
 LEVEL_RELEGATED = 3  # a request that can no longer meet them: served after the rest
+# Within a level, the request's own priority class decides (lower first): priority = level x
+# LEVEL_STRIDE + the class, clamped to +-CLASS_SPAN (classes beyond it tie with the bound).
+LEVEL_STRIDE = 2**24
+CLASS_SPAN = 2**23 - 1
 # Keys written into ``arrival`` (uint64): a prompt's slack in microseconds around KEY_ZERO
 # (clamped to +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp),
 # decodes and relegated rows by stamp. EDF writes the next deadline in milliseconds from now
@@ -207,10 +211,12 @@ RANK_ARRAYS = (("first_due", np.dtype(np.float64), False), ("gap", np.dtype(np.f
                ("relegated", np.dtype(np.uint8), True))
 
 
-def check_rank_arrays(rows: object, arrays: Sequence[object], capacity: int) -> int:
+def check_rank_arrays(rows: object, arrays: Sequence[object], capacity: int,
+                      classes: object = None) -> int:
     """``Ranker.rank``'s arguments: ``rows`` a writable C-contiguous 1-D RESIDENT_DTYPE array of
     at most ``capacity`` rows, and one C-contiguous 1-D array per row of each of RANK_ARRAYS
-    (``relegated`` writable). Returns the row count."""
+    (``relegated`` writable), and of ``classes`` (int32) unless it is None. Returns the row
+    count."""
     if (not isinstance(rows, np.ndarray) or rows.dtype != RESIDENT_DTYPE or rows.ndim != 1
             or not rows.flags.c_contiguous or not rows.flags.writeable):
         raise _errors.StepPlannerTypeError(
@@ -220,7 +226,8 @@ def check_rank_arrays(rows: object, arrays: Sequence[object], capacity: int) -> 
     n = len(rows)
     if n > capacity:
         raise _errors.out_of_range("len(rows)", n, f"0..{capacity} (max_batch_size)")
-    for (name, dtype, written), value in zip(RANK_ARRAYS, arrays):
+    extra = () if classes is None else ((("classes", np.dtype(np.int32), False), classes),)
+    for (name, dtype, written), value in (*zip(RANK_ARRAYS, arrays), *extra):
         if (not isinstance(value, np.ndarray) or value.dtype != dtype or value.ndim != 1
                 or not value.flags.c_contiguous or (written and not value.flags.writeable)):
             raise _errors.StepPlannerTypeError(
