@@ -300,6 +300,14 @@ def test_the_queue_is_in_first_token_deadline_order(impl):
     assert ledger.waiting_ids() == [4, 3, 1, 2]
 
 
+def test_deadline_admits_by_class_then_deadline(impl):
+    ledger, _ = make(impl, "DEADLINE")
+    ledger.submit(1, 16, 1, arrival_time=0.0, slo=sp.SLO(0.5))    # due 0.5, class 1
+    ledger.submit(2, 16, 0, arrival_time=0.0, slo=sp.SLO(9.0))    # due 9.0, class 0
+    ledger.submit(3, 16, 0, arrival_time=1.0, slo=sp.SLO(1.0))    # due 2.0, class 0
+    assert ledger.waiting_ids() == [3, 2, 1]
+
+
 def test_admission_takes_requests_that_can_still_make_it_first(impl):
     ledger_mod, core_mod = impl
     limits = sp.StepPlannerLimits(max_batch_size=1, max_input_length=256, kv_page_size=16)

@@ -11,11 +11,13 @@ cdef enum:
     HEAP_URGENT = 1   # priority < 0: may take the reserved slots
     HEAP_LOSING = 2   # DEADLINE: relegated at admission (cannot make its first token in time)
 
-# The order of a heap: arrival; (priority, arrival); (first token due, arrival).
+# The order of a heap: arrival; (priority, arrival); (first token due, arrival) for EDF;
+# (priority, first token due, arrival) for DEADLINE.
 cdef enum:
     ORDER_FCFS = 0
     ORDER_PRIORITY = 1
     ORDER_DEADLINE = 2
+    ORDER_CLASS_DEADLINE = 3
 
 # How the ledger ranks its rows before each plan (docs/scheduling.md; _shared.RANK_*).
 cdef enum:

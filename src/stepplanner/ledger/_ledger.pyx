@@ -132,9 +132,9 @@ cdef double STEP_TIME_WEIGHT_ = STEP_TIME_WEIGHT
 # ============================================================================================
 
 cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noexcept nogil:
-    if order == ORDER_PRIORITY and a.priority != b.priority:
+    if (order == ORDER_PRIORITY or order == ORDER_CLASS_DEADLINE) and a.priority != b.priority:
         return a.priority < b.priority
-    if order == ORDER_DEADLINE and a.first_due != b.first_due:
+    if order >= ORDER_DEADLINE and a.first_due != b.first_due:
         return a.first_due < b.first_due   # inf (no objectives) after every deadline
     return a.arrival < b.arrival
 
@@ -759,7 +759,10 @@ cdef class Ledger:
         self.q.heaps[HEAP_NORMAL].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_URGENT].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_LOSING].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
-        cdef int32_t order = (ORDER_DEADLINE if self.d.ranking != RANK_NONE
+        # DEADLINE admits by class, then first-token deadline: which class gets a slot is the
+        # operator's call; what runs in a step is the deadlines' (rank_rows).
+        cdef int32_t order = (ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
+                              else ORDER_DEADLINE if self.d.ranking == RANK_EDF
                               else ORDER_PRIORITY if self.by_priority else ORDER_FCFS)
         self.q.heaps[HEAP_NORMAL].order = order
         self.q.heaps[HEAP_URGENT].order = order
@@ -1093,7 +1096,9 @@ cdef class Ledger:
                 w = &self.q.pool[self.q.heaps[h].slots[k]]
                 if h == HEAP_LOSING:
                     entries.append(((True, w.arrival), w.request_id))
-                elif self.d.ranking != RANK_NONE:
+                elif self.d.ranking == RANK_DEADLINE:
+                    entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
+                elif self.d.ranking == RANK_EDF:
                     entries.append(((False, w.first_due, w.arrival), w.request_id))
                 elif self.by_priority:
                     entries.append(((w.priority, w.arrival), w.request_id))

@@ -285,8 +285,10 @@ class Ledger:
             raise _errors.stamps_exhausted(rid)
         arrival = self._next_arrival
         self._next_arrival += 1
-        if self._ranking != RANK_NONE:
-            key: tuple[Any, ...] = (due, arrival)
+        if self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
+            key: tuple[Any, ...] = (prio, due, arrival)
+        elif self._ranking == RANK_EDF:
+            key = (due, arrival)
         else:
             key = (prio, arrival) if self.by_priority else (arrival,)
         entry = [key, rid, length, prio, arrival, limit, True, due, gap, False]
