@@ -17,7 +17,7 @@ from ..core._policy import resolve_scheduling_policy
 from ..sim.simulator import policy_to_dict
 from ..sim.traces import read_trace
 from .errors import InputError, library_errors
-from .files import check_output_path
+from .files import check_files
 from .notices import warn_no_op_options
 from .options import compose, options_from, scheduling_options
 
@@ -93,9 +93,7 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
     if profile and scheduler != "stepplanner":
         raise InputError(f"--profile runs under --scheduler stepplanner (its MIXED steps are the "
                          f"shapes the grid needs); got --scheduler {scheduler}")
-    for option, path in (("--results", results_path), ("--timings", timings_path)):
-        if path:
-            check_output_path(option, path)
+    check_files({"--results": results_path, "--timings": timings_path}, {"TRACE": trace})
     options = options_from(kw)
     try:
         from ..fidelity import harness  # the transformers extra: only now
