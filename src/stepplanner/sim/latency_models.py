@@ -41,8 +41,8 @@ from ._least_squares import nonnegative_least_squares
 from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
-__all__ = ["LATENCY_FORMAT", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator", "Fit", "ModelShape",
-           "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
+__all__ = ["LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator",
+           "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
            "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
@@ -57,6 +57,9 @@ PACE_COLUMNS = ("start",)
 # measured_pace's window: short enough to follow a shared machine's speed (0.8-1.36x from one 2-s
 # window to the next), long enough to average ~10 of the longest steps of a small engine.
 PACE_WINDOW = 0.5
+# The most windows measured_pace makes: a week of 0.5-s windows is 1.2e6, a realistic run far
+# fewer; its arrays (three float64 per window, then a tuple) stay within tens of MB.
+MAX_PACE_WINDOWS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -347,8 +350,9 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
                   where: str = "timings") -> EnginePace:
     """The engine's speed over a run against ``model``: per ``window`` seconds (by each step's
     ``start``), the steps' measured seconds over ``model``'s seconds for the same steps. A window
-    in which no step started (the engine was idle) keeps the factor before it (the first busy
-    window's, before any).
+    in which no step started (the engine was idle), or whose steps ``model`` prices at 0 s (no
+    ratio exists there), keeps the factor before it (the first busy window's, before any). At
+    most ``MAX_PACE_WINDOWS`` windows: a run that needs more needs a longer ``window``.
 
     Replayed with ``simulate(..., pace=)`` it removes from a simulation's error what the engine's
     changing speed put there (a diagnostic; see :class:`~stepplanner.sim.latency.EnginePace`).
@@ -371,12 +375,32 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
                                         f"{coefficient}={weight!r}; allowed: the column, or a "
                                         f"model with {coefficient}=0")
         modelled = modelled + weight * column
+    last = float(timings.start.max())
+    # Counted in floats before any array is sized: start // window overflows int64 (and
+    # np.bincount) for a tiny window or a huge start, and a merely small window asks for GBs.
+    if not last / window < MAX_PACE_WINDOWS:
+        raise StepPlannerValueError(
+            f"{where}: steps start up to {last!r} s, more than {MAX_PACE_WINDOWS} windows of "
+            f"{window!r} s; allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)")
     slot = (timings.start // window).astype(np.int64)
-    measured = np.bincount(slot, weights=timings.seconds)
-    priced = np.bincount(slot, weights=modelled)
-    busy = priced > 0
-    factors = np.empty(len(priced))
-    factors[busy] = measured[busy] / priced[busy]
+    with np.errstate(over="ignore", invalid="ignore"):
+        measured = np.bincount(slot, weights=timings.seconds)
+        priced = np.bincount(slot, weights=modelled)
+        busy = priced > 0
+        if not busy.any():
+            raise StepPlannerValueError(
+                f"{where}: the model prices every timed step at 0 s, so no window has a ratio "
+                "of measured to modelled seconds; allowed: a model that prices some step above "
+                "0 s (a > 0, or a term whose column these steps fill)")
+        factors = np.zeros(len(priced))
+        factors[busy] = measured[busy] / priced[busy]
+    bad = np.flatnonzero(busy & ~(np.isfinite(factors) & (factors > 0)))
+    if bad.size:
+        k = int(bad[0])
+        raise StepPlannerValueError(
+            f"{where}: window {k} (steps starting from {k * window!r} s) has no factor: its "
+            "measured seconds, its modelled seconds or their ratio is out of float64's range; "
+            "allowed: steps whose seconds, and the model's, sum to a finite ratio > 0")
     last = float(factors[np.argmax(busy)])  # idle windows keep the factor before them
     for k in range(len(factors)):
         if busy[k]:
