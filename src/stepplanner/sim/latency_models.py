@@ -23,7 +23,9 @@ Calibration reads a runtime's per-step timings (``read_step_timings``: ``seconds
 coefficients ``>= 0`` by least squares (the best of the unconstrained fits over every subset of
 the coefficients whose solution is non-negative: with at most six coefficients that enumeration
 is the exact non-negative least-squares answer), reporting R², the median and the worst
-relative error.
+relative error. R² is ``1 - residual / total``; when the seconds do not vary (total 0) it is 1
+for an exact fit and 0 otherwise, as scikit-learn's ``r2_score(force_finite=True)`` reports. Every
+column the fit uses (and the seconds) is at most ``FIT_LIMIT``: least squares squares them.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from ._least_squares import nonnegative_least_squares
 from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
-__all__ = ["LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator",
+__all__ = ["FIT_LIMIT", "LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator",
            "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
            "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
 
@@ -189,13 +191,25 @@ class StepTimings:
         return len(self.seconds)
 
     def features(self) -> dict[str, np.ndarray | None]:
-        """Each coefficient's column (None where the file cannot give it)."""
+        """Each coefficient's column (None where the file cannot give it); a product that
+        overflows is inf, which the fit refuses by name."""
+        with np.errstate(over="ignore"):
+            product = self.tokens * self.context
         return {"a": np.ones(len(self.seconds)), "b": self.tokens, "c": self.context,
-                "d": self.tokens * self.context, "e": self.attention, "f": self.rows}
+                "d": product, "e": self.attention, "f": self.rows}
 
 
 # The optional terms' columns: a model with the term needs the column in the timings file.
 _TERM_COLUMNS = {"e": "attention", "f": "rows"}
+# Each coefficient's column, by what it holds (the messages' words).
+_FEATURE_NAMES = {"a": "1", "b": "tokens", "c": "context", "d": "tokens x context",
+                  "e": "attention", "f": "rows"}
+# The largest value a fitted column may hold: least squares and R² sum squares, which overflow
+# float64 (1.8e308) beyond ~1e154; 1e150 leaves room for 1e8 rows. Real counts are below 1e20.
+FIT_LIMIT = 1e150
+# How close every step must be for a fit of seconds that do not vary to count as exact: the
+# fit's own rounding (scaled columns, then the norms divided out) is ~1e-16 relative.
+_EXACT = 1e-12
 
 # (column, must hold) pairs checked row by row: a file that breaks one was not written by a
 # runtime that counted what it ran.
@@ -308,9 +322,14 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     if len(y) < 3:
         raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
                                     "(three coefficients)")
+    _check_magnitude("seconds", y)
+    for k in wanted:
+        _check_magnitude(f"{_FEATURE_NAMES[k]} (the column of {k})", given[k])
     base = [k for k in wanted if k in "abc"]
     x = np.column_stack([given[k] for k in base] or [np.zeros((len(y), 0))]).astype(np.float64)
-    if np.linalg.matrix_rank(x) < len(base):
+    # Ranked on scaled columns, as the optional terms are: unscaled, a column of counts near
+    # 1e17 makes the column of ones fall below matrix_rank's tolerance.
+    if np.linalg.matrix_rank(_scaled(x)[0]) < len(base):
         raise StepPlannerValueError(
             "timings do not vary tokens and context independently, so a, b and c "
             "cannot be told apart; allowed: steps with different token counts and "
@@ -327,15 +346,42 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     if not np.any(coef > 0):
         raise StepPlannerValueError("no non-negative coefficients fit these timings")
     predicted = x @ coef
-    residual = float(np.sum((predicted - y) ** 2))
-    total = float(np.sum((y - y.mean()) ** 2))
-    relative = np.abs(predicted - y) / y
+    with np.errstate(over="ignore"):
+        relative = np.abs(predicted - y) / y
+    if not np.all(np.isfinite(relative)):
+        row = int(np.flatnonzero(~np.isfinite(relative))[0])
+        raise StepPlannerValueError(
+            f"timings data row {row + 1}: seconds={float(y[row])!r} is too small to divide by: "
+            "the fit's relative error there is not a finite number; allowed: seconds a "
+            "measured step takes")
     worst = int(np.argmax(relative))
     values = dict.fromkeys(COEFFICIENTS, 0.0)
     values.update(zip(used, map(float, coef)))
     model = LatencyModel(name=name, **values)
-    return Fit(model, len(y), 1.0 - residual / total if total > 0 else 1.0,
-               float(relative[worst]), worst, "".join(used), float(np.median(relative)))
+    return Fit(model, len(y), _r2(y, predicted, relative), float(relative[worst]), worst,
+               "".join(used), float(np.median(relative)))
+
+
+def _r2(y: np.ndarray, predicted: np.ndarray, relative: np.ndarray) -> float:
+    """R² of the fit (see the module). Seconds that do not vary are tested for that directly:
+    their mean is not exact in floats (0.1 x 3 / 3), and its rounding error as a variance
+    would turn a perfect fit's rounding into any R² at all."""
+    if np.ptp(y) == 0:
+        return 1.0 if bool(np.all(relative <= _EXACT)) else 0.0
+    residual = float(np.sum((predicted - y) ** 2))
+    return 1.0 - residual / float(np.sum((y - y.mean()) ** 2))
+
+
+def _check_magnitude(name: str, column: np.ndarray) -> None:
+    """A value the fit cannot square (or a product that overflowed) is refused by data row."""
+    bad = np.flatnonzero(~(column <= FIT_LIMIT))
+    if bad.size:
+        row = int(bad[0])
+        value = float(column[row])
+        said = f"is {value:g}" if math.isfinite(value) else "overflows float64"
+        raise StepPlannerValueError(
+            f"timings data row {row + 1}: {name} {said}; allowed: at most {FIT_LIMIT:g} (the "
+            "least-squares fit squares every column)")
 
 
 def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
