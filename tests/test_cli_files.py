@@ -6,7 +6,6 @@ overwrites another. Tested once per command that writes files: ``compare``, ``ex
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
@@ -14,11 +13,7 @@ import pytest
 
 from stepplanner.core._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.core._types import IfbSchedulingMode
-from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.sim.latency import LatencyModel
-from stepplanner.sim.latency_models import save_latency_model
-from stepplanner.sim.simulator import simulate
-from stepplanner.sim.traces import read_trace
 from stepplanner.sim.workloads import synthetic
 
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
@@ -35,25 +30,12 @@ MODEL = LatencyModel(a=3e-4, b=2e-4, c=6e-6, name="cpu")
 
 
 @pytest.fixture()
-def files(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
+def files(tmp_path: pathlib.Path, write_run_files) -> dict[str, pathlib.Path]:
     """A trace, a latency model, the results of a run of the trace and its step timings."""
     folder = tmp_path / "inputs"
     folder.mkdir()
-    trace = folder / "trace.csv"
-    synthetic(requests=12, rate=6.0, seed=3, max_prompt=300, max_output=20).to_csv(trace)
-    served = read_trace(trace)
-    model = folder / "model.json"
-    save_latency_model(MODEL, model)
-    results = folder / "results.json"
-    results.write_text(json.dumps(simulated_results(served, LIMITS, OPTIONS, MODEL,
-                                                    trace=str(trace))))
-    steps = simulate(served, LIMITS, OPTIONS, MODEL).steps
-    timings = folder / "timings.csv"
-    timings.write_text("seconds,tokens,context,start\n" + "".join(
-        f"{s!r},{t},{c},{e - s!r}\n" for s, t, c, e in zip(
-            steps["seconds"].tolist(), steps["tokens"].tolist(), steps["context"].tolist(),
-            steps["end_time"].tolist())))
-    return {"trace": trace, "model": model, "results": results, "timings": timings}
+    workload = synthetic(requests=12, rate=6.0, seed=3, max_prompt=300, max_output=20)
+    return write_run_files(folder, workload, LIMITS, OPTIONS, MODEL)
 
 
 def _refused(args: list[str], kept: list[pathlib.Path], message: str) -> None:

@@ -265,7 +265,8 @@ def mutated(change) -> dict:
     (mutated(lambda d: d["itls"].__setitem__(0, [1e308, 1e308])),
      "itls[0] holds 1e+308; allowed: a list of a finite number of seconds in [0, 1e+12]"),
     (mutated(lambda d: d["latencies"].__setitem__(2, 1e307)), "latencies[2]=1e+307 is out of"),
-    (mutated(lambda d: d["arrival_times"].__setitem__(1, 2e12)), "arrival_times[1]=2000000000000.0"),
+    (mutated(lambda d: d["arrival_times"].__setitem__(1, 2e12)),
+     "arrival_times[1]=2000000000000.0 is out of range"),
     (mutated(lambda d: d.update(duration=1e13)),
      "duration=10000000000000.0 is out of range; allowed: a finite number of seconds in (0, "
      "1e+12]"),

@@ -43,9 +43,10 @@ from ._least_squares import nonnegative_least_squares
 from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
-__all__ = ["FIT_LIMIT", "LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator",
-           "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
-           "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
+__all__ = ["FIT_LIMIT", "LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS",
+           "Accelerator", "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency",
+           "fit_step_latency", "load_latency_model", "measured_pace", "read_step_timings",
+           "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
 TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file must have
