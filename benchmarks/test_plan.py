@@ -59,6 +59,26 @@ def test_reference(benchmark, scenario: str, batch: int) -> None:
     assert plan.num_residents == batch
 
 
+# apply_to advances the rows it is timed on: a chunk row commits up to 512 tokens a call, so a
+# fixed count of calls keeps committed far from int32's end (pytest-benchmark's own calibration
+# could reach millions of calls on B=8).
+APPLY_ROUNDS, APPLY_ITERATIONS = 200, 50
+
+
+@pytest.mark.parametrize("impl", ["array", "list"])
+def test_apply_to(benchmark, batch: int, impl: str) -> None:
+    """StepPlan.apply_to of the mixed plan over the rows it was made from (compiled): its rows
+    are range-checked, never searched for a repeated resident (no compiled plan holds one)."""
+    rows = bench.steady_ledger(batch)
+    ledger = (as_resident_array(rows) if impl == "array"
+              else as_resident_states(rows, _core.ResidentState))
+    plan = bench.make_planner(_core, "mixed", batch).plan(ledger).copy()
+    benchmark.group = f"apply_to B={batch:>4}"
+    benchmark.pedantic(plan.apply_to, (ledger,), rounds=APPLY_ROUNDS,
+                       iterations=APPLY_ITERATIONS, warmup_rounds=2)
+    assert plan.num_residents == batch
+
+
 class KernelClock:
     """The C loop's own clock as a pytest-benchmark timer, so that its row is one plan.
 

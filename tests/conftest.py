@@ -173,3 +173,37 @@ def assert_unwritable():
     """``assert_unwritable(array, compiled)``: the check that memory a kernel indexes by cannot be
     written from Python (the page table's and the ledger's views)."""
     return _assert_unwritable
+
+
+def _write_run_files(folder, workload, limits, options, model) -> dict:
+    """What a real run of ``workload`` leaves, its simulation standing in for the engine: the
+    trace, a latency model file, the per-request results and the per-step timings (with each
+    step's start), as ``serve-trace`` and ``calibrate`` write them."""
+    import json
+
+    from stepplanner.fidelity.simulated import simulated_results
+    from stepplanner.sim.latency_models import save_latency_model
+    from stepplanner.sim.simulator import simulate
+    from stepplanner.sim.traces import read_trace
+
+    trace = folder / "trace.csv"
+    workload.to_csv(trace)
+    served = read_trace(trace)
+    model_path = folder / "model.json"
+    save_latency_model(model, model_path)
+    results = folder / "results.json"
+    results.write_text(json.dumps(simulated_results(served, limits, options, model,
+                                                    trace=str(trace))))
+    steps = simulate(served, limits, options, model).steps
+    timings = folder / "timings.csv"
+    timings.write_text("seconds,tokens,context,start\n" + "".join(
+        f"{s!r},{t},{c},{e - s!r}\n" for s, t, c, e in zip(
+            *(steps[k].tolist() for k in ("seconds", "tokens", "context", "end_time")))))
+    return {"trace": trace, "model": model_path, "results": results, "timings": timings}
+
+
+@pytest.fixture(scope="session")
+def write_run_files():
+    """``write_run_files(folder, workload, limits, options, model)``: the files of a run of
+    ``workload`` (trace, model, results, timings) in ``folder``, for the tools' file tests."""
+    return _write_run_files

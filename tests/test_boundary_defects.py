@@ -18,9 +18,12 @@ from stepplanner import (
     RESIDENT_DTYPE,
     IfbSchedulingMode,
     PreemptionMode,
+    SchedulingOptions,
     SchedulingPolicy,
     SequenceWork,
+    StepPlannerLimits,
     ledger,
+    resolve_scheduling_policy,
 )
 from stepplanner.planner import _fields, _types, checks
 from stepplanner.testing import as_resident_array, as_resident_states
@@ -495,9 +498,10 @@ def test_empty_plans_copy(core, how):
     assert how(empty) == empty and how(empty).num_residents == 0
 
 
-def test_unpickling_checks_the_rows(compiled):
-    plan = compiled.StepPlan()
+def test_unpickling_checks_the_rows(core):
+    plan = core.StepPlan()
     restore, args = plan.__reduce__()[:2]
+    assert restore.__module__ == core.__name__  # the twin pickled by its attributes before
     bad = ([(9, 0, 0, 4, True)], [], 2)
     with pytest.raises(ValueError, match=r"plan.sequences\[0\].resident=9 is out of range"):
         restore(*bad)
@@ -505,7 +509,53 @@ def test_unpickling_checks_the_rows(compiled):
         restore([(0, 7, 0, 4, True)], [], 2)
     with pytest.raises(OverflowError):
         restore([(0, 0, 2**40, 4, True)], [], 2)
+    with pytest.raises(ValueError, match=r"plan.paused\[0\]=0 names the resident "
+                                         r"plan.sequences\[0\].resident names already"):
+        restore([(0, 1, 4, 1, False)], [0], 2)
     assert restore(*args) == plan
+
+
+# Each a (sequences, paused, num_residents) a pickle could hold: both twins restore it or refuse
+# it alike.
+RESTORED = [
+    ([(1, 0, 0, 8, True), (0, 1, 5, 1, True)], [2], 3),
+    ([], [], 0),
+    ([(0, 1, 5, 1, True)], [], -1),
+    ([(0, 1, 5, 1, True), (1, 1, 5, 1, True)], [], 1),
+    ([(0, 1, 5, 1, True), (1, 0, 0, 8, True)], [], 2),
+    ([(0, 0, 0, 8, 2)], [], 1),
+    ([(0, 0, 0, 8, True)], [1.5], 2),
+    ([(0, 0, 0, 2**31 - 1, True), (1, 1, 9, 1, True)], [], 2),
+    ([(0, 0, 0, -3, True)], [], 1),
+    ([(0, 1, 5, 1, True), (0, 1, 6, 1, True)], [], 2),
+]
+
+
+@pytest.mark.parametrize("args", RESTORED)
+def test_unpickling_is_the_same_on_both_twins(compiled, reference, args):
+    outcomes = []
+    for core in (compiled, reference):
+        try:
+            outcomes.append(core.StepPlan.__reduce__(_restore(core, args))[1])
+        except (TypeError, ValueError, OverflowError) as exc:
+            outcomes.append((type(exc).__name__, str(exc)))
+    assert outcomes[0] == outcomes[1]
+
+
+def _restore(core, args):
+    return core.StepPlan().__reduce__()[0](*args)
+
+
+def test_pickles_of_one_plan_are_the_same_on_both_twins(compiled, reference):
+    limits = StepPlannerLimits(4, 64, 16)
+    policy = resolve_scheduling_policy(SchedulingOptions(**PAUSING), limits)
+    rows = as_resident_array(PAUSING_ROWS)
+    plans = [core.StepPlanner(policy, limits).plan(rows) for core in (compiled, reference)]
+    reduced = [plan.__reduce__() for plan in plans]
+    assert reduced[0][1] == reduced[1][1] == (plans[0].as_array().tolist(), [2], 3)
+    for core, plan in zip((compiled, reference), plans):
+        back = pickle.loads(pickle.dumps(plan))
+        assert type(back) is core.StepPlan and back == plan and back.to_dict() == plan.to_dict()
 
 
 # --- design: one definition of the resident fields; real type checks -------------------------

@@ -188,6 +188,28 @@ def test_calibrate_bad_file_is_one_line(tmp_path: pathlib.Path) -> None:
     assert "line 3: column 'context': 'abc' is not a number" in line
 
 
+@pytest.mark.parametrize(("rows", "terms", "message"), [
+    ("0.5,1,10\n0.5,2,30\n0.5,3,20\n0.5,4,50\n", "b", "R² 0.00000"),
+    ("0.1,1e155,1e155\n0.2,2e155,6e155\n0.3,3e155,6e155\n", "bd",
+     "Error: timings data row 1: tokens (the column of b) is 1e+155; allowed: at most 1e+150"),
+    ("0.1,1e100,1e100\n0.2,2e100,6e100\n0.3,3e100,6e100\n", "d",
+     "Error: timings data row 1: tokens x context (the column of d) is 1e+200; allowed:"),
+])
+def test_calibrate_reports_numbers_or_one_line(tmp_path: pathlib.Path, rows: str, terms: str,
+                                               message: str) -> None:
+    timings = tmp_path / "timings.csv"
+    timings.write_text("seconds,tokens,context\n" + rows)
+    model = tmp_path / "m.json"
+    result = CliRunner().invoke(main, ["calibrate", str(timings), "--out", str(model),
+                                       "--terms", terms])
+    assert message in result.output, result.output
+    if message.startswith("Error"):
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+        assert not model.exists()
+    else:
+        assert result.exit_code == 0 and json.loads(model.read_text())["fit"]["r2"] == 0.0
+
+
 def test_simulate_slo_goodput_and_vllm_result(tmp_path: pathlib.Path) -> None:
     saved = tmp_path / "result.json"
     report = _json("simulate", *SMALL, "--slo", "ttft_p99=400ms", "--slo", "e2e_p50@1=10s",

@@ -8,6 +8,7 @@ import csv
 import json
 import math
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +18,12 @@ from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.planner._types import IfbSchedulingMode
 from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.sim.latency import EnginePace, LatencyModel
-from stepplanner.sim.latency_models import StepTimings, measured_pace, read_step_timings
+from stepplanner.sim.latency_models import (
+    MAX_PACE_WINDOWS,
+    StepTimings,
+    measured_pace,
+    read_step_timings,
+)
 from stepplanner.sim.paged import simulate_paged
 from stepplanner.sim.simulator import simulate
 from stepplanner.sim.workloads import synthetic
@@ -112,6 +118,58 @@ def test_the_pace_needs_the_start_column_and_the_terms_columns(tmp_path: pathlib
     assert read.start.tolist() == [0.25]  # read when present; other columns still ignored
     abc = LatencyModel(a=MODEL.a, b=MODEL.b, c=MODEL.c)
     assert measured_pace(read, abc, 1.0).factors == pytest.approx((0.5 / abc.step_seconds(8, 80),))
+
+
+def test_a_model_that_prices_every_step_at_zero_has_no_pace() -> None:
+    # a=0 and steps of 0 tokens: no window has a modelled second to divide by (the factors were
+    # read from uninitialised memory)
+    steps = StepTimings(np.array([0.01, 0.02, 0.03]), np.zeros(3), np.zeros(3),
+                        start=np.array([0.0, 0.7, 1.6]))
+    zero = LatencyModel(a=0.0, b=1e-4, c=1e-6)
+    with pytest.raises(StepPlannerValueError, match=r"^t.csv: the model prices every timed step "
+                                                    r"at 0 s, so no window has a ratio"):
+        measured_pace(steps, zero, 0.5, "t.csv")
+    # a window whose steps alone are priced at 0 keeps the factor before it, as an idle one does
+    some = StepTimings(np.array([0.01, 0.02]), np.array([10.0, 0.0]), np.array([10.0, 0.0]),
+                       start=np.array([0.0, 0.7]))
+    assert measured_pace(some, zero, 0.5).factors == pytest.approx(
+        (0.01 / zero.step_seconds(10, 10),) * 2)
+
+
+@pytest.mark.parametrize(("window", "start"), [(1e-300, 1.0), (0.5, 1e300), (1e-9, 11.0),
+                                               (1.0, float(MAX_PACE_WINDOWS))])
+def test_the_number_of_windows_is_bounded(window: float, start: float) -> None:
+    # int64 overflowed into np.bincount, and a window of 1e-9 s over 11 s asked for 88 GB
+    steps = timings([0.0, start], [8, 8], [80, 80], [8, 8], [1, 1])
+    with pytest.raises(StepPlannerValueError, match="^" + re.escape(
+            f"t.csv: steps start up to {start!r} s, more than {MAX_PACE_WINDOWS} windows of "
+            f"{window!r} s; allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)")):
+        measured_pace(steps, MODEL, window, "t.csv")
+    most = measured_pace(timings([0.0, MAX_PACE_WINDOWS - 1.0], [8, 8], [80, 80], [8, 8], [1, 1]),
+                         MODEL, 1.0)
+    assert len(most.factors) == MAX_PACE_WINDOWS
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("zero", "the model prices every timed step at 0 s"),
+    ("window", f"steps start up to 1.0 s, more than {MAX_PACE_WINDOWS} windows of 1e-300 s; "
+               f"allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)"),
+    ("start", f"steps start up to 1e+300 s, more than {MAX_PACE_WINDOWS} windows"),
+])
+def test_pace_from_that_gives_no_pace_is_one_line_with_status_2(tmp_path: pathlib.Path, case: str,
+                                                                message: str) -> None:
+    results, _ = write_run(tmp_path, PACE)
+    path = tmp_path / "hostile.csv"
+    start = "1e300" if case == "start" else "1.0"
+    tokens = "0" if case == "zero" else "8"
+    path.write_text(f"seconds,tokens,context,rows,start\n0.01,{tokens},{tokens},{tokens},0\n"
+                    f"0.01,{tokens},{tokens},{tokens},{start}\n")
+    latency = "a=0,b=2e-4,c=6e-6" if case == "zero" else LATENCY_TEXT
+    window = ["--pace-window", "1e-300"] if case == "window" else []
+    out = fidelity(results, "--latency", latency, "--pace-from", str(path), *window)
+    assert out.exit_code == 2, out.output
+    assert f"Error: --pace-from {path}: {message}" in out.output
+    assert len(out.output.strip().splitlines()) == 1, out.output
 
 
 # --- the replay in the simulator ---------------------------------------------------------------

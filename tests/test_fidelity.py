@@ -215,6 +215,12 @@ def test_a_trace_supplies_arrivals_and_classes_to_a_vllm_file(tmp_path: pathlib.
     assert matched.failed.tolist() == [False, True, False]
 
 
+def vllm_with(key: str, value: object) -> dict:
+    doc = as_vllm(stepplanner_doc())
+    doc[key] = value
+    return doc
+
+
 def mutated(change) -> dict:
     doc = copy.deepcopy(stepplanner_doc())
     change(doc)
@@ -234,7 +240,7 @@ def mutated(change) -> dict:
                                  e2els=[], start_times=[], errors=[], arrival_times=[],
                                  priorities=[])), "no requests"),
     (mutated(lambda d: d["ttfts"].__setitem__(2, -1)),
-     "ttfts[2]=-1 is out of range; allowed: a finite number of seconds >= 0"),
+     "ttfts[2]=-1 is out of range; allowed: a finite number of seconds in [0, 1e+12]"),
     (mutated(lambda d: d["ttfts"].__setitem__(0, "0.5")), "ttfts[0]='0.5' is out of range"),
     (mutated(lambda d: d["input_lens"].__setitem__(0, 1.5)),
      "input_lens[0]=1.5 is out of range; allowed: an integer in [0, 2147483647]"),
@@ -255,6 +261,23 @@ def mutated(change) -> dict:
     (mutated(lambda d: d["stepplanner"]["options"].update(mode="SIDEWAYS")),
      "stepplanner.options is not valid"),
     (mutated(lambda d: d.update(stepplanner=[])), "stepplanner is list; allowed: an object"),
+    # finite values whose sums or millisecond figures overflow float64 (nan% was printed)
+    (mutated(lambda d: d["itls"].__setitem__(0, [1e308, 1e308])),
+     "itls[0] holds 1e+308; allowed: a list of a finite number of seconds in [0, 1e+12]"),
+    (mutated(lambda d: d["latencies"].__setitem__(2, 1e307)), "latencies[2]=1e+307 is out of"),
+    (mutated(lambda d: d["arrival_times"].__setitem__(1, 2e12)),
+     "arrival_times[1]=2000000000000.0 is out of range"),
+    (mutated(lambda d: d.update(duration=1e13)),
+     "duration=10000000000000.0 is out of range; allowed: a finite number of seconds in (0, "
+     "1e+12]"),
+    # a vLLM file's optional lists are counted like every other (an IndexError or TypeError
+    # traceback before, or ignored when too long)
+    *((vllm_with(key, value), message) for key in ("priorities", "arrival_times")
+      for value, message in (
+          ([0], f"the per-request lists differ in length (input_lens 3, output_lens 3, ttfts 3, "
+                f"itls 3, latencies 3, errors 3, start_times 3, {key} 1)"),
+          ([0, 0, 0, 0], f"{key} 4)"),
+          (0, f"{key} is int; allowed: a list with one entry per request"))),
 ])
 def test_malformed_results_name_the_file_and_the_key(tmp_path: pathlib.Path, doc: object,
                                                      message: str) -> None:
@@ -324,6 +347,21 @@ def test_a_simulated_run_compared_with_its_own_simulation_has_no_error(
                             LatencyModel(a=6e-4, b=2e-4, c=6e-6)).report
     assert slower["summary"]["all"]["median_abs_error"] > 0.01
     assert slower["metrics"]["all"]["tpot"]["p50"]["error"] > 0
+    assert not hasattr(fidelity, "result")  # set and read by nobody: the report is the output
+
+
+def test_a_figure_that_is_not_a_number_is_an_error(tmp_path: pathlib.Path, simulated_doc: dict,
+                                                   served: Workload) -> None:
+    # Every real TTFT a subnormal second: each relative error overflows to inf.
+    doc = copy.deepcopy(simulated_doc)
+    doc["ttfts"] = [5e-324] * len(doc["ttfts"])
+    results = read_results(write(tmp_path / "r.json", doc))
+    workload, matched = served_workload(results, served)
+    with pytest.raises(ValueError, match=(
+            rf"^results {tmp_path / 'r.json'}: the relative error of class all, ttft p50 is not "
+            r"a finite number \(real 5e-324 s, simulated .* s\); allowed: figures whose "
+            r"relative error is a number")):
+        check_fidelity(matched, workload, results.limits, results.policy, LATENCY)
 
 
 def run_cli(*args: str):
@@ -431,6 +469,18 @@ def test_cli_errors_are_one_line_with_status_2(run_files, tmp_path: pathlib.Path
     out = run_cli(results_path, "--latency", LATENCY_TEXT, *(e.format(**names) for e in extra))
     assert out.exit_code == 2
     assert message.format(**names) in out.output
+    assert len(out.output.strip().splitlines()) == 1, out.output
+
+
+def test_cli_refuses_itls_whose_millisecond_figures_overflow(run_files,
+                                                            simulated_doc: dict,
+                                                            tmp_path: pathlib.Path) -> None:
+    doc = copy.deepcopy(simulated_doc)
+    doc["itls"][0] = [1e308] * len(doc["itls"][0])
+    out = run_cli(write(tmp_path / "huge.json", doc), "--trace", run_files[1], "--latency",
+                  LATENCY_TEXT)
+    assert out.exit_code == 2, out.output
+    assert "itls[0] holds 1e+308" in out.output and "nan" not in out.output
     assert len(out.output.strip().splitlines()) == 1, out.output
 
 

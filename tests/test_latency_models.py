@@ -11,7 +11,9 @@ import pytest
 
 from stepplanner.sim.latency import DEFAULT_LATENCY, LatencyModel
 from stepplanner.sim.latency_models import (
+    FIT_LIMIT,
     PRESETS,
+    StepTimings,
     fit_latency,
     fit_step_latency,
     load_latency_model,
@@ -71,6 +73,56 @@ def test_calibration_needs_independent_tokens_and_context() -> None:
         fit_latency(tokens, 2 * tokens, 0.001 + tokens * 1e-5)
     with pytest.raises(ValueError, match="at least 3"):
         fit_latency(tokens[:2], tokens[:2], tokens[:2])
+
+
+def test_r2_is_one_only_for_an_exact_fit() -> None:
+    # Constant seconds leave no variance to explain: R² was 1.0 for b*tokens, off by a median
+    # 53%, because 1 - residual / total fell back to 1 whenever total was 0.
+    tokens = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    context = np.array([10.0, 30.0, 20.0, 50.0, 40.0])
+    constant = StepTimings(np.full(5, 0.5), tokens, context)
+    off = fit_step_latency(constant, terms="b")
+    assert off.median_relative_error > 0.3 and off.r2 == 0.0
+    # the same seconds fitted exactly (by a, to rounding, and 0.1 has no exact mean) score 1
+    for seconds in (0.5, 0.1):
+        exact = fit_step_latency(StepTimings(np.full(5, seconds), tokens, context))
+        assert exact.worst_relative_error < 1e-12 and exact.r2 == 1.0
+    # seconds that vary: R² as always, below 0 when the fit is worse than the mean
+    varying = StepTimings(np.array([0.5, 0.1, 0.4, 0.2, 0.3]), tokens, context)
+    assert fit_step_latency(varying, terms="b").r2 < 0
+
+
+@pytest.mark.parametrize("terms", [None, "bd", "cd", "bcd", "d", "ad"])
+def test_columns_beyond_what_the_fit_can_square_are_named(terms: str | None) -> None:
+    # tokens x context of counts near 1e155 overflowed to inf and np.linalg raised LinAlgError
+    # through the CLI; with default terms the message blamed tokens and context for not
+    # varying independently
+    tokens = np.array([1.0, 2.0, 3.0, 5.0]) * 1e155
+    timings = StepTimings(np.array([0.1, 0.2, 0.3, 0.5]), tokens,
+                          tokens * np.array([1.0, 3.0, 2.0, 4.0]))
+    column = {None: "tokens (the column of b)", "cd": "context (the column of c)",
+              "bd": "tokens (the column of b)", "bcd": "tokens (the column of b)",
+              "d": "tokens x context (the column of d)",
+              "ad": "tokens x context (the column of d)"}[terms]
+    value = "overflows float64" if "tokens x context" in column else "is 1e+155"
+    with pytest.raises(ValueError, match=re.escape(
+            f"timings data row 1: {column} {value}; allowed: at most {FIT_LIMIT:g} (the "
+            "least-squares fit squares every column)")):
+        fit_step_latency(timings, terms=terms)
+    # at the limit the fit still runs and reports numbers
+    small = StepTimings(np.array([0.1, 0.2, 0.3, 0.5]), np.array([1.0, 2.0, 3.0, 5.0]) * 1e70,
+                        np.array([1.0, 6.0, 6.0, 20.0]) * 1e70)
+    fit = fit_step_latency(small)
+    assert all(np.isfinite([fit.r2, fit.median_relative_error, fit.worst_relative_error]))
+
+
+def test_seconds_too_small_to_divide_by_are_named() -> None:
+    timings = StepTimings(np.array([5e-324, 0.2, 0.3, 0.5]), np.array([1.0, 2.0, 3.0, 5.0]),
+                          np.array([1.0, 6.0, 6.0, 20.0]))
+    with pytest.raises(ValueError, match=re.escape(
+            "timings data row 1: seconds=5e-324 is too small to divide by: the fit's relative "
+            "error there is not a finite number; allowed: seconds a measured step takes")):
+        fit_step_latency(timings)
 
 
 def test_read_timings_and_round_trip(tmp_path: pathlib.Path) -> None:

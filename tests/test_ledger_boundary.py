@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -398,6 +399,50 @@ def test_step_refuses_a_nested_call_from_the_planner(make) -> None:
         ledger.step(Meddling())
     assert _state(ledger) == before
     assert ledger.step(planner).num_residents == 4
+
+
+def _read_inside_plan(ledger, planner, read):
+    """``read()`` from the planner's plan() during ``ledger.step``, on the loop thread and on
+    another thread: each gives ``("value", v)`` or ``("refused", message)``."""
+    seen = {}
+
+    def attempt(where):
+        try:
+            seen[where] = ("value", read())
+        except StepPlannerRuntimeError as exc:
+            seen[where] = ("refused", str(exc))
+
+    class Reading:
+        limits = planner.limits
+
+        def plan(self, residents, count=None, reasons=None):
+            attempt("loop")
+            other = threading.Thread(target=attempt, args=("thread",))
+            other.start()
+            other.join()
+            return planner.plan(residents, count, reasons)
+
+    ledger.step(Reading())
+    return seen
+
+
+def test_held_back_without_a_page_table_is_a_view_on_both_ledgers(make) -> None:
+    # Nothing waits for pages without a page table: the compiled ledger answered 0 without its
+    # lock, the twin raised "Ledger re-entered"; both answer as reserved_pages does now.
+    ledger, planner = _four_residents(make)
+    ledger.submit(9, 10)
+    seen = _read_inside_plan(ledger, planner, lambda: (ledger.held_back, ledger.reserved_pages))
+    assert seen == {"loop": ("value", (0, 0)), "thread": ("value", (0, 0))}
+
+
+def test_held_back_with_a_page_table_is_a_loop_call_on_both_ledgers(paged_impl) -> None:
+    table = paged_impl.KVPageTable(LIMITS.max_batch_size, 8, 16, LIMITS.kv_page_size)
+    ledger = paged_impl.Ledger(LIMITS, POLICY, page_table=table)
+    ledger.submit(1, 10, max_new_tokens=4)
+    seen = _read_inside_plan(ledger, paged_impl.StepPlanner(POLICY, LIMITS),
+                             lambda: ledger.held_back)
+    assert [kind for kind, _ in seen.values()] == ["refused", "refused"]
+    assert all(message.startswith(REENTERED) for _, message in seen.values())
 
 
 def test_apply_refuses_a_nested_call_from_a_plan_subclass(make) -> None:

@@ -140,3 +140,11 @@ def test_repr_summarises_instead_of_dumping_the_columns() -> None:
     text = repr(synthetic(requests=5000, seed=1))
     assert text.startswith("Workload(source=") and "requests=5000" in text
     assert "array" not in text and len(text) < 300
+
+
+def test_a_rate_that_overflows_is_none_like_a_span_of_zero() -> None:
+    # Arrivals a subnormal second apart: (n - 1) / span was inf in fidelity's report.
+    one = np.ones(2, dtype=np.int64)
+    assert Workload(np.array([0.0, 5e-324]), one, one, one).summary()["rate_per_s"] is None
+    assert Workload(np.array([0.0, 0.0]), one, one, one).summary()["rate_per_s"] is None
+    assert Workload(np.array([0.0, 0.5]), one, one, one).summary()["rate_per_s"] == 2.0

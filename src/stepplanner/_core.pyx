@@ -767,7 +767,10 @@ cdef class StepPlan:
                 # That code called plan() on the planner that owns this plan: the plan is not
                 # the one the caller asked to apply.
                 raise _errors.apply_reentered()
-            error = _plan_error(&self.c, <uint8_t*>(<_CoreMemory>self._apply_buf).data)
+            # Rows in range only: no resident is searched for twice. Every compiled plan holds
+            # each resident once: plan_step builds them distinct, copy() copies one, and
+            # _restore_plan refuses an unpickled plan that repeats one.
+            error = _rows_error(&self.c)
             if error is not None:
                 raise error
             if is_array:
@@ -860,9 +863,22 @@ cdef object _EMPTY_APPLY_BUF = _CoreMemory(2 * sizeof(int32_t))
 
 cdef object _plan_error(const PlanC* p, uint8_t* mark):
     """None when every row of the plan names one of its residents and a known work, and no
-    resident is named twice (in two rows, or a row and a pause), else the ValueError. apply_to
-    indexes its scratch by these, so it checks them first (O(rows)); a resident named twice
-    would be advanced twice by a ledger. ``mark``: scratch of ``num_residents`` bytes."""
+    resident is named twice (in two rows, or a row and a pause), else the ValueError: what an
+    unpickled plan must pass (a resident named twice would be advanced twice by a ledger).
+    ``mark``: scratch of ``num_residents`` bytes."""
+    error = _rows_error(p)
+    if error is not None:
+        return error
+    memset(mark, 0, <size_t>p.num_residents)
+    if first_repeated(p, mark) >= 0:
+        return repeated_resident_error(p)
+    return None
+
+
+cdef object _rows_error(const PlanC* p):
+    """None when every row names one of the plan's residents, a known work and a query length
+    >= 0, and every pause one of its residents, else the ValueError: apply_to indexes its
+    scratch by these, so it checks them first (O(rows))."""
     cdef int32_t n = p.num_residents, k
     cdef const SequenceC* s
     for k in range(p.num_prefill + p.num_decode):
@@ -877,9 +893,6 @@ cdef object _plan_error(const PlanC* p, uint8_t* mark):
     for k in range(p.num_paused):
         if p.paused[k] < 0 or p.paused[k] >= n:
             return _errors.plan_value(f"paused[{k}]", p.paused[k], f"0..{n - 1}")
-    memset(mark, 0, <size_t>n)
-    if first_repeated(p, mark) >= 0:
-        return repeated_resident_error(p)
     return None
 
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _errors
-from .planner._fields import RESIDENT_CONVERTERS
+from .planner._fields import RESIDENT_CONVERTERS, as_bool, as_int32
 from .planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
 from .planner._types import (
     REASON_RELEASED_FROM_PAUSE,
@@ -185,6 +185,12 @@ class StepPlan:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StepPlan:
         return self.copy()  # rows are tuples of ints and enums: nothing deeper to copy
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The compiled plan's pickle, value for value: either twin unpickles the other's, and
+        # a pickle is checked on the way in, never trusted as attributes.
+        return (_restore_plan, (self.as_array().tolist(), self.paused_array().tolist(),
+                                self._num_residents))
 
     def to_dict(self) -> dict[str, Any]:
         return plan_to_dict(self)
@@ -424,8 +430,11 @@ class StepPlanner:
 
 def _check_plan_rows(plan: StepPlan) -> None:
     """Every row names a resident of the plan: apply_to indexes by these (the core in C)."""
-    n = plan.num_residents
-    for k, s in enumerate(plan._rows):
+    _check_rows(plan._rows, plan._paused, plan.num_residents)
+
+
+def _check_rows(rows: Sequence[PlannedSequence], paused: Sequence[int], n: int) -> None:
+    for k, s in enumerate(rows):
         if not 0 <= s.resident < n:
             raise _errors.plan_value(f"sequences[{k}].resident", s.resident, f"0..{n - 1}")
         if s.work not in (SequenceWork.CONTEXT, SequenceWork.DECODE):
@@ -433,12 +442,46 @@ def _check_plan_rows(plan: StepPlan) -> None:
         if not 0 <= s.query_length <= _errors.INT32_MAX:
             raise _errors.plan_value(f"sequences[{k}].query_length", s.query_length,
                                      f"0..{_errors.INT32_MAX}")
-    for k, i in enumerate(plan._paused):
+    for k, i in enumerate(paused):
         if not 0 <= i < n:
             raise _errors.plan_value(f"paused[{k}]", i, f"0..{n - 1}")
-    repeated = first_repeat([s.resident for s in plan._rows], list(plan._paused))
+    repeated = first_repeat([s.resident for s in rows], list(paused))
     if repeated is not None:
         raise _errors.plan_resident_repeated(*repeated)
+
+
+def _restore_plan(sequences: Any, paused: Any, num_residents: Any) -> StepPlan:
+    """The plan ``StepPlan.__reduce__`` pickled: each value checked for its C type, then the rows
+    checked as ``apply_to`` checks them, in the compiled core's order and words."""
+    n = as_int32("num_residents", num_residents)
+    if n < 0:
+        raise _errors.plan_value("num_residents", n, f"0..{_errors.INT32_MAX}")
+    if max(len(sequences), len(paused)) > n:
+        raise _errors.plan_value("num_residents", n,
+                                 f">= {max(len(sequences), len(paused))} (its rows)")
+    rows = []
+    num_prefill = 0
+    for k in range(len(sequences)):
+        resident, work, past_length, query_length, select_last = sequences[k]
+        row = PlannedSequence(as_int32(f"sequences[{k}].resident", resident),
+                              as_int32(f"sequences[{k}].work", work),
+                              as_int32(f"sequences[{k}].past_length", past_length),
+                              as_int32(f"sequences[{k}].query_length", query_length),
+                              as_bool(f"sequences[{k}].select_last_token_logits", select_last))
+        if row.work == SequenceWork.CONTEXT:
+            if num_prefill != k:
+                raise _errors.plan_value(f"sequences[{k}].work", row.work,
+                                         "1 (every chunk comes before every decode row)")
+            num_prefill += 1
+        rows.append(row)
+    pauses = [as_int32(f"paused[{k}]", paused[k]) for k in range(len(paused))]
+    total = sum(r.query_length for r in rows[:num_prefill]) + len(rows) - num_prefill
+    if total > _errors.INT32_MAX:
+        raise _errors.out_of_int32("total_tokens", total)
+    _check_rows(rows, pauses, n)
+    plan = StepPlan()
+    plan._set([r._replace(work=SequenceWork(r.work)) for r in rows], pauses, n)
+    return plan
 
 
 def _apply(plan: StepPlan, residents: Any) -> None:

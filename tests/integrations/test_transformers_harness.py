@@ -166,6 +166,12 @@ def test_serve_trace_refuses_what_the_engine_cannot_hold() -> None:
         harness.ModelSpec(hidden_size=30)
     with pytest.raises(ValueError, match="EngineSpec.num_blocks=0 is out of range"):
         harness.EngineSpec(num_blocks=0)
+    # what torch.manual_seed and the model's construction would refuse with a traceback
+    with pytest.raises(ValueError, match=f"ModelSpec.seed={2**70} is out of range"):
+        harness.ModelSpec(seed=2**70)
+    with pytest.raises(ValueError, match="ModelSpec.attn_implementation='bogus' is not an "
+                                         "attention implementation transformers accepts"):
+        harness.ModelSpec(attn_implementation="bogus")
 
 
 def test_profile_covers_decode_chunk_and_mixed_steps() -> None:

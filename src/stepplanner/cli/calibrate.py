@@ -6,7 +6,7 @@ import click
 
 from ..sim.latency_models import fit_step_latency, read_step_timings, save_latency_model
 from .errors import library_errors
-from .files import check_output_path
+from .files import check_files
 
 
 @click.command("calibrate")
@@ -24,7 +24,7 @@ def calibrate_command(timings: str, out_path: str, name: str | None, terms: str 
     seconds, tokens, context and, when the runtime writes them, rows, decode_rows,
     prefill_tokens, prefill_context and attention (other columns are ignored; e needs
     attention, f needs rows)."""
-    check_output_path("--out", out_path)
+    check_files({"--out": out_path}, {"TIMINGS": timings})
     steps = read_step_timings(timings)
     fit = fit_step_latency(steps, name or f"calibrated from {timings}", terms)
     save_latency_model(fit.model, out_path, fit.to_dict())

@@ -10,10 +10,11 @@ import click
 from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
 from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
+from .files import check_files
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       scheduling_options, trace_from, workload_options)
 from .render import emit
-from .tuning_options import (check_output_paths, latency_model_option, latency_of,
+from .tuning_options import (latency_model_file, latency_model_option, latency_of,
                              output_options, slo_option, stability_of, stability_options)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import capacity_blocks, conditions, document, save
@@ -53,7 +54,8 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
     if not slos and stability is None:
         raise InputError("capacity needs at least one --slo when --no-stability drops the "
                          "stability condition (without either every rate is sustainable)")
-    check_output_paths(save_result=save_result, csv=csv_path)
+    check_files({"--save-result": save_result, "--csv": csv_path},
+                {"--trace": kw["trace"], "--latency-model": latency_model_file()})
     limits, options = limits_from(kw), options_from(kw)
     trace = trace_from(kw)
     source: Any = (ScaledTrace(trace) if trace is not None

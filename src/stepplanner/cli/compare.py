@@ -13,7 +13,7 @@ from ..cli import tuning_extras
 from .compare_plot import plot_compare
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
-from .files import check_not_an_input, read_json
+from .files import check_files, read_json
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, output_format, run_options,
                       workload_from, workload_options)
@@ -51,7 +51,8 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     """Run several configurations on one workload and show them side by side."""
     if plot:
         require_matplotlib()
-        check_not_an_input("--plot", plot, [kw["trace"], config_file and config_file.name])
+        check_files({"--plot": plot}, {"--trace": kw["trace"],
+                                       "--config-file": config_file and config_file.name})
         check_plot_path(plot)
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)

@@ -16,7 +16,7 @@ from ..sim.latency_models import PACE_WINDOW, measured_pace, read_step_timings
 from ..sim.traces import read_trace
 from ..sim.workloads import Workload
 from .errors import library_errors
-from .files import check_not_an_input
+from .files import check_files
 from .notices import warn, warn_no_op_options, warn_refused
 from .options import (format_option, given, limit_options, limits_from, num_pages_option,
                       options_from, run_options, scheduling_options, trace_from, trace_options)
@@ -24,7 +24,7 @@ from .plot import check_plot_path, plot_fidelity, require_matplotlib
 from .render import emit, fidelity_blocks
 from .replay import recorded_options
 from .running import check_num_pages, run, run_paged
-from .tuning_options import check_output_paths, latency_model_option, latency_of
+from .tuning_options import latency_model_file, latency_model_option, latency_of
 from .tuning_render import write_json
 
 LIMIT_PARAMETERS = ("max_batch_size", "max_input_length", "kv_page_size", "max_step_tokens")
@@ -79,12 +79,13 @@ def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
         check_plot_path(plot)
     if json_path == "-":
         fmt, json_path = "json", None
-    check_output_paths(json=json_path)
     ctx = click.get_current_context()
+    trace_option = "--trace" if kw["trace"] else "the trace the results name"
     results = read_results(results_path)
     trace, trace_name = _trace(kw, results, results_path)
-    for option, path in (("--json", json_path), ("--plot", plot)):
-        check_not_an_input(option, path, [results_path, trace_name])
+    check_files({"--json": json_path, "--plot": plot},
+                {"RESULTS.json": results_path, trace_option: trace_name,
+                 "--latency-model": latency_model_file(), "--pace-from": pace_from})
     limits, options = _configuration(ctx, kw, results)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)

@@ -11,7 +11,7 @@ from ..planner._policy import resolve_scheduling_policy
 from ..sim.latency import LatencyModel
 from ..sim.simulator import StepRecorder
 from .errors import library_errors
-from .files import check_output_path
+from .files import check_files
 from .notices import warn_default_step_limit, warn_no_op_options, warn_refused
 from .options import (given, limit_options, limits_from, options_from, run_options_stopping_at,
                       scheduling_options, workload_from, workload_options)
@@ -30,7 +30,7 @@ DEFAULT_RECORD_STEPS = 2000  # about 10 MB of JSON Lines at the default B=256
 def record_command(out: Any, latency_text: str, max_steps: int | None, progress: bool,
                    **kw: Any) -> None:
     """Simulate and write every step's ledger and plan to OUT (JSON Lines)."""
-    check_output_path("OUT", out.name)
+    check_files({"OUT": out.name}, {"--trace": kw["trace"]})  # OUT is opened on first write
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)

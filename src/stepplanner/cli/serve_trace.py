@@ -13,11 +13,12 @@ from typing import Any
 
 import click
 
+from ..fidelity.model_checks import check_attn_implementation, check_model_dir, check_seed
 from ..planner._policy import resolve_scheduling_policy
 from ..sim.simulator import policy_to_dict
 from ..sim.traces import read_trace
 from .errors import InputError, library_errors
-from .files import check_output_path
+from .files import check_files
 from .notices import warn_no_op_options
 from .options import compose, options_from, scheduling_options
 
@@ -50,7 +51,8 @@ model_options = compose(
     click.option("--model-seed", type=int, default=0, show_default=True,
                  help="Seed of the random weights."),
     click.option("--attn-implementation", default="sdpa", show_default=True,
-                 help="sdpa or paged|eager (or a flash implementation where installed)."),
+                 help="sdpa or paged|eager (or a flash implementation where installed): a name "
+                      "transformers' AttentionInterface holds, or eager."),
 )
 
 
@@ -93,9 +95,12 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
     if profile and scheduler != "stepplanner":
         raise InputError(f"--profile runs under --scheduler stepplanner (its MIXED steps are the "
                          f"shapes the grid needs); got --scheduler {scheduler}")
-    for option, path in (("--results", results_path), ("--timings", timings_path)):
-        if path:
-            check_output_path(option, path)
+    check_files({"--results": results_path, "--timings": timings_path}, {"TRACE": trace})
+    # What torch and transformers would refuse with a traceback, checked without them.
+    check_seed("--model-seed", kw["model_seed"])
+    check_attn_implementation("--attn-implementation", kw["attn_implementation"])
+    if model_path is not None:
+        check_model_dir("--model", model_path)
     options = options_from(kw)
     try:
         from ..fidelity import harness  # the transformers extra: only now

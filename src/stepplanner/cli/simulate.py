@@ -9,6 +9,7 @@ import click
 from ..planner._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
 from .errors import library_errors
+from .files import check_files
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, num_pages_option,
                       options_from, output_format, run_options, scheduling_options,
@@ -16,7 +17,7 @@ from .options import (format_options, limit_options, limits_from, num_pages_opti
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
 from .running import check_num_pages, run, run_paged
-from .tuning_options import check_output_paths, latency_of
+from .tuning_options import latency_model_file, latency_of
 from .tuning_render import write_json
 
 
@@ -40,7 +41,8 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     if plot:
         require_matplotlib()
         check_plot_path(plot)
-    check_output_paths(save_result=save_result)
+    check_files({"--save-result": save_result, "--plot": plot},
+                {"--trace": kw["trace"], "--latency-model": latency_model_file()})
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)

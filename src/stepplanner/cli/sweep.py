@@ -10,11 +10,12 @@ import click
 from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
 from .errors import library_errors
+from .files import check_files
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
                       scheduling_options, workload_from, workload_options)
 from .plot import check_plot_path, require_matplotlib
 from .render import emit
-from .tuning_options import (check_output_paths, latency_model_option, latency_of,
+from .tuning_options import (latency_model_file, latency_model_option, latency_of,
                              output_options, percentiles_option, slo_option)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import document, plot_front, save, sweep_blocks
@@ -44,10 +45,11 @@ def sweep_command(grid_texts: tuple[str, ...], slos: Any, latency_model: Any, la
                   **kw: Any) -> None:
     """Simulate every configuration of a grid on one workload; rank by goodput under --slo."""
     fmt = output_format(fmt, as_json)
-    check_output_paths(save_result=save_result, csv=csv_path)
     if plot:
         require_matplotlib()
         check_plot_path(plot)
+    check_files({"--save-result": save_result, "--csv": csv_path, "--plot": plot},
+                {"--trace": kw["trace"], "--latency-model": latency_model_file()})
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)

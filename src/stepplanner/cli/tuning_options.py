@@ -19,8 +19,11 @@ from ..sim.latency_models import PRESETS, load_latency_model
 from ..tuning.backends import BACKENDS
 from ..tuning.metrics import parse_percentiles
 from ..tuning.slo import STABILITY, parse_queue_delay, parse_slos
-from .files import check_output_path
 from .options import compose
+
+# Where --latency-model's callback leaves the file it read (not a preset): an input of the
+# command, which no output may overwrite (files.check_files).
+_LATENCY_MODEL_FILE = "stepplanner.latency_model_file"
 
 def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
     def callback(ctx: Any, param: Any, value: Any) -> Any:
@@ -62,9 +65,20 @@ def stability_of(stability: Any, no_stability: bool) -> Any:
     return None
 
 
+def _latency_model(ctx: click.Context, param: Any, value: str | None) -> LatencyModel | None:
+    model = _bad_parameter(load_latency_model)(ctx, param, value)
+    if value is not None and value.strip().lower() not in PRESETS:
+        ctx.meta[_LATENCY_MODEL_FILE] = value.strip()
+    return model
+
+
+def latency_model_file() -> str | None:
+    """The file ``--latency-model`` read, or None (a preset, or not given)."""
+    return click.get_current_context().meta.get(_LATENCY_MODEL_FILE)
+
+
 latency_model_option = click.option(
-    "--latency-model", "latency_model", default=None,
-    callback=_bad_parameter(load_latency_model),
+    "--latency-model", "latency_model", default=None, callback=_latency_model,
     help=f"Step-latency preset ({', '.join(PRESETS)}) or a JSON file from 'stepplanner "
          "calibrate'; default: the first preset.")
 
@@ -108,10 +122,3 @@ def output_options(what: str) -> Callable[[Any], Any]:
         click.option("--progress/--no-progress", default=True, show_default=True,
                      help="Progress bar across configurations on stderr."),
     )
-
-
-def check_output_paths(**paths: str | None) -> None:
-    """``files.check_output_path`` for each given ``--option-name=path`` (None: not asked)."""
-    for name, path in paths.items():
-        if path is not None:
-            check_output_path(f"--{name.replace('_', '-')}", path)

@@ -84,7 +84,6 @@ class Fidelity:
     report: dict[str, Any]
     real: dict[str, Sample]
     simulated: dict[str, Sample]
-    result: SimulationResult
 
 
 def relative_error(real: float | None, simulated: float | None) -> float | None:
@@ -198,6 +197,7 @@ def fidelity_report(results: RunResults, result: SimulationResult) -> Fidelity:
     real = real_samples(results)
     simulated = simulated_samples(result, ~results.failed)
     metrics = compare_samples(real, simulated)
+    _check_finite(results.where, metrics)
     done = ~np.isnan(result.finish_time)
     report = {
         "results": {"file": results.where.removeprefix("results "), "layout": results.layout,
@@ -214,7 +214,24 @@ def fidelity_report(results: RunResults, result: SimulationResult) -> Fidelity:
         "metrics": metrics,
         "summary": {key: summarize(values) for key, values in metrics.items()},
     }
-    return Fidelity(report, real, simulated, result)
+    return Fidelity(report, real, simulated)
+
+
+def _check_finite(where: str, metrics: dict[str, dict[str, Any]]) -> None:
+    """Every figure is a number: the results' seconds are bounded, but a real figure can still
+    be small enough that dividing by it overflows (a subnormal TTFT, a duration near 0)."""
+    for key, table in metrics.items():
+        for metric, figures in table.items():
+            for name, row in figures.items():
+                for part in ("real", "simulated", "error"):
+                    value = row[part]
+                    if value is None or np.isfinite(value):
+                        continue
+                    what = "relative error" if part == "error" else f"{part} figure"
+                    raise StepPlannerValueError(
+                        f"{where}: the {what} of class {key}, {metric} {name} is not a finite "
+                        f"number (real {row['real']!r} s, simulated {row['simulated']!r} s); "
+                        f"allowed: figures whose {what} is a number")
 
 
 def check_fidelity(results: RunResults, workload: Workload, limits: StepPlannerLimits,

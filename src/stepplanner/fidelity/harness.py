@@ -48,6 +48,7 @@ from ..planner._policy import StepPlannerLimits
 from ..sim.latency_models import STEP_TIMING_COLUMNS
 from ..sim.workloads import Workload
 from ..tuning.metrics import series_stats
+from .model_checks import check_attn_implementation, check_model_dir, check_seed
 from .results import RESULTS_FORMAT
 
 try:
@@ -107,9 +108,10 @@ class ModelSpec:
         if self.vocab_size <= _FIRST_TOKEN_ID:
             raise StepPlannerValueError(f"ModelSpec.vocab_size={self.vocab_size} is out of "
                                         f"range; allowed: > {_FIRST_TOKEN_ID}")
-        if self.path is not None and not pathlib.Path(self.path).is_dir():
-            raise StepPlannerValueError(f"ModelSpec.path={self.path!r} is not a directory; "
-                                        "allowed: a local model directory (nothing is downloaded)")
+        check_seed("ModelSpec.seed", self.seed)
+        check_attn_implementation("ModelSpec.attn_implementation", self.attn_implementation)
+        if self.path is not None:
+            check_model_dir("ModelSpec.path", self.path)
 
     def build(self) -> Any:
         """The model, in float32 and eval mode, with EOS off (requests run to their length)."""

@@ -11,7 +11,9 @@ Two layouts, told apart by a ``"stepplanner"`` object:
   vLLM's client measures it), ``errors`` and ``start_times`` (the client's ``perf_counter`` at
   each send).
 
-Every per-request list has one entry per request, in the order the requests were sent. A request
+Every per-request list has one entry per request, in the order the requests were sent (the
+optional ones too, when present). Seconds are at most ``MAX_SECONDS`` (1e12, 31,700 years): larger
+finite values overflow float64 once summed or turned into milliseconds. A request
 failed when its ``errors`` entry is non-empty or its ``output_lens`` is 0 (vLLM writes both for
 one); failed requests are left out of every metric and counted.
 
@@ -39,13 +41,16 @@ from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..sim.simulator import policy_from_dict
 from ..sim.workloads import Workload
 
-__all__ = ["RESULTS_FORMAT", "RunResults", "read_results", "served_workload"]
+__all__ = ["MAX_SECONDS", "RESULTS_FORMAT", "RunResults", "read_results", "served_workload"]
 
 RESULTS_FORMAT = "stepplanner-results/1"
 VLLM_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
 STEPPLANNER_KEYS = (*VLLM_KEYS, "arrival_times", "priorities")
 OPTIONAL_KEYS = ("latencies", "errors", "start_times")
-NUMBER = "a finite number of seconds >= 0"
+# stepplanner's own lists, which a vLLM file may carry too: then they are read and counted alike.
+OWN_KEYS = ("arrival_times", "priorities")
+MAX_SECONDS = 1e12
+NUMBER = f"a finite number of seconds in [0, {MAX_SECONDS:g}]"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,7 +101,8 @@ def read_results(path: str | pathlib.Path) -> RunResults:
         raise StepPlannerValueError(
             f"{where}: key(s) {', '.join(map(repr, missing))} missing; {what} has the "
             f"per-request lists {', '.join(required)}")
-    keys = [*required, *(key for key in OPTIONAL_KEYS if key in data)]
+    keys = [*required, *(key for key in (*OPTIONAL_KEYS, *OWN_KEYS)
+                         if key in data and key not in required)]
     n = _common_length(where, data, keys)
     input_lens = _integers(where, data, "input_lens", 0)
     output_lens = _integers(where, data, "output_lens", 0)
@@ -133,8 +139,8 @@ def read_results(path: str | pathlib.Path) -> RunResults:
     if "arrival_times" in data:
         arrival = _seconds(where, data, "arrival_times", np.zeros(n, dtype=bool))
     elif "start_times" in data:
-        starts = _numbers(where, data, "start_times", np.zeros(n, dtype=bool), "a finite number",
-                          -math.inf)
+        starts = _numbers(where, data, "start_times", np.zeros(n, dtype=bool),
+                          f"a finite number in [{-MAX_SECONDS:g}, {MAX_SECONDS:g}]", -MAX_SECONDS)
         arrival = starts - starts.min()
     priority = (_integers(where, data, "priorities", INT32_MIN) if "priorities" in data
                 else None)
@@ -252,7 +258,7 @@ def _numbers(where: str, data: dict[str, Any], key: str, skip: np.ndarray, allow
         if skip[i]:
             continue
         if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                or v < low):
+                or not low <= v <= MAX_SECONDS):
             raise StepPlannerValueError(
                 f"{where}: {key}[{i}]={v!r} is out of range; allowed: {allowed}")
         out[i] = v
@@ -277,9 +283,9 @@ def _gaps(where: str, itls: list[Any], failed: np.ndarray) -> tuple[np.ndarray, 
             values = np.array(gaps, dtype=np.float64)
         except (TypeError, ValueError):
             values = np.full(1, np.nan)
-        if values.ndim != 1 or not np.all(np.isfinite(values) & (values >= 0)):
+        if values.ndim != 1 or not np.all((values >= 0) & (values <= MAX_SECONDS)):
             bad = next((v for v in gaps if isinstance(v, bool) or not isinstance(v, (int, float))
-                        or not math.isfinite(v) or v < 0), gaps)
+                        or not 0 <= v <= MAX_SECONDS), gaps)
             raise StepPlannerValueError(
                 f"{where}: itls[{i}] holds {bad!r}; allowed: a list of {NUMBER}")
         out.append(values)
@@ -291,10 +297,10 @@ def _duration(where: str, data: dict[str, Any]) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
+            0 < value <= MAX_SECONDS):
         raise StepPlannerValueError(
             f"{where}: duration={value!r} is out of range; allowed: a finite number of seconds "
-            "> 0")
+            f"in (0, {MAX_SECONDS:g}]")
     return float(value)
 
 

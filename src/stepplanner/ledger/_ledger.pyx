@@ -903,7 +903,7 @@ cdef class Ledger:
         """Requests waiting for pages: all of ``waiting`` when the request admission takes next
         needs more pages than are free (nothing overtakes it), else 0."""
         if self.pages == NULL:
-            return 0
+            return 0  # nothing waits for pages: a view, read without the lock (as the twin)
         self._acquire(CALL_QUIET)  # the queue's heads move under a submit from another thread
         try:
             return self._held_back()

@@ -246,11 +246,13 @@ class Ledger:
 
     @property
     def held_back(self) -> int:
-        return self._held_back()
+        # Without a page table nothing waits for pages: 0, read without the lock like
+        # reserved_pages (as the compiled ledger does); with one it is a loop call.
+        return 0 if self._table is None else self._held_back()
 
     @_exclusive(_QUIET)  # _next_heap pops cancelled entries: never beside a submit
     def _held_back(self) -> int:
-        heap = None if self._table is None else self._next_heap()
+        heap = self._next_heap()
         return 0 if heap is None or self._fits(heap[0]) else len(self._waiting)
 
     def kv_pages_in_use(self) -> int:

@@ -23,7 +23,9 @@ Calibration reads a runtime's per-step timings (``read_step_timings``: ``seconds
 coefficients ``>= 0`` by least squares (the best of the unconstrained fits over every subset of
 the coefficients whose solution is non-negative: with at most six coefficients that enumeration
 is the exact non-negative least-squares answer), reporting R², the median and the worst
-relative error.
+relative error. R² is ``1 - residual / total``; when the seconds do not vary (total 0) it is 1
+for an exact fit and 0 otherwise, as scikit-learn's ``r2_score(force_finite=True)`` reports. Every
+column the fit uses (and the seconds) is at most ``FIT_LIMIT``: least squares squares them.
 """
 
 from __future__ import annotations
@@ -41,9 +43,10 @@ from ._least_squares import nonnegative_least_squares
 from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
-__all__ = ["LATENCY_FORMAT", "PRESETS", "STEP_TIMING_COLUMNS", "Accelerator", "Fit", "ModelShape",
-           "PACE_WINDOW", "StepTimings", "fit_latency", "fit_step_latency", "load_latency_model",
-           "measured_pace", "read_step_timings", "read_timings", "roofline", "save_latency_model"]
+__all__ = ["FIT_LIMIT", "LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS",
+           "Accelerator", "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency",
+           "fit_step_latency", "load_latency_model", "measured_pace", "read_step_timings",
+           "read_timings", "roofline", "save_latency_model"]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
 TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file must have
@@ -57,6 +60,9 @@ PACE_COLUMNS = ("start",)
 # measured_pace's window: short enough to follow a shared machine's speed (0.8-1.36x from one 2-s
 # window to the next), long enough to average ~10 of the longest steps of a small engine.
 PACE_WINDOW = 0.5
+# The most windows measured_pace makes: a week of 0.5-s windows is 1.2e6, a realistic run far
+# fewer; its arrays (three float64 per window, then a tuple) stay within tens of MB.
+MAX_PACE_WINDOWS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -186,13 +192,25 @@ class StepTimings:
         return len(self.seconds)
 
     def features(self) -> dict[str, np.ndarray | None]:
-        """Each coefficient's column (None where the file cannot give it)."""
+        """Each coefficient's column (None where the file cannot give it); a product that
+        overflows is inf, which the fit refuses by name."""
+        with np.errstate(over="ignore"):
+            product = self.tokens * self.context
         return {"a": np.ones(len(self.seconds)), "b": self.tokens, "c": self.context,
-                "d": self.tokens * self.context, "e": self.attention, "f": self.rows}
+                "d": product, "e": self.attention, "f": self.rows}
 
 
 # The optional terms' columns: a model with the term needs the column in the timings file.
 _TERM_COLUMNS = {"e": "attention", "f": "rows"}
+# Each coefficient's column, by what it holds (the messages' words).
+_FEATURE_NAMES = {"a": "1", "b": "tokens", "c": "context", "d": "tokens x context",
+                  "e": "attention", "f": "rows"}
+# The largest value a fitted column may hold: least squares and R² sum squares, which overflow
+# float64 (1.8e308) beyond ~1e154; 1e150 leaves room for 1e8 rows. Real counts are below 1e20.
+FIT_LIMIT = 1e150
+# How close every step must be for a fit of seconds that do not vary to count as exact: the
+# fit's own rounding (scaled columns, then the norms divided out) is ~1e-16 relative.
+_EXACT = 1e-12
 
 # (column, must hold) pairs checked row by row: a file that breaks one was not written by a
 # runtime that counted what it ran.
@@ -305,9 +323,14 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     if len(y) < 3:
         raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
                                     "(three coefficients)")
+    _check_magnitude("seconds", y)
+    for k in wanted:
+        _check_magnitude(f"{_FEATURE_NAMES[k]} (the column of {k})", given[k])
     base = [k for k in wanted if k in "abc"]
     x = np.column_stack([given[k] for k in base] or [np.zeros((len(y), 0))]).astype(np.float64)
-    if np.linalg.matrix_rank(x) < len(base):
+    # Ranked on scaled columns, as the optional terms are: unscaled, a column of counts near
+    # 1e17 makes the column of ones fall below matrix_rank's tolerance.
+    if np.linalg.matrix_rank(_scaled(x)[0]) < len(base):
         raise StepPlannerValueError(
             "timings do not vary tokens and context independently, so a, b and c "
             "cannot be told apart; allowed: steps with different token counts and "
@@ -324,15 +347,42 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
     if not np.any(coef > 0):
         raise StepPlannerValueError("no non-negative coefficients fit these timings")
     predicted = x @ coef
-    residual = float(np.sum((predicted - y) ** 2))
-    total = float(np.sum((y - y.mean()) ** 2))
-    relative = np.abs(predicted - y) / y
+    with np.errstate(over="ignore"):
+        relative = np.abs(predicted - y) / y
+    if not np.all(np.isfinite(relative)):
+        row = int(np.flatnonzero(~np.isfinite(relative))[0])
+        raise StepPlannerValueError(
+            f"timings data row {row + 1}: seconds={float(y[row])!r} is too small to divide by: "
+            "the fit's relative error there is not a finite number; allowed: seconds a "
+            "measured step takes")
     worst = int(np.argmax(relative))
     values = dict.fromkeys(COEFFICIENTS, 0.0)
     values.update(zip(used, map(float, coef)))
     model = LatencyModel(name=name, **values)
-    return Fit(model, len(y), 1.0 - residual / total if total > 0 else 1.0,
-               float(relative[worst]), worst, "".join(used), float(np.median(relative)))
+    return Fit(model, len(y), _r2(y, predicted, relative), float(relative[worst]), worst,
+               "".join(used), float(np.median(relative)))
+
+
+def _r2(y: np.ndarray, predicted: np.ndarray, relative: np.ndarray) -> float:
+    """R² of the fit (see the module). Seconds that do not vary are tested for that directly:
+    their mean is not exact in floats (0.1 x 3 / 3), and its rounding error as a variance
+    would turn a perfect fit's rounding into any R² at all."""
+    if np.ptp(y) == 0:
+        return 1.0 if bool(np.all(relative <= _EXACT)) else 0.0
+    residual = float(np.sum((predicted - y) ** 2))
+    return 1.0 - residual / float(np.sum((y - y.mean()) ** 2))
+
+
+def _check_magnitude(name: str, column: np.ndarray) -> None:
+    """A value the fit cannot square (or a product that overflowed) is refused by data row."""
+    bad = np.flatnonzero(~(column <= FIT_LIMIT))
+    if bad.size:
+        row = int(bad[0])
+        value = float(column[row])
+        said = f"is {value:g}" if math.isfinite(value) else "overflows float64"
+        raise StepPlannerValueError(
+            f"timings data row {row + 1}: {name} {said}; allowed: at most {FIT_LIMIT:g} (the "
+            "least-squares fit squares every column)")
 
 
 def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -347,8 +397,9 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
                   where: str = "timings") -> EnginePace:
     """The engine's speed over a run against ``model``: per ``window`` seconds (by each step's
     ``start``), the steps' measured seconds over ``model``'s seconds for the same steps. A window
-    in which no step started (the engine was idle) keeps the factor before it (the first busy
-    window's, before any).
+    in which no step started (the engine was idle), or whose steps ``model`` prices at 0 s (no
+    ratio exists there), keeps the factor before it (the first busy window's, before any). At
+    most ``MAX_PACE_WINDOWS`` windows: a run that needs more needs a longer ``window``.
 
     Replayed with ``simulate(..., pace=)`` it removes from a simulation's error what the engine's
     changing speed put there (a diagnostic; see :class:`~stepplanner.sim.latency.EnginePace`).
@@ -371,12 +422,32 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
                                         f"{coefficient}={weight!r}; allowed: the column, or a "
                                         f"model with {coefficient}=0")
         modelled = modelled + weight * column
+    last = float(timings.start.max())
+    # Counted in floats before any array is sized: start // window overflows int64 (and
+    # np.bincount) for a tiny window or a huge start, and a merely small window asks for GBs.
+    if not last / window < MAX_PACE_WINDOWS:
+        raise StepPlannerValueError(
+            f"{where}: steps start up to {last!r} s, more than {MAX_PACE_WINDOWS} windows of "
+            f"{window!r} s; allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)")
     slot = (timings.start // window).astype(np.int64)
-    measured = np.bincount(slot, weights=timings.seconds)
-    priced = np.bincount(slot, weights=modelled)
-    busy = priced > 0
-    factors = np.empty(len(priced))
-    factors[busy] = measured[busy] / priced[busy]
+    with np.errstate(over="ignore", invalid="ignore"):
+        measured = np.bincount(slot, weights=timings.seconds)
+        priced = np.bincount(slot, weights=modelled)
+        busy = priced > 0
+        if not busy.any():
+            raise StepPlannerValueError(
+                f"{where}: the model prices every timed step at 0 s, so no window has a ratio "
+                "of measured to modelled seconds; allowed: a model that prices some step above "
+                "0 s (a > 0, or a term whose column these steps fill)")
+        factors = np.zeros(len(priced))
+        factors[busy] = measured[busy] / priced[busy]
+    bad = np.flatnonzero(busy & ~(np.isfinite(factors) & (factors > 0)))
+    if bad.size:
+        k = int(bad[0])
+        raise StepPlannerValueError(
+            f"{where}: window {k} (steps starting from {k * window!r} s) has no factor: its "
+            "measured seconds, its modelled seconds or their ratio is out of float64's range; "
+            "allowed: steps whose seconds, and the model's, sum to a finite ratio > 0")
     last = float(factors[np.argmax(busy)])  # idle windows keep the factor before them
     for k in range(len(factors)):
         if busy[k]:

@@ -98,11 +98,14 @@ class Workload:
     def summary(self) -> dict[str, Any]:
         n = len(self)
         span = float(self.arrival_time[-1] - self.arrival_time[0])
+        # No rate when the arrivals span no time, or a span so small (subnormal) that the rate
+        # overflows: a report holds numbers or None, never inf.
+        rate = (n - 1) / span if span > 0 else None
         return {
             "source": self.source,
             "requests": n,
             "duration_s": span,
-            "rate_per_s": (n - 1) / span if span > 0 else None,
+            "rate_per_s": rate if rate is not None and math.isfinite(rate) else None,
             "prompt_tokens_mean": float(self.prompt_tokens.mean()),
             "output_tokens_mean": float(self.output_tokens.mean()),
             "classes": {str(p): int((self.priority == p).sum()) for p in self.classes},
