@@ -22,7 +22,7 @@ not cut short by ``max_steps`` those are exactly the completed ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,18 +39,27 @@ VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
     """``"50,90,99"`` -> (50.0, 90.0, 99.0); each in (0, 100]."""
+    return parse_number_list(text, "metric percentile", lambda v: 0 < v <= 100,
+                             "0 < p <= 100", "50,90,99")
+
+
+def parse_number_list(text: str, what: str, within: Callable[[float], bool], allowed: str,
+                      example: str) -> tuple[float, ...]:
+    """``"0.8,1,1.2"`` -> (0.8, 1.0, 1.2): comma-separated finite numbers each ``within`` its
+    range; errors name ``what``, say what is ``allowed`` and give an ``example``."""
     out: list[float] = []
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         try:
             value = float(item)
         except ValueError:
-            raise StepPlannerValueError(f"metric percentile {item!r} is not a number; allowed: "
-                             "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
-        if not (math.isfinite(value) and 0 < value <= 100):
-            raise StepPlannerValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+            raise StepPlannerValueError(f"{what} {item!r} is not a number; allowed: "
+                                        f"comma-separated numbers, {allowed}, e.g. {example}"
+                                        ) from None
+        if not (math.isfinite(value) and within(value)):
+            raise StepPlannerValueError(f"{what} {item!r} is out of range; allowed: {allowed}")
         out.append(value)
     if not out:
-        raise StepPlannerValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
+        raise StepPlannerValueError(f"{what}s {text!r} is empty; allowed: e.g. {example}")
     return tuple(out)
 
 
