@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -11,7 +12,7 @@ from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
 from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      scheduling_options, trace_from, workload_options)
+                      scheduling_options, trace_from, with_objectives_from, workload_options)
 from .render import emit
 from .tuning_options import (check_output_paths, latency_model_option, latency_of,
                              output_options, slo_option, stability_of, stability_options)
@@ -46,7 +47,9 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
     The synthetic workload starts from --rate; a --trace from its own mean rate. A rate must
     meet every --slo and the stability condition (--max-queue-delay, default median queueing
     delay <= 2 s); a configuration that meets them all at --max-rate is reported as
-    '>= max-rate' (JSON: "unbounded": true, "capacity": null).
+    '>= max-rate' (JSON: "unbounded": true, "capacity": null). When requests carry objectives
+    (the embedded workload's default classes, --slo-class, a trace's columns), the capacities
+    at 90% and 99% deadline attainment (under the stability condition) are reported beside it.
     """
     fmt = output_format(fmt, as_json)
     stability = stability_of(stability, no_stability)
@@ -56,8 +59,13 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
     check_output_paths(save_result=save_result, csv=csv_path)
     limits, options = limits_from(kw), options_from(kw)
     trace = trace_from(kw)
-    source: Any = (ScaledTrace(trace) if trace is not None
-                   else SyntheticRates(kw["requests"], kw["seed"], kw["rate"]))
+    source: Any
+    if trace is not None:
+        source = ScaledTrace(with_objectives_from(kw, trace, embedded=False))
+    else:
+        rates = SyntheticRates(kw["requests"], kw["seed"], kw["rate"], kw["burstiness"])
+        embedded = with_objectives_from(kw, rates.at(rates.rate), embedded=True)
+        source = dataclasses.replace(rates, slo_classes=dict(embedded.slo_classes or {}))
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
     total = grid_size(grid)
