@@ -41,15 +41,8 @@ def trace_options(default: str) -> Callable[[Any], Any]:
     )
 
 
-def _slo_classes(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    try:
-        return parse_slo_classes(value)
-    except (TypeError, ValueError) as exc:
-        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-
 objective_options = compose(
-    click.option("--slo-class", "slo_classes", multiple=True, callback=_slo_classes,
+    click.option("--slo-class", "slo_classes", multiple=True,
                  help="A priority class's objectives, PRIORITY=ttft:VALUE[,tpot:VALUE] with "
                       "VALUE in ms, s or us (repeatable; e.g. 0=ttft:250ms,tpot:100ms): token i "
                       "of its requests is due ttft + i * tpot after arrival. A trace's "
@@ -193,7 +186,8 @@ def with_objectives_from(kw: dict[str, Any], workload: Workload, embedded: bool)
     """Pop ``--slo-class``/``--no-slo`` and give ``workload`` those objectives: the given
     classes, else the default classes for the ``embedded`` workload; ``--no-slo`` drops every
     objective (the trace's columns too)."""
-    classes, none = kw.pop("slo_classes"), kw.pop("no_slo")
+    # Parsed here, not in a click callback: a bad objective is a one-line error (exit 2).
+    classes, none = parse_slo_classes(kw.pop("slo_classes")), kw.pop("no_slo")
     if none and classes:
         raise click.UsageError("--no-slo drops every objective and --slo-class gives some; "
                                "give one of them")

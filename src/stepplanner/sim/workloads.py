@@ -100,7 +100,7 @@ class Workload:
         if orphan.size:
             i = int(orphan[0])
             raise StepPlannerValueError(
-                f"workload request {i}: tpot_slo={cols['tpot_slo'][i]!r} without a ttft_slo; "
+                f"workload request {i}: tpot_slo={cols['tpot_slo'][i].item()!r} without a ttft_slo; "
                 "allowed: a per-token objective with a TTFT one (token i is due ttft + i * tpot "
                 "after arrival)")
         classes = check_slo_classes(self.slo_classes)

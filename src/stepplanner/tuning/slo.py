@@ -47,7 +47,7 @@ __all__ = [
 
 #: Per-request metrics an SLO may name, as ``SimulationResult.latencies()`` keys them.
 METRICS = ("ttft", "tpot", "e2e", "queue", "max_itl")
-_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+_PER_SECOND = {"ms": 1e3, "s": 1.0, "us": 1e6}  # divisors: 50000us is exactly 0.05 s
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)_p(?P<pct>\d+(?:\.\d+)?)(?:@(?P<cls>-?\d+))?$")
 _VALUE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|us|s)$")
 
@@ -113,7 +113,7 @@ def parse_slo(text: str) -> SloTarget:
 def _duration(value: str) -> float | None:
     """``"200ms"`` -> 0.2 seconds; None when ``value`` is not a number >= 0 with a unit."""
     number = _VALUE.match(value.strip().lower())
-    return None if number is None else float(number["number"]) * _UNITS[number["unit"]]
+    return None if number is None else float(number["number"]) / _PER_SECOND[number["unit"]]
 
 
 _SLO_CLASS_FORM = "PRIORITY=ttft:VALUE[,tpot:VALUE] with VALUE in ms, s or us"
