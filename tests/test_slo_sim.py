@@ -354,12 +354,29 @@ def test_an_invalid_slo_class_is_a_one_line_cli_error(text: str, message: str) -
     assert len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["simulate", "compare", "record", "sweep", "capacity"])
+@pytest.mark.parametrize("command", ["simulate", "compare", "record", "sweep", "capacity",
+                                     "fidelity", "serve-trace"])
 def test_every_simulating_command_checks_slo_classes(command: str,
                                                      tmp_path: pathlib.Path) -> None:
-    out = [str(tmp_path / "r.jsonl")] if command == "record" else []
-    result = _cli(command, *out, *SMALL, "--slo-class", "0=ttft:250")
+    from stepplanner.fidelity.simulated import simulated_results
+    from stepplanner.sim.traces import sample_trace_path
+
+    trace = str(sample_trace_path())
+    if command == "record":
+        args = [str(tmp_path / "r.jsonl"), *SMALL]
+    elif command == "fidelity":  # a results file of the sample trace, the trace beside it
+        results = tmp_path / "results.json"
+        results.write_text(json.dumps(simulated_results(
+            load_trace(trace), StepPlannerLimits(8, 4096, 16), trace=trace)))
+        args = [str(results), "--no-progress"]
+    elif command == "serve-trace":  # refused before the runtime is imported
+        args = [trace, "--results", str(tmp_path / "r.json"), "--timings",
+                str(tmp_path / "t.csv")]
+    else:
+        args = SMALL
+    result = _cli(command, *args, "--slo-class", "0=ttft:250")
     assert result.exit_code == 2 and "has no unit" in result.output
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_no_slo_and_slo_class_together_are_a_usage_error() -> None:

@@ -99,6 +99,11 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
         if path:
             check_output_path(option, path)
     options = options_from(kw)
+    # The trace and its objectives are checked before the runtime is imported or started. The
+    # objectives travel with the workload into the results file (ttft_slos, tpot_slos); how the
+    # runtime's scheduler takes them is the integration's.
+    workload = (None if profile else
+                with_objectives_from(kw, read_trace(str(trace), columns), embedded=False))
     try:
         from ..fidelity import harness  # the transformers extra: only now
     except ImportError as exc:
@@ -119,9 +124,7 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
         harness.write_timings(steps, timings_path)
         click.echo(f"{len(steps)} steps profiled; timings written to {timings_path}")
         return
-    # The requests' objectives travel with the workload into the results file (ttft_slos,
-    # tpot_slos); how the runtime's scheduler takes them is the integration's.
-    workload = with_objectives_from(kw, read_trace(str(trace), columns), embedded=False)
+    assert workload is not None
     ids = [f"req_{i}" for i in range(len(workload))]
     described: dict[str, Any] | None = None  # transformers' own schedulers: no policy
     name = scheduler
