@@ -294,6 +294,11 @@ def test_save_detailed_lets_anyone_recompute_attainment(tmp_path: pathlib.Path) 
                 "priorities", "ttft_slos", "tpot_slos", "relegated"):
         assert len(doc[key]) == 300, key
     assert _recomputed_attainment(doc) == report["attainment"]
+    # The library's reading of the same lists agrees.
+    slo = [np.array([NAN if v is None else v for v in doc[k]]) for k in ("ttft_slos", "tpot_slos")]
+    counted = ~np.array([bool(e) for e in doc["errors"]]) & ~np.array(doc["relegated"])
+    attained = goodput.attained_from_gaps(np.array(doc["ttfts"]), doc["itls"], *slo) & counted
+    assert attained.sum() / (~np.isnan(slo[0])).sum() == report["attainment"]
     assert doc["slo_attainment"]["classes"]["all"]["attainment"] == report["attainment"]
     assert len(read_results(path)) == 300  # the layout fidelity reads
 
