@@ -72,11 +72,11 @@ def attainment_comparison(reports: Sequence[dict[str, Any]], names: Sequence[str
     per_load = len(names)
     columns = ([Column("load", left=True)] if loads != (None,) else []) + [
         Column("metric", left=True), *(Column(name) for name in names)]
-    rows = []
+    rows: list[list[str | None]] = []
     for k, load in enumerate(loads):
         group = reports[k * per_load:(k + 1) * per_load]
         classes = list(group[0]["slo_attainment"]["classes"])
-        lead = [] if load is None else [f"{load[0]:g}x ({load[1]:.2f}/s)"]
+        lead: list[str | None] = [] if load is None else [f"{load[0]:g}x ({load[1]:.2f}/s)"]
         rows.append([*lead, "completed req/s",
                      *(f"{r['throughput']['requests_per_s']:.2f}" for r in group)])
         lead = [] if load is None else [""]  # the load once, on its group's first row

@@ -109,6 +109,7 @@ def attainment_report(workload: Workload, outcomes: Outcomes, span: float,
         attained, good = int((has & o.attained).sum()), int((has & o.vllm_good).sum())
         emitted = int(o.generated[has].sum())
         slo = slo_classes.get(int(name)) if name != "all" else None
+        itl = p99_itl_s.get(name)
         classes[name] = {
             "requests": int(rows.sum()),
             "with_slo": with_slo,
@@ -121,7 +122,7 @@ def attainment_report(workload: Workload, outcomes: Outcomes, span: float,
             "vllm_attainment": _share(good, with_slo),
             "goodput_rps": attained / span,
             "vllm_goodput_rps": good / span,
-            "p99_itl_ms": None if p99_itl_s.get(name) is None else p99_itl_s[name] * 1e3,
+            "p99_itl_ms": None if itl is None else itl * 1e3,
             "late_token_share": _share(int(o.late_tokens[has].sum()), emitted),
             "relegated": int((has & o.relegated).sum()),
             "missed": {

@@ -229,7 +229,8 @@ def _attainment_capacity(task: CapacityTask, probe: Callable[[float], dict[str, 
     """The highest rate at which ``target`` of all arrivals attain their objectives, under the
     stability condition (not the --slo objectives): DistServe's capacity, Sarathi's condition."""
     def share(rate: float) -> float | None:
-        return probe(rate)["attainment"]["classes"]["all"]["attainment"]
+        attained: float | None = probe(rate)["attainment"]["classes"]["all"]["attainment"]
+        return attained
 
     def meets(rate: float) -> bool:
         attained = share(rate)
