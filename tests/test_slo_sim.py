@@ -431,3 +431,5 @@ def test_compare_at_loads_relative_to_saturation() -> None:
     assert "saturation" in text and "1.2x" in text and "deadline+pause" in text
     bad = _cli("compare", *SMALL, "--load", "0,1")
     assert bad.exit_code == 2 and "load '0' is out of range" in bad.output
+    none = _cli("compare", *SMALL, "--load", "1", "--no-slo")
+    assert none.exit_code == 2 and "no request carries objectives" in none.output

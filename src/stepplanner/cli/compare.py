@@ -14,7 +14,7 @@ from ..sim.workloads import Workload
 from ..cli import tuning_extras
 from ..tuning.metrics import parse_number_list
 from .config import canonical_key, parse_config, parse_config_text
-from .errors import library_errors
+from .errors import InputError, library_errors
 from .files import read_json
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, output_format, run_options,
@@ -80,6 +80,10 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     """Run several configurations on one workload and show them side by side."""
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
+    if loads is not None and not workload.has_objectives:
+        raise InputError("--load reports SLO attainment per load, and no request carries "
+                         "objectives (--no-slo, or a trace without ttft_slo_ms); give "
+                         "--slo-class PRIORITY=ttft:VALUE[,tpot:VALUE]")
     items: list[dict[str, Any]] = [parse_config_text(text) for text in configs]
     if config_file is not None:
         items.extend(_config_file(config_file))
@@ -145,11 +149,7 @@ def _emit_loads(workload: Workload, reports: list[dict[str, Any]], names: list[s
             "loads": [{"load": load, "rate": rate, "reports": reports[k * per:(k + 1) * per]}
                       for k, (load, rate) in enumerate(offered)]}))
         return
-    blocks = attainment_comparison(reports, names, offered, main=True)
-    if not blocks:
-        blocks = [Line("no objectives", "no request carries objectives: --load compares "
-                                         "attainment; give --slo-class or a trace's columns")]
-    emit([Line("saturation", told), *blocks,
+    emit([Line("saturation", told), *attainment_comparison(reports, names, offered, main=True),
           *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
 
 
