@@ -82,6 +82,10 @@ PERCENTILES = (50, 90, 99)
 STEP_FIELDS = ("end_time", "seconds", "tokens", "context", "num_prefill", "num_decode",
                "num_paused", "residents", "waiting", "step_ns")
 
+# The per-token gap of a request without a per-token objective: its tokens after the first are
+# due after any simulated time.
+NO_GAP = 1e300
+
 OnStep = Callable[[int, float, Ledger, Any], None]
 Progress = Callable[[int, float, int], None]
 
@@ -374,7 +378,9 @@ class SimulationRun:
         ttft, tpot = workload.objectives()
         self.deadlines = workload.has_objectives
         self.first_due = np.where(np.isnan(ttft), np.inf, workload.arrival_time + ttft)
-        self.gap = np.where(np.isnan(tpot), np.inf, tpot)
+        # No per-token objective: a gap no run reaches (finite, so that the first token's
+        # 0 x gap stays 0 and its deadline is the TTFT one).
+        self.gap = np.where(np.isnan(tpot), NO_GAP, tpot)
         assert workload.ttft_slo is not None and workload.tpot_slo is not None
         self.own_slo: dict[int, SLO] = {
             i: SLO(float(workload.ttft_slo[i]),
@@ -484,7 +490,8 @@ class SimulationRun:
 
         ids = ledger.request_ids
         req = ids[rows[seq["select_last_token_logits"]]]  # one row per resident
-        first = self.generated[req] == 0
+        emitted = self.generated[req]  # tokens each emitted before this one
+        first = emitted == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
         previous = self.last_token_time[later]
@@ -495,11 +502,11 @@ class SimulationRun:
             self.apart.append((later[apart], previous[apart], now))
         if self.deadlines:
             # Token g (g = tokens before it) is due at arrival + ttft + g * tpot (deadline_of).
-            due = self.first_due[req]
-            due[~first] += self.generated[later] * self.gap[later]
-            late = now - due
+            late = now - (self.first_due[req] + emitted * self.gap[req])
             self.max_lateness[req] = np.maximum(self.max_lateness[req], late)
-            self.late_tokens[req] += late > 0
+            missed = late > 0
+            if np.count_nonzero(missed):  # rows are distinct within a step
+                self.late_tokens[req[missed]] += 1
         if self.token_log is not None:
             self.token_log.append(req)
         self.last_token_time[req] = now
