@@ -150,12 +150,16 @@ class SimulationResult:
         ``sim.goodput``); None when no request has objectives."""
         if not self.workload.has_objectives:
             return None
+        p99_itl = {name: weighted_percentile(*sample, 99)
+                   for name, sample in self.itl_by_class().items()}
+        return goodput.attainment_report(self.workload, self.outcomes(), run_span(self), p99_itl)
+
+    def itl_by_class(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The pooled ITL sample (seconds, count) of all requests (``"all"``) and of each class."""
         itl = {"all": pooled_itl(self.itl)}
         itl.update({str(p): pooled_itl(self.itl[k:k + 1])
                     for k, p in enumerate(self.workload.classes)})
-        return goodput.attainment_report(
-            self.workload, self.outcomes(), run_span(self),
-            {name: weighted_percentile(*sample, 99) for name, sample in itl.items()})
+        return itl
 
     def outcomes(self) -> goodput.Outcomes:
         """Per request: objectives, attained, good by vLLM's definition (``sim.goodput``)."""
@@ -188,8 +192,7 @@ class SimulationResult:
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
-        itl = {"all": pooled_itl(self.itl)}
-        itl.update({str(p): pooled_itl(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
+        itl = self.itl_by_class()
         report = {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),

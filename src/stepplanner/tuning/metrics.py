@@ -29,7 +29,7 @@ import numpy as np
 
 from .._errors import StepPlannerValueError
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
-from ..sim.simulator import pooled_itl, weighted_percentile
+from ..sim.simulator import pooled_itl, run_span, weighted_percentile
 
 __all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
 
@@ -134,8 +134,6 @@ def _ms(seconds: float | None) -> float:
 
 
 def simulated_span(result: Any) -> float:
-    """Simulated seconds from the first arrival to the last step, as ``report()`` measures."""
-    st = result.steps
-    start = float(result.workload.arrival_time[0])
-    end = float(st["end_time"][-1]) if len(st["end_time"]) else start
-    return max(end - start, 1e-12)
+    """Simulated seconds from the first arrival to the last step, as ``report()`` measures
+    (``simulator.run_span``)."""
+    return run_span(result)
