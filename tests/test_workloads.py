@@ -121,16 +121,22 @@ def test_an_empty_workload_is_an_error_at_construction() -> None:
 
 
 def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
-    """``simulate(synthetic())`` and ``stepplanner simulate`` run the same requests."""
+    """``simulate(synthetic())`` and ``stepplanner simulate`` run the same requests; the CLI
+    gives them the default classes' objectives (``--no-slo``: none, as the API's default)."""
     pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
     from click.testing import CliRunner
 
     from stepplanner.cli import main
+    from stepplanner.sim.workloads import DEFAULT_SLO_CLASSES
 
-    result = CliRunner().invoke(main, ["simulate", "--json", "--max-steps", "1", "--no-progress"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["workload"] == synthetic().summary()
+    def cli(*extra: str) -> dict:
+        result = CliRunner().invoke(main, ["simulate", "--json", "--max-steps", "1",
+                                           "--no-progress", *extra], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)["workload"]
+
+    assert cli() == synthetic(slo_classes=DEFAULT_SLO_CLASSES).summary()
+    assert cli("--no-slo") == synthetic().summary()
     assert synthetic().source == "synthetic(requests=6000, rate=28/s, seed=0)"
 
 

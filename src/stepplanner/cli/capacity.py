@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -12,7 +13,7 @@ from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
 from .files import check_files
 from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      scheduling_options, trace_from, workload_options)
+                      scheduling_options, trace_from, with_objectives_from, workload_options)
 from .render import emit
 from .tuning_options import (latency_model_file, latency_model_option, latency_of,
                              output_options, slo_option, stability_of, stability_options)
@@ -47,7 +48,9 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
     The synthetic workload starts from --rate; a --trace from its own mean rate. A rate must
     meet every --slo and the stability condition (--max-queue-delay, default median queueing
     delay <= 2 s); a configuration that meets them all at --max-rate is reported as
-    '>= max-rate' (JSON: "unbounded": true, "capacity": null).
+    '>= max-rate' (JSON: "unbounded": true, "capacity": null). When requests carry objectives
+    (the embedded workload's default classes, --slo-class, a trace's columns), the capacities
+    at 90% and 99% deadline attainment (under the stability condition) are reported beside it.
     """
     fmt = output_format(fmt, as_json)
     stability = stability_of(stability, no_stability)
@@ -58,8 +61,13 @@ def capacity_command(grid_texts: tuple[str, ...], slos: Any, stability: Any,
                 {"--trace": kw["trace"], "--latency-model": latency_model_file()})
     limits, options = limits_from(kw), options_from(kw)
     trace = trace_from(kw)
-    source: Any = (ScaledTrace(trace) if trace is not None
-                   else SyntheticRates(kw["requests"], kw["seed"], kw["rate"]))
+    source: Any
+    if trace is not None:
+        source = ScaledTrace(with_objectives_from(kw, trace, embedded=False))
+    else:
+        rates = SyntheticRates(kw["requests"], kw["seed"], kw["rate"], kw["burstiness"])
+        embedded = with_objectives_from(kw, rates.at(rates.rate), embedded=True)
+        source = dataclasses.replace(rates, slo_classes=dict(embedded.slo_classes or {}))
     latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
     total = grid_size(grid)

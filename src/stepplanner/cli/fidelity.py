@@ -19,7 +19,8 @@ from .errors import library_errors
 from .files import check_files
 from .notices import warn, warn_no_op_options, warn_refused
 from .options import (format_option, given, limit_options, limits_from, num_pages_option,
-                      options_from, run_options, scheduling_options, trace_from, trace_options)
+                      objective_options, options_from, run_options, scheduling_options,
+                      trace_from, trace_options, with_objectives_from)
 from .plot import check_plot_path, plot_fidelity, require_matplotlib
 from .render import emit, fidelity_blocks
 from .replay import recorded_options
@@ -42,6 +43,7 @@ OPTION_PARAMETERS = {"mode": "ifb_scheduling_mode", "max_num_tokens": "max_num_t
 @trace_options("the trace the results name, else the requests they hold")
 @limit_options
 @scheduling_options
+@objective_options
 @run_options
 @latency_model_option
 @num_pages_option
@@ -94,6 +96,9 @@ def fidelity_command(results_path: str, latency_text: str, latency_model: Any,
     pace = (measured_pace(read_step_timings(pace_from), latency, pace_window,
                           f"--pace-from {pace_from}") if pace_from else None)
     workload, matched = served_workload(results, trace, trace_name)
+    # The objectives the run was scheduled under (a deadline policy acts on them): a trace's
+    # columns, or the classes given here.
+    workload = with_objectives_from(kw, workload, embedded=False)
     check_num_pages(num_pages, workload, limits)
     show = progress and fmt == "table"
     if num_pages:

@@ -13,7 +13,9 @@ from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.simulator import DEFAULT_LIMITS
 from ..sim.traces import read_trace
-from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, Workload, synthetic
+from ..sim.workloads import (DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload,
+                             synthetic)
+from ..tuning.slo import parse_slo_classes
 from .render import FORMATS
 
 
@@ -39,6 +41,19 @@ def trace_options(default: str) -> Callable[[Any], Any]:
     )
 
 
+objective_options = compose(
+    click.option("--slo-class", "slo_classes", multiple=True,
+                 help="A priority class's objectives, PRIORITY=ttft:VALUE[,tpot:VALUE] with "
+                      "VALUE in ms, s or us (repeatable; e.g. 0=ttft:250ms,tpot:100ms): token i "
+                      "of its requests is due ttft + i * tpot after arrival. A trace's "
+                      "ttft_slo_ms/tpot_slo_ms columns override it per request. Default: the "
+                      "embedded workload's three classes (docs/simulator.md, 'SLOs and "
+                      "goodput'), a trace's none."),
+    click.option("--no-slo", is_flag=True, default=False,
+                 help="No objectives at all: neither the embedded workload's default classes "
+                      "nor a trace's columns."),
+)
+
 workload_options = compose(
     trace_options("the embedded synthetic workload"),
     # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
@@ -50,6 +65,12 @@ workload_options = compose(
                  help="Synthetic workload: Poisson arrivals per second."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Synthetic workload: random seed."),
+    click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0,
+                 show_default=True,
+                 help="Synthetic workload: gaps between arrivals are gamma-distributed with "
+                      "this shape, as vLLM's --burstiness (1: Poisson; < 1 burstier; inf: "
+                      "constant gaps); the same requests at every value."),
+    objective_options,
 )
 
 limit_options = compose(
@@ -151,10 +172,34 @@ def options_from(kw: dict[str, Any]) -> SchedulingOptions:
 
 
 def workload_from(kw: dict[str, Any]) -> Workload:
-    """Pop the ``workload_options`` values and load or generate the workload."""
+    """Pop the ``workload_options`` values and load or generate the workload, with the
+    objectives ``objective_options`` ask for."""
     trace = trace_from(kw)
-    requests, rate, seed = (kw.pop(k) for k in ("requests", "rate", "seed"))
-    return trace if trace is not None else synthetic(requests=requests, rate=rate, seed=seed)
+    requests, rate, seed, burstiness = (kw.pop(k) for k in ("requests", "rate", "seed",
+                                                            "burstiness"))
+    workload = (trace if trace is not None else
+                synthetic(requests=requests, rate=rate, seed=seed, burstiness=burstiness))
+    return with_objectives_from(kw, workload, embedded=trace is None)
+
+
+def with_objectives_from(kw: dict[str, Any], workload: Workload, embedded: bool) -> Workload:
+    """Pop ``--slo-class``/``--no-slo`` and give ``workload`` those objectives: the given
+    classes, else the default classes for the ``embedded`` workload; ``--no-slo`` drops every
+    objective (the trace's columns too)."""
+    # Parsed here, not in a click callback: a bad objective is a one-line error (exit 2).
+    classes, none = parse_slo_classes(kw.pop("slo_classes")), kw.pop("no_slo")
+    if none and classes:
+        raise click.UsageError("--no-slo drops every objective and --slo-class gives some; "
+                               "give one of them")
+    if none:
+        return workload.with_objectives(None, own=False)
+    if classes:
+        return workload.with_objectives(classes)
+    if not embedded:
+        return workload
+    # A small embedded workload may lack a class: the defaults of the classes it has.
+    return workload.with_objectives({p: slo for p, slo in DEFAULT_SLO_CLASSES.items()
+                                     if p in workload.classes})
 
 
 def trace_from(kw: dict[str, Any]) -> Workload | None:
@@ -162,6 +207,9 @@ def trace_from(kw: dict[str, Any]) -> Workload | None:
     (whose flags stay in ``kw``)."""
     trace, columns = kw.pop("trace"), kw.pop("columns")
     if trace:
+        if kw.get("burstiness", 1.0) != 1.0:
+            raise StepPlannerValueError("--burstiness shapes the synthetic workload's arrivals; "
+                                        "a --trace has its own")
         return read_trace(trace, columns)
     if columns:
         raise StepPlannerValueError("--columns describes a --trace file, and none was given")

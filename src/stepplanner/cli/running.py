@@ -51,25 +51,27 @@ class ProgressBar:
 
 def run(workload: Workload, limits: StepPlannerLimits, options: Any,
         latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-        on_step: Any = None, pace: EnginePace | None = None) -> SimulationResult:
+        on_step: Any = None, pace: EnginePace | None = None,
+        detailed: bool = False) -> SimulationResult:
     """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on."""
     bar = ProgressBar(len(workload), progress, label)
     try:
         return simulate(workload, limits, options, latency, max_steps=max_steps,
-                        on_step=on_step, progress=bar, progress_every=1024, pace=pace)
+                        on_step=on_step, progress=bar, progress_every=1024, pace=pace,
+                        detailed=detailed)
     finally:
         bar.close()
 
 
 def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
               latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-              num_pages: int, pace: EnginePace | None = None
+              num_pages: int, pace: EnginePace | None = None, detailed: bool = False
               ) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
     with ProgressBar(len(workload), progress, label) as bar:
         return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
                               max_steps=max_steps, progress=bar, progress_every=1024,
-                              pace=pace)
+                              pace=pace, detailed=detailed)
 
 
 def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits,

@@ -20,7 +20,8 @@ from ..sim.traces import read_trace
 from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options
-from .options import compose, options_from, scheduling_options
+from .options import (compose, objective_options, options_from, scheduling_options,
+                      with_objectives_from)
 
 SCHEDULERS = ("stepplanner", "fifo", "prefill_first")
 
@@ -65,6 +66,7 @@ model_options = compose(
               help="Who plans each step: stepplanner (with the scheduling options below) or "
                    "transformers' own fifo / prefill_first.")
 @scheduling_options
+@objective_options
 @engine_options
 @model_options
 @click.option("--results", "results_path", type=click.Path(dir_okay=False), default=None,
@@ -102,6 +104,11 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
     if model_path is not None:
         check_model_dir("--model", model_path)
     options = options_from(kw)
+    # The trace and its objectives are checked before the runtime is imported or started. The
+    # objectives travel with the workload into the results file (ttft_slos, tpot_slos); how the
+    # runtime's scheduler takes them is the integration's.
+    workload = (None if profile else
+                with_objectives_from(kw, read_trace(str(trace), columns), embedded=False))
     try:
         from ..fidelity import harness  # the transformers extra: only now
     except ImportError as exc:
@@ -122,7 +129,7 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
         harness.write_timings(steps, timings_path)
         click.echo(f"{len(steps)} steps profiled; timings written to {timings_path}")
         return
-    workload = read_trace(str(trace), columns)
+    assert workload is not None
     ids = [f"req_{i}" for i in range(len(workload))]
     described: dict[str, Any] | None = None  # transformers' own schedulers: no policy
     name = scheduler

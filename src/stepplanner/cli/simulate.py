@@ -8,7 +8,8 @@ import click
 
 from ..planner._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
-from .errors import library_errors
+from ..fidelity.simulated import results_document
+from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options, warn_refused
 from .options import (format_options, limit_options, limits_from, num_pages_option,
@@ -16,6 +17,7 @@ from .options import (format_options, limit_options, limits_from, num_pages_opti
                       workload_from, workload_options)
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
+from .slo_render import attainment_blocks
 from .running import check_num_pages, run, run_paged
 from .tuning_options import latency_model_file, latency_of
 from .tuning_render import write_json
@@ -35,12 +37,15 @@ from .tuning_render import write_json
 @library_errors
 def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
                      as_json: bool, plot: str | None, slos: Any, latency_model: Any,
-                     metric_percentiles: Any, save_result: str | None, num_pages: int,
-                     **kw: Any) -> None:
+                     metric_percentiles: Any, save_result: str | None, save_detailed: bool,
+                     num_pages: int, **kw: Any) -> None:
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         require_matplotlib()
         check_plot_path(plot)
+    if save_detailed and save_result is None:
+        raise InputError("--save-detailed adds the per-request results to --save-result FILE; "
+                         "give --save-result too")
     check_files({"--save-result": save_result, "--plot": plot},
                 {"--trace": kw["trace"], "--latency-model": latency_model_file()})
     fmt = output_format(fmt, as_json)
@@ -52,22 +57,25 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     check_num_pages(num_pages, workload, limits)
     if num_pages:
         result, occupancy = run_paged(workload, limits, policy, latency, max_steps,
-                                      show_progress, "simulating", num_pages)
+                                      show_progress, "simulating", num_pages,
+                                      detailed=save_detailed)
     else:
-        result = run(workload, limits, policy, latency, max_steps, show_progress, "simulating")
+        result = run(workload, limits, policy, latency, max_steps, show_progress, "simulating",
+                     detailed=save_detailed)
     warn_refused(result)
     report = result.report()
     if num_pages:
         report["pages"] = occupancy.report()
     report.update(tuning_extras.section(result, slos, metric_percentiles))
-    tuning_extras.save(save_result, report)
+    tuning_extras.save(save_result, report,
+                       results_document(result) if save_detailed else None)
     if plot:
         plot_result(result, plot)
     if fmt == "json":
         click.echo(write_json(None, report))
     else:
         pages = page_blocks(report["pages"], result.num_steps) if num_pages else []
-        emit([*report_blocks(report), *pages,
+        emit([*report_blocks(report), *pages, *attainment_blocks(report),
               *tuning_extras.vllm_blocks(report, metric_percentiles)], fmt)
     if plot:
         click.echo(f"plot written to {plot}", err=True)

@@ -25,6 +25,11 @@ simulate_options = compose(
     slo_option, latency_model_option, percentiles_option,
     click.option("--save-result", type=click.Path(dir_okay=False), default=None,
                  help="Write the metrics as vLLM's benchmark_serving --save-result does (JSON)."),
+    click.option("--save-detailed", is_flag=True, default=False,
+                 help="With --save-result: add the per-request results in the layout "
+                      "serve-trace writes (vLLM's input_lens, output_lens, ttfts, itls, ... "
+                      "plus request_ids, arrival_times, priorities, ttft_slos, tpot_slos, "
+                      "relegated), from which every figure can be recomputed."),
 )
 compare_options = compose(slo_option, latency_model_option)
 
@@ -40,16 +45,21 @@ def section(result: Any, slos: Sequence[SloTarget],
             "slo": assessed["slo"], "vllm_metrics": metrics}
 
 
-def save(path: str | None, report: dict[str, Any]) -> None:
-    """--save-result: vLLM's keys, and what was simulated."""
+def save(path: str | None, report: dict[str, Any],
+         detailed: dict[str, Any] | None = None) -> None:
+    """--save-result: vLLM's keys, and what was simulated; with --save-detailed the
+    per-request results document (``fidelity.simulated.results_document``) underneath."""
     if path is None:
         return
     write_json(path, {
+        **(detailed or {}),
         "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
         "backend": "stepplanner-simulator", "model_id": report["latency_model"]["name"],
         "num_prompts": report["workload"]["requests"],
         "request_rate": report["workload"]["rate_per_s"],
         "policy": report["policy"], "limits": report["limits"], "slos": report["slo"],
+        **({"slo_attainment": report["slo_attainment"]} if "slo_attainment" in report
+           else {}),
         **report["vllm_metrics"]})
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from ..tuning.slo import SloTarget
 from .render import Block, Column, Line, TableData
+from .slo_render import (CAPACITY_COLUMNS, DEFINITIONS, SWEEP_COLUMNS, capacity_attainment,
+                         sweep_attainment)
 
 _MS = ",.1f"
 
@@ -51,10 +53,14 @@ def sweep_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
                Column("ITL\np99", _MS), Column("E2E\np99", _MS),
                *(Column(f"{s.key}\n≤ {s.seconds * 1e3:g} ms") for s in slos),
                Column("SLOs", left=True), Column("front", left=True)]
+    deadlines = any(r.get("attainment") for r in records)
+    if deadlines:
+        columns[4:4] = SWEEP_COLUMNS
     rows = []
     for rank, r in enumerate((r for r in records if r.get("error") is None), start=1):
         m = r["metrics"]
-        rows.append([rank, r["label"], _budget(r), r["goodput"], r["throughput"],
+        rows.append([rank, r["label"], _budget(r), r["goodput"],
+                     *(sweep_attainment(r) if deadlines else []), r["throughput"],
                      m["p99_ttft_ms"], m["p99_tpot_ms"], m["p99_itl_ms"], m["p99_e2el_ms"],
                      *(_observed_ms(r, s) for s in slos),
                      "met" if r["meets_slo"] else "missed", "*" if r["pareto"] else ""])
@@ -63,7 +69,8 @@ def sweep_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
                       "throughput)", columns, rows, main=True),
             *_errors(records),
             Line("units", "latencies in ms of simulated time; goodput = requests/s within every "
-                          "SLO (✗ = an SLO missed)")]
+                          "SLO (✗ = an SLO missed)"),
+            *([DEFINITIONS] if deadlines else [])]
 
 
 def conditions(slos: Sequence[SloTarget], stability: SloTarget | None) -> str:
@@ -82,6 +89,9 @@ def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget]
                Column("TPOT p99\nat capacity", _MS),
                *([] if stability is None else
                  [Column(f"{stability.key}\n≤ {stability.seconds * 1e3:g} ms")])]
+    deadlines = any(r.get("attainment_capacity") for r in records)
+    if deadlines:
+        columns[4:4] = CAPACITY_COLUMNS
     rows = []
     for r in records:
         if r.get("error") is not None:
@@ -89,7 +99,8 @@ def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget]
         at = r["at_capacity"] or {}
         # Unbounded: met everything at the search's ceiling, which is a bound, not a capacity.
         found = f"≥ {max_rate:.2f}" if r["unbounded"] else r["capacity"]
-        rows.append([r["label"], _budget(r), found, r["upper"], len(r["probes"]),
+        rows.append([r["label"], _budget(r), found, r["upper"],
+                     *(capacity_attainment(r, max_rate) if deadlines else []), len(r["probes"]),
                      at.get("p99_ttft_ms"), at.get("p99_tpot_ms"),
                      *([] if stability is None else [_check_ms(at.get("stability"))])])
     return [Line("capacity", header),
@@ -99,7 +110,10 @@ def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget]
             *_errors(records),
             Line("units", "'fails at' is the lowest probed rate that missed a condition; a "
                           "capacity '≥ R' met every condition at --max-rate R (no capacity was "
-                          "found below it); latencies in ms of simulated time")]
+                          "found below it); latencies in ms of simulated time"),
+            *([Line("capacity at attainment", "the highest rate at which that share of all "
+                    "arrivals attains every deadline (DistServe), under the stability "
+                    "condition")] if deadlines else [])]
 
 
 # --- files ---------------------------------------------------------------------------------------
@@ -133,6 +147,12 @@ def flat(record: dict[str, Any]) -> dict[str, Any]:
                 "error"):
         if key in record:
             row[key] = record[key]
+    overall = ((record.get("attainment") or {}).get("classes") or {}).get("all")
+    if overall is not None:
+        row["slo_attainment"] = overall["attainment"]
+        row["slo_goodput"] = overall["goodput_rps"]
+    for target, found in (record.get("attainment_capacity") or {}).items():
+        row[f"capacity_attainment_{target}"] = found["capacity"]
     for check in record.get("slo", []):
         row[f"{check['slo']}_ms"] = (None if check["observed_s"] is None
                                      else check["observed_s"] * 1e3)

@@ -49,7 +49,7 @@ from ..sim.latency_models import STEP_TIMING_COLUMNS
 from ..sim.workloads import Workload
 from ..tuning.metrics import series_stats
 from .model_checks import check_attn_implementation, check_model_dir, check_seed
-from .results import RESULTS_FORMAT
+from .results import RESULTS_FORMAT, objective_lists
 
 try:
     import torch
@@ -320,7 +320,8 @@ class ServedRun:
 
     def results(self) -> dict[str, Any]:
         """The results file's content: vLLM's ``--save-result --save-detailed`` layout plus
-        ``request_ids``, ``arrival_times``, ``priorities``, ``e2els`` and ``stepplanner``."""
+        ``request_ids``, ``arrival_times``, ``priorities``, ``e2els``, the requests' objectives
+        (``ttft_slos``, ``tpot_slos``) and ``stepplanner``."""
         w = self.workload
         ttfts, itls, latencies, output_lens, errors, arrivals = [], [], [], [], [], []
         last = self.origin
@@ -367,6 +368,7 @@ class ServedRun:
             "errors": errors, "generated_texts": [""] * len(w),
             "request_ids": self.request_ids, "arrival_times": arrivals,
             "priorities": [int(p) for p in w.priority], "e2els": latencies,
+            **objective_lists(w),
         }
         for metric, values in (("ttft", [ttfts[i] for i in ok]), ("tpot", tpots),
                                ("itl", [g for i in ok for g in itls[i]]),

@@ -41,7 +41,8 @@ from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..sim.simulator import policy_from_dict
 from ..sim.workloads import Workload
 
-__all__ = ["MAX_SECONDS", "RESULTS_FORMAT", "RunResults", "read_results", "served_workload"]
+__all__ = ["MAX_SECONDS", "RESULTS_FORMAT", "RunResults", "objective_lists", "read_results",
+           "served_workload"]
 
 RESULTS_FORMAT = "stepplanner-results/1"
 VLLM_KEYS = ("input_lens", "output_lens", "ttfts", "itls")
@@ -198,6 +199,14 @@ def _matched(results: RunResults, trace: Workload, name: str) -> RunResults:
     arrival = results.arrival if results.arrival is not None else trace.arrival_time
     return dataclasses.replace(results, priority=trace.priority.astype(np.int64),
                                arrival=arrival)
+
+
+def objective_lists(workload: Workload) -> dict[str, list[float | None]]:
+    """Each request's objectives as a results file lists them (``ttft_slos``, ``tpot_slos``:
+    seconds, null where none; its own, else its class's), in the workload's order."""
+    ttft, tpot = workload.objectives()
+    return {key: [None if math.isnan(v) else v for v in values.tolist()]
+            for key, values in (("ttft_slos", ttft), ("tpot_slos", tpot))}
 
 
 # --- reading -----------------------------------------------------------------------------------

@@ -84,18 +84,19 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
                    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
                    latency: LatencyModel = DEFAULT_LATENCY, *, num_pages: int,
                    max_steps: int | None = None, progress: Progress | None = None,
-                   progress_every: int = 2048, pace: EnginePace | None = None
-                   ) -> tuple[SimulationResult, PageOccupancy]:
+                   progress_every: int = 2048, pace: EnginePace | None = None,
+                   detailed: bool = False) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
 
     A request whose worst case exceeds the whole pool (or whose prompt exceeds S_in) is refused
-    and counted as such, never dropped silently. ``progress`` and ``pace`` as in ``simulate``.
+    and counted as such, never dropped silently. ``progress``, ``pace`` and ``detailed`` as in
+    ``simulate`` (objectives and deadlines too: the run is ``SimulationRun``'s).
     """
     policy = check_run_args(workload, limits, options, latency, max_steps, pace)
     table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
                         limits.kv_page_size)
     run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits), table,
-                        pace)
+                        pace, detailed)
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []

@@ -12,6 +12,17 @@ numpy over the plan's and ledger's arrays, with no per-request Python per step; 
 per event (an arrival). The ``ledger.step`` call is timed with ``perf_counter_ns`` (``step_ns``):
 those are real microseconds of this machine, unlike the simulated seconds.
 
+Objectives (``Workload.objectives``): each request is submitted with its arrival time and its
+own SLO (its class's come from ``Ledger(slo_classes=...)``), and every ``ledger.step`` gets the
+simulated ``now`` (the end of the previous step, when its tokens were emitted), so the EDF and
+DEADLINE policies rank on the simulated clock. Their step-time estimate (``step_time_of``) is the
+latency model at a full batch: the ledger prices a step of ``t`` tokens as ``base + per_token *
+t`` at the policy's full budget, and the model's context, attention and row terms are folded in
+at B rows of the workload's mean context (docs/simulator.md, "SLOs and goodput", says why).
+Every emitted token's lateness against its deadline (``deadline_of``: arrival + ttft + i * tpot)
+is measured as it is emitted, and the requests DEADLINE relegates are kept
+(``SimulationResult.relegated``); ``sim.goodput`` turns them into attainment and goodput.
+
 Record/replay: ``StepRecorder`` writes one JSON line per step (the ledger rows the plan was made
 over and the plan); ``replay`` re-plans each recorded step and reports the steps whose plan
 differs.
@@ -42,6 +53,8 @@ from ..planner._types import (
     RESIDENT_DTYPE,
     Reason,
 )
+from ..planner._slo import SLO
+from . import goodput
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from ..ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
@@ -59,6 +72,7 @@ __all__ = [
     "replay",
     "resolve_options",
     "simulate",
+    "step_time_of",
     "weighted_percentile",
 ]
 
@@ -67,6 +81,10 @@ RECORD_FORMAT = "stepplanner-steps/1"
 PERCENTILES = (50, 90, 99)
 STEP_FIELDS = ("end_time", "seconds", "tokens", "context", "num_prefill", "num_decode",
                "num_paused", "residents", "waiting", "step_ns")
+
+# The per-token gap of a request without a per-token objective: its tokens after the first are
+# due after any simulated time.
+NO_GAP = 1e300
 
 OnStep = Callable[[int, float, Ledger, Any], None]
 Progress = Callable[[int, float, int], None]
@@ -99,10 +117,55 @@ class SimulationResult:
     itl: list[tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
     """Per priority class (``workload.classes`` order): every gap between two consecutive output
     tokens of its requests, as (seconds, count) pairs."""
+    max_lateness: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Per request, the largest (emission time - deadline) over its emitted tokens, in seconds
+    (> 0: a deadline missed; -inf: no token emitted, or no deadlines)."""
+    late_tokens: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request, how many of its tokens came after their deadlines."""
+    relegated: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per request, whether the DEADLINE policy relegated it (ledger.relegated_ids)."""
+    token_requests: np.ndarray | None = None
+    """``simulate(detailed=True)``: per emitted token in emission order, its request's row."""
+    token_steps: np.ndarray | None = None
+    """``simulate(detailed=True)``: per emitted token, the step that emitted it (its time is
+    that step's ``end_time``)."""
 
     @property
     def num_steps(self) -> int:
         return len(self.steps["tokens"])
+
+    def token_times(self) -> list[np.ndarray]:
+        """Per request (workload order), every output token's emission time (simulated
+        seconds); needs a run made with ``detailed=True``."""
+        if self.token_requests is None or self.token_steps is None:
+            raise StepPlannerValueError("token_times needs a run simulated with detailed=True")
+        order = np.argsort(self.token_requests, kind="stable")  # emission order kept per request
+        times = self.steps["end_time"][self.token_steps[order]]
+        bounds = np.cumsum(np.bincount(self.token_requests, minlength=len(self.workload)))
+        return np.split(times, bounds[:-1])
+
+    def attainment(self) -> dict[str, Any] | None:
+        """The run's SLO attainment and goodput (``report()["slo_attainment"]``; see
+        ``sim.goodput``); None when no request has objectives."""
+        if not self.workload.has_objectives:
+            return None
+        p99_itl = {name: weighted_percentile(*sample, 99)
+                   for name, sample in self.itl_by_class().items()}
+        return goodput.attainment_report(self.workload, self.outcomes(), run_span(self), p99_itl)
+
+    def itl_by_class(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The pooled ITL sample (seconds, count) of all requests (``"all"``) and of each class."""
+        itl = {"all": pooled_itl(self.itl)}
+        itl.update({str(p): pooled_itl(self.itl[k:k + 1])
+                    for k, p in enumerate(self.workload.classes)})
+        return itl
+
+    def outcomes(self) -> goodput.Outcomes:
+        """Per request: objectives, attained, good by vLLM's definition (``sim.goodput``)."""
+        return goodput.request_outcomes(self.workload, self.first_token_time, self.finish_time,
+                                        self.max_lateness, self.late_tokens, self.generated,
+                                        self.relegated, self.refused)
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Per-request seconds: queueing, TTFT, TPOT (NaN for 1-token outputs), end-to-end,
@@ -124,16 +187,13 @@ class SimulationResult:
         """JSON-ready metrics of the run (see docs/simulator.md for each one)."""
         w, st = self.workload, self.steps
         done = ~np.isnan(self.finish_time)
-        start = float(w.arrival_time[0])
-        end = float(st["end_time"][-1]) if self.num_steps else start
-        span = max(end - start, 1e-12)
+        span = run_span(self)
         step_us = st["step_ns"] / 1e3
         lat = self.latencies()
         classes = {"all": np.ones(len(w), dtype=bool)}
         classes.update({str(p): w.priority == p for p in w.classes})
-        itl = {"all": pooled_itl(self.itl)}
-        itl.update({str(p): pooled_itl(self.itl[k:k + 1]) for k, p in enumerate(w.classes)})
-        return {
+        itl = self.itl_by_class()
+        report = {
             "workload": w.summary(),
             "limits": dataclasses.asdict(self.limits),
             "policy": policy_to_dict(self.policy),
@@ -180,6 +240,18 @@ class SimulationResult:
                 "steps_per_s": self.num_steps / self.wall_seconds if self.wall_seconds else None,
             },
         }
+        attainment = self.attainment()
+        if attainment is not None:
+            report["slo_attainment"] = attainment
+        return report
+
+
+def run_span(result: SimulationResult) -> float:
+    """Simulated seconds from the first arrival to the end of the last step (the span every
+    rate of a report is over)."""
+    start = float(result.workload.arrival_time[0])
+    end = float(result.steps["end_time"][-1]) if result.num_steps else start
+    return max(end - start, 1e-12)
 
 
 def _mean(values: np.ndarray) -> float:
@@ -222,18 +294,20 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
              options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
              latency: LatencyModel = DEFAULT_LATENCY, *, max_steps: int | None = None,
              on_step: OnStep | None = None, progress: Progress | None = None,
-             progress_every: int = 2048, pace: EnginePace | None = None) -> SimulationResult:
+             progress_every: int = 2048, pace: EnginePace | None = None,
+             detailed: bool = False) -> SimulationResult:
     """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
 
     ``on_step(step, start_time, ledger, plan)`` runs after each plan, before it is applied
     (``StepPlanner`` is the one ``stepplanner`` selects). ``progress(steps, sim_time,
     completed)`` runs every ``progress_every`` steps. ``max_steps`` cuts the run short.
     ``pace`` replays a real run's measured speed over time on ``latency`` (a diagnostic:
-    :class:`~stepplanner.sim.latency.EnginePace`).
+    :class:`~stepplanner.sim.latency.EnginePace`). ``detailed`` keeps every token's time
+    (``SimulationResult.token_times``).
     """
     policy = check_run_args(workload, limits, options, latency, max_steps, pace)
     run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits),
-                        pace=pace)
+                        pace=pace, detailed=detailed)
     return run.run(max_steps, on_step, progress, progress_every)
 
 
@@ -269,18 +343,56 @@ def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedScheduli
     return resolve_scheduling_policy(options, limits)
 
 
+def step_time_of(latency: LatencyModel, limits: StepPlannerLimits,
+                 workload: Workload) -> tuple[float, float]:
+    """The ledger's step-time estimate ``(base, per_token)`` for a run: ``latency`` at a full
+    batch, B rows each at the workload's mean context over a request's life (its prompt, cut at
+    S_in, and half its output), so that ``base + per_token * t`` is the model's step of ``t``
+    tokens then: ``a + c*B*ctx + f*B`` and ``b + d*B*ctx + e*ctx`` (a row's attention pairs
+    taken as its tokens x its context). The ledger prices every step at the policy's full token
+    budget; this prices its context alike, at the batch's worst case rather than the run's
+    mean, which is what the deadline policy must plan for where it matters: at and past
+    saturation."""
+    rows = limits.max_batch_size
+    ctx = float((np.minimum(workload.prompt_tokens, limits.max_input_length)
+                 + workload.output_tokens / 2).mean())
+    return (latency.a + latency.c * rows * ctx + latency.f * rows,
+            latency.b + latency.d * rows * ctx + latency.e * ctx)
+
+
 class SimulationRun:
     """The mutable state of one simulation; request ids are workload row indices."""
 
     def __init__(self, workload: Workload, limits: StepPlannerLimits,
                  policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any,
-                 page_table: Any = None, pace: EnginePace | None = None) -> None:
+                 page_table: Any = None, pace: EnginePace | None = None,
+                 detailed: bool = False) -> None:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.pace = pace  # its windows count from the first arrival
         self.planner = planner
         # Every request may wait: the workload is the whole demand, nothing is pushed back.
-        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table)
+        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table,
+                             slo_classes=dict(workload.slo_classes or {}),
+                             step_time=step_time_of(latency, limits, workload))
+        # Deadlines: first token due at arrival + ttft (inf: none), then one every gap (inf:
+        # no per-token objective). The requests' own SLOs go to submit, their classes' are the
+        # ledger's.
+        ttft, tpot = workload.objectives()
+        self.deadlines = workload.has_objectives
+        self.first_due = np.where(np.isnan(ttft), np.inf, workload.arrival_time + ttft)
+        # No per-token objective: a gap no run reaches (finite, so that the first token's
+        # 0 x gap stays 0 and its deadline is the TTFT one).
+        self.gap = np.where(np.isnan(tpot), NO_GAP, tpot)
+        assert workload.ttft_slo is not None and workload.tpot_slo is not None
+        self.own_slo: dict[int, SLO] = {
+            i: SLO(float(workload.ttft_slo[i]),
+                   None if np.isnan(workload.tpot_slo[i]) else float(workload.tpot_slo[i]))
+            for i in np.flatnonzero(~np.isnan(workload.ttft_slo)).tolist()}
+        self.max_lateness = np.full(n, -np.inf)
+        self.late_tokens = np.zeros(n, dtype=np.int64)
+        self.relegated = np.zeros(n, dtype=bool)
+        self.token_log: list[np.ndarray] | None = [] if detailed else None
         self.admit_time = np.full(n, np.nan)
         self.first_token_time = np.full(n, np.nan)
         self.finish_time = np.full(n, np.nan)
@@ -317,6 +429,10 @@ class SimulationRun:
             t0 = time.perf_counter_ns()
             plan, finished, admitted = self._fused_step()
             step_ns = time.perf_counter_ns() - t0
+            if self.deadlines:  # outside the timed host step: the simulator's bookkeeping
+                relegated = self.ledger.relegated_ids
+                if relegated.size:
+                    self.relegated[relegated] = True
             if finished.size:
                 self.finish_time[finished] = self.now
                 self.completed += finished.size
@@ -336,7 +452,8 @@ class SimulationRun:
     def _fused_step(self) -> tuple[Any, np.ndarray, np.ndarray]:
         """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
         ledger = self.ledger
-        plan = ledger.step(self.planner, reasons=self.reasons)
+        # now: when the previous plan's tokens were emitted (the end of the previous step).
+        plan = ledger.step(self.planner, reasons=self.reasons, now=self.now)
         return plan, ledger.finished_ids, ledger.admitted_ids
 
     def _arrivals(self) -> None:
@@ -345,7 +462,9 @@ class SimulationRun:
         for i in range(self.next_request, stop):
             try:
                 ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
-                              max_new_tokens=max(1, int(w.output_tokens[i])))
+                              max_new_tokens=max(1, int(w.output_tokens[i])),
+                              arrival_time=float(w.arrival_time[i]),
+                              slo=self.own_slo.get(i))
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
@@ -374,7 +493,8 @@ class SimulationRun:
 
         ids = ledger.request_ids
         req = ids[rows[seq["select_last_token_logits"]]]  # one row per resident
-        first = self.generated[req] == 0
+        emitted = self.generated[req]  # tokens each emitted before this one
+        first = emitted == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
         previous = self.last_token_time[later]
@@ -383,6 +503,15 @@ class SimulationRun:
         apart = previous != start
         if apart.any():
             self.apart.append((later[apart], previous[apart], now))
+        if self.deadlines:
+            # Token g (g = tokens before it) is due at arrival + ttft + g * tpot (deadline_of).
+            late = now - (self.first_due[req] + emitted * self.gap[req])
+            self.max_lateness[req] = np.maximum(self.max_lateness[req], late)
+            missed = late > 0
+            if np.count_nonzero(missed):  # rows are distinct within a step
+                self.late_tokens[req[missed]] += 1
+        if self.token_log is not None:
+            self.token_log.append(req)
         self.last_token_time[req] = now
         self.generated[req] += 1
         paused = plan.paused_array()
@@ -411,7 +540,17 @@ class SimulationRun:
             paused_steps=self.paused_steps, refused=self.refused, steps=steps,
             reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
             wall_seconds=wall, truncated=truncated,
-            itl=self._itl(steps["end_time"], steps["seconds"]))
+            itl=self._itl(steps["end_time"], steps["seconds"]),
+            max_lateness=self.max_lateness, late_tokens=self.late_tokens,
+            relegated=self.relegated, **self._tokens())
+
+    def _tokens(self) -> dict[str, np.ndarray]:
+        """``detailed``: every emitted token's request and step, in emission order."""
+        if self.token_log is None:
+            return {}
+        log = self.token_log
+        return {"token_requests": np.concatenate(log or [np.zeros(0, dtype=np.int64)]),
+                "token_steps": np.repeat(np.arange(len(log)), [len(r) for r in log])}
 
     def _itl(self, end_time: np.ndarray,
              seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

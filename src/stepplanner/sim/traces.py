@@ -2,7 +2,7 @@
 
 | layout | file | arrival | prompt | output |
 | --- | --- | --- | --- | --- |
-| stepplanner | CSV/JSONL | ``arrival_time`` (s) | ``prompt_tokens`` | ``output_tokens`` (+ ``priority``) |
+| stepplanner | CSV/JSONL | ``arrival_time`` (s) | ``prompt_tokens`` | ``output_tokens`` (+ ``priority``, ``ttft_slo_ms``, ``tpot_slo_ms``) |
 | azure (Azure LLM inference traces 2023/2024) | CSV | ``TIMESTAMP`` (date-time) | ``ContextTokens`` | ``GeneratedTokens`` |
 | burstgpt (BurstGPT) | CSV | ``Timestamp`` (s) | ``Request tokens`` | ``Response tokens`` |
 | mooncake (Mooncake traces) | JSONL | ``timestamp`` (ms) | ``input_length`` | ``output_length`` |
@@ -10,6 +10,10 @@
 
 Any other CSV or JSONL is read with an explicit mapping,
 ``arrival=COL,prompt=COL,output=COL[,priority=COL][,unit=s|ms|us|datetime]``.
+
+Per-request objectives are read from the columns ``ttft_slo_ms`` and ``tpot_slo_ms`` in any
+layout that has them (milliseconds; an empty cell or a missing key: none): a positive finite
+number, and a ``tpot_slo_ms`` only beside a ``ttft_slo_ms``.
 
 Decisions: arrivals of the public layouts are made relative to the first request (their clocks
 start anywhere); the stepplanner layout keeps its times. Public production logs record failed or
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import INT32_MAX, INT32_MIN, StepPlannerValueError
-from .workloads import TRACE_COLUMNS, Workload, json_lines
+from .workloads import SLO_COLUMNS, TRACE_COLUMNS, Workload, json_lines
 
 __all__ = ["LAYOUTS", "STEPPLANNER_LAYOUT", "Layout", "csv_records", "detect_layout", "load_trace",
            "parse_columns", "read_trace", "sample_trace_path"]
@@ -174,6 +178,7 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
     prompt: list[int] = []
     output: list[int] = []
     priority: list[int] = []
+    objectives: list[tuple[float, float]] = []
     skipped = 0
     low = 0 if layout.public_log else 1
     for line, record in records:
@@ -193,6 +198,7 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
         raw = record.get(layout.priority) if layout.priority else None
         priority.append(0 if raw in (None, "") else
                         _integer(path, line, str(layout.priority), raw, INT32_MIN))
+        objectives.append(_objectives(where, line, record))
         arrival.append(t)
         prompt.append(p)
         output.append(o)
@@ -204,8 +210,36 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
     source = f"{path} ({layout.name})"
     if skipped:
         source += f", {skipped} rows with 0 prompt or output tokens skipped"
+    slo = np.array(objectives, dtype=np.float64).reshape(-1, 2)
     return Workload(times, np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32),
-                    np.array(priority, dtype=np.int32), source=source)
+                    np.array(priority, dtype=np.int32), source=source, ttft_slo=slo[:, 0],
+                    tpot_slo=slo[:, 1])
+
+
+def _objectives(where: str, line: int, record: Mapping[str, Any]) -> tuple[float, float]:
+    """A row's own (TTFT, TPOT) objectives in seconds from ``ttft_slo_ms``/``tpot_slo_ms``;
+    NaN for an empty cell or a missing column."""
+    out = []
+    for column in SLO_COLUMNS:
+        raw = record.get(column)
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            out.append(math.nan)
+            continue
+        at = f"{where} line {line}: column {column!r}"
+        try:
+            value = float(raw) if not isinstance(raw, bool) else math.nan
+        except (TypeError, ValueError):
+            raise StepPlannerValueError(f"{at}: {raw!r} is not a number of milliseconds; "
+                                        "allowed: a number > 0, or empty for none") from None
+        if not (math.isfinite(value) and value > 0):
+            raise StepPlannerValueError(f"{at}: {raw!r} is out of range; allowed: a finite "
+                                        "number of milliseconds > 0, or empty for none")
+        out.append(value / 1e3)
+    if math.isnan(out[0]) and not math.isnan(out[1]):
+        raise StepPlannerValueError(
+            f"{where} line {line}: column {SLO_COLUMNS[1]!r} without {SLO_COLUMNS[0]!r}; "
+            "allowed: a per-token objective beside a TTFT one")
+    return out[0], out[1]
 
 
 def _arrival(at: str, raw: Any, unit: str) -> float:

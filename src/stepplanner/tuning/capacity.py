@@ -17,6 +17,12 @@ TPOT-only objective holds at any rate, because past saturation the waiting queue
 absorbs the excess. A configuration that still meets everything at ``max_rate`` has no measured
 capacity: its record says ``unbounded`` with ``capacity`` None and ``max_rate`` as the bound
 that was met, never the ceiling as if it were the answer.
+
+When the workload's requests carry objectives (``Workload.objectives``), each record also has
+``attainment_capacity``: per share in ``ATTAINMENT_TARGETS`` (90% and 99%), the highest rate at
+which that share of all arrivals attains every deadline (``sim.goodput``; DistServe's definition
+of capacity under an attainment target), under the same stability condition. Every rate is
+simulated once per configuration, whichever searches probe it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
+from ..planner._slo import SLO
 from ..sim.latency import LatencyModel
 from ..sim.simulator import simulate
 from ..sim.workloads import Workload, synthetic
@@ -50,14 +57,18 @@ class RateSource(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticRates:
-    """The embedded synthetic workload (``workloads.synthetic``) at any rate, fixed seed."""
+    """The embedded synthetic workload (``workloads.synthetic``) at any rate, fixed seed, with
+    ``burstiness`` and ``slo_classes`` as ``synthetic`` takes them."""
 
     requests: int = 6000
     seed: int = 0
     rate: float = 28.0
+    burstiness: float = 1.0
+    slo_classes: dict[int, SLO] | None = None
 
     def at(self, rate: float) -> Workload:
-        return synthetic(requests=self.requests, rate=rate, seed=self.seed)
+        return synthetic(requests=self.requests, rate=rate, seed=self.seed,
+                         burstiness=self.burstiness, slo_classes=self.slo_classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,18 +79,14 @@ class ScaledTrace:
 
     @property
     def rate(self) -> float:
-        rate = self.workload.summary()["rate_per_s"]
+        rate = self.workload.rate
         if rate is None:
             raise StepPlannerValueError("a trace needs at least two requests at different times to be "
                              "scaled to a rate")
         return float(rate)
 
     def at(self, rate: float) -> Workload:
-        w = self.workload
-        start = w.arrival_time[0]
-        arrival = start + (w.arrival_time - start) * (self.rate / rate)
-        return Workload(arrival, w.prompt_tokens, w.output_tokens, w.priority,
-                        source=f"{w.source} scaled to {rate:.4g}/s")
+        return self.workload.at_rate(rate)
 
 
 @dataclasses.dataclass
@@ -160,7 +167,10 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
     limits, policy = point.limits, point.policy
     at_rate: dict[float, dict[str, Any]] = {}
 
-    def meets(rate: float) -> bool:
+    def probe(rate: float) -> dict[str, Any]:
+        """The run at ``rate``, assessed; each rate is simulated once for every search."""
+        if rate in at_rate:
+            return at_rate[rate]
         result = simulate(task.source.at(rate), limits, policy, task.latency)
         assessed = assess(result, task.slos)
         stable = None
@@ -172,7 +182,14 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
                                    ~np.isnan(result.finish_time), w.output_tokens)
         assessed["stable"] = stable
         at_rate[rate] = assessed
-        return bool(assessed["meets_slo"]) and (stable is None or bool(stable["met"]))
+        return assessed
+
+    def is_stable(assessed: dict[str, Any]) -> bool:
+        return assessed["stable"] is None or bool(assessed["stable"]["met"])
+
+    def meets(rate: float) -> bool:
+        assessed = probe(rate)
+        return bool(assessed["meets_slo"]) and is_stable(assessed)
 
     found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
     best = at_rate.get(found.capacity)
@@ -194,7 +211,37 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
             "p99_ttft_ms": best["metrics"]["p99_ttft_ms"],
             "p99_tpot_ms": best["metrics"]["p99_tpot_ms"]},
     })
+    if at_rate[found.probes[0][0]]["attainment"] is not None:
+        record["attainment_capacity"] = {
+            f"{target:g}": _attainment_capacity(task, probe, is_stable, target)
+            for target in ATTAINMENT_TARGETS}
     return record
+
+
+#: The attainment shares capacity reports a rate for (DistServe: the highest rate at which
+#: this share of requests attain their objectives).
+ATTAINMENT_TARGETS = (0.9, 0.99)
+
+
+def _attainment_capacity(task: CapacityTask, probe: Callable[[float], dict[str, Any]],
+                         is_stable: Callable[[dict[str, Any]], bool],
+                         target: float) -> dict[str, Any]:
+    """The highest rate at which ``target`` of all arrivals attain their objectives, under the
+    stability condition (not the --slo objectives): DistServe's capacity, Sarathi's condition."""
+    def share(rate: float) -> float | None:
+        attained: float | None = probe(rate)["attainment"]["classes"]["all"]["attainment"]
+        return attained
+
+    def meets(rate: float) -> bool:
+        attained = share(rate)
+        return attained is not None and attained >= target and is_stable(probe(rate))
+
+    found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
+    return {"target": target, "capacity": found.capacity if found.bounded else None,
+            "unbounded": not found.bounded, "upper": found.upper,
+            "probes": [{"rate": r, "attainment": share(r), "meets": ok}
+                       for r, ok in found.probes],
+            "attainment_at_capacity": share(found.capacity) if found.capacity else None}
 
 
 def capacity(source: RateSource, grid: dict[str, list[str]], base_limits: Any,

@@ -22,14 +22,14 @@ not cut short by ``max_steps`` those are exactly the completed ones.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._errors import StepPlannerValueError
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
-from ..sim.simulator import pooled_itl, weighted_percentile
+from ..sim.simulator import pooled_itl, run_span, weighted_percentile
 
 __all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
 
@@ -39,18 +39,27 @@ VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
     """``"50,90,99"`` -> (50.0, 90.0, 99.0); each in (0, 100]."""
+    return parse_number_list(text, "metric percentile", lambda v: 0 < v <= 100,
+                             "0 < p <= 100", "50,90,99")
+
+
+def parse_number_list(text: str, what: str, within: Callable[[float], bool], allowed: str,
+                      example: str) -> tuple[float, ...]:
+    """``"0.8,1,1.2"`` -> (0.8, 1.0, 1.2): comma-separated finite numbers each ``within`` its
+    range; errors name ``what``, say what is ``allowed`` and give an ``example``."""
     out: list[float] = []
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         try:
             value = float(item)
         except ValueError:
-            raise StepPlannerValueError(f"metric percentile {item!r} is not a number; allowed: "
-                             "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
-        if not (math.isfinite(value) and 0 < value <= 100):
-            raise StepPlannerValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+            raise StepPlannerValueError(f"{what} {item!r} is not a number; allowed: "
+                                        f"comma-separated numbers, {allowed}, e.g. {example}"
+                                        ) from None
+        if not (math.isfinite(value) and within(value)):
+            raise StepPlannerValueError(f"{what} {item!r} is out of range; allowed: {allowed}")
         out.append(value)
     if not out:
-        raise StepPlannerValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")
+        raise StepPlannerValueError(f"{what}s {text!r} is empty; allowed: e.g. {example}")
     return tuple(out)
 
 
@@ -125,8 +134,6 @@ def _ms(seconds: float | None) -> float:
 
 
 def simulated_span(result: Any) -> float:
-    """Simulated seconds from the first arrival to the last step, as ``report()`` measures."""
-    st = result.steps
-    start = float(result.workload.arrival_time[0])
-    end = float(st["end_time"][-1]) if len(st["end_time"]) else start
-    return max(end - start, 1e-12)
+    """Simulated seconds from the first arrival to the last step, as ``report()`` measures
+    (``simulator.run_span``)."""
+    return run_span(result)

@@ -1,4 +1,6 @@
-"""Service-level objectives: parsing ``ttft_p99@-1=200ms``, checking a run against them, goodput.
+"""Service-level objectives: parsing ``ttft_p99@-1=200ms``, checking a run against them, goodput;
+and parsing the per-class request objectives ``--slo-class -1=ttft:250ms,tpot:50ms`` (the
+deadlines ``sim.goodput`` measures attainment against).
 
 An SLO constrains a percentile of one per-request latency metric, optionally for one priority
 class only. A run *meets* its SLOs when every constraint holds; a request is *good* when its own
@@ -25,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
+from ..planner._slo import SLO
 
 import numpy as np
 
@@ -36,13 +39,15 @@ __all__ = [
     "goodput",
     "parse_queue_delay",
     "parse_slo",
+    "parse_slo_class",
+    "parse_slo_classes",
     "parse_slos",
     "slo_report",
 ]
 
 #: Per-request metrics an SLO may name, as ``SimulationResult.latencies()`` keys them.
 METRICS = ("ttft", "tpot", "e2e", "queue", "max_itl")
-_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6}
+_PER_SECOND = {"ms": 1e3, "s": 1.0, "us": 1e6}  # divisors: 50000us is exactly 0.05 s
 _KEY = re.compile(r"^(?P<metric>[a-z0-9_]+?)_p(?P<pct>\d+(?:\.\d+)?)(?:@(?P<cls>-?\d+))?$")
 _VALUE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|us|s)$")
 
@@ -94,16 +99,77 @@ def parse_slo(text: str) -> SloTarget:
     if metric not in METRICS:
         raise StepPlannerValueError(f"SLO {text!r}: metric {metric!r} is not known; allowed: "
                          f"{', '.join(METRICS)}")
-    number = _VALUE.match(value)
-    if number is None:
+    seconds = _duration(value)
+    if seconds is None:
         raise StepPlannerValueError(f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
                          "followed by ms, s or us (e.g. 200ms, 0.2s)")
-    seconds = float(number["number"]) * _UNITS[number["unit"]]
     priority = None if match["cls"] is None else int(match["cls"])
     try:
         return SloTarget(metric, float(match["pct"]), seconds, priority)
     except ValueError as exc:
         raise StepPlannerValueError(f"SLO {text!r}: {exc}") from None
+
+
+def _duration(value: str) -> float | None:
+    """``"200ms"`` -> 0.2 seconds; None when ``value`` is not a number >= 0 with a unit."""
+    number = _VALUE.match(value.strip().lower())
+    return None if number is None else float(number["number"]) / _PER_SECOND[number["unit"]]
+
+
+_SLO_CLASS_FORM = "PRIORITY=ttft:VALUE[,tpot:VALUE] with VALUE in ms, s or us"
+
+
+def parse_slo_class(text: str) -> tuple[int, SLO]:
+    """``"0=ttft:250ms,tpot:100ms"`` -> (0, SLO(0.25, 0.1)): a priority class's objectives."""
+    if not isinstance(text, str):
+        raise StepPlannerTypeError(f"SLO class must be a string {_SLO_CLASS_FORM}, got "
+                                   f"{type(text).__name__}")
+    head, sep, body = text.strip().partition("=")
+    try:
+        priority = int(head.strip())
+    except ValueError:
+        priority = None
+    if not sep or priority is None or not -2**31 <= priority < 2**31:
+        raise StepPlannerValueError(f"SLO class {text!r} is not {_SLO_CLASS_FORM} (PRIORITY an "
+                                    "int32); e.g. 0=ttft:250ms,tpot:100ms")
+    values: dict[str, float] = {}
+    for item in (part.strip() for part in body.split(",")):
+        key, colon, raw = item.partition(":")
+        key, raw = key.strip().lower(), raw.strip().lower()
+        if not colon or key not in ("ttft", "tpot"):
+            raise StepPlannerValueError(f"SLO class {text!r}: item {item!r} is not ttft:VALUE "
+                                        "or tpot:VALUE")
+        if key in values:
+            raise StepPlannerValueError(f"SLO class {text!r}: {key} is given twice")
+        seconds = _duration(raw.lstrip("+-"))
+        if seconds is None:
+            try:
+                unitless = math.isfinite(float(raw))
+            except ValueError:
+                unitless = False
+            why = "has no unit" if unitless else "is not a duration"
+            raise StepPlannerValueError(f"SLO class {text!r}: {key} value {raw!r} {why}; "
+                                        "allowed: a number followed by ms, s or us (e.g. 250ms)")
+        if raw.startswith("-") or seconds <= 0 or not math.isfinite(seconds):
+            raise StepPlannerValueError(f"SLO class {text!r}: {key} value {raw!r} is out of "
+                                        "range; allowed: a finite duration > 0")
+        values[key] = seconds
+    if "ttft" not in values:
+        raise StepPlannerValueError(f"SLO class {text!r} has no ttft; allowed: {_SLO_CLASS_FORM} "
+                                    "(token i is due ttft + i * tpot after arrival)")
+    return priority, SLO(values["ttft"], values.get("tpot"))
+
+
+def parse_slo_classes(texts: Iterable[str]) -> dict[int, SLO]:
+    """Every ``--slo-class``; a class given twice is an error."""
+    out: dict[int, SLO] = {}
+    for text in texts:
+        priority, slo = parse_slo_class(text)
+        if priority in out:
+            raise StepPlannerValueError(f"SLO class {priority} is given twice; allowed: one "
+                                        "--slo-class per priority class")
+        out[priority] = slo
+    return out
 
 
 #: Capacity's default stability condition: median queueing delay (arrival to admission) <= 2 s,

@@ -43,7 +43,8 @@ class SweepTask:
 
 def assess(result: SimulationResult, slos: Sequence[SloTarget],
            percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
-    """Goodput, the SLO checks and the vLLM-style metrics of one run.
+    """Goodput, the SLO checks, the vLLM-style metrics and the deadline attainment
+    (``SimulationResult.attainment``: None without objectives) of one run.
 
     p99 is always among the percentiles (the Pareto front and the tables use it).
     """
@@ -63,6 +64,7 @@ def assess(result: SimulationResult, slos: Sequence[SloTarget],
         "truncated": result.truncated,
         "steps": result.num_steps,
         "metrics": metrics,
+        "attainment": result.attainment(),
     }
 
 

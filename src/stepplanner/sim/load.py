@@ -1,0 +1,54 @@
+"""Loads relative to an engine's saturation throughput.
+
+The **saturation throughput** of a workload on an engine is what it completes per second with
+every request there at once: the workload's requests all arriving at t=0, served FCFS, completed
+requests over the run's span. No work-conserving order completes more per second on average,
+so a load of 1.0 is the edge past which a queue grows whatever the policy; what a deadline
+policy can change there is *who* meets a deadline.
+
+``at_load`` offers the same requests at ``load`` times that rate: their arrival times scaled
+about the first one (only the gaps change, so the requests, their order and their objectives
+are the same at every load).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .._errors import StepPlannerValueError
+from ..planner._policy import SchedulingOptions, StepPlannerLimits
+from .latency import LatencyModel
+from .simulator import run_span, simulate
+from .workloads import Workload
+
+__all__ = ["at_load", "saturation_throughput"]
+
+
+def saturation_throughput(workload: Workload, limits: StepPlannerLimits,
+                          latency: LatencyModel, *, max_steps: int | None = None,
+                          progress: Any = None) -> float:
+    """Requests/s completed with every request of ``workload`` at t=0 under FCFS (the default
+    ``SchedulingOptions``, so the SPEC §2 default budgets) on ``limits`` and ``latency``."""
+    burst = workload.with_arrivals(np.zeros(len(workload)), f"{workload.source} at t=0")
+    result = simulate(burst, limits, SchedulingOptions(), latency, max_steps=max_steps,
+                      progress=progress, progress_every=1024)
+    completed = int((~np.isnan(result.finish_time)).sum())
+    if completed == 0:
+        raise StepPlannerValueError(
+            f"saturation: no request of {workload.source} completed (every prompt exceeds "
+            "S_in?); allowed: a workload the engine can serve")
+    return completed / run_span(result)
+
+
+def at_load(workload: Workload, load: float, saturation: float) -> Workload:
+    """``workload`` offered at ``load`` x ``saturation`` requests/s (``Workload.at_rate``)."""
+    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
+        raise StepPlannerValueError(f"load={load!r} is out of range; allowed: a multiple of "
+                                    "saturation > 0")
+    scaled = workload.at_rate(load * saturation)
+    return scaled.with_arrivals(scaled.arrival_time,
+                                f"{workload.source} at {load:g}x saturation "
+                                f"({load * saturation:.4g}/s)")
