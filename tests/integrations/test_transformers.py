@@ -52,10 +52,12 @@ except ImportError as exc:
     pytest.skip(f"transformers integration not installed: {exc}", allow_module_level=True)
 
 import stepplanner as sp
+from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK
 
 VOCAB = 97
 S_IN = 32
 FCFS, PRIORITY = sp.SchedulingPolicy.FCFS, sp.SchedulingPolicy.PRIORITY
+EDF, DEADLINE = sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE
 MIXED, PREFILL_FIRST, AUTO = (sp.IfbSchedulingMode.MIXED, sp.IfbSchedulingMode.PREFILL_FIRST,
                               sp.IfbSchedulingMode.AUTO)
 PAUSE = sp.PreemptionMode.PAUSE
@@ -190,19 +192,35 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
         page_size: int, max_batch_tokens: int, batch: int = 4, num_blocks: int = 256,
         prefix_sharing: bool = False, max_input_length: int | None = S_IN,
         late_at_step: int = 3, cancel_phases: tuple[str, ...] = (),
-        max_waiting: int = tf_integration.DEFAULT_MAX_WAITING, overlap: bool = False) -> Run:
+        max_waiting: int = tf_integration.DEFAULT_MAX_WAITING, overlap: bool = False,
+        slo: Any = None, slo_classes: Any = None, virtual_clock: bool = False,
+        on_step: Any = None) -> Run:
+    """One run; ``slo``/``slo_classes`` go to ``register``. ``virtual_clock``: the scheduler's
+    clock reads one second more at every ``schedule_batch`` and stamps each request's arrival
+    with it (deterministic deadlines); ``on_step(sched, residents, states, plan, handed)``: a
+    check of the test's own at every step, after ``observe``."""
     record = Run()
     async_ios = allow_async_batching_on_the_cpu(monkeypatch) if overlap else []
     priorities = {r.rid: r.priority for r in requests}
     name = tf_integration.register(options, name=f"stepplanner-test-{next(_names)}",
                                    priority=priorities, max_input_length=max_input_length,
-                                   max_waiting=max_waiting)
+                                   max_waiting=max_waiting, slo=slo, slo_classes=slo_classes)
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
     holder: dict[str, Any] = {}
+    seconds = [0.0]
 
     class Observed(base):  # type: ignore[misc, valid-type]
+        if virtual_clock:
+            clock = staticmethod(lambda: seconds[0])
+
+            def add_waiting_request(self, state: Any) -> None:
+                if not state.generated_tokens and not state._true_initial_tokens:
+                    state.created_time = seconds[0]  # its arrival, on the scheduler's clock
+                super().add_waiting_request(state)
+
         def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
+            seconds[0] += 1.0
             out = super().schedule_batch(token_budget, cache_budget)
             record.cache_full += out[0] is None
             return out
@@ -211,6 +229,8 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
             try:
                 observe(self, record, residents, states, plan, handed, holder, late,
                         late_at_step, cancel_phases)
+                if on_step is not None:
+                    on_step(self, residents, states, plan, handed)
             except Exception as exc:  # the loop thread must not die: report it to the test
                 record.errors.append(f"step {record.steps}: {type(exc).__name__}: {exc}")
 
@@ -421,7 +441,31 @@ CONFIGS = [
     ("priority-pause1-p4-prefix", sp.SchedulingOptions(
         ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY, preemption=PAUSE,
         max_num_tokens=12, max_chunk_tokens=4, max_pause_steps=1), 4, 24, True, True),
+    # Deadlines, on the runtime's own clock: the classes and per-request objectives below. Whether
+    # a step pauses depends on how fast this machine runs it, so pausing is not asserted here
+    # (None); test_deadline_pause_* pins it down on a virtual clock.
+    ("edf-pause2-p4-slo", sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED, scheduling_policy=EDF, preemption=PAUSE,
+        max_num_tokens=16, max_chunk_tokens=8, max_pause_steps=2), 4, 40, False, None),
+    ("deadline-pause3-p8-slo", sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE, preemption=PAUSE,
+        max_num_tokens=20, max_chunk_tokens=8, max_pause_steps=3), 8, 40, False, None),
+    ("deadline-auto-p4-prefix-slo", sp.SchedulingOptions(
+        scheduling_policy=DEADLINE, preemption=PAUSE, max_num_tokens=12, max_pause_steps=1),
+     4, 24, True, None),
 ]
+
+# Objectives of the deadline configurations, in seconds of the runtime's clock (steps of the tiny
+# model take milliseconds): per class (priority 2 has none), and every fourth request its own.
+SLO_CLASSES = {-1: sp.SLO(0.02, 0.01), 0: sp.SLO(0.1, 0.05), 1: sp.SLO(1.0)}
+OWN_SLO = sp.SLO(0.05, 0.02)
+
+
+def objectives(options: sp.SchedulingOptions, requests: list[Request]) -> dict[str, Any]:
+    """``run``'s objectives for a configuration: none but under EDF and DEADLINE."""
+    if options.scheduling_policy not in (EDF, DEADLINE):
+        return {}
+    return {"slo_classes": SLO_CLASSES, "slo": {r.rid: OWN_SLO for r in requests[::4]}}
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
@@ -437,19 +481,20 @@ def test_outputs_equal_generate_and_every_step_is_the_plan(model: Any, monkeypat
     assert step_tokens < 4 * S_IN  # the runtime's step buffer is below B x S_in
     requests = workload(seed=sum(map(ord, case_id)), shared_prefix=12 if prefix else 0)
     record = run(model, monkeypatch, requests, options, page_size=page,
-                 max_batch_tokens=step_tokens, prefix_sharing=prefix, overlap=overlap)
+                 max_batch_tokens=step_tokens, prefix_sharing=prefix, overlap=overlap,
+                 **objectives(options, requests))
     matched = assert_matches_generate(model, record, requests)
     assert matched == len(requests) >= 16
     assert record.non_final_chunks > 0, "no prompt took more than one chunk"
     assert record.decodes > 0
-    if record.mode == MIXED and not must_pause and not overlap:
+    if record.mode == MIXED and must_pause is False and not overlap:
         # (under PAUSE only the best priority's prompts are active, often a single one; with
         # async batching the steps interleave differently, and in one configuration no prompt
         # happens to wait: the skip is this workload's coverage, not the mode's correctness)
         assert record.skipped > 0, "the budget never made a prompt wait"
     if must_pause:
         assert record.paused > 0, "no resident was ever paused"
-    else:
+    elif must_pause is False:
         assert record.paused == 0
     if prefix:
         assert record.prefix_hits > 0, "no request started past a shared prefix"
@@ -460,6 +505,126 @@ def test_outputs_equal_generate_and_every_step_is_the_plan(model: Any, monkeypat
           f"chunks {record.chunks} ({record.non_final_chunks} non-final), decodes "
           f"{record.decodes}, paused {record.paused}, skipped {record.skipped}, "
           f"prefix hits {record.prefix_hits}")
+
+
+# --- objectives (SLOs) and the deadline policies ------------------------------------------------
+
+INT32_MAX = 2**31 - 1
+
+
+def test_objectives_per_class_and_per_request_reach_the_ledger(model: Any, monkeypatch: Any,
+                                                               overlap: bool) -> None:
+    # EDF on the runtime's own clock (time.perf_counter; each request's arrival is its
+    # RequestState.created_time): before each plan the ledger writes a row's priority as the
+    # milliseconds left to its next deadline, so the rows show which objectives each request got.
+    # Objectives of 30, 60 and 120 s keep the bands apart however fast the machine runs.
+    requests = workload(seed=21, n=18)
+    classes = {0: sp.SLO(60.0), 1: sp.SLO(120.0, 10.0)}  # priorities -1 and 2: no class
+    own = {r.rid: sp.SLO(30.0) for r in requests[::3]}
+    priorities = {r.rid: r.priority for r in requests}
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=EDF,
+                                   max_num_tokens=16, max_chunk_tokens=8)
+    seen = {"own": 0, "class": 0, "class, per token": 0, "none": 0}
+    start = time.perf_counter()
+
+    def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        late_ms = (time.perf_counter() - start) * 1000 + 1  # how far now can be past an arrival
+        emitted = sched.ledger.output_tokens  # per row: tokens counted, so its next is this one
+        for i, state in enumerate(states):
+            rid, priority = state.request_id, int(residents["priority"][i])
+            slo = own.get(rid) or classes.get(priorities[rid])
+            token = int(emitted[i]) if residents["context_committed"][i] else 0
+            if slo is None or (token and slo.tpot is None):
+                assert priority == INT32_MAX, (rid, priority)  # no deadline: after every one
+                seen["none"] += 1
+                continue
+            due_ms = (slo.ttft + token * (slo.tpot or 0.0)) * 1000
+            assert due_ms - late_ms <= priority <= due_ms, (rid, token, priority, due_ms)
+            seen["own" if rid in own else "class, per token" if token else "class"] += 1
+
+    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
+                 overlap=overlap, slo=own, slo_classes=classes, on_step=check)
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    assert all(seen.values()), seen
+
+
+def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
+        model: Any, monkeypatch: Any, overlap: bool) -> None:
+    # On a virtual clock (one second a step, arrivals stamped on it), so that the deadlines fall
+    # the same way on any machine; the measured step time is then 1 s. Three decodes run from the
+    # start: two with seconds of slack per token (SLO 3 s, 4 s a token), one that needs every step
+    # (SLO 2 s, 1 s a token: its next token is always due in the next step, LEVEL_DUE). At step 3
+    # a 24-token prompt (3 chunks of 8: 3 steps) arrives with 4.5 s to its first token: at risk
+    # at the normal pace, still possible; a second one with 1 s can never make it (relegated when
+    # it reaches the queue's head, served after everything else, never dropped).
+    rng = random.Random(8)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+    requests = [Request("slack0", tokens(4), 10, 0), Request("slack1", tokens(4), 10, 0),
+                Request("due", tokens(4), 10, 0), Request("at-risk", tokens(24), 3, 0, True),
+                Request("hopeless", tokens(24), 3, 0, True)]
+    slo = {"slack0": sp.SLO(3.0, 4.0), "slack1": sp.SLO(3.0, 4.0), "due": sp.SLO(2.0, 1.0),
+           "at-risk": sp.SLO(4.5), "hopeless": sp.SLO(1.0)}
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE,
+                                   preemption=PAUSE, max_num_tokens=16, max_chunk_tokens=8,
+                                   max_pause_steps=4)
+    seen = {"slack paused for an at-risk prompt": 0, "due decode run beside a pause": 0}
+    holder: dict[str, Any] = {}
+
+    def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        holder["sched"] = sched
+        levels = residents["priority"].tolist()
+        paused = list(plan.paused)
+        for i in paused:  # never a decode about to miss its next token
+            assert levels[i] != LEVEL_DUE, (states[i].request_id, levels)
+        planned = plan.as_array()["resident"].tolist()
+        if any(levels[i] == LEVEL_AT_RISK and not residents["context_committed"][i]
+               for i in planned):
+            seen["slack paused for an at-risk prompt"] += sum(
+                levels[i] == LEVEL_SLACK and bool(residents["context_committed"][i])
+                for i in paused)
+        if paused:
+            seen["due decode run beside a pause"] += sum(
+                levels[i] == LEVEL_DUE and bool(residents["context_committed"][i])
+                for i in planned)
+
+    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
+                 overlap=overlap, slo=slo, virtual_clock=True, late_at_step=3, on_step=check)
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    # The prompt's three steps: both slack decodes paused in each, the due one run in each;
+    # nothing else was ever paused.
+    assert seen == {"slack paused for an at-risk prompt": 6, "due decode run beside a pause": 3}
+    assert record.paused == 6
+    assert holder["sched"].ledger.step_time_estimate == 1.0
+    assert holder["sched"].relegated_requests == 1  # "hopeless", which still completed (above)
+    print(f"\n{'async' if overlap else 'sync'}: {seen}, paused {record.paused} rows")
+
+
+def test_an_invalid_objective_fails_its_request_alone(model: Any, monkeypatch: Any,
+                                                      overlap: bool) -> None:
+    requests = workload(seed=17, n=16)
+    not_an_slo, raising = requests[3].rid, requests[12].rid  # (the second arrives late)
+
+    def slo_of(rid: str) -> Any:
+        if rid == raising:
+            raise ValueError("no objective is configured for this tenant")
+        if rid == not_an_slo:
+            return {"ttft": 0.25}
+        return sp.SLO(0.5, 0.1)
+
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE,
+                                   preemption=PAUSE, max_num_tokens=16, max_chunk_tokens=8)
+    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
+                 overlap=overlap, slo=slo_of)
+    failed = {rid: record.results.pop(rid) for rid in (not_an_slo, raising)}
+    for rid, result in failed.items():
+        assert result.status == RequestStatus.FAILED and result.error.startswith(f"request {rid}: ")
+    assert "slo must be an SLO or None, got dict" in failed[not_an_slo].error
+    assert "no objective is configured for this tenant" in failed[raising].error
+    served = [r for r in requests if r.rid not in failed]
+    assert assert_matches_generate(model, record, served) == len(served) == 14
 
 
 def test_cancellation_in_every_phase_frees_pages_and_slot(model: Any, monkeypatch: Any,
@@ -536,20 +701,34 @@ def test_waiting_requests_past_max_waiting_fail_alone(model: Any, monkeypatch: A
     assert tf_integration.StepPlannerScheduler.max_waiting == 65536  # default: not 16 x B
 
 
-@pytest.mark.parametrize("mode", [MIXED, PREFILL_FIRST], ids=["mixed", "prefill_first"])
+@pytest.mark.parametrize(("mode", "policy"), [(MIXED, FCFS), (PREFILL_FIRST, FCFS),
+                                              (MIXED, DEADLINE)],
+                         ids=["mixed", "prefill_first", "mixed-deadline"])
 def test_cache_full_withholds_rows_and_the_runtime_offloads(model: Any, monkeypatch: Any,
-                                                            mode: Any, overlap: bool) -> None:
+                                                            mode: Any, policy: Any,
+                                                            overlap: bool) -> None:
     # 8 pages of 4 tokens for 4 residents of up to 20 tokens each: rows are withheld (the runtime
     # offloads some of them at once); a prefill-only step whose chunks all miss pages returns
     # "cache full". The runtime resets offloaded requests (their output folded into their prompt,
     # KV length 0), whose rows are then derived afresh. S_in is the default: what the cache holds.
+    # Under DEADLINE every request has objectives, and a reset one (a new RequestState, with a
+    # new created_time) keeps the arrival it came with.
     rng = random.Random(5)
     requests = [Request(f"full{i}", [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 12))],
                         rng.randint(1, 8), 0) for i in range(16)]
     budgets = {"max_num_tokens": 16, "max_chunk_tokens": 8} if mode == MIXED else {}
-    options = sp.SchedulingOptions(ifb_scheduling_mode=mode, **budgets)
+    options = sp.SchedulingOptions(ifb_scheduling_mode=mode, scheduling_policy=policy, **budgets)
+    arrivals: dict[str, float] = {}
+
+    def same_arrival(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        for state in states:
+            first = arrivals.setdefault(state.request_id, sched._arrivals[state.request_id])
+            assert sched._arrivals[state.request_id] == first, state.request_id
+
+    slo = {"slo_classes": {0: sp.SLO(0.05, 0.01)}, "on_step": same_arrival} if policy == DEADLINE else {}
     record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 num_blocks=8, max_input_length=None, prefix_sharing=True, overlap=overlap)
+                 num_blocks=8, max_input_length=None, prefix_sharing=True, overlap=overlap,
+                 **slo)
     assert assert_matches_generate(model, record, requests) == len(requests)
     assert record.withheld > 0, "no row was ever withheld"
     assert record.resets, "the runtime never reset an offloaded request"
@@ -590,6 +769,12 @@ def test_register_checks_its_arguments() -> None:
         tf_integration.register(sp.SchedulingOptions(), priority=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_input_length=0"):
         tf_integration.register(sp.SchedulingOptions(), max_input_length=0)
+    with pytest.raises(TypeError, match="slo must be a mapping or a callable"):
+        tf_integration.register(sp.SchedulingOptions(), slo=sp.SLO(1.0))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"slo_classes\[0\] must be an SLO"):
+        tf_integration.register(sp.SchedulingOptions(), slo_classes={0: {"ttft": 1.0}})
+    with pytest.raises(ValueError, match="slo_classes key '0' is not a priority"):
+        tf_integration.register(sp.SchedulingOptions(), slo_classes={"0": sp.SLO(1.0)})
     name = tf_integration.register(sp.SchedulingOptions(), name="stepplanner-register-test")
     try:
         assert issubclass(SCHEDULER_MAPPING[name], tf_integration.StepPlannerScheduler)

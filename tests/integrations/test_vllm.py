@@ -11,10 +11,12 @@ STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes th
 from __future__ import annotations
 
 import os
+import math
 import random
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,8 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from stepplanner import SequenceWork, check_plan  # noqa: E402
+from stepplanner import SLO, SequenceWork, check_plan  # noqa: E402
+from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK  # noqa: E402
 
 StepPlannerScheduler = sp_vllm.StepPlannerScheduler
 P = 16
@@ -65,8 +68,10 @@ def make(model_dir, *, num_seqs=16, batched=512, num_blocks=600, caching=False, 
 
 
 def stream(n, seed, *, max_prompt=700, max_tokens=24, priorities=(-1, 0, 1), shared_prefix=0,
-           per_step=3):
-    """``n`` requests, prompts 1..max_prompt, arriving ``per_step`` a step; {step: [requests]}."""
+           per_step=3, arrival0=1000.0, spacing=1.0, own_slo=None, own_every=5):
+    """``n`` requests, prompts 1..max_prompt, arriving ``per_step`` a step; {step: [requests]}.
+    Request i arrives at ``arrival0 + i * spacing``; every ``own_every``-th carries ``own_slo``
+    (``SamplingParams.extra_args``, e.g. ``{"ttft_slo": 0.2}``) when given."""
     rng = random.Random(seed)
     prefix = [rng.randrange(1000) for _ in range(shared_prefix)]
     arrivals = {}
@@ -75,8 +80,10 @@ def stream(n, seed, *, max_prompt=700, max_tokens=24, priorities=(-1, 0, 1), sha
         prompt = (prefix + [rng.randrange(1000) for _ in range(length)])[:max(length, 1)] \
             if shared_prefix else [rng.randrange(1000) for _ in range(length)]
         req = vllm_cpu.make_request(f"r{i}", prompt, rng.randint(1, max_tokens),
-                                    priority=rng.choice(priorities), arrival_time=1000.0 + i,
-                                    block_size=P)
+                                    priority=rng.choice(priorities),
+                                    arrival_time=arrival0 + i * spacing, block_size=P)
+        if own_slo is not None and i % own_every == 0:
+            req.sampling_params.extra_args = dict(own_slo)
         arrivals.setdefault(i // per_step, []).append(req)
     return arrivals
 
@@ -169,10 +176,23 @@ def assert_completed(sched, arrivals, num_blocks):
 # --- whole streams ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+# Objectives in seconds of vLLM's clock (time.time(); a CPU step here takes about a millisecond):
+# per class in --additional-config (priority 1 has none), and every fifth request its own.
+SLO_CLASSES = {"-1": {"ttft": 0.05, "tpot": 0.01}, "0": {"ttft": 0.25, "tpot": 0.05}}
+OWN_SLO = {"ttft_slo": 0.1, "tpot_slo": 0.02}
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "edf", "deadline"])
 def test_stream_completes_and_every_step_is_its_plan(model_dir, overlap, policy):
-    sched = make(model_dir, overlap=overlap, policy=policy, priority_reserved_slots=2)
-    arrivals = stream(300, seed=1)
+    if policy in ("edf", "deadline"):
+        # vLLM's own queue is a priority queue (the classes are priorities); the admission order
+        # is the deadlines'. Arrivals on vLLM's clock, a millisecond apart, as vLLM stamps them.
+        sched = make(model_dir, overlap=overlap, policy="priority", scheduling_policy=policy,
+                     priority_reserved_slots=2, slo_classes=SLO_CLASSES)
+        arrivals = stream(300, seed=1, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
+    else:
+        sched = make(model_dir, overlap=overlap, policy=policy, priority_reserved_slots=2)
+        arrivals = stream(300, seed=1)
     checker, _ = run_checked(sched, arrivals)
     assert_completed(sched, arrivals, 600)
     assert sched.stepplanner_stats.paused_rows == checker.pauses == 0  # PAUSE not asked for
@@ -307,6 +327,182 @@ def test_reserved_slots_hold_back_normal_requests(model_dir, overlap):
     assert "u" in out.num_scheduled_tokens
 
 
+# --- objectives (SLOs) and the deadline policies --------------------------------------------------
+
+INT32_MAX = 2**31 - 1
+
+
+def virtual_clock(sched):
+    """One second a step: ``now`` is the number of ``schedule()`` calls so far (the first reads
+    1.0), so deadlines fall the same way on any machine and the measured step time is 1 s."""
+    sched.clock = lambda: float(sched.current_step)
+
+
+def also_on_plan(sched, check):
+    """Run ``check(residents, plan, requests)`` after the Checker's own on_plan."""
+    checker_on_plan = sched.on_plan
+    sched.on_plan = lambda *args: (checker_on_plan(*args), check(*args))
+
+
+def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overlap):
+    # EDF writes each row's priority as the milliseconds left to its next deadline, exactly, on
+    # a virtual clock: the rows show which objectives each request got. Everything arrives at
+    # 0 s: by class ("0": 50 s, then 10 s a token; "1": 100 s, first token only; priority 2 has
+    # no class), and with its own objectives from extra_args (20 s, then 5 s a token).
+    sched = make(model_dir, overlap=overlap, num_seqs=8, policy="priority",
+                 scheduling_policy="edf", slo_classes={"0": {"ttft": 50, "tpot": 10},
+                                                        "1": {"ttft": 100.0}})
+    virtual_clock(sched)
+    rng = random.Random(3)
+    requests = []
+    for i, priority in enumerate([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]):
+        req = vllm_cpu.make_request(f"q{i}", [rng.randrange(1000) for _ in range(40 + 30 * i)],
+                                    8, priority=priority, arrival_time=0.0, block_size=P)
+        if i % 4 == 0:  # (of priorities 0, 1 and 2)
+            req.sampling_params.extra_args = {"ttft_slo": 20, "tpot_slo": 5.0, "other": "kept"}
+        requests.append(req)
+    objectives = {"own": (20.0, 5.0), 0: (50.0, 10.0), 1: (100.0, None), 2: None}
+    seen = set()
+
+    def check(residents, plan, reqs):
+        now = float(sched.current_step)
+        for row, req in zip(residents, reqs):
+            kind = "own" if req.sampling_params.extra_args else req.priority
+            token = (req.num_output_tokens + req.num_output_placeholders
+                     if row.context_committed else 0)
+            slo = objectives[kind]
+            if slo is None or (token and slo[1] is None):
+                expected = INT32_MAX  # no deadline left: after every row that has one
+            else:
+                expected = math.floor((slo[0] + token * (slo[1] or 0.0) - now) * 1000)
+            assert row.priority == expected, (req.request_id, kind, token, row.priority)
+            seen.add((kind, bool(token)))
+
+    checker = Checker(sched)
+    also_on_plan(sched, check)
+    vllm_cpu.run(sched, {0: requests}, after_schedule=checker.after)
+    assert_completed(sched, {0: requests}, 600)
+    assert seen == {(k, t) for k in ("own", 0, 1, 2) for t in (False, True)}, seen
+
+
+def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(model_dir, overlap):
+    # A virtual clock, one second a step. Three decodes run from the start: two with seconds of
+    # slack per token (3 s to the first, 4 s a token), one that needs every step (2 s, 1 s a token:
+    # its next token is always due in the next step, LEVEL_DUE). At step 3 a 96-token prompt
+    # (3 chunks of 32: 3 steps) arrives with 4.5 s to its first token: at risk at the normal pace,
+    # still possible; another with 1 s can never make it, and is relegated when it reaches the
+    # head of the queue (admitted after every other, and still served to the end).
+    sched = make(model_dir, overlap=overlap, num_seqs=4, batched=64, policy="fcfs",
+                 scheduling_policy="deadline", preemption="pause", max_pause_steps=4,
+                 max_chunk_tokens=32)
+    virtual_clock(sched)
+    rng = random.Random(9)
+
+    def request(rid, length, max_tokens, arrival, ttft, tpot=None):
+        req = vllm_cpu.make_request(rid, [rng.randrange(1000) for _ in range(length)], max_tokens,
+                                    arrival_time=arrival, block_size=P)
+        req.sampling_params.extra_args = {"ttft_slo": ttft} | ({} if tpot is None
+                                                               else {"tpot_slo": tpot})
+        return req
+
+    arrivals = {0: [request("slack0", 16, 20, 0.0, 3.0, 4.0), request("slack1", 16, 20, 0.0, 3.0, 4.0),
+                    request("due", 16, 20, 0.0, 2.0, 1.0)],
+                3: [request("at-risk", 96, 3, 3.0, 4.5), request("hopeless", 96, 3, 3.0, 1.0)]}
+    seen = {"slack paused for an at-risk prompt": 0, "due decode run beside a pause": 0}
+
+    def check(residents, plan, reqs):
+        levels = [row.priority for row in residents]
+        paused = list(plan.paused)
+        for i in paused:  # never a decode about to miss its next token
+            assert levels[i] != LEVEL_DUE, (reqs[i].request_id, levels)
+        planned = [s.resident for s in plan.sequences]
+        if any(levels[i] == LEVEL_AT_RISK and not residents[i].context_committed
+               for i in planned):
+            seen["slack paused for an at-risk prompt"] += sum(
+                levels[i] == LEVEL_SLACK and residents[i].context_committed for i in paused)
+        if paused:
+            seen["due decode run beside a pause"] += sum(
+                levels[i] == LEVEL_DUE and residents[i].context_committed for i in planned)
+
+    checker = Checker(sched)
+    also_on_plan(sched, check)
+    vllm_cpu.run(sched, arrivals, after_schedule=checker.after)
+    assert_completed(sched, arrivals, 600)
+    # The prompt's three steps: both slack decodes paused in each, the due one run in each;
+    # nothing else was ever paused.
+    assert seen == {"slack paused for an at-risk prompt": 6, "due decode run beside a pause": 3}
+    assert checker.pauses == sched.stepplanner_stats.paused_rows == 6
+    assert sched._ranker.step_time_estimate == 1.0
+    assert sched.stepplanner_stats.relegated == 1  # "hopeless", which still completed (above)
+
+
+@pytest.mark.parametrize("policy", ["edf", "deadline"])
+def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(model_dir, overlap,
+                                                                              policy):
+    # A stream on a virtual clock (two arrivals a step, one second a step), objectives in those
+    # seconds: every step is its plan, no pause outlasts max_pause_steps, DEADLINE never pauses
+    # a decode about to miss its next token, and every request completes.
+    classes = {"-1": {"ttft": 4, "tpot": 1.5}, "0": {"ttft": 12, "tpot": 3}}
+    sched = make(model_dir, overlap=overlap, policy="priority", scheduling_policy=policy,
+                 preemption="pause", max_pause_steps=3, slo_classes=classes)
+    virtual_clock(sched)
+    arrivals = stream(300, seed=2, per_step=2, arrival0=0.0, spacing=0.5,
+                      own_slo={"ttft_slo": 6, "tpot_slo": 2})
+    due_paused = []
+
+    def check(residents, plan, reqs):
+        if policy == "deadline":
+            due_paused.extend(reqs[i].request_id for i in plan.paused
+                              if residents[i].priority == LEVEL_DUE)
+
+    checker = Checker(sched)
+    also_on_plan(sched, check)
+    vllm_cpu.run(sched, arrivals, after_schedule=checker.after)
+    assert_completed(sched, arrivals, 600)
+    assert checker.pauses > 50 and checker.max_pause_run <= 3
+    assert not due_paused
+    if policy == "edf":
+        assert sched.stepplanner_stats.relegated == 0  # EDF never relegates
+    print(f"\n{policy}: {checker.pauses} pauses, {sched.stepplanner_stats.relegated} relegated")
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "deadline"])
+def test_an_invalid_objective_fails_its_request_alone(model_dir, overlap, policy):
+    # Checked under every policy (a request's objectives are refused wherever they are given).
+    sched = make(model_dir, overlap=overlap, scheduling_policy=policy)
+    arrivals = stream(40, seed=8, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
+    bad = {"r1": ({"ttft_slo": -0.5}, "ttft=-0.5 is out of range"),
+           "r2": ({"tpot_slo": 0.05}, "tpot_slo needs ttft_slo"),
+           "r3": ({"ttft_slo": "fast"}, "ttft must be a number of seconds > 0, got str"),
+           "r4": ({"ttft_slo": 0.2, "tpot_slo": float("nan")}, "tpot=nan is out of range")}
+    for req in all_requests(arrivals):
+        if req.request_id in bad:
+            req.sampling_params.extra_args = bad[req.request_id][0]
+    outputs = []
+    original = sched.update_from_output
+
+    def update(*args):
+        result = original(*args)
+        outputs.extend(o for engine in result.values() for o in engine.outputs)
+        return result
+
+    sched.update_from_output = update
+    vllm_cpu.run(sched, arrivals)
+    errors = {o.request_id: o.error.message for o in outputs if o.error is not None}
+    assert set(errors) == set(bad)
+    for rid, (_, words) in bad.items():
+        assert errors[rid].startswith(f"StepPlannerScheduler: request {rid}: "), errors[rid]
+        assert words in errors[rid], errors[rid]
+    for req in all_requests(arrivals):
+        if req.request_id in bad:
+            assert req.status == RequestStatus.FINISHED_ERROR
+        else:
+            assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED, req.request_id
+            assert req.num_output_tokens == req.max_tokens
+    assert not sched.requests
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
+
+
 # --- the same stream through vLLM's own scheduler (what the benchmark compares) -----------------
 
 
@@ -329,6 +525,15 @@ def test_vllm_own_scheduler_finishes_the_same_stream(model_dir, overlap):
     ({"scheduling_policy": "priority"}, ValueError, "--scheduling-policy 'fcfs'"),
     ({"priority_reserved_slots": 16}, ValueError, "priority_reserved_slots"),
     ({"max_chunk_tokens": 24}, ValueError, "max_chunk_tokens"),
+    ({"slo_classes": [0.25]}, TypeError, 'slo_classes must be an object {"<priority>"'),
+    ({"slo_classes": {"0": 0.25}}, TypeError, 'slo_classes["0"] must be an object'),
+    ({"slo_classes": {"0": {"tpot": 0.1}}}, ValueError, '"ttft" is missing'),
+    ({"slo_classes": {"0": {"ttft": 0.25, "tbt": 0.1}}}, ValueError, "key 'tbt' is not known"),
+    ({"slo_classes": {"0": {"ttft": 0}}}, ValueError, 'slo_classes["0"]: ttft=0 is out of range'),
+    ({"slo_classes": {"0": {"ttft": "1s"}}}, TypeError, "ttft must be a number of seconds"),
+    ({"slo_classes": {"high": {"ttft": 1}}}, ValueError, "key 'high' is not a priority"),
+    ({"slo_classes": {"0": {"ttft": 1}, "00": {"ttft": 2}}}, ValueError, "priority 0 is given twice"),
+    ({"scheduling_policy": "slack"}, ValueError, "scheduling_policy='slack'"),
 ])
 def test_bad_options_fail_at_start_up(model_dir, options, exc, words):
     with pytest.raises(exc) as info:
@@ -347,6 +552,24 @@ def test_options_are_spelled_as_the_cli_spells_them(model_dir):
     assert sched.stepplanner_limits.max_step_tokens == 512
     assert sched.stepplanner_limits.max_batch_size == 16
     assert sched.stepplanner_limits.kv_page_size == P
+
+
+@pytest.mark.parametrize("vllm_policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("policy", ["edf", "deadline"])
+def test_deadline_policies_and_slo_classes_as_vllm_parses_the_json(model_dir, policy,
+                                                                   vllm_policy):
+    # The spelling docs/integrations.md gives, through vLLM's own argument parser: priorities as
+    # JSON strings, seconds. EDF and DEADLINE admit in deadline order under either vLLM policy.
+    line = (f"--scheduling-policy {vllm_policy} --additional-config '{{\"stepplanner\": "
+            f"{{\"scheduling_policy\": \"{policy}\", \"preemption\": \"pause\", "
+            '"slo_classes": {"-1": {"ttft": 0.05, "tpot": 0.01}, "0": {"ttft": 0.25, '
+            '"tpot": 0.1}, "1": {"ttft": 2}}}}\'')
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
+        ["--model", str(model_dir), *shlex.split(line)])
+    sched = make(model_dir, policy=args.scheduling_policy,
+                 **args.additional_config["stepplanner"])
+    assert sched.stepplanner_policy.scheduling_policy.name == policy.upper()
+    assert sched.slo_classes == {-1: SLO(0.05, 0.01), 0: SLO(0.25, 0.1), 1: SLO(2.0)}
 
 
 def test_vllm_limits_the_planner_cannot_hold_name_both_spellings(model_dir):

@@ -23,6 +23,12 @@ returns the runtime's "cache full" signal (``None``) and the runtime offloads. L
 the runtime: B = ``max_requests_per_batch``, P = the cache's page size, ``max_step_tokens`` =
 ``max_batch_tokens``, S_in = ``max_input_length`` or what the whole cache holds.
 
+Objectives (``SLO``) come per priority class (``register(..., slo_classes=)``) or per request
+(``register(..., slo=)``, keyed by request id like ``priority``); under ``SchedulingPolicy.EDF`` and
+``DEADLINE`` the ledger ranks the rows from them before each plan, at ``now`` = one read of
+``time.perf_counter()``, the clock of the runtime's own ``RequestState.created_time`` (each
+request's arrival), and measures the step time from those reads.
+
 transformers' scheduler interface is private, so this module supports only the versions it is
 tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any other.
 """
@@ -30,6 +36,7 @@ tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any othe
 from __future__ import annotations
 
 import math
+import time
 from itertools import repeat
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,13 +44,16 @@ from typing import Any
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..core import (
     IMPLEMENTATION,
+    SLO,
     PreemptionMode,
     SchedulingOptions,
+    SchedulingPolicy,
     StepPlanner,
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
 from ..ledger import Ledger, QueueFullError
+from ..planner._slo import check_slo_classes
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
 
@@ -90,6 +100,8 @@ _KEEP_PLAN_VIEWS = IMPLEMENTATION == "compiled"
 _PENDING = RequestStatus.PENDING
 
 PriorityOf = Mapping[str, int] | Callable[[str], int] | None
+SloOf = Mapping[str, SLO | None] | Callable[[str], SLO | None] | None
+_RANKED = (SchedulingPolicy.EDF, SchedulingPolicy.DEADLINE)
 
 
 class StepPlannerScheduler(_runtime.Scheduler):
@@ -103,8 +115,13 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     options: SchedulingOptions = SchedulingOptions()
     priority_of: PriorityOf = None
+    slo_of: SloOf = None
+    slo_classes: Mapping[int, SLO] = {}
     max_input_length: int | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
+    # The clock of ``now`` under EDF/DEADLINE: the runtime stamps each request's arrival
+    # (RequestState.created_time) with time.perf_counter, and the two must be one clock.
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, cache: Any, safety_margin: float | None,
                  max_requests_per_batch: int) -> None:
@@ -125,6 +142,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         # a property call and an enum comparison every step.
         self._step_tokens = step_tokens
         self._pause = self.policy.preemption == PreemptionMode.PAUSE
+        self._ranked = self.policy.scheduling_policy in _RANKED
+        self._relegating = self.policy.scheduling_policy == SchedulingPolicy.DEADLINE
 
     def _resolve(self, cache: Any, batch: int, step_tokens: int) -> tuple[Any, Any]:
         page = math.lcm(*(a.tokens_per_page for a in cache.cache_allocators.values()))
@@ -156,11 +175,44 @@ class StepPlannerScheduler(_runtime.Scheduler):
             return source(request_id)  # type: ignore[no-any-return]
         return source.get(request_id, 0)
 
+    def _objectives(self, state: RequestState, priority: int) -> tuple[float | None, SLO | None]:
+        """(arrival_time, slo) to submit: the request's own objectives, else its priority
+        class's. A request the runtime re-queues after an offload keeps its arrival and has
+        emitted tokens already; the ledger's token 0 is then its next one."""
+        rid = state.request_id
+        source = self.slo_of
+        own = None if source is None else (
+            source(rid) if callable(source) else source.get(rid))
+        slo = own if own is not None else self.slo_classes.get(priority)
+        if slo is None:
+            return None, None
+        # An offloaded request is re-queued right after it left (finish_request); when reset it
+        # is a new RequestState with a new created_time, so its arrival is the one it left with.
+        arrival = self._departed.pop(rid, None)
+        if arrival is None:
+            arrival = state.created_time
+        emitted = len(state.generated_tokens)
+        if state._true_initial_tokens:  # reset: its output went into its prompt
+            emitted += len(state.initial_tokens) - state._true_initial_tokens
+        self._arrivals[rid] = arrival
+        if not emitted or not isinstance(slo, SLO):  # (not an SLO: the ledger says so, naming it)
+            return arrival, slo
+        if slo.tpot is None:
+            return None, None  # its one deadline was the first token's
+        # Token `emitted` is due at arrival + ttft + emitted * tpot: an arrival that much later.
+        return arrival + emitted * slo.tpot, slo
+
     # --- the runtime's hooks ----------------------------------------------------------------------
 
     def reset(self) -> None:
         super().reset()
+        # The objectives are resolved here (own, else the class's), so the ledger takes no
+        # classes; step_time=None: it measures the step time from each step's now.
         self.ledger = Ledger(self.limits, self.policy, max_waiting=self.max_waiting)
+        self._arrivals: dict[str, float] = {}  # runtime id -> arrival, requests with objectives
+        self._departed: dict[str, float] = {}  # the same, of requests that left since the last step
+        self._ran = False  # the last step handed back a batch (a sample of the step time)
+        self.relegated_requests = 0  # DEADLINE: requests relegated since the start
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
         self._queued: dict[str, int] = {}  # runtime id -> ledger id, waiting requests only
@@ -174,6 +226,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
     def finish_request(self, request_id: str) -> None:
         """The runtime's one exit for a resident (finished, failed, offloaded): free its slot."""
         super().finish_request(request_id)
+        arrival = self._arrivals.pop(request_id, None)
+        if arrival is not None:  # an offload re-queues it right after, keeping its arrival
+            self._departed[request_id] = arrival
         departed = self._resident.pop(request_id, None)
         if departed is not None:
             self._retire([departed])
@@ -182,6 +237,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         cancelled = super().clear_cancelled_requests()
         departed = []
         for state in cancelled:
+            self._arrivals.pop(state.request_id, None)
             i = self._resident.get(state.request_id)
             if i is not None and self._states[i] is state:
                 del self._resident[state.request_id]
@@ -225,8 +281,12 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 "it is refused, never truncated (raise max_input_length, or the KV cache, to "
                 "admit it)")
         try:
-            self.ledger.submit(self._next_id, length, self._priority(rid))
+            priority = self._priority(rid)
+            arrival, slo = (None, None) if self.slo_of is None and not self.slo_classes else (
+                self._objectives(state, priority))
+            self.ledger.submit(self._next_id, length, priority, arrival_time=arrival, slo=slo)
         except (TypeError, ValueError, OverflowError, QueueFullError) as exc:
+            self._arrivals.pop(rid, None)
             raise type(exc)(f"request {rid}: {exc}") from None
         self._states[self._next_id] = state
         self._queued[rid] = self._next_id
@@ -237,7 +297,15 @@ class StepPlannerScheduler(_runtime.Scheduler):
                        ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
         if token_budget != self._step_tokens:
             self._configure(self.cache, self.max_requests_per_batch, token_budget)
-        self._sync_residents()
+        if self._departed:
+            self._departed.clear()  # left for good: an offload re-queues in the same pause
+        now = None
+        if self._ranked:
+            # The runtime's clock as the previous batch's tokens came back: the step time is
+            # measured from these reads (a step that ran nothing is no sample).
+            now = self.clock()
+            self.ledger.measure(now, self._ran)
+        self._sync_residents(now)
         self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
         if ledger.count == 0:
@@ -248,10 +316,19 @@ class StepPlannerScheduler(_runtime.Scheduler):
             states = self._row_states = [by_id[i] for i in ledger.request_ids.tolist()]
         rows = ledger.residents
         self._derive_rows(rows, states)
+        if now is not None:
+            ledger.rank(now)  # each row's priority and arrival from its deadlines, in C
+            self._count_relegated()
         plan = self.planner.plan(rows)
         batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
         self.on_step(rows, states, plan, batch)
-        if self._pause:
+        self._ran = bool(batch)
+        if now is not None and batch:
+            # Pause counts, and each emitting row's token counted (the next deadline is the
+            # next token's); DEADLINE relegates a request whose token is late already.
+            ledger.apply(plan, now=now)
+            self._count_relegated()
+        elif self._pause:
             plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
@@ -267,8 +344,13 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     # --- the step -------------------------------------------------------------------------------
 
-    def _sync_residents(self) -> None:
-        """Admit waiting requests into the free slots (residents leave in finish_request)."""
+    def _count_relegated(self) -> None:
+        if self._relegating:
+            self.relegated_requests += len(self.ledger.relegated_ids)
+
+    def _sync_residents(self, now: float | None = None) -> None:
+        """Admit waiting requests into the free slots (residents leave in finish_request);
+        ``now``: the step's clock under EDF/DEADLINE."""
         ledger, states = self.ledger, self._states
         # After an offload the runtime holds new work back until a request finishes; a step with
         # no resident at all admits anyway, or nothing would ever finish.
@@ -277,7 +359,11 @@ class StepPlannerScheduler(_runtime.Scheduler):
         if not (ledger.free_slots and ledger.waiting):
             return  # nothing to admit: spare the call (most steps, once the slots are full)
         taken: set[str] = set()
-        while admitted := ledger.admit():
+        while True:
+            admitted = ledger.admit(now=now)
+            self._count_relegated()
+            if not admitted:
+                break
             stale = []
             for i in admitted:
                 state = states[i]
@@ -387,7 +473,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
 def register(options: SchedulingOptions, *, name: str = "stepplanner",
              priority: PriorityOf = None, max_input_length: int | None = None,
-             max_waiting: int = DEFAULT_MAX_WAITING) -> str:
+             max_waiting: int = DEFAULT_MAX_WAITING, slo: SloOf = None,
+             slo_classes: Mapping[int, SLO] | None = None) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
     ``options``: the :class:`SchedulingOptions` every step is planned with (checked against the
@@ -396,8 +483,12 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
     ``PRIORITY``; below 0 may use ``priority_reserved_slots``); default 0 for every request, and
     0 for an id a mapping lacks. ``max_input_length``: S_in; default what the whole KV cache
     holds. ``max_waiting``: how many requests may wait for a slot (the runtime's own queue is
-    unbounded; past this bound a new request fails alone, naming the bound). Returns ``name``,
-    for ``ContinuousBatchingConfig(scheduler_type=name)``.
+    unbounded; past this bound a new request fails alone, naming the bound). ``slo``: a
+    mapping or a callable ``request_id -> SLO | None``, a request's own objectives;
+    ``slo_classes``: ``{priority: SLO}``, the objectives of every request of that priority that
+    has none of its own. They rank the rows under ``SchedulingPolicy.EDF``/``DEADLINE`` (checked
+    under every policy); a request whose objective is not an ``SLO`` fails alone, naming it.
+    Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
         raise StepPlannerTypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
@@ -413,9 +504,15 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
                          "int >= 1, or None for what the KV cache holds")
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
         raise StepPlannerValueError(f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1")
+    if slo is not None and not (callable(slo) or isinstance(slo, Mapping)):
+        raise StepPlannerTypeError("slo must be a mapping or a callable request_id -> SLO | None, "
+                                   f"got {type(slo).__name__}")
+    classes = check_slo_classes(slo_classes)
     bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
         "options": options,
         "priority_of": staticmethod(priority) if callable(priority) else priority,
+        "slo_of": staticmethod(slo) if callable(slo) else slo,
+        "slo_classes": classes,
         "max_input_length": max_input_length,
         "max_waiting": max_waiting,
         "__module__": __name__,

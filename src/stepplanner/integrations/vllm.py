@@ -11,7 +11,13 @@ scheduled while step N runs) and off. The mapping, and where vLLM's contract for
 in docs/integrations.md ("vLLM").
 
 Options come from ``--additional-config '{"stepplanner": {...}}'``: keys are ``SchedulingOptions``
-fields, enum values as the CLI spells them (``"priority"``, ``"pause"``, ``"prefill-first"``).
+fields, enum values as the CLI spells them (``"priority"``, ``"deadline"``, ``"pause"``,
+``"prefill-first"``), and ``"slo_classes"``: ``{"<priority>": {"ttft": s, "tpot": s}}``, the
+objectives of each priority class in seconds. A request's own objectives come from its
+``SamplingParams.extra_args`` (``{"ttft_slo": s, "tpot_slo": s}``; ``vllm_xargs`` in the OpenAI
+API). Under ``"edf"``/``"deadline"`` each step ranks the rows with ``stepplanner.ledger.Ranker`` at
+``now`` = ``time.time()``, the clock of vLLM's ``Request.arrival_time``, and admits waiting
+requests in first-token-deadline order.
 B = ``max_num_seqs``, P = ``block_size``, S_in = ``max_model_len``, ``max_step_tokens`` =
 ``max_num_batched_tokens``.
 
@@ -23,6 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
+import math
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -54,8 +63,11 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
 from ..core import (  # noqa: E402
+    SLO,
     IfbSchedulingMode,
     PreemptionMode,
     ResidentState,
@@ -66,12 +78,18 @@ from ..core import (  # noqa: E402
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from ..ledger import Ranker  # noqa: E402
 from ..planner._fields import enum_from_text  # noqa: E402
+from ..planner._slo import check_slo_classes  # noqa: E402
+from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
 __all__ = ["SUPPORTED_VLLM_VERSION", "StepPlannerScheduler", "StepPlannerStats", "StepRecord",
-           "limits_from_config", "options_from_config"]
+           "limits_from_config", "options_from_config", "request_slo", "slo_classes_from_config"]
 
 CONFIG_KEY = "stepplanner"
+SLO_CLASSES_KEY = "slo_classes"       # in additional_config["stepplanner"]
+SLO_ARGS = ("ttft_slo", "tpot_slo")   # in SamplingParams.extra_args, seconds
+_RANKED = (SchedulingPolicy.EDF, SchedulingPolicy.DEADLINE)
 _ENUM_FIELDS = {"ifb_scheduling_mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
                 "preemption": PreemptionMode}
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
@@ -83,30 +101,93 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """``SchedulingOptions`` from ``additional_config["stepplanner"]`` and vLLM's own policy.
 
     ``scheduling_policy`` defaults to vLLM's ``--scheduling-policy`` (the waiting queue is
-    vLLM's and is ordered by it); naming a different one is an error. When ``max_num_tokens`` is
-    not given, the step budget is vLLM's ``max_num_batched_tokens`` rounded down to a block.
+    vLLM's and is ordered by it); naming a different one is an error, but for ``"edf"`` and
+    ``"deadline"``, which admit in first-token-deadline order under either. When
+    ``max_num_tokens`` is not given, the step budget is vLLM's ``max_num_batched_tokens``
+    rounded down to a block.
     """
-    raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
-    if not isinstance(raw, Mapping):
-        raise StepPlannerTypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
-                        f"fields, got {type(raw).__name__} {raw!r}")
     values: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key, value in _stepplanner_config(vllm_config).items():
+        if key == SLO_CLASSES_KEY:
+            continue  # slo_classes_from_config
         if key not in _OPTION_FIELDS:
             raise StepPlannerValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                             f"allowed: {', '.join(_OPTION_FIELDS)}")
+                             f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY,))}")
         with _named_in_config():
             values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
                            else _strict_int(key, value))
     vllm_policy = SchedulingPolicy[str(vllm_config.scheduler_config.policy).upper()]
     given = values.setdefault("scheduling_policy", vllm_policy)
-    if given != vllm_policy:
+    if given != vllm_policy and given not in _RANKED:
         raise StepPlannerValueError(
             f'additional_config["{CONFIG_KEY}"]: scheduling_policy={given.name.lower()!r} differs '
             f"from vLLM's --scheduling-policy {vllm_policy.name.lower()!r}; allowed: the same "
-            "policy (vLLM orders its waiting queue by it, and admission follows that queue)")
+            "policy (vLLM orders its waiting queue by it, and admission follows that queue), "
+            "'edf' or 'deadline' (they admit in first-token-deadline order)")
     with _named_in_config():
         return SchedulingOptions(**values)
+
+
+def _stepplanner_config(vllm_config: VllmConfig) -> Mapping[str, Any]:
+    raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
+    if not isinstance(raw, Mapping):
+        raise StepPlannerTypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
+                        f"fields, got {type(raw).__name__} {raw!r}")
+    return raw
+
+
+def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
+    """The objectives per priority class: ``additional_config["stepplanner"]["slo_classes"]``,
+    ``{"<priority>": {"ttft": seconds, "tpot": seconds}}`` (keys strings, as JSON has them, or
+    ints; ``tpot`` optional). A request without objectives of its own gets its class's."""
+    raw = _stepplanner_config(vllm_config).get(SLO_CLASSES_KEY)
+    where = f'additional_config["{CONFIG_KEY}"]: {SLO_CLASSES_KEY}'
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise StepPlannerTypeError(f'{where} must be an object {{"<priority>": {{"ttft": seconds, '
+                                   f'"tpot": seconds}}}}, got {type(raw).__name__} {raw!r}')
+    classes: dict[Any, SLO] = {}
+    for key, value in raw.items():
+        priority = int(key) if isinstance(key, str) and re.fullmatch(r"[+-]?[0-9]+", key) else key
+        if priority in classes:
+            raise StepPlannerValueError(f"{where}: priority {priority} is given twice")
+        if not isinstance(value, Mapping):
+            raise StepPlannerTypeError(f'{where}["{key}"] must be an object {{"ttft": seconds, '
+                                       f'"tpot": seconds}}, got {type(value).__name__} {value!r}')
+        unknown = sorted(set(value) - {"ttft", "tpot"}, key=str)
+        if unknown or "ttft" not in value:
+            raise StepPlannerValueError(
+                f'{where}["{key}"]: ' + (f"key {unknown[0]!r} is not known" if unknown else
+                                         '"ttft" is missing') + '; allowed: "ttft" (seconds to '
+                'the first token, required) and "tpot" (seconds per token after it)')
+        try:
+            classes[priority] = SLO(value["ttft"], value.get("tpot"))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f'{where}["{key}"]: {exc}') from None
+    try:  # the keys: int32 priorities
+        return check_slo_classes(classes)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+
+
+def request_slo(request: Request) -> SLO | None:
+    """A request's own objectives, from its ``SamplingParams.extra_args``: ``ttft_slo`` and
+    optionally ``tpot_slo``, in seconds; ``None`` when it gives neither."""
+    params = request.sampling_params
+    args = None if params is None else params.extra_args
+    if not isinstance(args, Mapping) or not any(key in args for key in SLO_ARGS):
+        return None
+    given = {key: args[key] for key in SLO_ARGS if key in args}
+    if "ttft_slo" not in args:
+        raise StepPlannerValueError(
+            f"SamplingParams.extra_args {given}: tpot_slo needs ttft_slo (token i is due ttft_slo "
+            "+ i * tpot_slo after arrival); allowed: ttft_slo > 0 seconds, optionally tpot_slo > 0")
+    try:
+        return SLO(args["ttft_slo"], args.get("tpot_slo"))
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"SamplingParams.extra_args {given}: {exc} (ttft as ttft_slo, tpot as "
+                        "tpot_slo)") from None
 
 
 @contextlib.contextmanager
@@ -192,6 +273,7 @@ class StepPlannerStats:
     stale_prefix_rows: int = 0      # an admission whose cached prefix was evicted before allocation
     paused_rows: int = 0
     recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
+    relegated: int = 0              # DEADLINE: requests that can no longer meet their objectives
 
 
 @dataclasses.dataclass
@@ -203,6 +285,25 @@ class StepRecord:
     withheld: list[str]
     preempted: list[str]
     admitted: list[str]
+    relegated: list[str] = dataclasses.field(default_factory=list)  # DEADLINE, this step
+
+
+class _Deadlines:
+    """One request's objectives as the ranker reads them (``Ranker.rank``'s columns)."""
+
+    __slots__ = ("first_due", "gap", "stamp", "relegated")
+
+    def __init__(self, first_due: float, gap: float, stamp: int) -> None:
+        self.first_due = first_due  # arrival + ttft; inf: no objectives
+        self.gap = gap              # tpot; 0: none
+        self.stamp = stamp          # arrival order key, as the rows' arrival under FCFS/PRIORITY
+        self.relegated = False      # DEADLINE: sticky
+
+    def due(self, token: int) -> float:
+        """When the request's token ``token`` (0 = the first) is due (its SLO's definition)."""
+        if token == 0:
+            return self.first_due
+        return self.first_due + token * self.gap if self.gap > 0 else math.inf
 
 
 class StepPlannerScheduler(AsyncScheduler):
@@ -215,6 +316,10 @@ class StepPlannerScheduler(AsyncScheduler):
     ``Scheduler`` does after a schedule instead.
     """
 
+    # The clock of now under EDF/DEADLINE: vLLM stamps Request.arrival_time with time.time(),
+    # and deadlines count from it.
+    clock: Callable[[], float] = staticmethod(time.time)
+
     def __init__(self, vllm_config: VllmConfig, kv_cache_config: Any,
                  structured_output_manager: Any, block_size: int, *args: Any,
                  **kwargs: Any) -> None:
@@ -223,6 +328,7 @@ class StepPlannerScheduler(AsyncScheduler):
             raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
                              + ": the planner does not model their per-step work")
         options = options_from_config(vllm_config)
+        slo_classes = slo_classes_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with _named_in_config():
             policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
@@ -245,21 +351,55 @@ class StepPlannerScheduler(AsyncScheduler):
         # to hold each plan to stepplanner.check_plan); the plan is overwritten by the next call.
         self.on_plan: Callable[[list[ResidentState], StepPlan, list[Request]], None] | None = None
         self._rows: dict[str, ResidentState] = {}
-        self._priority_order = policy.scheduling_policy == SchedulingPolicy.PRIORITY
+        self._priority_order = orders_by_priority(policy.scheduling_policy)
         self._reserved = policy.priority_reserved_slots
         self._slots = min(self.max_num_running_reqs, self.max_num_active_reqs)
         self._async_scheduling = bool(self.scheduler_config.async_scheduling)
+        self.slo_classes = slo_classes
+        self._ranked = policy.scheduling_policy in _RANKED
+        if self._ranked:
+            # The ledger's rank pass over this class's own rows (no Ledger here), with the
+            # step time measured from each step's now.
+            self._ranker = Ranker(limits, policy)
+            b = limits.max_batch_size
+            self._rank_rows = np.zeros(b, dtype=RESIDENT_DTYPE)
+            self._rank_columns = (np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64),
+                                  np.zeros(b, dtype=np.uint64), np.zeros(b, dtype=np.uint8))
+            self._deadlines: dict[str, _Deadlines] = {}
+            # Waiting requests in first-token-deadline order, as the ledger queues them: urgent
+            # (priority < 0, which may take reserved slots), the rest, and the relegated (by
+            # arrival, after every other). Entries (due, stamp, seq, request); one that left
+            # the waiting queue is dropped when it reaches the top.
+            self._urgent: list[tuple[float, int, int, Request]] = []
+            self._normal: list[tuple[float, int, int, Request]] = []
+            self._losing: list[tuple[float, int, int, Request]] = []
+            self._seq = 0
+            self._examined: list[Request] = []  # waiting requests this step took off the heaps
+            self._ran = False  # the previous step scheduled tokens (a step-time sample)
 
     # --- requests in and out ------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
         reason = self._unsupported_request(request)
+        message = None if reason is None else f"StepPlannerScheduler does not support {reason}"
+        slo = None
+        if message is None:
+            try:
+                slo = request_slo(request) or self.slo_classes.get(request.priority)
+            except (TypeError, ValueError) as exc:
+                message = (f"StepPlannerScheduler: request {request.request_id}: {exc}; it is "
+                           "refused, never served without its objectives")
         super().add_request(request)
-        if reason is not None:
+        if message is not None:
             # A per-request error (not an engine crash): update_from_output finishes it.
             self.grammar_compile_error_reqs[request.request_id] = RequestError(
-                code="validation_error",
-                message=f"StepPlannerScheduler does not support {reason}")
+                code="validation_error", message=message)
+        elif self._ranked and request.request_id not in self._deadlines:
+            first_due, gap = (math.inf, 0.0) if slo is None else (
+                request.arrival_time + slo.ttft, slo.tpot or 0.0)
+            self._deadlines[request.request_id] = _Deadlines(
+                first_due, gap, int(request.arrival_time * _NS))
+            self._enqueue(request)
 
     @staticmethod
     def _unsupported_request(request: Request) -> str | None:
@@ -273,7 +413,15 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         self._rows.pop(request.request_id, None)
+        if self._ranked:
+            self._deadlines.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
+
+    def _preempt_request(self, request: Request, timestamp: float,
+                         drop_stale_output: bool = False) -> None:
+        super()._preempt_request(request, timestamp, drop_stale_output)
+        if self._ranked:  # back in the waiting queue: a re-prefill, due by its next token
+            self._enqueue(request)
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -283,14 +431,24 @@ class StepPlannerScheduler(AsyncScheduler):
         self.kv_cache_manager.new_step_starts()
         stats = self.stepplanner_stats
         stats.steps += 1
+        now = None
+        relegated: list[str] = []
+        if self._ranked:
+            # vLLM's clock as the previous step's tokens are (about to be) back; the ranker
+            # measures the step time from these reads (a step that ran nothing is no sample).
+            now = self.clock()
+            self._ranker.measure(now, self._ran)
+            self._ran = False
         if self._pause_state == PauseState.PAUSED_ALL:
             self.last_step = StepRecord({}, [], [], [], [])
             return self._make_output({}, {}, [], [], [])
 
         running = self._running_with_work() if self._async_scheduling else self.running
-        candidates = self._admission_candidates()
+        candidates = self._admission_candidates(now, relegated)
         residents = self._resident_rows(running, candidates)
         requests = running + [c[0] for c in candidates]
+        if now is not None:
+            self._rank(residents, requests, now, relegated)
         plan = self.planner.plan(residents)
         if self.on_plan is not None:
             self.on_plan(residents, plan, requests)
@@ -356,13 +514,17 @@ class StepPlannerScheduler(AsyncScheduler):
 
         if admitted:
             self._leave_waiting(admitted)
+        if now is not None:
+            self._ran = bool(num_scheduled)
+            self._requeue(admitted)
+            stats.relegated += len(relegated)
         preempted_ids = [r.request_id for r in preempted]
         withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
         stats.scheduled_rows += len(num_scheduled)
         stats.withheld_rows += len(withheld)
         self.last_step = StepRecord(planned, [requests[i].request_id for i in paused
                                               if i < n_running], withheld, preempted_ids,
-                                    [r.request_id for r in admitted])
+                                    [r.request_id for r in admitted], relegated)
         new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
@@ -406,32 +568,148 @@ class StepPlannerScheduler(AsyncScheduler):
         self.deferred_waiting.difference_update(admitted)
 
     def _order_key(self, request: Request) -> tuple[int, int]:
+        if self._ranked:  # the order the ranker wrote into the rows this step
+            row = self._rows.get(request.request_id)
+            if row is not None:
+                return row.priority, row.arrival
+            return _INT32_MAX, int(request.arrival_time * _NS)
         return (request.priority if self._priority_order else 0,
                 int(request.arrival_time * _NS))
 
-    def _admission_candidates(self) -> list[tuple[Request, KVCacheBlocks, int]]:
-        """Waiting requests the free slots admit (SPEC §6), in vLLM's queue order, with their
-        prefix-cache hits (committed before planning, so a first chunk ends on a block)."""
+    # --- deadlines (EDF, DEADLINE): translated into the ranker's columns ------------------------
+
+    def _enqueue(self, request: Request) -> None:
+        """Into the waiting order: relegated ones by arrival, the rest by the deadline of the
+        token their next prefill ends with (the first, or after a recompute preemption the
+        next one)."""
+        record = self._deadlines[request.request_id]
+        self._seq += 1
+        if record.relegated:
+            heapq.heappush(self._losing, (0.0, record.stamp, self._seq, request))
+        else:
+            heapq.heappush(self._urgent if request.priority < 0 else self._normal,
+                           (record.due(request.num_output_tokens), record.stamp, self._seq,
+                            request))
+
+    def _waits(self, request: Request) -> bool:
+        return (self.requests.get(request.request_id) is request
+                and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+
+    def _next_waiting(self, room: int) -> tuple[float, int, int, Request] | None:
+        """The next waiting request in the ledger's queue order, off its heap, with ``room``
+        free slots left: urgent and normal ones by deadline, a normal one only while more than
+        the reserved slots are free; relegated ones after every other."""
+        urgent, normal, losing = self._urgent, self._normal, self._losing
+        for heap in (urgent, normal, losing):
+            while heap and not self._waits(heap[0][3]):
+                heapq.heappop(heap)
+        head = urgent if urgent and (not normal or urgent[0] < normal[0]) else normal
+        if not head:
+            if losing and (room > self._reserved or losing[0][3].priority < 0):
+                return heapq.heappop(losing)
+            return None
+        if head is normal and room <= self._reserved:
+            return heapq.heappop(urgent) if urgent else None
+        return heapq.heappop(head)
+
+    def _deadline_order(self, free: int, out: list[Any], now: float,
+                        relegated: list[str]) -> Iterator[Request]:
+        """Waiting requests in first-token-deadline order, taken off the heaps one at a time
+        (``out``: the candidates so far). Under DEADLINE a prompt the ranker says cannot make its
+        first token even if served at once is relegated: it goes behind every request that
+        still can, as the ledger's admission does."""
+        while (entry := self._next_waiting(free - len(out))) is not None:
+            due, _, _, request = entry
+            record = self._deadlines[request.request_id]
+            if not record.relegated and not self._ranker.admits(request.num_tokens, due, now):
+                record.relegated = True
+                relegated.append(request.request_id)
+                self._enqueue(request)
+                continue
+            self._examined.append(request)  # back on a heap at the step's end unless admitted
+            if not self._is_blocked_waiting_status(request.status):
+                yield request
+
+    def _requeue(self, admitted: list[Request]) -> None:
+        """The waiting requests this step examined and did not admit go back in order."""
+        taken = set(admitted)
+        for request in self._examined:
+            if request not in taken and self._waits(request):
+                self._enqueue(request)
+        self._examined = []
+        if len(self._urgent) + len(self._normal) + len(self._losing) > 2 * len(self.requests) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the entries of requests that left while waiting (aborts), all at once."""
+        for heap in (self._urgent, self._normal, self._losing):
+            heap[:] = [entry for entry in heap if self._waits(entry[3])]
+            heapq.heapify(heap)
+
+    def _rank(self, residents: list[ResidentState], requests: list[Request], now: float,
+              relegated: list[str]) -> None:
+        """Write the rows' priority and arrival from the requests' deadlines at ``now``,
+        through the ranker (the ledger's own rank pass): the state translated, no policy here."""
+        n = len(residents)
+        if not n:
+            return
+        rows = self._rank_rows[:n]
+        rows["prompt_length"] = [r.prompt_length for r in residents]
+        rows["committed"] = [r.committed for r in residents]
+        decoding = [r.context_committed for r in residents]
+        rows["context_committed"] = decoding
+        first_due, gap, generated, stamp, lost = (a[:n] for a in self._rank_columns)
+        records = [self._deadlines[r.request_id] for r in requests]
+        emitted = [r.num_output_tokens + r.num_output_placeholders for r in requests]
+        # A decode row's next token is due by first_due and the tokens emitted; a prefill's
+        # (a recompute preemption's re-prefill included) by the token it ends with.
+        first_due[:] = [d.first_due if decode else d.due(k)
+                        for d, decode, k in zip(records, decoding, emitted)]
+        gap[:] = [d.gap for d in records]
+        generated[:] = emitted
+        stamp[:] = [d.stamp for d in records]
+        lost[:] = [d.relegated for d in records]
+        for i in self._ranker.rank(rows, first_due, gap, generated, stamp, lost, now).tolist():
+            records[i].relegated = True
+            relegated.append(requests[i].request_id)
+        for row, priority, arrival in zip(residents, rows["priority"].tolist(),
+                                          rows["arrival"].tolist()):
+            row.priority = priority
+            row.arrival = arrival
+
+    def _admission_candidates(self, now: float | None = None, relegated: list[str] | None = None
+                              ) -> list[tuple[Request, KVCacheBlocks, int]]:
+        """Waiting requests the free slots admit (SPEC §6), with their prefix-cache hits
+        (committed before planning, so a first chunk ends on a block): in vLLM's queue order, or
+        with ``now`` (EDF, DEADLINE) in first-token-deadline order."""
         free = self._slots - len(self.running) - self.num_waiting_for_streaming_input
         if free <= 0 or self._pause_state != PauseState.UNPAUSED or not self.waiting:
             return []
         budget = self.stepplanner_policy.max_num_tokens
         wanted = 0
         out: list[tuple[Request, KVCacheBlocks, int]] = []
-        for request in self.waiting:
+        order = (self._queue_order(free, out) if now is None or relegated is None
+                 else self._deadline_order(free, out, now, relegated))
+        for request in order:  # lazily: the next one is taken only while there is room
+            blocks, hit = self._prefix_hit(request)
+            out.append((request, blocks, hit))
+            wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
                 break
+        return out
+
+    def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
+        """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
+        than the reserved slots are free (``out``: the candidates so far)."""
+        for request in self.waiting:
             if request.priority >= 0 and free - len(out) <= self._reserved:
                 if self._priority_order:
-                    break  # urgent requests sort first: none follows
+                    return  # urgent requests sort first: none follows
                 continue
             if (self._is_blocked_waiting_status(request.status)
                     or request.request_id in self.grammar_compile_error_reqs):
                 continue  # refused at add_request: update_from_output finishes it
-            blocks, hit = self._prefix_hit(request)
-            out.append((request, blocks, hit))
-            wanted += request.num_tokens - hit
-        return out
+            yield request
 
     def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
         blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)

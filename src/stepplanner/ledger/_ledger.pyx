@@ -1275,6 +1275,17 @@ cdef class Ledger:
         finally:
             self._release()
 
+    @cython.critical_section
+    def measure(self, now, ran=True):
+        """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
+        (``step_time=None``) moves towards the time since the previous one. ``step`` does this
+        itself; a runtime that plans with ``admit``/``rank``/``apply`` calls it once a step."""
+        self._acquire(CALL_QUIET)
+        try:
+            measure_step(&self.d, as_time("now", now), bool(ran))
+        finally:
+            self._release()
+
     cdef object _step(self, object planner, object finished, object reasons, object now):
         if planner is not self._fits:  # comparing limits allocates: once per planner
             if getattr(planner, "limits", None) != self.limits:

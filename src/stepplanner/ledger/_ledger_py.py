@@ -517,6 +517,13 @@ class Ledger:
         if self._ranking != RANK_NONE:
             self._rank(when)
 
+    @_exclusive(_QUIET)
+    def measure(self, now: float, ran: bool = True) -> None:
+        """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
+        (``step_time=None``) moves towards the time since the previous one. ``step`` does this
+        itself; a runtime that plans with ``admit``/``rank``/``apply`` calls it once a step."""
+        self._d.measure(as_time("now", now), bool(ran))
+
     def _rank(self, now: float) -> None:
         lost = rank_rows(self._d, self._rows[:self._count], self._first_due, self._gap,
                          self._generated, self._stamp, self._relegated, now, self._klass)
