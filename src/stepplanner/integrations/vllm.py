@@ -364,15 +364,17 @@ class StepPlannerScheduler(AsyncScheduler):
             b = limits.max_batch_size
             self._rank_rows = np.zeros(b, dtype=RESIDENT_DTYPE)
             self._rank_columns = (np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64),
-                                  np.zeros(b, dtype=np.uint64), np.zeros(b, dtype=np.uint8))
+                                  np.zeros(b, dtype=np.uint64), np.zeros(b, dtype=np.uint8),
+                                  np.zeros(b, dtype=np.int32))
+            self._by_class = policy.scheduling_policy == SchedulingPolicy.DEADLINE
             self._deadlines: dict[str, _Deadlines] = {}
             # Waiting requests in first-token-deadline order, as the ledger queues them: urgent
             # (priority < 0, which may take reserved slots), the rest, and the relegated (by
-            # arrival, after every other). Entries (due, stamp, seq, request); one that left
-            # the waiting queue is dropped when it reaches the top.
-            self._urgent: list[tuple[float, int, int, Request]] = []
-            self._normal: list[tuple[float, int, int, Request]] = []
-            self._losing: list[tuple[float, int, int, Request]] = []
+            # arrival, after every other). Entries ((class, due), stamp, seq, request), the class
+            # 0 under EDF; one that left the waiting queue is dropped when it reaches the top.
+            self._urgent: list[tuple[tuple[int, float], int, int, Request]] = []
+            self._normal: list[tuple[tuple[int, float], int, int, Request]] = []
+            self._losing: list[tuple[tuple[int, float], int, int, Request]] = []
             self._seq = 0
             self._examined: list[Request] = []  # waiting requests this step took off the heaps
             self._ran = False  # the previous step scheduled tokens (a step-time sample)
@@ -585,17 +587,19 @@ class StepPlannerScheduler(AsyncScheduler):
         record = self._deadlines[request.request_id]
         self._seq += 1
         if record.relegated:
-            heapq.heappush(self._losing, (0.0, record.stamp, self._seq, request))
+            heapq.heappush(self._losing, ((0, 0.0), record.stamp, self._seq, request))
         else:
+            # The ledger's queue keys: DEADLINE by class, then deadline; EDF by deadline.
+            due = record.due(request.num_output_tokens)
+            key = (request.priority, due) if self._by_class else (0, due)
             heapq.heappush(self._urgent if request.priority < 0 else self._normal,
-                           (record.due(request.num_output_tokens), record.stamp, self._seq,
-                            request))
+                           (key, record.stamp, self._seq, request))
 
     def _waits(self, request: Request) -> bool:
         return (self.requests.get(request.request_id) is request
                 and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
 
-    def _next_waiting(self, room: int) -> tuple[float, int, int, Request] | None:
+    def _next_waiting(self, room: int) -> tuple[tuple[int, float], int, int, Request] | None:
         """The next waiting request in the ledger's queue order, off its heap, with ``room``
         free slots left: urgent and normal ones by deadline, a normal one only while more than
         the reserved slots are free; relegated ones after every other."""
@@ -619,8 +623,9 @@ class StepPlannerScheduler(AsyncScheduler):
         first token even if served at once is relegated: it goes behind every request that
         still can, as the ledger's admission does."""
         while (entry := self._next_waiting(free - len(out))) is not None:
-            due, _, _, request = entry
+            request = entry[3]
             record = self._deadlines[request.request_id]
+            due = record.due(request.num_output_tokens)
             if not record.relegated and not self._ranker.admits(request.num_tokens, due, now):
                 record.relegated = True
                 relegated.append(request.request_id)
@@ -658,7 +663,7 @@ class StepPlannerScheduler(AsyncScheduler):
         rows["committed"] = [r.committed for r in residents]
         decoding = [r.context_committed for r in residents]
         rows["context_committed"] = decoding
-        first_due, gap, generated, stamp, lost = (a[:n] for a in self._rank_columns)
+        first_due, gap, generated, stamp, lost, classes = (a[:n] for a in self._rank_columns)
         records = [self._deadlines[r.request_id] for r in requests]
         emitted = [r.num_output_tokens + r.num_output_placeholders for r in requests]
         # A decode row's next token is due by first_due and the tokens emitted; a prefill's
@@ -669,7 +674,9 @@ class StepPlannerScheduler(AsyncScheduler):
         generated[:] = emitted
         stamp[:] = [d.stamp for d in records]
         lost[:] = [d.relegated for d in records]
-        for i in self._ranker.rank(rows, first_due, gap, generated, stamp, lost, now).tolist():
+        classes[:] = [r.priority for r in requests]
+        for i in self._ranker.rank(rows, first_due, gap, generated, stamp, lost, now,
+                                   classes=classes).tolist():
             records[i].relegated = True
             relegated.append(requests[i].request_id)
         for row, priority, arrival in zip(residents, rows["priority"].tolist(),
