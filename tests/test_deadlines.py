@@ -27,6 +27,7 @@ from stepplanner.ledger._shared import (
     LEVEL_RELEGATED,
     LEVEL_SLACK,
     LEVEL_STRIDE,
+    level_of,
 )
 
 LIMITS = sp.StepPlannerLimits(max_batch_size=4, max_input_length=256, kv_page_size=16)
@@ -59,7 +60,7 @@ def row_of(ledger, rid):
 
 def level(ledger, rid):
     """DEADLINE's level of a resident (its priority is level x LEVEL_STRIDE + its class)."""
-    return (int(row_of(ledger, rid)["priority"]) + LEVEL_STRIDE // 2) // LEVEL_STRIDE
+    return level_of(row_of(ledger, rid)["priority"])
 
 
 # --- SLO values ------------------------------------------------------------------------------

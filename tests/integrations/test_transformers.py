@@ -52,7 +52,7 @@ except ImportError as exc:
     pytest.skip(f"transformers integration not installed: {exc}", allow_module_level=True)
 
 import stepplanner as sp
-from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK
+from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, level_of
 
 VOCAB = 97
 S_IN = 32
@@ -575,7 +575,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
 
     def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
         holder["sched"] = sched
-        levels = residents["priority"].tolist()
+        levels = [level_of(p) for p in residents["priority"].tolist()]
         paused = list(plan.paused)
         for i in paused:  # never a decode about to miss its next token
             assert levels[i] != LEVEL_DUE, (states[i].request_id, levels)

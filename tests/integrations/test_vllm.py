@@ -41,7 +41,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from stepplanner import SLO, SequenceWork, check_plan  # noqa: E402
-from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK  # noqa: E402
+from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, level_of  # noqa: E402
 
 StepPlannerScheduler = sp_vllm.StepPlannerScheduler
 P = 16
@@ -411,7 +411,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
     seen = {"slack paused for an at-risk prompt": 0, "due decode run beside a pause": 0}
 
     def check(residents, plan, reqs):
-        levels = [row.priority for row in residents]
+        levels = [level_of(row.priority) for row in residents]
         paused = list(plan.paused)
         for i in paused:  # never a decode about to miss its next token
             assert levels[i] != LEVEL_DUE, (reqs[i].request_id, levels)
@@ -453,7 +453,7 @@ def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(mo
     def check(residents, plan, reqs):
         if policy == "deadline":
             due_paused.extend(reqs[i].request_id for i in plan.paused
-                              if residents[i].priority == LEVEL_DUE)
+                              if level_of(residents[i].priority) == LEVEL_DUE)
 
     checker = Checker(sched)
     also_on_plan(sched, check)

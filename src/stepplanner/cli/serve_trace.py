@@ -9,14 +9,17 @@ command runs, so the rest of the CLI works without it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import click
 
 from ..fidelity.model_checks import check_attn_implementation, check_model_dir, check_seed
 from ..planner._policy import resolve_scheduling_policy
+from ..planner._slo import SLO
 from ..sim.simulator import policy_to_dict
 from ..sim.traces import read_trace
+from ..sim.workloads import Workload
 from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options
@@ -136,7 +139,7 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
     if scheduler == "stepplanner":
         warn_no_op_options(options, policy)
         name = _register(options, dict(zip(ids, workload.priority.tolist())),
-                         engine.max_input_length)
+                         engine.max_input_length, dict(zip(ids, _objectives(workload))))
         described = policy_to_dict(policy)
     run = harness.serve_trace(workload, model, engine, name, policy=described,
                               request_ids=ids, seed=seed, threads=threads, trace=trace,
@@ -146,11 +149,22 @@ def serve_trace_command(trace: str | None, columns: str | None, scheduler: str,
     _summary(run.results(), str(results_path), timings_path, len(run.steps))
 
 
-def _register(options: Any, priority: dict[str, int], max_input_length: int) -> str:
+def _register(options: Any, priority: dict[str, int], max_input_length: int,
+              slo: dict[str, SLO | None] | None = None) -> str:
     from ..integrations.transformers import register  # the transformers extra: only now
 
     return register(options, name="stepplanner-serve-trace", priority=priority,
-                    max_input_length=max_input_length)
+                    max_input_length=max_input_length, slo=slo)
+
+
+def _objectives(workload: Workload) -> list[SLO | None]:
+    """Each request's objectives as the runtime's scheduler takes them (its own, else its
+    class's; None: none), so the engine ranks by the deadlines the results are judged by."""
+    if not workload.has_objectives:
+        return [None] * len(workload)
+    ttft, tpot = workload.objectives()
+    return [None if math.isnan(a) else SLO(a, None if math.isnan(b) else b)
+            for a, b in zip(ttft.tolist(), tpot.tolist())]
 
 
 def _summary(data: dict[str, Any], results_path: str, timings_path: str, steps: int) -> None:

@@ -124,6 +124,11 @@ LEVEL_RELEGATED = 3  # a request that can no longer meet them: served after the 
 # LEVEL_STRIDE + the class, clamped to +-CLASS_SPAN (classes beyond it tie with the bound).
 LEVEL_STRIDE = 2**24
 CLASS_SPAN = 2**23 - 1
+
+
+def level_of(priority: int) -> int:
+    """The DEADLINE level a row's ``priority`` holds (its class taken off)."""
+    return (int(priority) + LEVEL_STRIDE // 2) // LEVEL_STRIDE
 # Keys written into ``arrival`` (uint64): a prompt's slack in microseconds around KEY_ZERO
 # (clamped to +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp),
 # decodes and relegated rows by stamp. EDF writes the next deadline in milliseconds from now
