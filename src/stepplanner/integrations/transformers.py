@@ -153,7 +153,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         if source is None:
             return 0
         if callable(source):
-            return source(request_id)  # type: ignore[no-any-return]
+            return source(request_id)
         return source.get(request_id, 0)
 
     # --- the runtime's hooks ----------------------------------------------------------------------
@@ -179,7 +179,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
             self._retire([departed])
 
     def clear_cancelled_requests(self) -> list[RequestState]:
-        cancelled = super().clear_cancelled_requests()
+        cancelled: list[RequestState] = super().clear_cancelled_requests()
         departed = []
         for state in cancelled:
             i = self._resident.get(state.request_id)
