@@ -256,7 +256,7 @@ def test_field_extremes_are_accepted(core):
 
 
 def _library_refusals(core):
-    from stepplanner import Ledger, LatencyModel, StepPlannerLimits, synthetic
+    from stepplanner import LatencyModel, Ledger, StepPlannerLimits, synthetic
     from stepplanner.sim.traces import load_trace
 
     limits = StepPlannerLimits(4, 64, 16)

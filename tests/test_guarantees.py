@@ -7,7 +7,6 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from stepplanner import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-
 from stepplanner.planner.checks import check_plan
 from stepplanner.testing import (
     as_resident_array,

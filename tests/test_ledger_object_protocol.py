@@ -13,8 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from stepplanner import _errors
-from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from stepplanner import SchedulingOptions, StepPlannerLimits, _errors, resolve_scheduling_policy
 from stepplanner import _core_py as reference_core
 from stepplanner.planner._types import PlannedSequence, SequenceWork
 

@@ -49,11 +49,11 @@ class PagedParity(RuleBasedStateMachine):
     def start(self, b, s_in, page, by_priority, pause, reserved, max_waiting, num_pages,
               row_pages, extra_slots):
         from stepplanner import _core
+        from stepplanner import _core_py as _reference
         from stepplanner.kv import _kv
         from stepplanner.kv import _kv_py as _kv_reference
         from stepplanner.ledger import _ledger as _ledger_core
         from stepplanner.ledger import _ledger_py as _ledger_reference
-        from stepplanner import _core_py as _reference
 
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
@@ -240,11 +240,11 @@ def test_long_serving_runs_stay_identical(seed):
     and cancellations, on both implementations: the same plans, finishes and page tables at
     every step, and every planned row within its row's pages."""
     from stepplanner import _core
+    from stepplanner import _core_py as _reference
     from stepplanner.kv import _kv
     from stepplanner.kv import _kv_py as _kv_reference
     from stepplanner.ledger import _ledger as _ledger_core
     from stepplanner.ledger import _ledger_py as _ledger_reference
-    from stepplanner import _core_py as _reference
 
     rng = np.random.default_rng(seed)
     b, page = int(rng.integers(2, 9)), int(rng.choice([1, 4, 16]))

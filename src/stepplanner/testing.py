@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-
 try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - depends on the installation

@@ -34,7 +34,8 @@ import numpy as np
 
 from .. import _core as _planner
 from ..kv import _kv
-from ..ledger import _ledger, _ledger_py as _ledger_reference
+from ..ledger import _ledger
+from ..ledger import _ledger_py as _ledger_reference
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..planner._types import IfbSchedulingMode
 from .planner import BATCH_SECONDS, interleaved_medians

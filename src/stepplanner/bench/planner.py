@@ -25,13 +25,15 @@ import random
 import statistics
 import time
 import tracemalloc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .. import _core as _planner, _core_py as _reference
+from .. import _core as _planner
+from .. import _core_py as _reference
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..planner._types import (
     IfbSchedulingMode,

@@ -10,11 +10,26 @@ import click
 from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
 from ..tuning.grid import grid_size, parse_grid
 from .errors import InputError, library_errors
-from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      scheduling_options, trace_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    options_from,
+    output_format,
+    scheduling_options,
+    trace_from,
+    workload_options,
+)
 from .render import emit
-from .tuning_options import (check_output_paths, latency_model_option, latency_of,
-                             output_options, slo_option, stability_of, stability_options)
+from .tuning_options import (
+    check_output_paths,
+    latency_model_option,
+    latency_of,
+    output_options,
+    slo_option,
+    stability_of,
+    stability_options,
+)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import capacity_blocks, conditions, document, save
 

@@ -8,14 +8,21 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
-from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from ..cli import tuning_extras
+from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import library_errors
 from .files import read_json
 from .notices import warn_no_op_options, warn_refused
-from .options import (format_options, limit_options, limits_from, output_format, run_options,
-                      workload_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    output_format,
+    run_options,
+    workload_from,
+    workload_options,
+)
 from .render import comparison_blocks, emit, with_page_columns
 from .running import check_num_pages, run, run_paged
 from .tuning_options import latency_of

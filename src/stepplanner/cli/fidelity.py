@@ -10,16 +10,26 @@ from typing import Any
 
 import click
 
-from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..fidelity.compare import fidelity_report
 from ..fidelity.results import RunResults, read_results, served_workload
+from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..sim.latency_models import PACE_WINDOW, measured_pace, read_step_timings
 from ..sim.traces import read_trace
 from ..sim.workloads import Workload
 from .errors import InputError, library_errors
 from .notices import warn, warn_no_op_options, warn_refused
-from .options import (format_option, given, limit_options, limits_from, num_pages_option,
-                      options_from, run_options, scheduling_options, trace_from, trace_options)
+from .options import (
+    format_option,
+    given,
+    limit_options,
+    limits_from,
+    num_pages_option,
+    options_from,
+    run_options,
+    scheduling_options,
+    trace_from,
+    trace_options,
+)
 from .plot import check_plot_path, plot_fidelity, require_matplotlib
 from .render import emit, fidelity_blocks
 from .replay import recorded_options

@@ -6,13 +6,22 @@ from typing import Any
 
 import click
 
-from ..planner._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
+from ..planner._policy import resolve_scheduling_policy
 from .errors import library_errors
 from .notices import warn_no_op_options, warn_refused
-from .options import (format_options, limit_options, limits_from, num_pages_option,
-                      options_from, output_format, run_options, scheduling_options,
-                      workload_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    num_pages_option,
+    options_from,
+    output_format,
+    run_options,
+    scheduling_options,
+    workload_from,
+    workload_options,
+)
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
 from .running import check_num_pages, run, run_paged

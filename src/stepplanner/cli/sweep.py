@@ -10,12 +10,26 @@ import click
 from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
 from .errors import library_errors
-from .options import (format_options, limit_options, limits_from, options_from, output_format,
-                      scheduling_options, workload_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    options_from,
+    output_format,
+    scheduling_options,
+    workload_from,
+    workload_options,
+)
 from .plot import check_plot_path, require_matplotlib
 from .render import emit
-from .tuning_options import (check_output_paths, latency_model_option, latency_of,
-                             output_options, percentiles_option, slo_option)
+from .tuning_options import (
+    check_output_paths,
+    latency_model_option,
+    latency_of,
+    output_options,
+    percentiles_option,
+    slo_option,
+)
 from .tuning_progress import ConfigProgress, report_interrupt
 from .tuning_render import document, plot_front, save, sweep_blocks
 

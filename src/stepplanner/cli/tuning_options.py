@@ -22,6 +22,7 @@ from ..tuning.slo import STABILITY, parse_queue_delay, parse_slos
 from .files import check_output_path
 from .options import compose
 
+
 def _bad_parameter(parse: Callable[[Any], Any]) -> Callable[[Any, Any, Any], Any]:
     def callback(ctx: Any, param: Any, value: Any) -> Any:
         if value is None:

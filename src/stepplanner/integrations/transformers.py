@@ -30,8 +30,8 @@ tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any othe
 from __future__ import annotations
 
 import math
-from itertools import repeat
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError

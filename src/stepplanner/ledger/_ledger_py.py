@@ -5,8 +5,8 @@ what a ledger is and the decisions behind it; the checks both share are in ``_sh
 
 from __future__ import annotations
 
-import heapq
 import functools
+import heapq
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -16,8 +16,8 @@ import numpy as np
 from .. import _errors
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
-
 from ._shared import (
+    UINT64_MAX,
     as_request_id,
     check_ledger_args,
     check_page_table,
@@ -36,7 +36,6 @@ from ._shared import (
     rows_argument,
     step_reasons_error,
     submission,
-    UINT64_MAX,
 )
 
 __all__ = ["Ledger", "RESIDENT_FIELDS"]

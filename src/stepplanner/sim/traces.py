@@ -26,8 +26,8 @@ import dataclasses
 import datetime
 import math
 import pathlib
-from importlib import resources
 from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 import numpy as np

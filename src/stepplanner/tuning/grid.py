@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..planner._config_keys import apply_fields, field_name, field_value
 from .._errors import StepPlannerValueError
+from ..planner._config_keys import apply_fields, field_name, field_value
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,

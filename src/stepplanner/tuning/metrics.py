@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import StepPlannerValueError
+
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
 from ..sim.simulator import pooled_itl, weighted_percentile
 

@@ -24,9 +24,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._errors import StepPlannerTypeError, StepPlannerValueError
-
 import numpy as np
+
+from .._errors import StepPlannerTypeError, StepPlannerValueError
 
 __all__ = [
     "METRICS",
