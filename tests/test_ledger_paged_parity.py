@@ -105,7 +105,8 @@ class PagedParity(RuleBasedStateMachine):
                 new = data.draw(st.one_of(st.none(), st.integers(1, self.most_tokens + 2),
                                           st.just(2**31)))
             priority = data.draw(st.integers(-2, 2))
-            outcome = self.both(lambda ledger, *_: ledger.submit(rid, length, priority, new))
+            # both() calls it at once, for each ledger, before the loop moves on.
+            outcome = self.both(lambda ledger, *_: ledger.submit(rid, length, priority, new))  # noqa: B023
             if outcome[0] == "ok":
                 self.tokens[rid] = length + new
                 self.next_id = max(self.next_id, rid + 1)

@@ -142,11 +142,10 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
     max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(_BOOLS) else 0
     if max_num_tokens == 0 and not feasible:
         # Defaults need mixed batching to be feasible; MIXED must then be given a budget.
-        if mode == IfbSchedulingMode.MIXED:
-            if not can_give:
-                mode = IfbSchedulingMode.PREFILL_FIRST
-            else:
-                max_num_tokens = draw(st.integers(b + p, t_max))
+        if mode == IfbSchedulingMode.MIXED and not can_give:
+            mode = IfbSchedulingMode.PREFILL_FIRST
+        elif mode == IfbSchedulingMode.MIXED:
+            max_num_tokens = draw(st.integers(b + p, t_max))
     effective = max_num_tokens or (default_max_num_tokens(lim) if feasible else 0)
     max_chunk_tokens = 0
     if effective - b >= p and draw(_BOOLS):

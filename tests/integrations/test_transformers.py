@@ -1,4 +1,5 @@
-"""stepplanner driving transformers' continuous batching, checked token for token against generate().
+"""stepplanner driving transformers' continuous batching, checked token for token against
+generate().
 
 A tiny Llama with seeded random weights runs on the CPU in float32; ``eos_token_id`` is None in
 its config and its generation config, so every request runs to its ``max_new_tokens`` (a random
@@ -31,6 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import stepplanner as sp
+
 REQUIRED = os.environ.get("STEPPLANNER_REQUIRE_INTEGRATIONS") == "1"
 try:
     import torch
@@ -50,8 +53,6 @@ except ImportError as exc:
         raise ImportError(f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers integration "
                           f"cannot be imported: {exc}") from exc
     pytest.skip(f"transformers integration not installed: {exc}", allow_module_level=True)
-
-import stepplanner as sp
 
 VOCAB = 97
 S_IN = 32

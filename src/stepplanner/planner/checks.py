@@ -218,7 +218,7 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
         if any(w == SequenceWork.DECODE for w in planned.values()):
             _fail("PREFILL_FIRST planned decode rows while a prompt is pending")
         best = prompts[0]
-        for i, w in planned.items():
+        for i in planned:
             if (policy.scheduling_policy == SchedulingPolicy.PRIORITY
                     and rows[i].priority != rows[best].priority):
                 _fail(f"PREFILL_FIRST + PRIORITY planned resident {i} (priority "
@@ -240,10 +240,10 @@ def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, ro
     ``n = min(rem, cap, S_in, that budget)``, trimmed back to a page end when non-final, is 0.
     """
     prompts = _active_prompts(policy, rows, paused)
-    if policy.mode == IfbSchedulingMode.PREFILL_FIRST and prompts:
-        if policy.scheduling_policy == SchedulingPolicy.PRIORITY:
-            best = min(rows[i].priority for i in prompts)
-            prompts = [i for i in prompts if rows[i].priority == best]
+    if (policy.mode == IfbSchedulingMode.PREFILL_FIRST and prompts
+            and policy.scheduling_policy == SchedulingPolicy.PRIORITY):
+        best = min(rows[i].priority for i in prompts)
+        prompts = [i for i in prompts if rows[i].priority == best]
     num_decode = sum(1 for s in seqs if s.work == SequenceWork.DECODE)
     if policy.mode == IfbSchedulingMode.MIXED and num_decode:
         budget, cap = policy.max_num_tokens - num_decode, policy.max_chunk_tokens
