@@ -91,7 +91,10 @@ def _comparable(signature):
 def test_same_method_signatures(compiled, reference):
     for cls in ("StepPlanner", "StepPlan", "ResidentState"):
         for name in sorted(_public(getattr(reference, cls))):
-            ours, theirs = getattr(getattr(reference, cls), name), getattr(getattr(compiled, cls), name)
+            ours, theirs = (
+                getattr(getattr(reference, cls), name),
+                getattr(getattr(compiled, cls), name),
+            )
             if not callable(ours):
                 continue
             assert _comparable(inspect.signature(ours)) == _comparable(inspect.signature(theirs)), (
@@ -218,7 +221,11 @@ def test_ledger_implementations_have_the_same_surface(compiled):
         if callable(getattr(ours, name)):
             assert (_comparable(inspect.signature(getattr(ours, name)))
                     == _comparable(inspect.signature(getattr(theirs, name)))), name
-    text = importlib.resources.files("stepplanner").joinpath("ledger", "_ledger.pyi").read_text("utf-8")
+    text = (
+        importlib.resources.files("stepplanner")
+        .joinpath("ledger", "_ledger.pyi")
+        .read_text("utf-8")
+    )
     (init,) = [item for node in ast.parse(text).body if isinstance(node, ast.ClassDef)
                for item in node.body
                if isinstance(item, ast.FunctionDef) and item.name == "__init__"]

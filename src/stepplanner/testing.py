@@ -117,7 +117,9 @@ def _limits(draw: Any, max_batch_size: int, max_input_length: int,
     return StepPlannerLimits(b, s_in, p, step)
 
 
-def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrategy[SchedulingOptions]:
+def scheduling_options(
+    lim: StepPlannerLimits | None = None,
+) -> st.SearchStrategy[SchedulingOptions]:
     """``SchedulingOptions`` that resolve without error for ``lim`` (any options when None)."""
     if lim is None:
         return st.builds(

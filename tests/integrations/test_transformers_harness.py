@@ -68,8 +68,12 @@ def short_trace(n: int = 12, seed: int = 3) -> Workload:
 
 def stepplanner_scheduler(options: sp.SchedulingOptions, workload: Workload) -> tuple[str, Any]:
     ids = [f"req_{i}" for i in range(len(workload))]
-    name = register(options, name="harness-test", priority=dict(zip(ids, workload.priority.tolist())),
-                    max_input_length=ENGINE.max_input_length)
+    name = register(
+        options,
+        name="harness-test",
+        priority=dict(zip(ids, workload.priority.tolist())),
+        max_input_length=ENGINE.max_input_length,
+    )
     return name, sp.resolve_scheduling_policy(options, ENGINE.limits())
 
 

@@ -400,19 +400,29 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
     for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
-        raise StepPlannerTypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+        raise StepPlannerTypeError(
+            f"options must be a SchedulingOptions, got {type(options).__name__}"
+        )
     if not isinstance(name, str) or not name:
-        raise StepPlannerValueError(f"name={name!r} is not a scheduler name; allowed: a non-empty str")
+        raise StepPlannerValueError(
+            f"name={name!r} is not a scheduler name; allowed: a non-empty str"
+        )
     if priority is not None and not (callable(priority) or isinstance(priority, Mapping)):
-        raise StepPlannerTypeError("priority must be a mapping or a callable request_id -> int, got "
-                        f"{type(priority).__name__}")
+        raise StepPlannerTypeError(
+            "priority must be a mapping or a callable request_id -> int, got "
+            f"{type(priority).__name__}"
+        )
     if max_input_length is not None and (isinstance(max_input_length, bool)
                                          or not isinstance(max_input_length, int)
                                          or max_input_length < 1):
-        raise StepPlannerValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
-                         "int >= 1, or None for what the KV cache holds")
+        raise StepPlannerValueError(
+            f"max_input_length={max_input_length!r} is out of range; allowed: an "
+            "int >= 1, or None for what the KV cache holds"
+        )
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
-        raise StepPlannerValueError(f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1")
+        raise StepPlannerValueError(
+            f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1"
+        )
     bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
         "options": options,
         "priority_of": staticmethod(priority) if callable(priority) else priority,

@@ -88,13 +88,17 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """
     raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
     if not isinstance(raw, Mapping):
-        raise StepPlannerTypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
-                        f"fields, got {type(raw).__name__} {raw!r}")
+        raise StepPlannerTypeError(
+            f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
+            f"fields, got {type(raw).__name__} {raw!r}"
+        )
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in _OPTION_FIELDS:
-            raise StepPlannerValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                             f"allowed: {', '.join(_OPTION_FIELDS)}")
+            raise StepPlannerValueError(
+                f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
+                f"allowed: {', '.join(_OPTION_FIELDS)}"
+            )
         with _named_in_config():
             values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
                            else _strict_int(key, value))
@@ -121,7 +125,9 @@ def _named_in_config() -> Iterator[None]:
 
 def _strict_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StepPlannerTypeError(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+        raise StepPlannerTypeError(
+            f"{key} must be an integer, got {type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -220,8 +226,11 @@ class StepPlannerScheduler(AsyncScheduler):
                  **kwargs: Any) -> None:
         unsupported = _unsupported_features(vllm_config)
         if unsupported:
-            raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
-                             + ": the planner does not model their per-step work")
+            raise StepPlannerValueError(
+                "StepPlannerScheduler does not support "
+                + "; ".join(unsupported)
+                + ": the planner does not model their per-step work"
+            )
         options = options_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with _named_in_config():

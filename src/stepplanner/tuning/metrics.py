@@ -48,7 +48,9 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
             raise StepPlannerValueError(f"metric percentile {item!r} is not a number; allowed: "
                              "comma-separated numbers in (0, 100], e.g. 50,90,99") from None
         if not (math.isfinite(value) and 0 < value <= 100):
-            raise StepPlannerValueError(f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100")
+            raise StepPlannerValueError(
+                f"metric percentile {item!r} is out of range; allowed: 0 < p <= 100"
+            )
         out.append(value)
     if not out:
         raise StepPlannerValueError(f"metric percentiles {text!r} is empty; allowed: e.g. 50,90,99")

@@ -61,12 +61,14 @@ class SloTarget:
             raise StepPlannerValueError(f"SLO metric {self.metric!r} is not known; allowed: "
                              f"{', '.join(METRICS)}")
         if not (isinstance(self.percentile, (int, float)) and 0 < self.percentile <= 100):
-            raise StepPlannerValueError(f"SLO percentile {self.percentile!r} is out of range; allowed: "
-                             "0 < p <= 100")
+            raise StepPlannerValueError(
+                f"SLO percentile {self.percentile!r} is out of range; allowed: 0 < p <= 100"
+            )
         if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds)
                 and self.seconds >= 0):
-            raise StepPlannerValueError(f"SLO threshold {self.seconds!r} s is out of range; allowed: a "
-                             "finite number >= 0")
+            raise StepPlannerValueError(
+                f"SLO threshold {self.seconds!r} s is out of range; allowed: a finite number >= 0"
+            )
 
     @property
     def key(self) -> str:
@@ -88,16 +90,20 @@ def parse_slo(text: str) -> SloTarget:
     key, value = key.strip().lower(), value.strip().lower()
     match = _KEY.match(key)
     if not sep or match is None:
-        raise StepPlannerValueError(f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
-                         f"tpot_p90@-1=50ms; METRIC is one of {', '.join(METRICS)}")
+        raise StepPlannerValueError(
+            f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
+            f"tpot_p90@-1=50ms; METRIC is one of {', '.join(METRICS)}"
+        )
     metric = match["metric"]
     if metric not in METRICS:
         raise StepPlannerValueError(f"SLO {text!r}: metric {metric!r} is not known; allowed: "
                          f"{', '.join(METRICS)}")
     number = _VALUE.match(value)
     if number is None:
-        raise StepPlannerValueError(f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
-                         "followed by ms, s or us (e.g. 200ms, 0.2s)")
+        raise StepPlannerValueError(
+            f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
+            "followed by ms, s or us (e.g. 200ms, 0.2s)"
+        )
     seconds = float(number["number"]) * _UNITS[number["unit"]]
     priority = None if match["cls"] is None else int(match["cls"])
     try:
@@ -196,5 +202,7 @@ def goodput(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray],
             priority: np.ndarray, completed: np.ndarray, simulated_seconds: float) -> float:
     """Good requests per simulated second."""
     if not simulated_seconds > 0:
-        raise StepPlannerValueError(f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0")
+        raise StepPlannerValueError(
+            f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0"
+        )
     return float(good_requests(slos, latencies, priority, completed).sum()) / simulated_seconds
