@@ -1,0 +1,42 @@
+# Sourced by every tools/ci/*.sh check: the Python it runs with, the paths ruff reads, and the
+# installation of a pyproject [dependency-groups] group into that Python's environment.
+#
+# Each check takes the Python as its first argument (a venv's python, or `python` on a runner),
+# else $CI_PYTHON, else python3. .ci/run passes .venv-ci/bin/python; the workflows pass nothing
+# (setup-python's python3); .pre-commit-config.yaml passes .venv/bin/python.
+set -euo pipefail
+
+PY=${1:-${CI_PYTHON:-python3}}
+case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY") ;; esac  # before the cd
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# What ruff checks and formats: every Python file the project writes.
+PYTHON_PATHS=(src tests tools benchmarks examples)
+
+# install_group NAME: pip-installs the group's requirements, read from pyproject.toml (not
+# `pip install --group`, which needs pip >= 25.1: a venv of Python 3.11 starts with pip 23).
+install_group() {
+  local reqs
+  mapfile -t reqs < <("$PY" - "$1" <<'PY'
+import sys, tomllib
+with open("pyproject.toml", "rb") as f:
+    group = tomllib.load(f)["dependency-groups"][sys.argv[1]]
+print("\n".join(group))
+PY
+)
+  "$PY" -m pip install -q "${reqs[@]}"
+}
+
+# scripts_dir: where the environment's console scripts are (actionlint and zizmor are binaries
+# with no `python -m` entry).
+scripts_dir() {
+  "$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))'
+}
+
+# run CMD...: print the command, as the workflow log and .ci/run's log show it, then run it.
+run() {
+  echo "+ $*"
+  "$@"
+}
