@@ -1,12 +1,13 @@
 # Sourced by every tools/ci/*.sh check: the Python it runs with, the paths ruff reads, and the
 # installation of a pyproject [dependency-groups] group into that Python's environment.
 #
-# Each check takes the Python as its first argument (a venv's python, or `python` on a runner),
-# else $CI_PYTHON, else python3. .ci/run passes .venv-ci/bin/python; the workflows pass nothing
-# (setup-python's python3); .pre-commit-config.yaml passes .venv/bin/python.
+# Each check takes the Python to run with as its first argument: a venv's directory or a python
+# executable; else $CI_PYTHON; else python3. .ci/run passes its .venv-ci, .pre-commit-config.yaml
+# the README's .venv, the workflows nothing (setup-python's python3).
 set -euo pipefail
 
 PY=${1:-${CI_PYTHON:-python3}}
+[ -d "$PY" ] && PY=$PY/bin/python
 case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY") ;; esac  # before the cd
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"

