@@ -18,15 +18,12 @@ PYTHON_PATHS=(src tests tools benchmarks examples)
 
 # install_group NAME: pip-installs the group's requirements, read from pyproject.toml (not
 # `pip install --group`, which needs pip >= 25.1: a venv of Python 3.11 starts with pip 23).
+# (A read loop, not mapfile: macOS ships bash 3.2.)
 install_group() {
-  local reqs
-  mapfile -t reqs < <("$PY" - "$1" <<'PY'
-import sys, tomllib
-with open("pyproject.toml", "rb") as f:
-    group = tomllib.load(f)["dependency-groups"][sys.argv[1]]
-print("\n".join(group))
-PY
-)
+  local reqs=() req
+  while IFS= read -r req; do reqs+=("$req"); done < <("$PY" -c 'import sys, tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["dependency-groups"][sys.argv[1]]))' "$1")
+  [ ${#reqs[@]} -gt 0 ] || { echo "tools/ci: pyproject.toml has no group $1" >&2; return 1; }
   "$PY" -m pip install -q "${reqs[@]}"
 }
 
