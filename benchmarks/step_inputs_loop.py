@@ -28,8 +28,8 @@ import numpy as np
 
 import stepplanner as sp
 from stepplanner import _core
-from stepplanner.kv import _kv
 from stepplanner.bench import planner as bench
+from stepplanner.kv import _kv
 from stepplanner.kv._buffers import LAYOUTS
 
 

@@ -13,7 +13,9 @@ import re
 import sys
 from collections import defaultdict
 
-NAME = re.compile(r"test_(?P<kind>\w+?)\[(?:(?P<scenario>[a-z_]+)-)?B(?P<batch>\d+)(?:-(?P<impl>\w+))?\]")
+NAME = re.compile(
+    r"test_(?P<kind>\w+?)\[(?:(?P<scenario>[a-z_]+)-)?B(?P<batch>\d+)(?:-(?P<impl>\w+))?\]"
+)
 
 
 def medians(path: str) -> dict[tuple[str, int], dict[str, float]]:

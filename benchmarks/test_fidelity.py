@@ -20,11 +20,11 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.fidelity.compare import check_fidelity
 from stepplanner.fidelity.results import read_results, served_workload
 from stepplanner.fidelity.simulated import simulated_results
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.traces import read_trace
 from stepplanner.sim.workloads import Workload

@@ -42,7 +42,11 @@ def scenario(request: pytest.FixtureRequest) -> str:
 def test_compiled(benchmark, scenario: str, batch: int, impl: str) -> None:
     rows = bench.steady_ledger(batch)
     planner = bench.make_planner(_core, scenario, batch)
-    ledger = as_resident_array(rows) if impl == "array" else as_resident_states(rows, _core.ResidentState)
+    ledger = (
+        as_resident_array(rows)
+        if impl == "array"
+        else as_resident_states(rows, _core.ResidentState)
+    )
     planner.plan(ledger)
     benchmark.group = _group(scenario, batch)
     plan = benchmark(planner.plan, ledger)

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from stepplanner import _core
+from stepplanner.bench import planner as bench
 from stepplanner.kv import _kv
 from stepplanner.kv import _kv_py as _kv_reference
-from stepplanner.bench import planner as bench
 from stepplanner.kv._buffers import LAYOUTS, layout_arrays
 from stepplanner.planner._types import as_resident_array
 

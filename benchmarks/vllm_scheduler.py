@@ -188,7 +188,7 @@ def main() -> None:
                             for overlap, _ in MODES.values()]
             observers, shares_of = zip(*(instrument(sched) for sched in instrumented))
             lockstep(instrumented, batch, list(observers))
-            for (mode, (overlap, own)), part_shares in zip(MODES.items(), shares_of):
+            for (mode, (_, own)), part_shares in zip(MODES.items(), shares_of):
                 (v_sat, v_total, v_n), (s_sat, s_total, s_n) = (
                     ([x for r in passes for x in r[0]], sum(r[1] for r in passes) // 2,
                      passes[0][2])

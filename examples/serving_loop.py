@@ -19,7 +19,9 @@ import stepplanner as sp
 EOS_ROW = 3  # the stand-in sampler ends request 3 after its second token
 
 
-def run_model(plan: sp.StepPlan, tokens: dict[int, int], ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+def run_model(
+    plan: sp.StepPlan, tokens: dict[int, int], ids: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]:
     """Stand-in for the forward pass and the sampler: one bool per plan row, True where the
     sampled token ends its request (only rows with select_last_token_logits sample)."""
     rows = plan.as_array()

@@ -120,7 +120,8 @@ def paged_impl(ledger_impl):
 
 @pytest.fixture(scope="session")
 def make_planner(core):
-    """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for resolved options."""
+    """``make_planner(B, S_in, P, max_step_tokens=0, **options)``: a planner of ``core`` for
+    resolved options."""
     from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 
     def build(b: int, s_in: int, p: int, max_step_tokens: int = 0, **options):

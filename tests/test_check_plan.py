@@ -85,7 +85,7 @@ def test_accepts_every_real_plan(core, case):
                core.StepPlanner(case.policy, case.limits).plan(residents))
 
 
-# --- one corruption per guarantee -------------------------------------------------------------------
+# --- one corruption per guarantee -----------------------------------------------------------------
 
 
 def test_empty_plan_with_residents():
@@ -122,9 +122,15 @@ def test_paused_out_of_range():
     rejects(fake(PAUSE_PLAN, paused=[0, 2, 3, 7]), "paused[3]=7", policy=PAUSING, rows=PAUSE_ROWS)
 
 
-@pytest.mark.parametrize(("field", "value", "right"), [
-    ("num_prefill", 3, 2), ("num_decode", 0, 1), ("prefill_tokens", 47, 48), ("total_tokens", 48, 49),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "right"),
+    [
+        ("num_prefill", 3, 2),
+        ("num_decode", 0, 1),
+        ("prefill_tokens", 47, 48),
+        ("total_tokens", 48, 49),
+    ],
+)
 def test_totals(field, value, right):
     rejects(fake(PLAN, **{field: value}), f"plan.{field}={value}", f"give {right}")
 

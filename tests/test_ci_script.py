@@ -1,7 +1,9 @@
-"""``.ci/run`` runs the README's test command, in a venv of its own."""
+"""``.ci/run`` runs the README's test command, in a venv of its own, and each check is one script
+that the GitHub workflows and pre-commit call too."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import shutil
@@ -60,3 +62,83 @@ def test_the_example_test_passes_in_cibuildwheels_test_layout(tmp_path: pathlib.
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
+
+
+CHECKS = ROOT / "tools" / "ci"
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def _text(path: pathlib.Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not WORKFLOWS.is_dir(), reason="runs from a checkout (.github/workflows)")
+def test_each_check_is_one_script_that_ci_and_the_workflows_call() -> None:
+    """The workflows' stubtest lost --mypy-config-file while .ci/run kept it: every check is a
+    script in tools/ci, called as it is by .ci/run and by a workflow, so they cannot drift.
+    (tools/ci/docs.sh comes with the documentation site; it is named here so neither forgets it.)"""
+    scripts = {p.name for p in CHECKS.glob("*.sh") if not p.name.startswith("_")} | {"docs.sh"}
+    assert {"lint.sh", "format.sh", "types.sh", "workflows.sh"} <= scripts
+    ci = _text(CI)
+    workflows = "\n".join(_text(p) for p in sorted(WORKFLOWS.glob("*.yml")))
+    for name in sorted(scripts):
+        assert re.search(rf"^[^#\n]*bash tools/ci/{name}\b", ci, re.M), f".ci/run skips {name}"
+        assert re.search(rf"^\s*run: bash tools/ci/{name}\b", workflows, re.M), name
+    # The contents of the sdist and wheels: one check for check_dist.sh and both workflows.
+    assert "tools/ci/dist_contents.py" in _text(ROOT / "tools" / "check_dist.sh")
+    for workflow in ("test.yml", "wheels.yml"):
+        assert "tools/ci/dist_contents.py" in _text(WORKFLOWS / workflow), workflow
+
+
+@pytest.mark.skipif(not WORKFLOWS.is_dir(), reason="runs from a checkout (.github/workflows)")
+def test_no_check_runs_outside_its_script() -> None:
+    """A tool a check script runs, run again beside it, is a second copy that can drift."""
+    for path in [CI, *sorted(WORKFLOWS.glob("*.yml"))]:
+        # Commands only: not comments, nor the names of jobs and steps.
+        code = "\n".join(
+            line for line in _text(path).splitlines() if not re.match(r"\s*(#|(- )?name:)", line)
+        )
+        code = re.sub(r"tools/ci/\w+\.sh", "", code)
+        for tool in ("mypy", "stubtest", "ruff", "zizmor", "check-jsonschema", "actionlint"):
+            assert not re.search(rf"\b{re.escape(tool)}\b", code), f"{path.name} runs {tool}"
+
+
+def test_pre_commit_runs_the_same_scripts() -> None:
+    config = _text(ROOT / ".pre-commit-config.yaml")
+    for name in ("lint", "format", "types", "workflows"):
+        assert f"entry: bash tools/ci/{name}.sh .venv\n" in config, name
+    # Local hooks only: a hook repository would bring a ruff or mypy of its own version.
+    assert re.findall(r"^\s*- repo: (\S+)", config, re.M) == ["local"]
+
+
+def test_the_checks_install_pyprojects_groups() -> None:
+    """ruff and mypy come from pyproject's dependency groups, so a bump moves CI and the hooks."""
+    import tomllib
+
+    groups = tomllib.loads(_text(ROOT / "pyproject.toml"))["dependency-groups"]
+    assert any(r.startswith("ruff") for r in groups["lint"])
+    assert any(r.startswith("mypy") for r in groups["typecheck"])
+    for name, group in (
+        ("lint", "lint"),
+        ("format", "lint"),
+        ("workflows", "lint"),
+        ("types", "typecheck"),
+    ):
+        assert f"install_group {group}\n" in _text(CHECKS / f"{name}.sh"), name
+
+
+def test_check_dist_parts_need_the_directory_the_part_before_filled() -> None:
+    """.ci/run runs tools/check_dist.sh in parts; a part after the first, alone, is refused
+    (before it creates anything) instead of testing nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "CHECK_DIST_DIR"}
+    for part in ("--wheel", "--test"):
+        proc = subprocess.run(
+            ["bash", str(ROOT / "tools" / "check_dist.sh"), part],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "set CHECK_DIST_DIR" in proc.stderr

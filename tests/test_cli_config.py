@@ -14,8 +14,8 @@ from stepplanner.planner._fields import enum_fields
 pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
 from click.testing import CliRunner  # noqa: E402
 
-from stepplanner.cli import main  # noqa: E402
 from stepplanner.cli import config as cli_config  # noqa: E402
+from stepplanner.cli import main  # noqa: E402
 from stepplanner.tuning.grid import parse_grid  # noqa: E402
 
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from stepplanner._errors import StepPlannerTypeError, StepPlannerValueError
+from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.planner._types import IfbSchedulingMode
-from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.sim.latency import EnginePace, LatencyModel
 from stepplanner.sim.latency_models import (
     MAX_PACE_WINDOWS,

@@ -49,7 +49,9 @@ def rejects(core, planner):
 
 
 def as_kind(core, rows, kind):
-    return as_resident_array(rows) if kind == "array" else as_resident_states(rows, core.ResidentState)
+    return (
+        as_resident_array(rows) if kind == "array" else as_resident_states(rows, core.ResidentState)
+    )
 
 
 # --- count ---------------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ def test_count_accepts_integer_likes(core, planner):
     assert planner.plan(residents, True).num_residents == 1
 
 
-# --- row values (both input kinds) -----------------------------------------------------------------
+# --- row values (both input kinds) ----------------------------------------------------------------
 
 
 ROW_ERRORS = [
@@ -104,7 +106,7 @@ def test_decoding_rows_may_exceed_input_length(core, planner):
     assert planner.plan(residents).num_decode == 1
 
 
-# --- containers, element types and dtypes -----------------------------------------------------------
+# --- containers, element types and dtypes ---------------------------------------------------------
 
 
 # Fixed ids: repr(iter([])) holds an address, which differs between pytest-xdist workers.
@@ -256,7 +258,7 @@ def test_field_extremes_are_accepted(core):
 
 
 def _library_refusals(core):
-    from stepplanner import Ledger, LatencyModel, StepPlannerLimits, synthetic
+    from stepplanner import LatencyModel, Ledger, StepPlannerLimits, synthetic
     from stepplanner.sim.traces import load_trace
 
     limits = StepPlannerLimits(4, 64, 16)

@@ -11,8 +11,6 @@ import pathlib
 import numpy as np
 import pytest
 
-from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.fidelity.compare import (
     Sample,
     check_fidelity,
@@ -22,6 +20,8 @@ from stepplanner.fidelity.compare import (
 )
 from stepplanner.fidelity.results import read_results, served_workload
 from stepplanner.fidelity.simulated import simulated_results
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.traces import read_trace
 from stepplanner.sim.workloads import Workload, synthetic
@@ -232,7 +232,8 @@ def mutated(change) -> dict:
     ([1, 2], "expected a JSON object (the layout of vllm bench serve --save-result), got list"),
     (mutated(lambda d: d.pop("itls")), "key(s) 'itls' missing; a stepplanner-results/1 result"),
     (mutated(lambda d: d.pop("stepplanner") and d.pop("ttfts")),
-     "key(s) 'ttfts' missing; a vLLM result (vllm bench serve --save-result --save-detailed)"),
+     "key(s) 'ttfts' missing; a vLLM result "
+     "(vllm bench serve --save-result --save-detailed)"),
     (mutated(lambda d: d.update(output_lens=[3, 0])),
      "the per-request lists differ in length (input_lens 3, output_lens 2,"),
     (mutated(lambda d: d.update(ttfts={"a": 1})), "ttfts is dict; allowed: a list"),
@@ -300,8 +301,8 @@ def test_malformed_results_name_the_file_and_the_key(tmp_path: pathlib.Path, doc
      "(1 row(s) differ)"),
     ((np.array([0.0, 0.5, 1.0]), [10, 20, 30], [4, 7, 5], [-1, 0, 0]),
      "request 0 has output_lens=3, but trace t row 0 (by arrival) has output_tokens=4 "
-     "(2 row(s) differ); allowed: the results of a run of this trace, row for row (a request "
-     "that stopped early"),
+     "(2 row(s) differ); allowed: the results of a run of this trace, row for row "
+     "(a request that stopped early"),
     ((np.array([0.0, 0.5, 1.0]), [10, 20, 30], [3, 7, 2], [0, 0, 0]),
      "request 0 has priorities=-1, but trace t row 0 (by arrival) has priority=0"),
 ])

@@ -14,9 +14,9 @@ import pathlib
 import numpy as np
 import pytest
 
+from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-from stepplanner.fidelity.simulated import simulated_results
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.simulator import simulate
 from stepplanner.sim.traces import read_trace

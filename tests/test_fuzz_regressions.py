@@ -315,7 +315,8 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
             limits.max_batch_size * limits.max_input_length)
         return limits
 
-    from stepplanner.kv import _kv as kv_compiled, _kv_py as kv_reference
+    from stepplanner.kv import _kv as kv_compiled
+    from stepplanner.kv import _kv_py as kv_reference
 
     def pages_seen(ledger, table, model):
         seen["tables"] += isinstance(table, (kv_compiled.KVPageTable, kv_reference.KVPageTable))

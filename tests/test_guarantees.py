@@ -7,7 +7,6 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from stepplanner import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-
 from stepplanner.planner.checks import check_plan
 from stepplanner.testing import (
     as_resident_array,
@@ -53,7 +52,9 @@ def test_ledgers_strategy_array_form(core, data):
 def test_guarantees_hold_along_a_run(core, case, steps, as_array):
     """Plan, check, apply (SPEC §6), repeat: the ledger a plan leaves is always plannable."""
     rows = [r[:3] + (min(r[3], 2**30),) + r[4:5] + (min(r[5], 2**30),) for r in case.rows]
-    residents = as_resident_array(rows) if as_array else as_resident_states(rows, core.ResidentState)
+    residents = (
+        as_resident_array(rows) if as_array else as_resident_states(rows, core.ResidentState)
+    )
     planner = core.StepPlanner(case.policy, case.limits)
     for _ in range(steps):
         plan = planner.plan(residents)
@@ -61,7 +62,7 @@ def test_guarantees_hold_along_a_run(core, case, steps, as_array):
         plan.apply_to(residents)
 
 
-# --- the strategies reach the corners their docs promise ---------------------------------------------
+# --- the strategies reach the corners their docs promise ------------------------------------------
 
 
 def _pausing(case):

@@ -186,12 +186,21 @@ def test_resolve_refuses_wrong_types(options, limits, fragments):
         sp.resolve_scheduling_policy(options, limits)
 
 
-@pytest.mark.parametrize(("options", "fragments"), [
-    (sp.SchedulingOptions(priority_reserved_slots=6), ("priority_reserved_slots=6", "< max_batch_size=6")),
-    (sp.SchedulingOptions(max_num_tokens=21), ("max_num_tokens=21", "[22, 384]")),
-    (sp.SchedulingOptions(max_num_tokens=385), ("max_num_tokens=385", "[22, 384]")),
-    (sp.SchedulingOptions(max_chunk_tokens=24), ("max_chunk_tokens=24", "multiple of kv_page_size=16")),
-])
+@pytest.mark.parametrize(
+    ("options", "fragments"),
+    [
+        (
+            sp.SchedulingOptions(priority_reserved_slots=6),
+            ("priority_reserved_slots=6", "< max_batch_size=6"),
+        ),
+        (sp.SchedulingOptions(max_num_tokens=21), ("max_num_tokens=21", "[22, 384]")),
+        (sp.SchedulingOptions(max_num_tokens=385), ("max_num_tokens=385", "[22, 384]")),
+        (
+            sp.SchedulingOptions(max_chunk_tokens=24),
+            ("max_chunk_tokens=24", "multiple of kv_page_size=16"),
+        ),
+    ],
+)
 def test_resolve_names_the_field_and_range(options, fragments):
     with pytest.raises(ValueError, match=matching(*fragments)):
         sp.resolve_scheduling_policy(options, LIMITS)

@@ -92,7 +92,7 @@ def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: 
               for mod, t in zip((reference_kv, compiled_kv), tables)]
     for op in data.draw(operations(b, m, p)):
         name, *args = op
-        got = [attempt(lambda t=t: getattr(t, name)(*args)) for t in tables]
+        got = [attempt(lambda t=t, name=name, args=args: getattr(t, name)(*args)) for t in tables]
         assert got[0] == got[1], op
         assert table_state(tables[0]) == table_state(tables[1]), op
         # Between operations, a plan over the table as it is now: often valid, often not.
@@ -101,7 +101,7 @@ def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: 
         if data.draw(st.integers(0, 7), label="invalidate") == 0:
             for i in inputs:
                 i.invalidate()
-        got = [attempt(lambda i=i: inputs_state(i.prepare(plan))) for i in inputs]
+        got = [attempt(lambda i=i, plan=plan: inputs_state(i.prepare(plan))) for i in inputs]
         assert got[0] == got[1], rows
         assert inputs_state(inputs[0]) == inputs_state(inputs[1])
         assert window_state(inputs[0]) == window_state(inputs[1]), rows
@@ -147,7 +147,7 @@ def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any,
             assert result[:2] == ("raised", AttributeError), name
     # And the arrays mean what they say: every new token's KV slot is in its row's pages.
     got = {name: result[1] for name, result in states[2].items()}
-    for i, (slot, _, past, query, _) in enumerate(rows):
+    for i, (_, _, past, query, _) in enumerate(rows):
         start, stop = got["cu_seqlens_q"][i], got["cu_seqlens_q"][i + 1]
         assert got["positions"][start:stop] == list(range(past, past + query))
         pages = got["kv_indices"][got["kv_indptr"][i]:got["kv_indptr"][i + 1]]

@@ -144,13 +144,22 @@ def test_read_timings_and_round_trip(tmp_path: pathlib.Path) -> None:
                                                           fit.model.c, "mine")
 
 
-@pytest.mark.parametrize("body, fragment", [
-    ("tokens,seconds\n1,2\n", "line 1: header \\['tokens', 'seconds'\\] lacks column\\(s\\) context"),
-    ("tokens,context,seconds\n1,2,0.1\n3,x,0.2\n", "line 3: column 'context': 'x' is not a number"),
-    ("tokens,context,seconds\n1,2,0\n", "line 2: column 'seconds': '0' is out of range"),
-    ("tokens,context,seconds\n-1,2,0.1\n", "line 2: column 'tokens': '-1' is out of range"),
-    ("tokens,context,seconds\n1,2,\n", "line 2: column 'seconds': '' is not a number"),
-])
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (
+            "tokens,seconds\n1,2\n",
+            "line 1: header \\['tokens', 'seconds'\\] lacks column\\(s\\) context",
+        ),
+        (
+            "tokens,context,seconds\n1,2,0.1\n3,x,0.2\n",
+            "line 3: column 'context': 'x' is not a number",
+        ),
+        ("tokens,context,seconds\n1,2,0\n", "line 2: column 'seconds': '0' is out of range"),
+        ("tokens,context,seconds\n-1,2,0.1\n", "line 2: column 'tokens': '-1' is out of range"),
+        ("tokens,context,seconds\n1,2,\n", "line 2: column 'seconds': '' is not a number"),
+    ],
+)
 def test_bad_timings_name_row_and_column(tmp_path: pathlib.Path, body: str,
                                          fragment: str) -> None:
     path = tmp_path / "t.csv"

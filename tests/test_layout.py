@@ -66,7 +66,9 @@ def sources() -> dict[str, pathlib.Path]:
     return found
 
 
-_FROM = re.compile(r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+c?import[ \t]+(\([^)]*\)|[^\n#]*)(.*)$", re.M)
+_FROM = re.compile(
+    r"^[ \t]*from[ \t]+(\.*[\w.]*)[ \t]+c?import[ \t]+(\([^)]*\)|[^\n#]*)(.*)$", re.M
+)
 _IMPORT = re.compile(r"^[ \t]*c?import[ \t]+(stepplanner[\w.]*)(.*)$", re.M)
 
 
@@ -155,7 +157,9 @@ def test_no_import_circles():
         stack.append(node)
         for nxt in sorted(edges.get(node, ())):
             if state.get(nxt) == 1:
-                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+                raise AssertionError(
+                    "import circle: " + " -> ".join(stack[stack.index(nxt) :] + [nxt])
+                )
             if nxt not in state:
                 visit(nxt)
         stack.pop()
@@ -197,9 +201,18 @@ def test_every_compiled_module_has_its_twin_beside_it():
 
 def _modules_after(code: str, **env: str) -> list[str]:
     environ = {k: v for k, v in os.environ.items() if k != "STEPPLANNER_IMPL"} | env
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\n"
-                          "print('\\n'.join(m for m in sys.modules if m.startswith('stepplanner')))"],
-                         capture_output=True, text=True, env=environ, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code + "\nimport sys\n"
+            "print('\\n'.join(m for m in sys.modules if m.startswith('stepplanner')))",
+        ],
+        capture_output=True,
+        text=True,
+        env=environ,
+        check=True,
+    )
     return out.stdout.split()
 
 

@@ -58,7 +58,9 @@ def _oracle_apply(before: np.ndarray, plan: dict) -> np.ndarray:
             after[i]["context_committed"] = True
     for i in range(len(after)):
         paused = i in plan["paused"]
-        after[i]["consecutive_paused_steps"] = before[i]["consecutive_paused_steps"] + 1 if paused else 0
+        after[i]["consecutive_paused_steps"] = (
+            before[i]["consecutive_paused_steps"] + 1 if paused else 0
+        )
     return after
 
 
@@ -319,17 +321,31 @@ def test_apply_refuses_a_negative_field_written_after_planning(row: int, field: 
     assert _state(ledger) == before
 
 
-@pytest.mark.parametrize(("records", "error", "match"), [
-    ([{"priority": 0, "arrival": 1}, {"arrival": 1}], ValueError, "two residents have the same arrival"),
-    ([{"bogus": 1}], ValueError, r"unknown field\(s\) \['bogus'\]"),
-    ([{"committed": "x"}], TypeError, r"residents\[0\]\.committed must be an integer"),
-    ([{}] * 5, ValueError, "5 residents exceed max_batch_size=4"),
-    (["row"], TypeError, r"residents\[0\] must be an object"),
-    ([{"request_id": None}], TypeError, r"residents\[0\]\.request_id must be an integer"),
-    ([{}, {"request_id": 2**63}], OverflowError, r"residents\[1\]\.request_id=\d+ does not fit"),
-    ([{"request_id": 7}, {"request_id": 7, "arrival": 9}], ValueError,
-     "two residents have the same request_id"),
-])
+@pytest.mark.parametrize(
+    ("records", "error", "match"),
+    [
+        (
+            [{"priority": 0, "arrival": 1}, {"arrival": 1}],
+            ValueError,
+            "two residents have the same arrival",
+        ),
+        ([{"bogus": 1}], ValueError, r"unknown field\(s\) \['bogus'\]"),
+        ([{"committed": "x"}], TypeError, r"residents\[0\]\.committed must be an integer"),
+        ([{}] * 5, ValueError, "5 residents exceed max_batch_size=4"),
+        (["row"], TypeError, r"residents\[0\] must be an object"),
+        ([{"request_id": None}], TypeError, r"residents\[0\]\.request_id must be an integer"),
+        (
+            [{}, {"request_id": 2**63}],
+            OverflowError,
+            r"residents\[1\]\.request_id=\d+ does not fit",
+        ),
+        (
+            [{"request_id": 7}, {"request_id": 7, "arrival": 9}],
+            ValueError,
+            "two residents have the same request_id",
+        ),
+    ],
+)
 def test_bad_load_leaves_the_ledger_unchanged(records: list, error: type, match: str) -> None:
     ledger = _full_ledger()
     before = _state(ledger)

@@ -112,9 +112,9 @@ def test_bad_finished_masks_change_nothing(make, mask, error, match) -> None:
 def test_nothing_finishes_by_itself(make) -> None:
     ledger, planner = make()
     ledger.submit(1, 8)
-    plan = ledger.step(planner)
+    ledger.step(planner)
     for _ in range(50):
-        plan = ledger.step(planner)
+        ledger.step(planner)
     assert ledger.finished_ids.size == 0 and ledger.output_tokens.tolist() == [50]
 
 

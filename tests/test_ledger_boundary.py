@@ -18,10 +18,14 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from stepplanner import SEQUENCE_DTYPE, SchedulingOptions, StepPlannerLimits
-from stepplanner import resolve_scheduling_policy
-from stepplanner._errors import StepPlannerRuntimeError
+from stepplanner import (
+    SEQUENCE_DTYPE,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
 from stepplanner._core_py import StepPlan as ReferencePlan
+from stepplanner._errors import StepPlannerRuntimeError
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
 POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)

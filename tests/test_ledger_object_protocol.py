@@ -13,8 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from stepplanner import _errors
-from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from stepplanner import SchedulingOptions, StepPlannerLimits, _errors, resolve_scheduling_policy
 from stepplanner import _core_py as reference_core
 from stepplanner.planner._types import PlannedSequence, SequenceWork
 
@@ -368,7 +367,7 @@ def test_plans_of_the_other_implementation_are_versioned_too(ledger_impl, compil
             ledger.step(planner, np.zeros(plan.num_prefill + plan.num_decode, dtype=bool))
 
 
-# --- A.6: __init__ called again --------------------------------------------------------------------
+# --- A.6: __init__ called again -------------------------------------------------------------------
 
 
 def test_init_called_again_is_refused_and_changes_nothing(ledger_impl):

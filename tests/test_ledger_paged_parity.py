@@ -49,11 +49,11 @@ class PagedParity(RuleBasedStateMachine):
     def start(self, b, s_in, page, by_priority, pause, reserved, max_waiting, num_pages,
               row_pages, extra_slots):
         from stepplanner import _core
+        from stepplanner import _core_py as _reference
         from stepplanner.kv import _kv
         from stepplanner.kv import _kv_py as _kv_reference
         from stepplanner.ledger import _ledger as _ledger_core
         from stepplanner.ledger import _ledger_py as _ledger_reference
-        from stepplanner import _core_py as _reference
 
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
@@ -105,7 +105,8 @@ class PagedParity(RuleBasedStateMachine):
                 new = data.draw(st.one_of(st.none(), st.integers(1, self.most_tokens + 2),
                                           st.just(2**31)))
             priority = data.draw(st.integers(-2, 2))
-            outcome = self.both(lambda ledger, *_: ledger.submit(rid, length, priority, new))
+            # both() calls it at once, for each ledger, before the loop moves on.
+            outcome = self.both(lambda ledger, *_: ledger.submit(rid, length, priority, new))  # noqa: B023
             if outcome[0] == "ok":
                 self.tokens[rid] = length + new
                 self.next_id = max(self.next_id, rid + 1)
@@ -240,11 +241,11 @@ def test_long_serving_runs_stay_identical(seed):
     and cancellations, on both implementations: the same plans, finishes and page tables at
     every step, and every planned row within its row's pages."""
     from stepplanner import _core
+    from stepplanner import _core_py as _reference
     from stepplanner.kv import _kv
     from stepplanner.kv import _kv_py as _kv_reference
     from stepplanner.ledger import _ledger as _ledger_core
     from stepplanner.ledger import _ledger_py as _ledger_reference
-    from stepplanner import _core_py as _reference
 
     rng = np.random.default_rng(seed)
     b, page = int(rng.integers(2, 9)), int(rng.choice([1, 4, 16]))

@@ -32,10 +32,10 @@ from stepplanner import (
     resolve_scheduling_policy,
 )
 from stepplanner import _core_py as _reference
-from stepplanner.ledger import _ledger_py as _ledger_reference
 from stepplanner._errors import QueueFullError
-from stepplanner.planner.checks import check_plan
 from stepplanner.ledger import RESIDENT_FIELDS
+from stepplanner.ledger import _ledger_py as _ledger_reference
+from stepplanner.planner.checks import check_plan
 
 REFUSALS = (TypeError, ValueError, OverflowError, QueueFullError)
 

@@ -63,7 +63,7 @@ def test_valid_ledgers(compiled, reference, case):
     assert result[0] == "planned", result
 
 
-# --- invalid ledgers -------------------------------------------------------------------------------
+# --- invalid ledgers ------------------------------------------------------------------------------
 
 
 @st.composite

@@ -131,7 +131,11 @@ def test_pause_h_is_first_prompt_even_if_a_decode_is_better(make_planner, run):
 
 @pytest.mark.parametrize(("paused_steps", "released"), [(2, False), (3, True), (4, True)])
 def test_max_pause_steps_boundary(make_planner, run, paused_steps, released):
-    rows = [row(0, 0, 20), dec(1, 1, paused_steps=paused_steps), row(1, 2, 8, paused_steps=paused_steps)]
+    rows = [
+        row(0, 0, 20),
+        dec(1, 1, paused_steps=paused_steps),
+        row(1, 2, 8, paused_steps=paused_steps),
+    ]
     plan, why = run(pause_planner(make_planner, max_pause_steps=3), rows)
     if released:
         assert list(plan.paused) == []

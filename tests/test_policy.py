@@ -229,7 +229,7 @@ def test_mixed_chunk_capped_by_input_length():
     assert resolve(4, 8, 16, max_num_tokens=24).max_chunk_tokens == 16
 
 
-# --- rule 3 under PREFILL_FIRST, and rule 4 --------------------------------------------------------
+# --- rule 3 under PREFILL_FIRST, and rule 4 -------------------------------------------------------
 
 
 def test_prefill_first_budgets_are_t_max_and_s_in():
@@ -279,7 +279,7 @@ def test_valid_options_resolve_to_a_plannable_policy(data):
         assert p <= policy.max_chunk_tokens <= max(p, lim.max_input_length // p * p)
 
 
-# --- the planner's check of hand-built policies ----------------------------------------------------
+# --- the planner's check of hand-built policies ---------------------------------------------------
 
 
 LIMITS = StepPlannerLimits(4, 64, 16)

@@ -38,7 +38,8 @@ def _interleave_often() -> Iterator[None]:
 
 
 def run_together(target: Callable[[int], None], n: int = THREADS) -> None:
-    """Run ``target(k)`` for k in range(n) on n threads released by one barrier; re-raise failures."""
+    """Run ``target(k)`` for k in range(n) on n threads released by one barrier; re-raise
+    failures."""
     barrier = threading.Barrier(n)
     errors: list[BaseException] = []
 

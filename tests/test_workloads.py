@@ -16,7 +16,9 @@ from stepplanner.sim.workloads import Workload, synthetic
 def test_synthetic_is_seeded_sorted_and_has_three_classes() -> None:
     a, b = synthetic(requests=3000, rate=20.0, seed=3), synthetic(requests=3000, rate=20.0, seed=3)
     assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
-    assert not np.array_equal(a.prompt_tokens, synthetic(requests=3000, rate=20.0, seed=4).prompt_tokens)
+    assert not np.array_equal(
+        a.prompt_tokens, synthetic(requests=3000, rate=20.0, seed=4).prompt_tokens
+    )
     assert np.all(np.diff(a.arrival_time) >= 0) and a.arrival_time[0] == 0
     assert a.classes == [-1, 0, 1]
     gaps = np.diff(a.arrival_time)
@@ -70,24 +72,54 @@ def test_csv_and_jsonl_round_trip(tmp_path: pathlib.Path) -> None:
     assert set(j.priority.tolist()) == {0}  # priority is optional
 
 
-@pytest.mark.parametrize(("name", "text", "match"), [
-    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,1\n1,x,2\n",
-     r"line 3: column 'prompt_tokens': 'x' is not an integer"),
-    ("a.csv", "arrival_time,prompt_tokens\n0,5\n", r"line 1: column\(s\) 'output_tokens' not found"),
-    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n-2,5,1\n", r"line 2: column 'arrival_time'"),
-    ("a.csv", "arrival_time,prompt_tokens,output_tokens,priority\n0,5,0,1\n",
-     r"line 2: column 'output_tokens': 0 is out of range"),
-    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n0,5,\n", r"line 2: column 'output_tokens' is missing"),
-    ("a.jsonl", '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 1}\n{oops\n',
-     r"line 2: not valid JSON"),
-    ("a.jsonl", '[1, 2]\n', r"line 1: expected a JSON object"),
-    ("a.jsonl", '{"arrival_time": 0, "prompt_tokens": 5.5, "output_tokens": 1}\n',
-     r"line 1: column 'prompt_tokens': 5.5 is not an integer"),
-    ("a.jsonl", '{"arrival_time": true, "prompt_tokens": 5, "output_tokens": 1}\n',
-     r"line 1: column 'arrival_time'"),
-    ("a.txt", "", r"suffix '.txt' is not known"),
-    ("a.csv", "arrival_time,prompt_tokens,output_tokens\n", "no requests"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [
+        (
+            "a.csv",
+            "arrival_time,prompt_tokens,output_tokens\n0,5,1\n1,x,2\n",
+            r"line 3: column 'prompt_tokens': 'x' is not an integer",
+        ),
+        (
+            "a.csv",
+            "arrival_time,prompt_tokens\n0,5\n",
+            r"line 1: column\(s\) 'output_tokens' not found",
+        ),
+        (
+            "a.csv",
+            "arrival_time,prompt_tokens,output_tokens\n-2,5,1\n",
+            r"line 2: column 'arrival_time'",
+        ),
+        (
+            "a.csv",
+            "arrival_time,prompt_tokens,output_tokens,priority\n0,5,0,1\n",
+            r"line 2: column 'output_tokens': 0 is out of range",
+        ),
+        (
+            "a.csv",
+            "arrival_time,prompt_tokens,output_tokens\n0,5,\n",
+            r"line 2: column 'output_tokens' is missing",
+        ),
+        (
+            "a.jsonl",
+            '{"arrival_time": 0, "prompt_tokens": 5, "output_tokens": 1}\n{oops\n',
+            r"line 2: not valid JSON",
+        ),
+        ("a.jsonl", "[1, 2]\n", r"line 1: expected a JSON object"),
+        (
+            "a.jsonl",
+            '{"arrival_time": 0, "prompt_tokens": 5.5, "output_tokens": 1}\n',
+            r"line 1: column 'prompt_tokens': 5.5 is not an integer",
+        ),
+        (
+            "a.jsonl",
+            '{"arrival_time": true, "prompt_tokens": 5, "output_tokens": 1}\n',
+            r"line 1: column 'arrival_time'",
+        ),
+        ("a.txt", "", r"suffix '.txt' is not known"),
+        ("a.csv", "arrival_time,prompt_tokens,output_tokens\n", "no requests"),
+    ],
+)
 def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, text: str,
                                            match: str) -> None:
     (tmp_path / name).write_text(text)

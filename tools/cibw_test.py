@@ -26,6 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+
 def config(project: Path) -> dict[str, Any]:
     with open(project / "pyproject.toml", "rb") as f:
         table: dict[str, Any] = tomllib.load(f).get("tool", {}).get("cibuildwheel", {})

@@ -26,13 +26,18 @@ from typing import Any
 
 import numpy as np
 
+from stepplanner.fidelity.compare import real_samples
+from stepplanner.fidelity.results import read_results
 from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
 from stepplanner.planner._types import IfbSchedulingMode
 from stepplanner.sim.latency import EnginePace, LatencyModel
-from stepplanner.sim.latency_models import (PACE_WINDOW, StepTimings, fit_step_latency,
-                                            measured_pace, read_step_timings)
-from stepplanner.fidelity.compare import real_samples
-from stepplanner.fidelity.results import read_results
+from stepplanner.sim.latency_models import (
+    PACE_WINDOW,
+    StepTimings,
+    fit_step_latency,
+    measured_pace,
+    read_step_timings,
+)
 from stepplanner.sim.simulator import policy_from_dict, simulate
 from stepplanner.sim.traces import read_trace
 

@@ -51,13 +51,13 @@ import numpy as np
 with atheris.instrument_imports(include=["stepplanner"]):
     import stepplanner
     from stepplanner import _core
+    from stepplanner import _core_py as _reference
     from stepplanner.kv import _kv
     from stepplanner.kv import _kv_py as _kv_reference
+    from stepplanner.ledger import Ledger
     from stepplanner.ledger import _ledger as _ledger_core
     from stepplanner.ledger import _ledger_py as _ledger_reference
-    from stepplanner import _core_py as _reference
     from stepplanner.planner.checks import check_plan
-    from stepplanner.ledger import Ledger
 
 ALLOWED = (TypeError, ValueError, OverflowError)
 IMPLS = (_core, _reference)

@@ -48,7 +48,8 @@ from .ledger import Ledger, QueueFullError
 
 __version__ = "0.1.0"
 
-# The offline names: where each lives. Loaded on first use (PEP 562), never by ``import stepplanner``.
+# The offline names: where each lives. Loaded on first use (PEP 562), never by
+# ``import stepplanner``.
 _OFFLINE = {
     "LatencyModel": "stepplanner.sim.latency",
     "SimulationResult": "stepplanner.sim.simulator",

@@ -7,10 +7,9 @@ stepplanner`` checks this file against the built module in CI.
 from collections.abc import Sequence
 from typing import Any, ClassVar, SupportsIndex, TypeAlias
 
-from typing_extensions import disjoint_base
-
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 from .planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from .planner._types import PlannedSequence

@@ -8,7 +8,8 @@ agree with it on every plan and on every error (type and message). Select it wit
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

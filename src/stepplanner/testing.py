@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-
 try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - depends on the installation
@@ -118,7 +117,9 @@ def _limits(draw: Any, max_batch_size: int, max_input_length: int,
     return StepPlannerLimits(b, s_in, p, step)
 
 
-def scheduling_options(lim: StepPlannerLimits | None = None) -> st.SearchStrategy[SchedulingOptions]:
+def scheduling_options(
+    lim: StepPlannerLimits | None = None,
+) -> st.SearchStrategy[SchedulingOptions]:
     """``SchedulingOptions`` that resolve without error for ``lim`` (any options when None)."""
     if lim is None:
         return st.builds(
@@ -143,11 +144,10 @@ def _valid_options(draw: Any, lim: StepPlannerLimits) -> SchedulingOptions:
     max_num_tokens = draw(st.integers(b + p, t_max)) if can_give and draw(_BOOLS) else 0
     if max_num_tokens == 0 and not feasible:
         # Defaults need mixed batching to be feasible; MIXED must then be given a budget.
-        if mode == IfbSchedulingMode.MIXED:
-            if not can_give:
-                mode = IfbSchedulingMode.PREFILL_FIRST
-            else:
-                max_num_tokens = draw(st.integers(b + p, t_max))
+        if mode == IfbSchedulingMode.MIXED and not can_give:
+            mode = IfbSchedulingMode.PREFILL_FIRST
+        elif mode == IfbSchedulingMode.MIXED:
+            max_num_tokens = draw(st.integers(b + p, t_max))
     effective = max_num_tokens or (default_max_num_tokens(lim) if feasible else 0)
     max_chunk_tokens = 0
     if effective - b >= p and draw(_BOOLS):

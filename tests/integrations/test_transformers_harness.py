@@ -22,6 +22,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
+
+import stepplanner as sp
+from stepplanner.cli import main
+from stepplanner.sim.latency_models import STEP_TIMING_COLUMNS, read_step_timings
+from stepplanner.sim.simulator import policy_to_dict
+from stepplanner.sim.workloads import Workload
 
 REQUIRED = os.environ.get("STEPPLANNER_REQUIRE_INTEGRATIONS") == "1"
 try:
@@ -35,14 +42,6 @@ except ImportError as exc:
         raise ImportError(f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers harness "
                           f"cannot be imported: {exc}") from exc
     pytest.skip(f"transformers harness not installed: {exc}", allow_module_level=True)
-
-from click.testing import CliRunner
-
-import stepplanner as sp
-from stepplanner.cli import main
-from stepplanner.sim.latency_models import STEP_TIMING_COLUMNS, read_step_timings
-from stepplanner.sim.simulator import policy_to_dict
-from stepplanner.sim.workloads import Workload
 
 TINY = harness.ModelSpec(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=97, seed=7)
@@ -69,8 +68,12 @@ def short_trace(n: int = 12, seed: int = 3) -> Workload:
 
 def stepplanner_scheduler(options: sp.SchedulingOptions, workload: Workload) -> tuple[str, Any]:
     ids = [f"req_{i}" for i in range(len(workload))]
-    name = register(options, name="harness-test", priority=dict(zip(ids, workload.priority.tolist())),
-                    max_input_length=ENGINE.max_input_length)
+    name = register(
+        options,
+        name="harness-test",
+        priority=dict(zip(ids, workload.priority.tolist())),
+        max_input_length=ENGINE.max_input_length,
+    )
     return name, sp.resolve_scheduling_policy(options, ENGINE.limits())
 
 

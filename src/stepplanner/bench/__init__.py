@@ -11,8 +11,16 @@ import json
 from dataclasses import asdict
 
 from . import loop as host_loop
-from .planner import BATCH_SIZES, KV_PAGE_SIZE, MAX_INPUT_LENGTH, SCENARIOS, checks, machine, \
-    measure_all, render
+from .planner import (
+    BATCH_SIZES,
+    KV_PAGE_SIZE,
+    MAX_INPUT_LENGTH,
+    SCENARIOS,
+    checks,
+    machine,
+    measure_all,
+    render,
+)
 
 __all__ = ["main"]
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from .. import _core as _planner
 from ..kv import _kv
-from ..ledger import _ledger, _ledger_py as _ledger_reference
+from ..ledger import _ledger
+from ..ledger import _ledger_py as _ledger_reference
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..planner._slo import SLO
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
@@ -89,7 +90,9 @@ class Stream:
         # than that gets no mask (max_new_tokens still finishes requests).
         self.eos_free_rows = min(64, batch // 2)
         flags = np.zeros(batch + 1, dtype=bool)
-        flags[self.eos_free_rows:] = self.rng.random(batch + 1 - self.eos_free_rows) < EOS_PROBABILITY
+        flags[self.eos_free_rows :] = (
+            self.rng.random(batch + 1 - self.eos_free_rows) < EOS_PROBABILITY
+        )
         self.masks: list[np.ndarray] = [flags[:n] for n in range(batch + 1)]
 
     def top_up(self, ledger: Any, waiting: int) -> None:

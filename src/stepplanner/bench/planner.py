@@ -25,13 +25,15 @@ import random
 import statistics
 import time
 import tracemalloc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .. import _core as _planner, _core_py as _reference
+from .. import _core as _planner
+from .. import _core_py as _reference
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..planner._types import (
     IfbSchedulingMode,
@@ -75,7 +77,9 @@ TARGET_REFERENCE_OVER_ARRAY = 100.0
 TARGET_STEADY_GROWTH = 5.0
 # "Stays O(B log B)": B log B predicts 1024*10 / (256*8) = 5.0 from 256 to 1024 (B^2 would give
 # 16); the bound allows 25% on top for the 4x larger working set falling out of L1.
-SHUFFLED_GROWTH_MODEL = (GROWTH_TO * math.log2(GROWTH_TO)) / (TARGET_BATCH * math.log2(TARGET_BATCH))
+SHUFFLED_GROWTH_MODEL = (GROWTH_TO * math.log2(GROWTH_TO)) / (
+    TARGET_BATCH * math.log2(TARGET_BATCH)
+)
 TARGET_SHUFFLED_GROWTH = 1.25 * SHUFFLED_GROWTH_MODEL
 
 # Time per timed batch of calls, and batches per figure: a few seconds for the whole run. Short
@@ -224,11 +228,15 @@ def _batches(scenario: str, batch: int, reference: bool) -> dict[str, Callable[[
         "list": plan_batch(planner.plan, [objects]),
         "c_loop": c_loop_batch(planner, array),
         # A planner of its own: its previous order must not leak into the steady batches.
-        "shuffled": plan_batch(make_planner(_planner, scenario, batch).plan, shuffled_ledgers(rows)),
+        "shuffled": plan_batch(
+            make_planner(_planner, scenario, batch).plan, shuffled_ledgers(rows)
+        ),
     }
     if reference:
         ref_planner = make_planner(_reference, scenario, batch)
-        batches["reference"] = plan_batch(ref_planner.plan, [[_reference.ResidentState(*r) for r in rows]])
+        batches["reference"] = plan_batch(
+            ref_planner.plan, [[_reference.ResidentState(*r) for r in rows]]
+        )
     return batches
 
 

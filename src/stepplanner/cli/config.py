@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..planner._config_keys import apply_fields, canonical_key, field_name
 from .._errors import StepPlannerValueError
+from ..planner._config_keys import apply_fields, canonical_key, field_name
 from ..planner._policy import SchedulingOptions, StepPlannerLimits
 
 __all__ = ["Config", "canonical_key", "parse_config", "parse_config_text"]

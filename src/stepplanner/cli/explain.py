@@ -10,6 +10,8 @@ import click
 import numpy as np
 
 from .._errors import StepPlannerValueError
+from ..core import StepPlanner
+from ..ledger import Ledger
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -18,8 +20,6 @@ from ..planner._policy import (
     t_max_text,
 )
 from ..planner._types import IfbSchedulingMode, split_reason
-from ..core import StepPlanner
-from ..ledger import Ledger
 from ..sim.simulator import DEFAULT_LIMITS
 from .config import parse_config
 from .errors import library_errors

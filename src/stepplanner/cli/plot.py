@@ -21,7 +21,6 @@ from .errors import InputError
 from .files import check_output_path
 from .render import class_name
 
-
 TIMELINE_BINS = 400  # about one per horizontal pixel pair of the 12-inch figure at 110 dpi
 
 

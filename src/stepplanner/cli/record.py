@@ -13,8 +13,16 @@ from ..sim.simulator import StepRecorder
 from .errors import library_errors
 from .files import check_files
 from .notices import warn_default_step_limit, warn_no_op_options, warn_refused
-from .options import (given, limit_options, limits_from, options_from, run_options_stopping_at,
-                      scheduling_options, workload_from, workload_options)
+from .options import (
+    given,
+    limit_options,
+    limits_from,
+    options_from,
+    run_options_stopping_at,
+    scheduling_options,
+    workload_from,
+    workload_options,
+)
 from .running import run
 
 DEFAULT_RECORD_STEPS = 2000  # about 10 MB of JSON Lines at the default B=256

@@ -28,8 +28,13 @@ class ProgressBar:
         if not self.enabled or time.perf_counter() - self.start < 1.0:
             return
         if self.bar is None:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TextColumn("{task.fields[steps]} steps"),
                                 TimeElapsedColumn(), console=Console(stderr=True),

@@ -13,8 +13,8 @@ import click
 from ..tuning.metrics import DEFAULT_PERCENTILES, VLLM_METRICS, percentile_word
 from ..tuning.slo import SloTarget
 from ..tuning.sweep import assess
-from .render import Block, Column, Line, TableData
 from .options import compose
+from .render import Block, Column, Line, TableData
 from .tuning_options import latency_model_option, percentiles_option, slo_option
 from .tuning_render import write_json
 

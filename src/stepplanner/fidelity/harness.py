@@ -32,7 +32,6 @@ import csv
 import dataclasses
 import datetime
 import json
-import math
 import os
 import pathlib
 import random

@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
-
 import torch  # noqa: E402  (vLLM's dependency)
 from vllm.config import (  # noqa: E402
     CacheConfig,
@@ -42,6 +40,8 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
 
 SAMPLED_TOKEN = 7
 TINY_LLAMA = {

@@ -13,8 +13,8 @@ import numpy as np
 
 from .. import _errors
 from ..planner._fields import as_int32
-from ._buffers import check_layout
 from ..planner._policy import StepPlannerLimits
+from ._buffers import check_layout
 
 __all__ = [
     "Geometry", "PageTableInvariantError", "check_page_table", "check_table_fits",

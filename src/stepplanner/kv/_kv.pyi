@@ -3,12 +3,11 @@
 same surface.
 """
 
-from typing import Any, Literal, SupportsIndex
-
-from typing_extensions import Self, disjoint_base
+from typing import Any, Literal, Self, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 from ..planner._policy import StepPlannerLimits
 from ._checks import Geometry

@@ -13,10 +13,10 @@ import numpy as np
 
 from .. import _errors
 from ..planner._fields import as_int32
-from ._buffers import PADDED, block_table_rows, input_buffers, read_only, view_of
-from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
 from ..planner._policy import StepPlannerLimits
 from ..planner._types import SEQUENCE_DTYPE
+from ._buffers import PADDED, block_table_rows, input_buffers, read_only, view_of
+from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
 
 IMPLEMENTATION = "python"
 

@@ -1,6 +1,7 @@
 """The resident ledger a serving loop keeps between steps (SPEC §6): waiting queue, admission,
 output accounting and retirement, in C (``_ledger.pyx``; ``STEPPLANNER_IMPL=python`` selects the
-pure-Python twin ``_ledger_py.py``, which behaves the same; ``_shared.py`` holds the checks both run).
+pure-Python twin ``_ledger_py.py``, which behaves the same; ``_shared.py`` holds the checks both
+run).
 
 A ``Ledger`` owns a dense ``RESIDENT_DTYPE`` table of ``max_batch_size`` rows and one int64
 request id per row; rows ``0..count-1`` are the residents, always dense. ``ledger.residents`` is

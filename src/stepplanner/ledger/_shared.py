@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 
 from .. import _errors
-from ..planner._fields import as_bool, as_int, as_int32, as_uint64
 from ..kv._checks import Geometry, check_table_fits
 from ..kv.paging import worst_case_pages
+from ..planner._fields import as_bool, as_int, as_int32, as_uint64
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ..planner._slo import SLO, check_slo, check_slo_classes, slo_fields
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat

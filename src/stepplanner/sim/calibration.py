@@ -22,7 +22,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._least_squares import nonnegative_least_squares
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -31,6 +30,7 @@ from ..planner._policy import (
     resolve_scheduling_policy,
 )
 from ..planner._types import IfbSchedulingMode
+from ._least_squares import nonnegative_least_squares
 from .latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
 from .simulator import SimulationResult, simulate
 from .workloads import Workload

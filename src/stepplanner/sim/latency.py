@@ -23,10 +23,10 @@ This is an approximation derived from public figures, not a measurement of ours.
 the ten "Llama 3.1 8B / H100 TP1 (FP8)" rows of NVIDIA's TensorRT-LLM performance overview
 (docs/source/performance/perf-overview.md, "Throughput Measurements": total output tokens/s at
 maximum load for ISL/OSL 128/128 ... 20000/2000, :data:`TRTLLM_H100_LLAMA31_8B_FP8`): each row
-is simulated as a saturated run (:mod:`stepplanner.sim.calibration`: the benchmark's requests, all at
-t=0, on the engine trtllm-bench configures), and the fit is least squares in relative run time
-with ``a`` bounded below by the weight-streaming floor (8.03e9 parameters x 1 byte / 3.35 TB/s
-H100 HBM3 = 2.4 ms), where it lands: saturated runs cannot pin ``a`` down. The residual of
+is simulated as a saturated run (:mod:`stepplanner.sim.calibration`: the benchmark's requests, all
+at t=0, on the engine trtllm-bench configures), and the fit is least squares in relative run time
+with ``a`` bounded below by the weight-streaming floor (8.03e9 parameters x 1 byte / 3.35 TB/s H100
+HBM3 = 2.4 ms), where it lands: saturated runs cannot pin ``a`` down. The residual of
 every row is tabulated in docs/simulator.md (all within 10.7%; nine within 4.7%).
 
 Real engines add CUDA-graph padding, sampling and scheduling overheads; use ``LatencyModel(a, b,

@@ -139,12 +139,15 @@ def load_latency_model(text: str) -> LatencyModel:
         return PRESETS[key.lower()]
     path = pathlib.Path(key)
     if not path.is_file():
-        raise StepPlannerValueError(f"latency model {text!r} is neither a preset nor a file; presets: "
-                         f"{', '.join(PRESETS)}")
+        raise StepPlannerValueError(
+            f"latency model {text!r} is neither a preset nor a file; presets: {', '.join(PRESETS)}"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StepPlannerValueError(f"latency model file {path}: cannot be read as JSON ({exc})") from None
+        raise StepPlannerValueError(
+            f"latency model file {path}: cannot be read as JSON ({exc})"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != LATENCY_FORMAT:
         raise StepPlannerValueError(f"latency model file {path}: expected an object with "
                          f'"format": "{LATENCY_FORMAT}" and a, b, c (as calibrate writes)')

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..core import StepPlanner
-from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from ..kv import KVPageTable
+from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .simulator import (
     DEFAULT_LIMITS,

@@ -39,8 +39,9 @@ from typing import IO, Any
 import numpy as np
 
 from .. import _errors
-from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from .._errors import StepPlannerTypeError, StepPlannerValueError
+from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
+from ..ledger import RESIDENT_FIELDS, Ledger
 from ..planner._fields import enum_fields, enum_from_text
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
@@ -56,7 +57,6 @@ from ..planner._types import (
 from ..planner._slo import SLO
 from . import goodput
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
-from ..ledger import RESIDENT_FIELDS, Ledger
 from .workloads import Workload, json_lines
 
 __all__ = [

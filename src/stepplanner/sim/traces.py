@@ -21,7 +21,7 @@ empty requests with 0 prompt or 0 response tokens (BurstGPT's failures, for one)
 skipped and counted in the workload's ``source``, since no engine step ever serves them.
 Anything else that is missing, non-numeric or out of range is an error naming the file, the
 line and the column.
-"""
+"""  # noqa: E501 - a table row does not wrap
 
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import dataclasses
 import datetime
 import math
 import pathlib
-from importlib import resources
 from collections.abc import Iterator, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -90,8 +90,10 @@ def parse_columns(text: str) -> Layout:
         key, sep, value = item.partition("=")
         key = key.strip().lower()
         if not sep or key not in _COLUMN_KEYS or not value.strip():
-            raise StepPlannerValueError(f"trace columns item {item!r} is not KEY=COLUMN; allowed keys: "
-                             f"{', '.join(_COLUMN_KEYS)}")
+            raise StepPlannerValueError(
+                f"trace columns item {item!r} is not KEY=COLUMN; allowed keys: "
+                f"{', '.join(_COLUMN_KEYS)}"
+            )
         values[key] = value.strip()
     missing = [k for k in ("arrival", "prompt", "output") if k not in values]
     if missing:
@@ -108,8 +110,10 @@ def detect_layout(names: Sequence[str], where: str) -> Layout:
         if present.issuperset(layout.required):
             return layout
     known = "; ".join(f"{layout.name}: {', '.join(layout.required)}" for layout in LAYOUTS)
-    raise StepPlannerValueError(f"{where}: columns {sorted(present)} match no known trace layout ({known});"
-                     " give --columns arrival=COL,prompt=COL,output=COL")
+    raise StepPlannerValueError(
+        f"{where}: columns {sorted(present)} match no known trace layout ({known});"
+        " give --columns arrival=COL,prompt=COL,output=COL"
+    )
 
 
 def read_trace(path: str | pathlib.Path, columns: Layout | str | None = None) -> Workload:
@@ -117,8 +121,9 @@ def read_trace(path: str | pathlib.Path, columns: Layout | str | None = None) ->
     path = pathlib.Path(path)
     suffix = path.suffix.lower()
     if suffix not in (".csv", ".jsonl", ".ndjson"):
-        raise StepPlannerValueError(f"trace {path}: suffix {suffix!r} is not known; allowed: .csv, .jsonl, "
-                         ".ndjson")
+        raise StepPlannerValueError(
+            f"trace {path}: suffix {suffix!r} is not known; allowed: .csv, .jsonl, .ndjson"
+        )
     layout = parse_columns(columns) if isinstance(columns, str) else columns
     try:
         text = path.read_text(encoding="utf-8")
@@ -135,9 +140,11 @@ def read_trace(path: str | pathlib.Path, columns: Layout | str | None = None) ->
     else:
         missing = [c for c in layout.required if c not in names]
         if missing:
-            raise StepPlannerValueError(f"{where} line {first[0] if suffix != '.csv' else 1}: column(s) "
-                             f"{', '.join(repr(c) for c in missing)} not found; columns: "
-                             f"{', '.join(names)}")
+            raise StepPlannerValueError(
+                f"{where} line {first[0] if suffix != '.csv' else 1}: column(s) "
+                f"{', '.join(repr(c) for c in missing)} not found; columns: "
+                f"{', '.join(names)}"
+            )
     return _build(path, layout, _chain(first, records), where)
 
 
@@ -267,8 +274,9 @@ def _datetime_seconds(at: str, raw: Any) -> float:
         if dot and not fraction.isdigit():
             raise ValueError
     except ValueError:
-        raise StepPlannerValueError(f"{at}: {raw!r} is not a date-time (YYYY-MM-DD HH:MM:SS[.fraction])"
-                         ) from None
+        raise StepPlannerValueError(
+            f"{at}: {raw!r} is not a date-time (YYYY-MM-DD HH:MM:SS[.fraction])"
+        ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     whole = (moment - _EPOCH) // datetime.timedelta(seconds=1)

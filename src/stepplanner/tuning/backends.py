@@ -57,12 +57,18 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], backend: str = "pr
               progress: Progress | None = None) -> Outcome:
     """``[fn(t) for t in tasks]`` on ``backend``; ``progress(done, total)`` after each task."""
     if backend not in BACKENDS:
-        raise StepPlannerValueError(f"backend={backend!r} is not known; allowed: {', '.join(BACKENDS)}")
+        raise StepPlannerValueError(
+            f"backend={backend!r} is not known; allowed: {', '.join(BACKENDS)}"
+        )
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
-        raise StepPlannerValueError(f"workers={workers!r} is out of range; allowed: an integer >= 1")
+        raise StepPlannerValueError(
+            f"workers={workers!r} is out of range; allowed: an integer >= 1"
+        )
     if ray_address is not None and backend != "ray":
-        raise StepPlannerValueError(f"ray_address={ray_address!r} needs backend='ray', got {backend!r}")
+        raise StepPlannerValueError(
+            f"ray_address={ray_address!r} needs backend='ray', got {backend!r}"
+        )
     n = workers or default_workers()
     timed: list[Any] = [None] * len(tasks)
     tick = progress or (lambda done, total: None)

@@ -81,8 +81,9 @@ class ScaledTrace:
     def rate(self) -> float:
         rate = self.workload.rate
         if rate is None:
-            raise StepPlannerValueError("a trace needs at least two requests at different times to be "
-                             "scaled to a rate")
+            raise StepPlannerValueError(
+                "a trace needs at least two requests at different times to be scaled to a rate"
+            )
         return float(rate)
 
     def at(self, rate: float) -> Workload:
@@ -110,7 +111,9 @@ def find_capacity(meets: Callable[[float], bool], start: float, tolerance: float
     req/s fails."""
     for name, value in (("start", start), ("tolerance", tolerance), ("max_rate", max_rate)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise StepPlannerValueError(f"{name}={value!r} is out of range; allowed: a finite rate > 0")
+            raise StepPlannerValueError(
+                f"{name}={value!r} is out of range; allowed: a finite rate > 0"
+            )
     probes: list[tuple[float, bool]] = []
 
     def probe(rate: float) -> bool:

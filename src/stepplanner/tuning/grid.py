@@ -1,10 +1,10 @@
 """A grid of configurations: ``--grid NAME=V1,V2,...`` over ``SchedulingOptions`` and limits.
 
 NAME and the values are the configuration keys of ``compare --config`` (one table,
-``stepplanner.planner._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field, spelled
-with ``_`` or ``-``, or an alias users bring from the CLI and from vLLM (``mode``, ``policy``,
-``reserved``, ``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens`` for
-``max_step_tokens``); enum members by name in any case (``mixed``, ``prefill_first``) or number,
+``stepplanner.planner._config_keys``): any ``SchedulingOptions`` or ``StepPlannerLimits`` field,
+spelled with ``_`` or ``-``, or an alias users bring from the CLI and from vLLM (``mode``,
+``policy``, ``reserved``, ``max_num_seqs`` for B, ``block_size`` for P, ``max_num_batched_tokens``
+for ``max_step_tokens``); enum members by name in any case (``mixed``, ``prefill_first``) or number,
 integers in decimal.
 
 The grid is the Cartesian product of the value lists, in the order the names were given (the
@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..planner._config_keys import apply_fields, field_name, field_value
 from .._errors import StepPlannerValueError
+from ..planner._config_keys import apply_fields, field_name, field_value
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -46,8 +46,9 @@ def parse_grid(texts: Iterable[str]) -> dict[str, list[str]]:
             raise StepPlannerValueError(f"grid {text!r} is not NAME=V1,V2,...")
         field = field_name(name, "grid name")
         if field in grid:
-            raise StepPlannerValueError(f"grid name {field} is given twice; allowed: once, with all its "
-                             "values")
+            raise StepPlannerValueError(
+                f"grid name {field} is given twice; allowed: once, with all its values"
+            )
         items = [v.strip() for v in values.split(",") if v.strip()]
         if not items:
             raise StepPlannerValueError(f"grid {text!r} has no values; allowed: NAME=V1,V2,...")
