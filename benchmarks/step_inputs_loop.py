@@ -33,8 +33,9 @@ from stepplanner.kv import _kv
 from stepplanner.kv._buffers import LAYOUTS
 
 
-def run(layout: Literal["all", "flash_attn", "flashinfer"], steps: int, batch: int,
-        seed: int = 0) -> tuple[list[int], list[int]]:
+def run(
+    layout: Literal["all", "flash_attn", "flashinfer"], steps: int, batch: int, seed: int = 0
+) -> tuple[list[int], list[int]]:
     """Per steady step, the ns of ``plan()`` and of ``prepare`` with ``layout``."""
     planner = bench.make_planner(_core, "mixed", batch)
     limits = planner.limits
@@ -76,14 +77,17 @@ def main() -> None:
             plan_ns, prepare_ns = run(layout, args.steps, args.batch)
             plans[layout] += plan_ns
             prepares[layout] += prepare_ns
-    print(f"B={args.batch}, {args.rounds} x {args.steps - args.batch} steady steps per layout; "
-          "medians:")
+    print(
+        f"B={args.batch}, {args.rounds} x {args.steps - args.batch} steady steps per layout; "
+        "medians:"
+    )
     print(f"  {'layout':<11} {'plan()':>9} {'prepare':>9} {'ratio':>6}")
     for layout in LAYOUTS:
         plan = statistics.median(plans[layout])
         prepare = statistics.median(prepares[layout])
-        print(f"  {layout:<11} {plan / 1000:6.2f} us {prepare / 1000:6.2f} us "
-              f"{prepare / plan:5.2f}x")
+        print(
+            f"  {layout:<11} {plan / 1000:6.2f} us {prepare / 1000:6.2f} us {prepare / plan:5.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -29,11 +29,15 @@ from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.traces import read_trace
 from stepplanner.sim.workloads import Workload
 
-LIMITS = StepPlannerLimits(max_batch_size=8, max_input_length=400, kv_page_size=16,
-                           max_step_tokens=256)
-OPTIONS = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=256,
-                            scheduling_policy=SchedulingPolicy.PRIORITY,
-                            preemption=PreemptionMode.PAUSE)
+LIMITS = StepPlannerLimits(
+    max_batch_size=8, max_input_length=400, kv_page_size=16, max_step_tokens=256
+)
+OPTIONS = SchedulingOptions(
+    ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+    max_num_tokens=256,
+    scheduling_policy=SchedulingPolicy.PRIORITY,
+    preemption=PreemptionMode.PAUSE,
+)
 LATENCY_TEXT = "a=3e-4,b=2e-4,c=6.5e-6"
 LATENCY = LatencyModel(a=3e-4, b=2e-4, c=6.5e-6, name="custom")
 
@@ -44,8 +48,13 @@ def run_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[pathlib.Path, p
     rng = np.random.default_rng(21)
     n = 150
     arrival = np.cumsum(rng.exponential(1 / 8.5, size=n))
-    Workload(arrival - arrival[0], rng.integers(8, 401, size=n), rng.integers(4, 65, size=n),
-             rng.choice([-1, 0, 1], size=n), source="issue 21").to_csv(folder / "trace.csv")
+    Workload(
+        arrival - arrival[0],
+        rng.integers(8, 401, size=n),
+        rng.integers(4, 65, size=n),
+        rng.choice([-1, 0, 1], size=n),
+        source="issue 21",
+    ).to_csv(folder / "trace.csv")
     served = read_trace(folder / "trace.csv")
     doc = simulated_results(served, LIMITS, OPTIONS, LATENCY, trace="trace.csv")
     (folder / "results.json").write_text(json.dumps(doc), encoding="utf-8")
@@ -59,8 +68,7 @@ def test_fidelity_check_library(benchmark, run_files) -> None:
     def once() -> dict:
         results = read_results(results_path)
         workload, matched = served_workload(results, read_trace(trace_path))
-        return check_fidelity(matched, workload, results.limits, results.policy,
-                              LATENCY).report
+        return check_fidelity(matched, workload, results.limits, results.policy, LATENCY).report
 
     report = benchmark.pedantic(once, rounds=5, iterations=1)
     assert report["summary"]["all"]["max_abs_error"] == pytest.approx(0.0, abs=1e-12)
@@ -75,8 +83,17 @@ def test_fidelity_command(benchmark, run_files) -> None:
 
     benchmark.group = "fidelity: 150-request trace"
     results_path, trace_path = run_files
-    args = ["fidelity", str(results_path), "--trace", str(trace_path), "--latency",
-            LATENCY_TEXT, "--no-progress", "--format", "json"]
+    args = [
+        "fidelity",
+        str(results_path),
+        "--trace",
+        str(trace_path),
+        "--latency",
+        LATENCY_TEXT,
+        "--no-progress",
+        "--format",
+        "json",
+    ]
 
     def once() -> dict:
         out = CliRunner().invoke(main, args, catch_exceptions=False)
@@ -91,6 +108,8 @@ def test_fidelity_command(benchmark, run_files) -> None:
 
 def _say(what: str, benchmark) -> None:
     stats = benchmark.stats.stats
-    print(f"\n{what}: median {stats.median * 1e3:.0f} ms (min {stats.min * 1e3:.0f}, max "
-          f"{stats.max * 1e3:.0f}) per load; target 120 s; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"\n{what}: median {stats.median * 1e3:.0f} ms (min {stats.min * 1e3:.0f}, max "
+        f"{stats.max * 1e3:.0f}) per load; target 120 s; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )

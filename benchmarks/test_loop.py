@@ -35,8 +35,7 @@ def test_plan_alone(benchmark, batch: int) -> None:
 
 
 @pytest.mark.parametrize("policy", ["priority", "deadline"])
-@pytest.mark.parametrize("deadline_batch", bench_loop.DEADLINE_BATCH_SIZES,
-                         ids=lambda b: f"B{b}")
+@pytest.mark.parametrize("deadline_batch", bench_loop.DEADLINE_BATCH_SIZES, ids=lambda b: f"B{b}")
 def test_fused_step_by_policy(benchmark, deadline_batch: int, policy: str) -> None:
     """Static PRIORITY+PAUSE against DEADLINE+PAUSE (objectives per class, the clock advancing
     a modelled step per call): issue 28 asks for at most 1.3x. ``python -m stepplanner.bench

@@ -58,8 +58,9 @@ def test_reference(benchmark, scenario: str, batch: int) -> None:
     planner = bench.make_planner(_reference, scenario, batch)
     ledger = as_resident_states(rows, _reference.ResidentState)
     benchmark.group = _group(scenario, batch)
-    plan = benchmark.pedantic(planner.plan, (ledger,), rounds=REFERENCE_ROUNDS[batch],
-                              iterations=1, warmup_rounds=1)
+    plan = benchmark.pedantic(
+        planner.plan, (ledger,), rounds=REFERENCE_ROUNDS[batch], iterations=1, warmup_rounds=1
+    )
     assert plan.num_residents == batch
 
 
@@ -74,12 +75,16 @@ def test_apply_to(benchmark, batch: int, impl: str) -> None:
     """StepPlan.apply_to of the mixed plan over the rows it was made from (compiled): its rows
     are range-checked, never searched for a repeated resident (no compiled plan holds one)."""
     rows = bench.steady_ledger(batch)
-    ledger = (as_resident_array(rows) if impl == "array"
-              else as_resident_states(rows, _core.ResidentState))
+    ledger = (
+        as_resident_array(rows)
+        if impl == "array"
+        else as_resident_states(rows, _core.ResidentState)
+    )
     plan = bench.make_planner(_core, "mixed", batch).plan(ledger).copy()
     benchmark.group = f"apply_to B={batch:>4}"
-    benchmark.pedantic(plan.apply_to, (ledger,), rounds=APPLY_ROUNDS,
-                       iterations=APPLY_ITERATIONS, warmup_rounds=2)
+    benchmark.pedantic(
+        plan.apply_to, (ledger,), rounds=APPLY_ROUNDS, iterations=APPLY_ITERATIONS, warmup_rounds=2
+    )
     assert plan.num_residents == batch
 
 
@@ -117,8 +122,7 @@ def test_c_loop(benchmark, scenario: str, batch: int) -> None:
     benchmark.group = _group(scenario, batch)
     benchmark.extra_info["kernel_calls_per_round"] = C_LOOP_ITERATIONS
     KERNEL_CLOCK.per_call_ns.clear()
-    benchmark.pedantic(KERNEL_CLOCK.run, (planner, ledger), rounds=C_LOOP_ROUNDS,
-                       warmup_rounds=5)
+    benchmark.pedantic(KERNEL_CLOCK.run, (planner, ledger), rounds=C_LOOP_ROUNDS, warmup_rounds=5)
     benchmark.extra_info["per_call_ns"] = KERNEL_CLOCK.per_call_ns[-C_LOOP_ROUNDS:]
     assert min(KERNEL_CLOCK.per_call_ns) > 0
 

@@ -98,8 +98,12 @@ def test_prepare(benchmark, scenario: str, layout: str) -> None:
     grown = bench.allocated_bytes(inputs.prepare, plan, calls=50)
     assert grown == 0, f"prepare allocated {grown} bytes"
     benchmark.group = f"{scenario} B={BATCH}"
-    benchmark.extra_info.update(rows=inputs.num_rows, tokens=inputs.num_tokens,
-                                kv_pages=int(want["kv_indptr"][-1]), bytes_allocated=grown)
+    benchmark.extra_info.update(
+        rows=inputs.num_rows,
+        tokens=inputs.num_tokens,
+        kv_pages=int(want["kv_indptr"][-1]),
+        bytes_allocated=grown,
+    )
     benchmark(inputs.prepare, plan)
 
 

@@ -19,8 +19,13 @@ from stepplanner.sim.latency import DEFAULT_LATENCY
 from stepplanner.sim.simulator import DEFAULT_LIMITS
 from stepplanner.tuning import parse_grid, parse_slos, sweep
 
-GRID = parse_grid(["max_num_tokens=512,768,1024,1536,2048,3072,4096,8192",
-                   "max_chunk_tokens=32,64,128,256", "policy=fcfs,priority"])
+GRID = parse_grid(
+    [
+        "max_num_tokens=512,768,1024,1536,2048,3072,4096,8192",
+        "max_chunk_tokens=32,64,128,256",
+        "policy=fcfs,priority",
+    ]
+)
 BACKENDS = ["serial", "process"] + (["ray"] if importlib.util.find_spec("ray") else [])
 
 
@@ -31,8 +36,15 @@ def test_sweep_64_configurations(benchmark, backend: str) -> None:
     slos = parse_slos(["ttft_p99=500ms", "tpot_p99=20ms"])
 
     def run() -> list[dict]:
-        records, outcome = sweep(workload, GRID, DEFAULT_LIMITS, SchedulingOptions(),
-                                 DEFAULT_LATENCY, slos, backend=backend)
+        records, outcome = sweep(
+            workload,
+            GRID,
+            DEFAULT_LIMITS,
+            SchedulingOptions(),
+            DEFAULT_LATENCY,
+            slos,
+            backend=backend,
+        )
         benchmark.extra_info.update(workers=outcome.workers, cpu_seconds=outcome.cpu_seconds)
         return records
 
@@ -43,7 +55,9 @@ def test_sweep_64_configurations(benchmark, backend: str) -> None:
     benchmark.extra_info["configurations_per_s"] = 64 / seconds
     # On a shared machine the wall time says more about the neighbours than about us; the
     # tasks' CPU seconds over the cores is what an idle machine would take.
-    print(f"\n{backend}: 64 configurations in {seconds:.1f} s = {64 / seconds:.2f} configs/s "
-          f"({benchmark.extra_info['workers']} workers); tasks {cpu:.1f} CPU s = "
-          f"{cpu / 64:.2f} per configuration; load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} cores")
+    print(
+        f"\n{backend}: 64 configurations in {seconds:.1f} s = {64 / seconds:.2f} configs/s "
+        f"({benchmark.extra_info['workers']} workers); tasks {cpu:.1f} CPU s = "
+        f"{cpu / 64:.2f} per configuration; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores"
+    )

@@ -51,9 +51,16 @@ class TimedPlanner:
 
 def tiny_model() -> Any:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=4096, eos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        eos_token_id=None,
+    )
     config._attn_implementation = "eager"
     return LlamaForCausalLM(config).eval()
 
@@ -63,13 +70,20 @@ class Engine:
 
     def __init__(self, scheduler: str, batch: int) -> None:
         config = ContinuousBatchingConfig(
-            scheduler_type=scheduler, page_size=PAGE, max_batch_tokens=STEP_TOKENS,
-            max_requests_per_batch=batch, num_blocks=batch * 1024 // PAGE,
-            allow_block_sharing=False, use_async_batching=False, use_cuda_graph=False,
-            max_blocks_per_request=0)
+            scheduler_type=scheduler,
+            page_size=PAGE,
+            max_batch_tokens=STEP_TOKENS,
+            max_requests_per_batch=batch,
+            num_blocks=batch * 1024 // PAGE,
+            allow_block_sharing=False,
+            use_async_batching=False,
+            use_cuda_graph=False,
+            max_blocks_per_request=0,
+        )
         generation = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
-        self.manager = tiny_model().init_continuous_batching(generation_config=generation,
-                                                             continuous_batching_config=config)
+        self.manager = tiny_model().init_continuous_batching(
+            generation_config=generation, continuous_batching_config=config
+        )
         self.processor = self.manager._create_batch_processor()
         self.scheduler = self.processor.scheduler
         self.batch = batch
@@ -88,16 +102,22 @@ class Engine:
         while len(self.scheduler.waiting_requests) < self.batch // 2:
             rng = self.stream
             prompt = [rng.randrange(1, 64) for _ in range(rng.randint(32, S_IN))]
-            self.scheduler.add_waiting_request(RequestState(
-                request_id=f"r{self.next_id}", initial_tokens=prompt,
-                max_new_tokens=rng.randint(16, 128), eos_token_id=-1))
+            self.scheduler.add_waiting_request(
+                RequestState(
+                    request_id=f"r{self.next_id}",
+                    initial_tokens=prompt,
+                    max_new_tokens=rng.randint(16, 128),
+                    eos_token_id=-1,
+                )
+            )
             self.next_id += 1
 
     def schedule(self, timed: bool) -> None:
         waiting = len(self.scheduler.waiting_requests)
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
-        self.pending = self.scheduler.schedule_batch(self.processor.max_batch_tokens,
-                                                     self.processor.cache.max_tokens_read)
+        self.pending = self.scheduler.schedule_batch(
+            self.processor.max_batch_tokens, self.processor.cache.max_tokens_read
+        )
         if timed:
             self.admitting.append(len(self.scheduler.waiting_requests) < waiting)
             self.cpu.append(time.thread_time_ns() - cpu)
@@ -111,9 +131,13 @@ class Engine:
                 raise RuntimeError("the benchmark's cache filled up; give it more blocks")
             if batch:
                 self.processor.inputs_and_outputs.prepare_batch_tensors(
-                    requests_in_batch=batch, logits_processors=self.processor.logit_processor,
-                    use_decode_fast_path=fast, num_q_tokens=q_tokens, max_kv_read=kv_read,
-                    use_padding=self.processor.model_runner.pad_inputs)
+                    requests_in_batch=batch,
+                    logits_processors=self.processor.logit_processor,
+                    use_decode_fast_path=fast,
+                    num_q_tokens=q_tokens,
+                    max_kv_read=kv_read,
+                    use_padding=self.processor.model_runner.pad_inputs,
+                )
                 self.processor.update_batch()
             self.pending = None
         self.arrivals()
@@ -121,15 +145,18 @@ class Engine:
 
 def measure(batch: int, rounds: int, warmup: int) -> dict[str, Engine]:
     # The step budget fifo uses (the whole max_batch_tokens), so the three do the same work.
-    options = sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
-                                   max_num_tokens=STEP_TOKENS, max_chunk_tokens=S_IN)
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
+        max_num_tokens=STEP_TOKENS,
+        max_chunk_tokens=S_IN,
+    )
     name = register(options, name="stepplanner-bench", max_input_length=S_IN)
     engines = {s: Engine(name if s == "stepplanner" else s, batch) for s in SCHEDULERS}
     for step in range(warmup + rounds):
         timed = step >= warmup
         if step == warmup:
             engines["stepplanner"].timed_planner.ns = 0  # type: ignore[union-attr]
-        order = SCHEDULERS[step % 3:] + SCHEDULERS[:step % 3]  # nobody always goes first
+        order = SCHEDULERS[step % 3 :] + SCHEDULERS[: step % 3]  # nobody always goes first
         for s in order:
             engines[s].finish_step()
             engines[s].schedule(timed)
@@ -148,27 +175,42 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, transformers "
-          f"{__import__('transformers').__version__}, stepplanner {sp.__version__} "
-          f"({sp.IMPLEMENTATION}); page {PAGE}, max_batch_tokens {STEP_TOKENS}, "
-          f"{args.rounds} timed steps per scheduler after {args.warmup}")
-    print("| B | steps | fifo µs | prefill_first µs | stepplanner µs | stepplanner / fifo "
-          "| share in plan() |")
+    print(
+        f"torch {torch.__version__}, transformers "
+        f"{__import__('transformers').__version__}, stepplanner {sp.__version__} "
+        f"({sp.IMPLEMENTATION}); page {PAGE}, max_batch_tokens {STEP_TOKENS}, "
+        f"{args.rounds} timed steps per scheduler after {args.warmup}"
+    )
+    print(
+        "| B | steps | fifo µs | prefill_first µs | stepplanner µs | stepplanner / fifo "
+        "| share in plan() |"
+    )
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for batch in args.batches:
         engines = measure(batch, args.rounds, args.warmup)
         ours = engines["stepplanner"]
         share = ours.timed_planner.ns / sum(ours.wall)  # type: ignore[union-attr]
-        for label, keep in (("all, wall clock", None), ("all, thread CPU", None),
-                            ("with an admission", True), ("without", False)):
+        for label, keep in (
+            ("all, wall clock", None),
+            ("all, thread CPU", None),
+            ("with an admission", True),
+            ("without", False),
+        ):
             clock = "cpu" if label.endswith("CPU") else "wall"
-            med = {s: statistics.median(t for t, a in zip(getattr(e, clock), e.admitting)
-                                        if keep is None or a == keep) / 1e3
-                   for s, e in engines.items()}
+            med = {
+                s: statistics.median(
+                    t for t, a in zip(getattr(e, clock), e.admitting) if keep is None or a == keep
+                )
+                / 1e3
+                for s, e in engines.items()
+            }
             plan_share = f"{share:.1%}" if label == "all, wall clock" else ""
-            print(f"| {batch} | {label} | {med['fifo']:,.1f} | {med['prefill_first']:,.1f} | "
-                  f"{med['stepplanner']:,.1f} | {med['stepplanner'] / med['fifo']:.2f} | "
-                  f"{plan_share} |", flush=True)
+            print(
+                f"| {batch} | {label} | {med['fifo']:,.1f} | {med['prefill_first']:,.1f} | "
+                f"{med['stepplanner']:,.1f} | {med['stepplanner'] / med['fifo']:.2f} | "
+                f"{plan_share} |",
+                flush=True,
+            )
         for e in engines.values():
             e.manager.stop(block=False)
 

@@ -68,9 +68,16 @@ def make_stream(batch: int, seed: int = 0) -> dict[int, list[Any]]:
         prompt = [rng.randrange(1000) for _ in range(n)]
         if rng.random() < 0.1 and n > 256:
             prompt[:256] = prefix
-        reqs.append(vllm_cpu.make_request(f"r{i}", prompt, rng.randint(1, 128),
-                                          priority=rng.choice((-1, 0, 1)),
-                                          arrival_time=1000.0 + i, block_size=BLOCK))
+        reqs.append(
+            vllm_cpu.make_request(
+                f"r{i}",
+                prompt,
+                rng.randint(1, 128),
+                priority=rng.choice((-1, 0, 1)),
+                arrival_time=1000.0 + i,
+                block_size=BLOCK,
+            )
+        )
     return {0: reqs}
 
 
@@ -80,19 +87,28 @@ MODES = {"sync": (False, Scheduler), "async": (True, AsyncScheduler)}
 def trimmed_mean(values: list[int], cut: float = 0.1) -> float:
     ordered = sorted(values)
     k = int(len(ordered) * cut)
-    return statistics.mean(ordered[k:len(ordered) - k])
+    return statistics.mean(ordered[k : len(ordered) - k])
 
 
 def build(cls: type, model_dir: Any, batch: int, policy: str, overlap: bool) -> Any:
     return vllm_cpu.make_scheduler(
-        cls, model_dir, max_num_seqs=batch, max_num_batched_tokens=BATCHED_TOKENS,
-        num_blocks=batch * 64 + 64, block_size=BLOCK, max_model_len=1024,
-        enable_prefix_caching=True, policy=policy, async_scheduling=overlap,
-        stepplanner={} if cls is StepPlannerScheduler else None)
+        cls,
+        model_dir,
+        max_num_seqs=batch,
+        max_num_batched_tokens=BATCHED_TOKENS,
+        num_blocks=batch * 64 + 64,
+        block_size=BLOCK,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        policy=policy,
+        async_scheduling=overlap,
+        stepplanner={} if cls is StepPlannerScheduler else None,
+    )
 
 
-def lockstep(scheds: list[Any], batch: int, observers: list[Any] | None = None
-             ) -> list[tuple[list[int], int, int]]:
+def lockstep(
+    scheds: list[Any], batch: int, observers: list[Any] | None = None
+) -> list[tuple[list[int], int, int]]:
     """Run the stream through every scheduler, one engine step each in turn; per scheduler:
     saturated steps' ns of schedule() + update_from_output(), all steps' total ns, steps.
     ``observers[i](engine_step)``, when given, is called after each step of ``scheds[i]``.
@@ -150,8 +166,9 @@ def instrument(sched: Any) -> tuple[Any, dict[str, list[float]]]:
     sched._admission_candidates = _Timer(sched._admission_candidates, totals, "admission")
     sched._resident_rows = _Timer(sched._resident_rows, totals, "ledger")
     sched.planner = _PlannerProxy(sched.planner, totals)
-    sched.kv_cache_manager.allocate_slots = _Timer(sched.kv_cache_manager.allocate_slots,
-                                                   totals, "allocate")
+    sched.kv_cache_manager.allocate_slots = _Timer(
+        sched.kv_cache_manager.allocate_slots, totals, "allocate"
+    )
     sched._make_output = _Timer(sched._make_output, totals, "output")
     shares: dict[str, list[float]] = defaultdict(list)
 
@@ -162,7 +179,8 @@ def instrument(sched: Any) -> tuple[Any, dict[str, list[float]]]:
                 shares[part].append(totals[part] / ns)
             shares["update_from_output"].append(step.update_ns / ns)
             shares["rest of schedule()"].append(
-                (step.schedule_ns - sum(totals[p] for p in PARTS)) / ns)
+                (step.schedule_ns - sum(totals[p] for p in PARTS)) / ns
+            )
         totals.clear()
 
     return observe, shares
@@ -176,48 +194,90 @@ def main() -> None:
     rows = []
     for batch in args.batch:
         for policy in ("fcfs", "priority"):
-            kinds = [(mode, cls) for mode, (_, own) in MODES.items()
-                     for cls in (own, StepPlannerScheduler)]
+            kinds = [
+                (mode, cls)
+                for mode, (_, own) in MODES.items()
+                for cls in (own, StepPlannerScheduler)
+            ]
             runs: dict[tuple[str, type], list[tuple[list[int], int, int]]] = defaultdict(list)
             for order in (kinds, kinds[::-1]):
-                scheds = [build(cls, model_dir, batch, policy, MODES[mode][0])
-                          for mode, cls in order]
+                scheds = [
+                    build(cls, model_dir, batch, policy, MODES[mode][0]) for mode, cls in order
+                ]
                 for kind, result in zip(order, lockstep(scheds, batch)):
                     runs[kind].append(result)
-            instrumented = [build(StepPlannerScheduler, model_dir, batch, policy, overlap)
-                            for overlap, _ in MODES.values()]
+            instrumented = [
+                build(StepPlannerScheduler, model_dir, batch, policy, overlap)
+                for overlap, _ in MODES.values()
+            ]
             observers, shares_of = zip(*(instrument(sched) for sched in instrumented))
             lockstep(instrumented, batch, list(observers))
             for (mode, (_, own)), part_shares in zip(MODES.items(), shares_of):
                 (v_sat, v_total, v_n), (s_sat, s_total, s_n) = (
-                    ([x for r in passes for x in r[0]], sum(r[1] for r in passes) // 2,
-                     passes[0][2])
-                    for passes in (runs[mode, own], runs[mode, StepPlannerScheduler]))
+                    (
+                        [x for r in passes for x in r[0]],
+                        sum(r[1] for r in passes) // 2,
+                        passes[0][2],
+                    )
+                    for passes in (runs[mode, own], runs[mode, StepPlannerScheduler])
+                )
                 shares = {k: statistics.median(v) for k, v in part_shares.items()}
                 v, s = statistics.median(v_sat), statistics.median(s_sat)
                 vm, sm = trimmed_mean(v_sat), trimmed_mean(s_sat)
-                rows.append((batch, policy, mode, own.__name__, v / 1e3, s / 1e3, vm / 1e3,
-                             sm / 1e3, v_total / 1e6, s_total / 1e6, v_n, s_n, shares))
-                print(f"B={batch} {policy} {mode}: saturated step {own.__name__} median "
-                      f"{v / 1e3:,.1f} us, trimmed mean {vm / 1e3:,.1f} us; StepPlanner median "
-                      f"{s / 1e3:,.1f} us ({s / v:.2f}), trimmed mean {sm / 1e3:,.1f} us "
-                      f"({sm / vm:.2f}); "
-                      f"stream {v_total / 1e6:,.0f} ms in {v_n} steps, StepPlanner "
-                      f"{s_total / 1e6:,.0f} ms in {s_n} steps ({s_total / v_total:.2f})",
-                      flush=True)
+                rows.append(
+                    (
+                        batch,
+                        policy,
+                        mode,
+                        own.__name__,
+                        v / 1e3,
+                        s / 1e3,
+                        vm / 1e3,
+                        sm / 1e3,
+                        v_total / 1e6,
+                        s_total / 1e6,
+                        v_n,
+                        s_n,
+                        shares,
+                    )
+                )
+                print(
+                    f"B={batch} {policy} {mode}: saturated step {own.__name__} median "
+                    f"{v / 1e3:,.1f} us, trimmed mean {vm / 1e3:,.1f} us; StepPlanner median "
+                    f"{s / 1e3:,.1f} us ({s / v:.2f}), trimmed mean {sm / 1e3:,.1f} us "
+                    f"({sm / vm:.2f}); "
+                    f"stream {v_total / 1e6:,.0f} ms in {v_n} steps, StepPlanner "
+                    f"{s_total / 1e6:,.0f} ms in {s_n} steps ({s_total / v_total:.2f})",
+                    flush=True,
+                )
     print()
-    print("| B | policy | mode | vLLM's | median µs vLLM / SP | ratio "
-          "| trimmed mean µs vLLM / SP | ratio | stream ms vLLM / SP (ratio) | steps vLLM / SP "
-          "| plan() | admission | ledger | allocate_slots | output | update_from_output | rest |")
-    print("| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-          "| ---: | ---: | ---: | ---: |")
+    print(
+        "| B | policy | mode | vLLM's | median µs vLLM / SP | ratio "
+        "| trimmed mean µs vLLM / SP | ratio | stream ms vLLM / SP (ratio) | steps vLLM / SP "
+        "| plan() | admission | ledger | allocate_slots | output | update_from_output | rest |"
+    )
+    print(
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: | ---: | ---: | ---: |"
+    )
     for batch, policy, mode, own, v, s, vm, sm, vt, st, vn, sn, sh in rows:
-        parts = " | ".join(f"{100 * sh[k]:.1f}%" for k in (
-            "plan", "admission", "ledger", "allocate", "output", "update_from_output",
-            "rest of schedule()"))
-        print(f"| {batch} | {policy.upper()} | {mode} | `{own}` | {v:,.1f} / {s:,.1f} | "
-              f"{s / v:.2f} | {vm:,.1f} / {sm:,.1f} | {sm / vm:.2f} | {vt:,.0f} / {st:,.0f} "
-              f"({st / vt:.2f}) | {vn} / {sn} | {parts} |")
+        parts = " | ".join(
+            f"{100 * sh[k]:.1f}%"
+            for k in (
+                "plan",
+                "admission",
+                "ledger",
+                "allocate",
+                "output",
+                "update_from_output",
+                "rest of schedule()",
+            )
+        )
+        print(
+            f"| {batch} | {policy.upper()} | {mode} | `{own}` | {v:,.1f} / {s:,.1f} | "
+            f"{s / v:.2f} | {vm:,.1f} / {sm:,.1f} | {sm / vm:.2f} | {vt:,.0f} / {st:,.0f} "
+            f"({st / vt:.2f}) | {vn} / {sn} | {parts} |"
+        )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,17 @@ from stepplanner.integrations.transformers import register
 
 def tiny_llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     config._attn_implementation = "eager"
     model = LlamaForCausalLM(config).eval()
     model.generation_config.eos_token_id = None  # a random model would stop at its first EOS
@@ -37,26 +45,45 @@ def main() -> None:
 
     # Requests req_0..req_11 in that order; every third one is urgent (priority -1).
     priority = {f"req_{i}": -1 if i % 3 == 2 else 1 for i in range(len(prompts))}
-    options = sp.SchedulingOptions(scheduling_policy=sp.SchedulingPolicy.PRIORITY,
-                                   preemption=sp.PreemptionMode.PAUSE, max_pause_steps=4,
-                                   max_num_tokens=24, max_chunk_tokens=16)
+    options = sp.SchedulingOptions(
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+        preemption=sp.PreemptionMode.PAUSE,
+        max_pause_steps=4,
+        max_num_tokens=24,
+        max_chunk_tokens=16,
+    )
     name = register(options, priority=priority)
-    config = ContinuousBatchingConfig(scheduler_type=name, page_size=8, num_blocks=64,
-                                      max_batch_tokens=64, max_requests_per_batch=4)
-    generation = GenerationConfig(do_sample=False, max_new_tokens=8, eos_token_id=None,
-                                  pad_token_id=0)
-    outputs = model.generate_batch(prompts, generation_config=generation,
-                                   continuous_batching_config=config, warmup=False)
+    config = ContinuousBatchingConfig(
+        scheduler_type=name,
+        page_size=8,
+        num_blocks=64,
+        max_batch_tokens=64,
+        max_requests_per_batch=4,
+    )
+    generation = GenerationConfig(
+        do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=0
+    )
+    outputs = model.generate_batch(
+        prompts, generation_config=generation, continuous_batching_config=config, warmup=False
+    )
 
     matched = 0
     for i, prompt in enumerate(prompts):
         out = outputs[f"req_{i}"]
         ids = torch.tensor([prompt])
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=8, eos_token_id=None, pad_token_id=0)
-        matched += out.generated_tokens == want[0, len(prompt):].tolist()
-    print(f"{len(outputs)} requests served by scheduler {name!r}; {matched} equal "
-          f"model.generate() token for token")
+        want = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=8,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        matched += out.generated_tokens == want[0, len(prompt) :].tolist()
+    print(
+        f"{len(outputs)} requests served by scheduler {name!r}; {matched} equal "
+        f"model.generate() token for token"
+    )
     if matched != len(prompts):
         raise SystemExit("outputs differ from generate()")
 

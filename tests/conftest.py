@@ -33,8 +33,12 @@ REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
 REFERENCE_ONLY = os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python"
 
 
-def load_impl(name: str, compiled: str = "stepplanner._core",
-              reference: str = "stepplanner._core_py", what: str = "the compiled core"):
+def load_impl(
+    name: str,
+    compiled: str = "stepplanner._core",
+    reference: str = "stepplanner._core_py",
+    what: str = "the compiled core",
+):
     """The ``compiled`` or ``reference`` module for a ``core`` param, or skip/fail as the
     environment says (one rule for the planner, the KV module and any later compiled twin)."""
     if name == "python":
@@ -102,8 +106,9 @@ def ledger_impl(core):
         from stepplanner.ledger._ledger import Ledger
     else:
         from stepplanner.ledger._ledger_py import Ledger
-    return types.SimpleNamespace(Ledger=Ledger, StepPlanner=core.StepPlanner,
-                                 name=core.IMPLEMENTATION)
+    return types.SimpleNamespace(
+        Ledger=Ledger, StepPlanner=core.StepPlanner, name=core.IMPLEMENTATION
+    )
 
 
 @pytest.fixture(scope="session")
@@ -113,9 +118,13 @@ def paged_impl(ledger_impl):
     import types
 
     kv = load_kv(ledger_impl.name)
-    return types.SimpleNamespace(Ledger=ledger_impl.Ledger, StepPlanner=ledger_impl.StepPlanner,
-                                 KVPageTable=kv.KVPageTable, StepInputs=kv.StepInputs,
-                                 name=ledger_impl.name)
+    return types.SimpleNamespace(
+        Ledger=ledger_impl.Ledger,
+        StepPlanner=ledger_impl.StepPlanner,
+        KVPageTable=kv.KVPageTable,
+        StepInputs=kv.StepInputs,
+        name=ledger_impl.name,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -193,13 +202,20 @@ def _write_run_files(folder, workload, limits, options, model) -> dict:
     model_path = folder / "model.json"
     save_latency_model(model, model_path)
     results = folder / "results.json"
-    results.write_text(json.dumps(simulated_results(served, limits, options, model,
-                                                    trace=str(trace))))
+    results.write_text(
+        json.dumps(simulated_results(served, limits, options, model, trace=str(trace)))
+    )
     steps = simulate(served, limits, options, model).steps
     timings = folder / "timings.csv"
-    timings.write_text("seconds,tokens,context,start\n" + "".join(
-        f"{s!r},{t},{c},{e - s!r}\n" for s, t, c, e in zip(
-            *(steps[k].tolist() for k in ("seconds", "tokens", "context", "end_time")))))
+    timings.write_text(
+        "seconds,tokens,context,start\n"
+        + "".join(
+            f"{s!r},{t},{c},{e - s!r}\n"
+            for s, t, c, e in zip(
+                *(steps[k].tolist() for k in ("seconds", "tokens", "context", "end_time"))
+            )
+        )
+    )
     return {"trace": trace, "model": model_path, "results": results, "timings": timings}
 
 

@@ -16,13 +16,29 @@ import pytest
 import stepplanner
 
 SPEC_NAMES = {
-    "StepPlanner", "StepPlan", "PlannedSequence", "ResidentState", "StepPlannerLimits",
-    "SchedulingOptions", "ResolvedSchedulingPolicy", "resolve_scheduling_policy",
-    "SchedulingPolicy", "IfbSchedulingMode", "PreemptionMode", "SequenceWork", "RESIDENT_DTYPE",
+    "StepPlanner",
+    "StepPlan",
+    "PlannedSequence",
+    "ResidentState",
+    "StepPlannerLimits",
+    "SchedulingOptions",
+    "ResolvedSchedulingPolicy",
+    "resolve_scheduling_policy",
+    "SchedulingPolicy",
+    "IfbSchedulingMode",
+    "PreemptionMode",
+    "SequenceWork",
+    "RESIDENT_DTYPE",
 }
 IMPLEMENTATION_NAMES = {"IMPLEMENTATION", "StepPlanner", "StepPlan", "ResidentState"}
-RESIDENT_FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
-                   "consecutive_paused_steps")
+RESIDENT_FIELDS = (
+    "priority",
+    "arrival",
+    "prompt_length",
+    "committed",
+    "context_committed",
+    "consecutive_paused_steps",
+)
 
 
 def test_all_lists_spec_names_and_they_import():
@@ -32,12 +48,15 @@ def test_all_lists_spec_names_and_they_import():
     assert len(stepplanner.__all__) == len(set(stepplanner.__all__))
 
 
-@pytest.mark.parametrize(("enum_type", "members"), [
-    (stepplanner.SchedulingPolicy, {"FCFS": 0, "PRIORITY": 1, "EDF": 2, "DEADLINE": 3}),
-    (stepplanner.IfbSchedulingMode, {"AUTO": 0, "MIXED": 1, "PREFILL_FIRST": 2}),
-    (stepplanner.PreemptionMode, {"NONE": 0, "PAUSE": 1}),
-    (stepplanner.SequenceWork, {"CONTEXT": 0, "DECODE": 1}),
-])
+@pytest.mark.parametrize(
+    ("enum_type", "members"),
+    [
+        (stepplanner.SchedulingPolicy, {"FCFS": 0, "PRIORITY": 1, "EDF": 2, "DEADLINE": 3}),
+        (stepplanner.IfbSchedulingMode, {"AUTO": 0, "MIXED": 1, "PREFILL_FIRST": 2}),
+        (stepplanner.PreemptionMode, {"NONE": 0, "PAUSE": 1}),
+        (stepplanner.SequenceWork, {"CONTEXT": 0, "DECODE": 1}),
+    ],
+)
 def test_enums(enum_type, members):
     assert issubclass(enum_type, enum.IntEnum)
     assert {m.name: int(m) for m in enum_type} == members
@@ -46,9 +65,18 @@ def test_enums(enum_type, members):
 def test_dtype_and_record_fields():
     assert stepplanner.RESIDENT_DTYPE.names == RESIDENT_FIELDS
     assert stepplanner.PlannedSequence._fields == (
-        "resident", "work", "past_length", "query_length", "select_last_token_logits")
+        "resident",
+        "work",
+        "past_length",
+        "query_length",
+        "select_last_token_logits",
+    )
     assert [f.name for f in __import__("dataclasses").fields(stepplanner.StepPlannerLimits)] == [
-        "max_batch_size", "max_input_length", "kv_page_size", "max_step_tokens"]
+        "max_batch_size",
+        "max_input_length",
+        "kv_page_size",
+        "max_step_tokens",
+    ]
 
 
 def test_facade_uses_the_compiled_core_by_default(compiled):
@@ -74,8 +102,11 @@ def _instance_surface(obj):
 
 def test_same_class_surface(compiled, reference):
     assert _public(compiled.StepPlanner) == _public(reference.StepPlanner)
-    assert (_instance_surface(compiled.ResidentState())
-            == _instance_surface(reference.ResidentState()) >= set(RESIDENT_FIELDS))
+    assert (
+        _instance_surface(compiled.ResidentState())
+        == _instance_surface(reference.ResidentState())
+        >= set(RESIDENT_FIELDS)
+    )
     from stepplanner import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 
     lim = StepPlannerLimits(2, 16, 16)
@@ -91,11 +122,15 @@ def _comparable(signature):
 def test_same_method_signatures(compiled, reference):
     for cls in ("StepPlanner", "StepPlan", "ResidentState"):
         for name in sorted(_public(getattr(reference, cls))):
-            ours, theirs = getattr(getattr(reference, cls), name), getattr(getattr(compiled, cls), name)
+            ours, theirs = (
+                getattr(getattr(reference, cls), name),
+                getattr(getattr(compiled, cls), name),
+            )
             if not callable(ours):
                 continue
             assert _comparable(inspect.signature(ours)) == _comparable(inspect.signature(theirs)), (
-                f"{cls}.{name}")
+                f"{cls}.{name}"
+            )
 
 
 def _stub_inits():
@@ -124,10 +159,12 @@ def _import_in_subprocess(impl):
     env.pop("STEPPLANNER_IMPL", None)
     if impl is not None:
         env["STEPPLANNER_IMPL"] = impl
-    code = ("import stepplanner; print(stepplanner.IMPLEMENTATION, "
-            "stepplanner.StepPlanner.__module__)")
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import stepplanner; print(stepplanner.IMPLEMENTATION, stepplanner.StepPlanner.__module__)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("impl", ["python", " Python "])
@@ -170,9 +207,14 @@ def test_missing_compiled_core_fails_only_when_required(require, outcome):
 
     env = dict(os.environ, STEPPLANNER_IMPL="python", STEPPLANNER_REQUIRE_COMPILED=require)
     target = str(Path(__file__).with_name("test_resident_state.py"))
-    result = subprocess.run([sys.executable, "-c", _BLOCKED_CORE_RUN, target], env=env,
-                            capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).parents[1])
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCKED_CORE_RUN, target],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
     summary = result.stdout.strip().splitlines()[-1]
     assert "1 passed" in summary and f"1 {outcome}" in summary, result.stdout[-2000:]
     if outcome == "error":
@@ -186,12 +228,17 @@ def test_kv_implementations_have_the_same_surface(compiled_kv, reference_kv):
         assert _public(ours) == _public(theirs), cls
         for name in sorted(_public(ours)):
             if callable(getattr(ours, name)):
-                assert (_comparable(inspect.signature(getattr(ours, name)))
-                        == _comparable(inspect.signature(getattr(theirs, name)))), f"{cls}.{name}"
+                assert _comparable(inspect.signature(getattr(ours, name))) == _comparable(
+                    inspect.signature(getattr(theirs, name))
+                ), f"{cls}.{name}"
     text = importlib.resources.files("stepplanner").joinpath("kv", "_kv.pyi").read_text("utf-8")
-    stub = {node.name: [a.arg for a in item.args.args[1:]]
-            for node in ast.parse(text).body if isinstance(node, ast.ClassDef)
-            for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"}
+    stub = {
+        node.name: [a.arg for a in item.args.args[1:]]
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__"
+    }
     for cls in ("KVPageTable", "StepInputs"):
         assert stub[cls] == list(inspect.signature(getattr(reference_kv, cls)).parameters), cls
 
@@ -216,18 +263,30 @@ def test_ledger_implementations_have_the_same_surface(compiled):
     assert {"page_table", "reserved_pages", "held_back", "kv_pages_in_use"} <= _public(ours)
     for name in sorted(_public(ours)):
         if callable(getattr(ours, name)):
-            assert (_comparable(inspect.signature(getattr(ours, name)))
-                    == _comparable(inspect.signature(getattr(theirs, name)))), name
-    text = importlib.resources.files("stepplanner").joinpath("ledger", "_ledger.pyi").read_text("utf-8")
-    (init,) = [item for node in ast.parse(text).body
-               if isinstance(node, ast.ClassDef) and node.name == "Ledger"
-               for item in node.body
-               if isinstance(item, ast.FunctionDef) and item.name == "__init__"]
+            assert _comparable(inspect.signature(getattr(ours, name))) == _comparable(
+                inspect.signature(getattr(theirs, name))
+            ), name
+    text = (
+        importlib.resources.files("stepplanner")
+        .joinpath("ledger", "_ledger.pyi")
+        .read_text("utf-8")
+    )
+    (init,) = [
+        item
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ClassDef) and node.name == "Ledger"
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__"
+    ]
     stub = [a.arg for a in init.args.args[1:] + init.args.kwonlyargs]
-    assert stub == list(inspect.signature(ours).parameters) == [
-        "limits", "policy", "max_waiting", "page_table", "slo_classes", "step_time"]
+    assert (
+        stub
+        == list(inspect.signature(ours).parameters)
+        == ["limits", "policy", "max_waiting", "page_table", "slo_classes", "step_time"]
+    )
     ranker, compiled_ranker = _ledger_reference.Ranker, _ledger_core.Ranker
     for name in sorted(_public(ranker)):
         if callable(getattr(ranker, name)):
-            assert (_comparable(inspect.signature(getattr(ranker, name)))
-                    == _comparable(inspect.signature(getattr(compiled_ranker, name)))), name
+            assert _comparable(inspect.signature(getattr(ranker, name))) == _comparable(
+                inspect.signature(getattr(compiled_ranker, name))
+            ), name

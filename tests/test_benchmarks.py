@@ -21,10 +21,24 @@ def test_the_c_loop_row_is_one_plan(tmp_path: pathlib.Path) -> None:
     of 100 calls (which made the C loop look 50-100x slower than plan() in the native table)."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(BENCHMARKS / "test_plan.py"), "-q",
-         "-p", "no:cacheprovider", "-k", "c_loop and mixed and B8",
-         f"--benchmark-json={out}"],
-        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(BENCHMARKS / "test_plan.py"),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "c_loop and mixed and B8",
+            f"--benchmark-json={out}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = json.loads(out.read_text())["benchmarks"]
     per_call = row["extra_info"]["per_call_ns"]
@@ -37,9 +51,21 @@ def test_the_step_inputs_loop_times_every_steady_step() -> None:
     """benchmarks/step_inputs_loop.py runs its serving loop for each layout and keeps one
     plan() and one prepare time per step past the first B."""
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "step_inputs_loop.py"), "--steps", "120", "--batch",
-         "16", "--rounds", "1"],
-        capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            str(BENCHMARKS / "step_inputs_loop.py"),
+            "--steps",
+            "120",
+            "--batch",
+            "16",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[0] == "B=16, 1 x 104 steady steps per layout; medians:"

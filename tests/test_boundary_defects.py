@@ -28,13 +28,20 @@ from stepplanner import (
 from stepplanner.planner import _fields, _types, checks
 from stepplanner.testing import as_resident_array, as_resident_states
 
-ROWS = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0),
-        (0, 3, 50, 16, False, 0)]
+ROWS = [
+    (0, 0, 40, 41, True, 0),
+    (0, 1, 60, 0, False, 0),
+    (0, 2, 20, 0, False, 0),
+    (0, 3, 50, 16, False, 0),
+]
 OTHER = [(0, 0, 8, 0, False, 0), (0, 1, 5, 5, True, 0)]
 # Resident 2 (priority 1) is paused behind the pending prompt of priority 0.
 PAUSING_ROWS = [(0, 0, 40, 0, False, 0), (0, 1, 5, 5, True, 0), (1, 2, 7, 7, True, 0)]
-PAUSING = dict(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-               scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE)
+PAUSING = dict(
+    ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+    scheduling_policy=SchedulingPolicy.PRIORITY,
+    preemption=PreemptionMode.PAUSE,
+)
 
 
 # Budget 52 and chunk cap 32: ROWS plan to chunks of both kinds and a decode row.
@@ -65,8 +72,7 @@ def run_snippet(core, *bodies: str) -> subprocess.CompletedProcess:
             return as_resident_array([(0, i, 4, 4, True, 0) for i in range(n)])
     """)
     code = prelude + "".join(textwrap.dedent(body) for body in bodies)
-    return subprocess.run([sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
 def objects(core, rows):
@@ -112,7 +118,9 @@ def test_plan_memory_refuses_a_negative_size(compiled):
 
 def test_writable_flag_then_huge_resident_does_not_crash(core):
     # The crash this guards against: the flag flipped, resident 50,000,000 written, apply_to.
-    result = run_snippet(core, """
+    result = run_snippet(
+        core,
+        """
         planner = make_planner()
         rows = decoding(4)
         plan = planner.plan(rows)
@@ -124,7 +132,8 @@ def test_writable_flag_then_huge_resident_does_not_crash(core):
             print("refused:", e)
         plan.apply_to(rows)
         print("applied", rows["committed"].tolist())
-    """)
+    """,
+    )
     assert_ran(result, "refused: cannot set WRITEABLE flag", "applied [5, 5, 5, 5]")
 
 
@@ -145,19 +154,30 @@ CORRUPT = """
 """
 
 CORRUPTIONS = [
-    ("resident", 0, 50_000_000,
-     "plan.sequences[0].resident=50000000 is out of range; allowed: 0..2"),
+    (
+        "resident",
+        0,
+        50_000_000,
+        "plan.sequences[0].resident=50000000 is out of range; allowed: 0..2",
+    ),
     ("resident", 1, -1, "plan.sequences[1].resident=-1 is out of range; allowed: 0..2"),
     ("work", 0, 100_000, "plan.sequences[0].work=100000 is out of range; allowed: 0..1"),
-    ("query_length", 1, -3,
-     "plan.sequences[1].query_length=-3 is out of range; allowed: 0..2147483647"),
+    (
+        "query_length",
+        1,
+        -3,
+        "plan.sequences[1].query_length=-3 is out of range; allowed: 0..2147483647",
+    ),
     ("paused", 0, 1 << 30, "plan.paused[0]=1073741824 is out of range; allowed: 0..2"),
 ]
 
 
 def test_apply_to_checks_every_plan_row(core):
     # Before the check, the compiled apply_to wrote wherever the corrupt row pointed.
-    result = run_snippet(core, CORRUPT, f"""
+    result = run_snippet(
+        core,
+        CORRUPT,
+        f"""
         planner = make_planner(**PAUSING)
         for what, index, value, _ in {CORRUPTIONS!r}:
             for as_array in (True, False):
@@ -174,7 +194,8 @@ def test_apply_to_checks_every_plan_row(core):
                 table = rows if as_array else [r._astuple() for r in rows]
                 print("unchanged" if as_resident_array(table).tolist()
                       == as_resident_array({PAUSING_ROWS!r}).tolist() else "CHANGED")
-    """)
+    """,
+    )
     assert_ran(result, *(f"refused: {message}" for *_, message in CORRUPTIONS))
     assert result.stdout.count("unchanged") == 2 * len(CORRUPTIONS)
     assert "applied" not in result.stdout and "CHANGED" not in result.stdout
@@ -182,7 +203,10 @@ def test_apply_to_checks_every_plan_row(core):
 
 def test_apply_to_checks_the_container_before_the_plan(core):
     # The same error in both implementations when both are wrong (parity of the check order).
-    result = run_snippet(core, CORRUPT, """
+    result = run_snippet(
+        core,
+        CORRUPT,
+        """
         plan = make_planner().plan(decoding(2)).copy()
         corrupt(plan, "resident", 0, 99)
         for target in ({}, decoding(2)):
@@ -190,14 +214,21 @@ def test_apply_to_checks_the_container_before_the_plan(core):
                 plan.apply_to(target)
             except (TypeError, ValueError) as e:
                 print(type(e).__name__.removeprefix("StepPlanner"), str(e)[:40])
-    """)
-    assert_ran(result, "TypeError residents must be a list or tuple",
-               "ValueError plan.sequences[0].resident=99 is out o")
+    """,
+    )
+    assert_ran(
+        result,
+        "TypeError residents must be a list or tuple",
+        "ValueError plan.sequences[0].resident=99 is out o",
+    )
 
 
 def test_corrupt_plan_rows_raise_in_a_subprocess(core):
     # Before the check, apply_to wrote at resident 50,000,000 and read work 100,000's pointer.
-    result = run_snippet(core, CORRUPT, """
+    result = run_snippet(
+        core,
+        CORRUPT,
+        """
         rows = decoding(4)
         for field, value in (("resident", 50_000_000), ("work", 100_000)):
             plan = make_planner().plan(rows).copy()
@@ -211,16 +242,22 @@ def test_corrupt_plan_rows_raise_in_a_subprocess(core):
                 plan.to_dict()
             except ValueError as e:
                 print("view refused:", e)
-    """)
-    assert_ran(result, "refused: plan.sequences[0].resident=50000000",
-               "refused: plan.sequences[0].work=100000")
+    """,
+    )
+    assert_ran(
+        result,
+        "refused: plan.sequences[0].resident=50000000",
+        "refused: plan.sequences[0].work=100000",
+    )
 
 
 # --- 2. plans and views are whole from birth; the kernel loop checks its rows ----------------
 
 
 def test_reinitialising_the_planners_plan_leaves_it_whole(core):
-    result = run_snippet(core, """
+    result = run_snippet(
+        core,
+        """
         planner = make_planner()
         rows = decoding(64)
         plan = planner.plan(rows)
@@ -229,23 +266,29 @@ def test_reinitialising_the_planners_plan_leaves_it_whole(core):
         again = planner.plan(rows)
         print("again", again is plan, len(again.sequences), len(again.as_array()),
               again.as_array()["resident"].tolist() == list(range(64)))
-    """)
+    """,
+    )
     assert_ran(result, "reset 0 0 0", "again True 64 64 True")
 
 
 def test_reinitialised_plan_equals_a_new_one(core):
-    result = run_snippet(core, """
+    result = run_snippet(
+        core,
+        """
         planner = make_planner()
         plan = planner.plan(decoding(3))
         plan.__init__()
         print("empty", plan == core.StepPlan(), len(plan.as_array()), len(plan.paused_array()))
         print("again", planner.plan(decoding(4)) is plan, len(plan.as_array()))
-    """)
+    """,
+    )
     assert_ran(result, "empty True 0 0", "again True 4")
 
 
 def test_views_need_a_plan(core):
-    result = run_snippet(core, """
+    result = run_snippet(
+        core,
+        """
         plan = make_planner().plan(decoding(3))
         for view in (plan.sequences, plan.paused):
             kind = type(view)
@@ -256,27 +299,33 @@ def test_views_need_a_plan(core):
                 except TypeError as e:
                     print("TypeError", type(view).__name__, len(args))
         print("done")
-    """)
+    """,
+    )
     assert_ran(result, "done")
     assert "made" not in result.stdout
     assert result.stdout.count("TypeError") == 6
 
 
 def test_plans_made_with_new_are_empty_plans(core):
-    result = run_snippet(core, """
+    result = run_snippet(
+        core,
+        """
         plan = core.StepPlan.__new__(core.StepPlan)
         print("views", len(plan.sequences), list(plan.paused), plan.num_residents)
         print("arrays", len(plan.as_array()), len(plan.paused_array()), plan == core.StepPlan())
         plan.apply_to([])
         print("copies", plan.copy() == plan, plan.to_dict()["sequences"])
-    """)
+    """,
+    )
     assert_ran(result, "views 0 [] 0", "arrays 0 0 True", "copies True []")
 
 
 def test_kernel_loop_checks_the_rows_it_reruns(compiled):
     # A planner whose plan() does nothing left the previous call's row count for a shorter
     # array: time_kernel_loop must plan with the real plan() and check the length again.
-    result = run_snippet(compiled, """
+    result = run_snippet(
+        compiled,
+        """
         class Lazy(core.StepPlanner):
             def plan(self, residents, count=None, reasons=None):
                 return None
@@ -290,7 +339,8 @@ def test_kernel_loop_checks_the_rows_it_reruns(compiled):
             lazy._run_kernel_loop(decoding(2)[:1], 10)
         except AttributeError:
             print("no python entry")
-    """)
+    """,
+    )
     assert_ran(result, "ns True True 1", "no python entry")
 
 
@@ -328,13 +378,13 @@ def test_reentrant_plan_raises(core, make_planner, planner):
     assert planner.plan(objects(core, ROWS)) == fresh.plan(objects(core, ROWS))
 
 
-def test_reentry_swallowed_by_the_ledger_still_plans_the_callers_rows(core, make_planner,
-                                                                      planner):
+def test_reentry_swallowed_by_the_ledger_still_plans_the_callers_rows(core, make_planner, planner):
     # The issue's case: a decoding resident first, then a prompt; the inner call must not
     # replace the outer call's rows (it once planned a 64-token chunk for the decoding row).
     rows = [(0, 0, 41, 41, True, 0), (0, 1, 60, 0, False, 0)]
-    ledger_rows = Reentering(objects(core, rows), planner,
-                             objects(core, [(0, 0, 64, 0, False, 0)]), swallow=True)
+    ledger_rows = Reentering(
+        objects(core, rows), planner, objects(core, [(0, 0, 64, 0, False, 0)]), swallow=True
+    )
     plan = planner.plan(ledger_rows)
     assert len(ledger_rows.errors) == 1 and "re-entered" in ledger_rows.errors[0]
     assert repr(plan).endswith("sequences=[(1,CONTEXT,0,32,F) (0,DECODE,41,1,T)], paused=[])")
@@ -356,8 +406,11 @@ class Replanning(list):
 
 def test_apply_to_refuses_a_plan_replaced_while_it_reads_the_residents(core, planner):
     # A nested plan() once made apply_to apply the other residents' plan to the caller's rows.
-    mine = Replanning(objects(core, [(0, 0, 10, 10, True, 0), (0, 1, 10, 10, True, 0)]),
-                      planner, objects(core, [(0, 0, 64, 0, False, 0)]))
+    mine = Replanning(
+        objects(core, [(0, 0, 10, 10, True, 0), (0, 1, 10, 10, True, 0)]),
+        planner,
+        objects(core, [(0, 0, 64, 0, False, 0)]),
+    )
     plan = planner.plan(list(mine))
     with pytest.raises(RuntimeError, match=r"apply_to\(\) saw its plan replaced"):
         plan.apply_to(mine)
@@ -373,9 +426,10 @@ def test_apply_to_refuses_a_plan_replaced_while_it_reads_the_residents(core, pla
 
 
 @pytest.mark.parametrize("as_array", [True, False])
-@pytest.mark.parametrize(("field", "value"), [("committed", -5),
-                                              ("committed", -(2**31)),
-                                              ("consecutive_paused_steps", -1)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("committed", -5), ("committed", -(2**31)), ("consecutive_paused_steps", -1)],
+)
 def test_apply_to_rejects_negative_counters_like_plan(core, planner, as_array, field, value):
     rows = as_resident_array(ROWS) if as_array else objects(core, ROWS)
     plan = planner.plan(rows).copy()
@@ -431,11 +485,14 @@ def test_apply_to_refuses_the_same_resident_object_twice(core, planner):
 @pytest.mark.parametrize("stride", [0, 16, -16])
 def test_array_rows_that_overlap_are_refused(core, planner, stride):
     base = as_resident_array([NEAR_MAX, (0, 1, 10, 2**31 - 2, True, 0)])
-    overlapping = np.lib.stride_tricks.as_strided(base[1:] if stride < 0 else base, shape=(2,),
-                                                  strides=(stride,))
+    overlapping = np.lib.stride_tricks.as_strided(
+        base[1:] if stride < 0 else base, shape=(2,), strides=(stride,)
+    )
     assert overlapping.flags.writeable
-    message = (rf"^residents\[0\] and residents\[1\] share memory \(array strides\[0\]"
-               rf"={stride}, rows of {RESIDENT_DTYPE.itemsize} bytes\)")
+    message = (
+        rf"^residents\[0\] and residents\[1\] share memory \(array strides\[0\]"
+        rf"={stride}, rows of {RESIDENT_DTYPE.itemsize} bytes\)"
+    )
     with pytest.raises(ValueError, match=message):
         planner.plan(overlapping)
     plan = planner.plan(base).copy()
@@ -469,8 +526,12 @@ def test_plans_copy_and_pickle_as_independent_snapshots(core, make_planner, how)
     rows = as_resident_array(PAUSING_ROWS)
     plan = planner.plan(rows)
     snapshot = plan.to_dict()
-    take = {"copy": copy.copy, "deepcopy": copy.deepcopy, "method": lambda p: p.copy(),
-            "pickle": lambda p: pickle.loads(pickle.dumps(p))}[how]
+    take = {
+        "copy": copy.copy,
+        "deepcopy": copy.deepcopy,
+        "method": lambda p: p.copy(),
+        "pickle": lambda p: pickle.loads(pickle.dumps(p)),
+    }[how]
     kept = take(plan)
     assert type(kept) is core.StepPlan and kept is not plan
     assert kept == plan and kept.to_dict() == snapshot
@@ -491,8 +552,9 @@ def test_views_copy_and_pickle_as_the_items_they_show(core, make_planner, how):
     assert type(sequences) is list and type(sequences[0]) is core.PlannedSequence
 
 
-@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy,
-                                 lambda p: pickle.loads(pickle.dumps(p, protocol=2))])
+@pytest.mark.parametrize(
+    "how", [copy.copy, copy.deepcopy, lambda p: pickle.loads(pickle.dumps(p, protocol=2))]
+)
 def test_empty_plans_copy(core, how):
     empty = core.StepPlan()
     assert how(empty) == empty and how(empty).num_residents == 0
@@ -509,8 +571,11 @@ def test_unpickling_checks_the_rows(core):
         restore([(0, 7, 0, 4, True)], [], 2)
     with pytest.raises(OverflowError):
         restore([(0, 0, 2**40, 4, True)], [], 2)
-    with pytest.raises(ValueError, match=r"plan.paused\[0\]=0 names the resident "
-                                         r"plan.sequences\[0\].resident names already"):
+    with pytest.raises(
+        ValueError,
+        match=r"plan.paused\[0\]=0 names the resident "
+        r"plan.sequences\[0\].resident names already",
+    ):
         restore([(0, 1, 4, 1, False)], [0], 2)
     assert restore(*args) == plan
 
@@ -562,8 +627,14 @@ def test_pickles_of_one_plan_are_the_same_on_both_twins(compiled, reference):
 
 
 def test_resident_fields_have_one_definition(core):
-    names = ("priority", "arrival", "prompt_length", "committed", "context_committed",
-             "consecutive_paused_steps")
+    names = (
+        "priority",
+        "arrival",
+        "prompt_length",
+        "committed",
+        "context_committed",
+        "consecutive_paused_steps",
+    )
     assert _types.RESIDENT_FIELDS == names == RESIDENT_DTYPE.names
     assert ledger.RESIDENT_FIELDS is _types.RESIDENT_FIELDS
     assert checks._Row._fields == names
@@ -583,11 +654,11 @@ def test_equality_is_by_type_not_by_class_name(core, planner):
             return resident._astuple()
 
     assert plan != StepPlan() and resident != ResidentState()
-    other = pytest.importorskip("stepplanner._core_py" if core.IMPLEMENTATION == "compiled"
-                                else "stepplanner._core")
+    other = pytest.importorskip(
+        "stepplanner._core_py" if core.IMPLEMENTATION == "compiled" else "stepplanner._core"
+    )
     assert resident == other.ResidentState(*ROWS[0])  # the two implementations still agree
-    assert plan == other.StepPlanner(planner.policy, planner.limits).plan(
-        as_resident_array(ROWS))
+    assert plan == other.StepPlanner(planner.policy, planner.limits).plan(as_resident_array(ROWS))
 
 
 def test_as_bool_checks_the_type_not_its_name():

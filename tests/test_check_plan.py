@@ -22,17 +22,27 @@ from stepplanner.testing import as_resident_array, as_resident_states, planning_
 C, D = SequenceWork.CONTEXT, SequenceWork.DECODE
 LIMITS = StepPlannerLimits(4, 64, 16)
 MIXED_FCFS = ResolvedSchedulingPolicy(IfbSchedulingMode.MIXED, 52, 32)
-PAUSING = ResolvedSchedulingPolicy(IfbSchedulingMode.MIXED, 52, 32, SchedulingPolicy.PRIORITY,
-                                   PreemptionMode.PAUSE, 0, 2)
-PREFILL_FIRST = ResolvedSchedulingPolicy(IfbSchedulingMode.PREFILL_FIRST, 256, 64,
-                                         SchedulingPolicy.PRIORITY)
+PAUSING = ResolvedSchedulingPolicy(
+    IfbSchedulingMode.MIXED, 52, 32, SchedulingPolicy.PRIORITY, PreemptionMode.PAUSE, 0, 2
+)
+PREFILL_FIRST = ResolvedSchedulingPolicy(
+    IfbSchedulingMode.PREFILL_FIRST, 256, 64, SchedulingPolicy.PRIORITY
+)
 # SPEC §5's first ledger, and its plan
-ROWS = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0),
-        (0, 3, 50, 16, False, 0)]
+ROWS = [
+    (0, 0, 40, 41, True, 0),
+    (0, 1, 60, 0, False, 0),
+    (0, 2, 20, 0, False, 0),
+    (0, 3, 50, 16, False, 0),
+]
 PLAN = [(1, C, 0, 32, False), (2, C, 0, 16, False), (0, D, 41, 1, True)]
 # SPEC §5's second ledger (with consecutive_paused_steps), and its plan
-PAUSE_ROWS = [(1, 0, 40, 41, True, 1), (0, 5, 60, 0, False, 0), (2, 2, 20, 0, False, 0),
-              (1, 3, 50, 50, True, 0)]
+PAUSE_ROWS = [
+    (1, 0, 40, 41, True, 1),
+    (0, 5, 60, 0, False, 0),
+    (2, 2, 20, 0, False, 0),
+    (1, 3, 50, 50, True, 0),
+]
 PAUSE_PLAN = [(1, C, 0, 60, True)]
 
 
@@ -52,8 +62,15 @@ class FakePlan:
 def fake(seqs, paused=(), n=4, **totals):
     rows = [PlannedSequence(r, SequenceWork(w), past, q, sel) for r, w, past, q, sel in seqs]
     chunks = [s.query_length for s in rows if s.work == C]
-    plan = FakePlan(rows, list(paused), n, len(chunks), len(rows) - len(chunks), sum(chunks),
-                    sum(chunks) + len(rows) - len(chunks))
+    plan = FakePlan(
+        rows,
+        list(paused),
+        n,
+        len(chunks),
+        len(rows) - len(chunks),
+        sum(chunks),
+        sum(chunks) + len(rows) - len(chunks),
+    )
     return dataclasses.replace(plan, **totals)
 
 
@@ -69,8 +86,10 @@ def test_is_an_assertion_error():
 
 
 def test_accepts_the_worked_examples_in_every_input_form(core):
-    for policy, rows, seqs, paused in [(MIXED_FCFS, ROWS, PLAN, []),
-                                       (PAUSING, PAUSE_ROWS, PAUSE_PLAN, [0, 2, 3])]:
+    for policy, rows, seqs, paused in [
+        (MIXED_FCFS, ROWS, PLAN, []),
+        (PAUSING, PAUSE_ROWS, PAUSE_PLAN, [0, 2, 3]),
+    ]:
         check_plan(policy, LIMITS, rows, fake(seqs, paused))
         for residents in (as_resident_array(rows), as_resident_states(rows, core.ResidentState)):
             real = core.StepPlanner(policy, LIMITS).plan(residents)
@@ -81,8 +100,12 @@ def test_accepts_the_worked_examples_in_every_input_form(core):
 @given(planning_cases())
 def test_accepts_every_real_plan(core, case):
     residents = as_resident_states(case.rows, core.ResidentState)
-    check_plan(case.policy, case.limits, residents,
-               core.StepPlanner(case.policy, case.limits).plan(residents))
+    check_plan(
+        case.policy,
+        case.limits,
+        residents,
+        core.StepPlanner(case.policy, case.limits).plan(residents),
+    )
 
 
 # --- one corruption per guarantee -----------------------------------------------------------------
@@ -101,8 +124,11 @@ def test_resident_index_out_of_range():
 
 
 def test_resident_planned_twice():
-    rejects(fake([(1, C, 0, 32, False), (1, C, 0, 32, False), (0, D, 41, 1, True)]),
-            "resident 1", "more than once")
+    rejects(
+        fake([(1, C, 0, 32, False), (1, C, 0, 32, False), (0, D, 41, 1, True)]),
+        "resident 1",
+        "more than once",
+    )
 
 
 def test_paused_and_planned():
@@ -114,8 +140,12 @@ def test_paused_not_ascending():
 
 
 def test_paused_repeated():
-    rejects(fake(PAUSE_PLAN, paused=[0, 0, 2, 3]), "not ascending and unique",
-            policy=PAUSING, rows=PAUSE_ROWS)
+    rejects(
+        fake(PAUSE_PLAN, paused=[0, 0, 2, 3]),
+        "not ascending and unique",
+        policy=PAUSING,
+        rows=PAUSE_ROWS,
+    )
 
 
 def test_paused_out_of_range():
@@ -137,18 +167,27 @@ def test_totals(field, value, right):
 
 def test_budget_max_num_tokens():
     rows = ROWS[:2] + [(0, 2, 60, 0, False, 0)]
-    rejects(fake([(1, C, 0, 32, False), (2, C, 0, 32, False), (0, D, 41, 1, True)], n=3),
-            "total_tokens=65", "max_num_tokens=52", rows=rows)
+    rejects(
+        fake([(1, C, 0, 32, False), (2, C, 0, 32, False), (0, D, 41, 1, True)], n=3),
+        "total_tokens=65",
+        "max_num_tokens=52",
+        rows=rows,
+    )
 
 
 def test_chunk_after_decode():
-    rejects(fake([(1, C, 0, 32, False), (0, D, 41, 1, True), (2, C, 0, 16, False)]),
-            "a chunk follows a decode row")
+    rejects(
+        fake([(1, C, 0, 32, False), (0, D, 41, 1, True), (2, C, 0, 16, False)]),
+        "a chunk follows a decode row",
+    )
 
 
 def test_chunks_out_of_order():
-    rejects(fake([(2, C, 0, 16, False), (1, C, 0, 32, False), (0, D, 41, 1, True)]),
-            "not in order", "[2, 1]")
+    rejects(
+        fake([(2, C, 0, 16, False), (1, C, 0, 32, False), (0, D, 41, 1, True)]),
+        "not in order",
+        "[2, 1]",
+    )
 
 
 def test_decodes_out_of_order():
@@ -156,16 +195,19 @@ def test_decodes_out_of_order():
     rejects(fake([(0, D, 1, 1, True), (1, D, 1, 1, True)], n=2), "not in order", rows=rows)
 
 
-@pytest.mark.parametrize(("chunk", "fragments"), [
-    ((1, C, 0, 0, False), ("query_length=0", "1..60")),
-    ((2, C, 0, 21, True), ("query_length=21", "1..20")),
-    ((1, C, 0, 48, False), ("query_length=48", "over the cap 32")),
-    ((2, C, 0, 20, False), ("select_last_token_logits=False", "final=True")),
-    ((1, C, 0, 16, True), ("select_last_token_logits=True", "final=False")),
-    ((1, C, 0, 24, False), ("non-final", "ends at 24", "kv_page_size=16")),
-    ((1, C, 3, 32, False), ("past_length=3", "committed=0")),
-    ((0, C, 41, 1, True), ("for a decoding resident",)),
-])
+@pytest.mark.parametrize(
+    ("chunk", "fragments"),
+    [
+        ((1, C, 0, 0, False), ("query_length=0", "1..60")),
+        ((2, C, 0, 21, True), ("query_length=21", "1..20")),
+        ((1, C, 0, 48, False), ("query_length=48", "over the cap 32")),
+        ((2, C, 0, 20, False), ("select_last_token_logits=False", "final=True")),
+        ((1, C, 0, 16, True), ("select_last_token_logits=True", "final=False")),
+        ((1, C, 0, 24, False), ("non-final", "ends at 24", "kv_page_size=16")),
+        ((1, C, 3, 32, False), ("past_length=3", "committed=0")),
+        ((0, C, 41, 1, True), ("for a decoding resident",)),
+    ],
+)
 def test_bad_chunk(chunk, fragments):
     rejects(fake([chunk, (0, D, 41, 1, True)] if chunk[0] else [chunk]), *fragments)
 
@@ -178,18 +220,24 @@ def test_chunk_over_input_length_without_decodes():
         check_plan(MIXED_FCFS, small, rows, fake([(0, C, 0, 64, True)], n=1))
 
 
-@pytest.mark.parametrize(("decode", "fragments"), [
-    ((0, D, 41, 2, True), ("query_length=1", "got 2")),
-    ((0, D, 41, 1, False), ("select_last_token_logits=True", "False")),
-    ((0, D, 40, 1, True), ("past_length=40", "committed=41")),
-])
+@pytest.mark.parametrize(
+    ("decode", "fragments"),
+    [
+        ((0, D, 41, 2, True), ("query_length=1", "got 2")),
+        ((0, D, 41, 1, False), ("select_last_token_logits=True", "False")),
+        ((0, D, 40, 1, True), ("past_length=40", "committed=41")),
+    ],
+)
 def test_bad_decode_row(decode, fragments):
     rejects(fake(PLAN[:2] + [decode]), *fragments)
 
 
 def test_decode_row_for_a_prompt():
-    rejects(fake(PLAN[:1] + [(0, D, 41, 1, True), (2, D, 0, 1, True)]),
-            "decode sequences[2] (resident 2)", "prompt-incomplete")
+    rejects(
+        fake(PLAN[:1] + [(0, D, 41, 1, True), (2, D, 0, 1, True)]),
+        "decode sequences[2] (resident 2)",
+        "prompt-incomplete",
+    )
 
 
 def test_first_active_prompt_skipped():
@@ -207,31 +255,47 @@ def test_paused_outside_mixed_priority_pause():
 
 def test_paused_past_max_pause_steps():
     rows = [PAUSE_ROWS[0][:5] + (2,)] + PAUSE_ROWS[1:]  # resident 0 has been paused 2 steps
-    rejects(fake(PAUSE_PLAN, paused=[0, 2, 3]), "resident 0", "max_pause_steps=2",
-            policy=PAUSING, rows=rows)
+    rejects(
+        fake(PAUSE_PLAN, paused=[0, 2, 3]),
+        "resident 0",
+        "max_pause_steps=2",
+        policy=PAUSING,
+        rows=rows,
+    )
 
 
 def test_paused_though_not_worse():
     rows = PAUSE_ROWS[:3] + [(0, 3, 50, 50, True, 0)]  # resident 3 now has h's priority
-    rejects(fake(PAUSE_PLAN, paused=[0, 2, 3]), "resident 3", "is paused", policy=PAUSING,
-            rows=rows)
+    rejects(
+        fake(PAUSE_PLAN, paused=[0, 2, 3]), "resident 3", "is paused", policy=PAUSING, rows=rows
+    )
 
 
 def test_worse_but_not_paused():
-    rejects(fake(PAUSE_PLAN, paused=[0, 3]), "resident 2",
-            "not paused", policy=PAUSING, rows=PAUSE_ROWS)
+    rejects(
+        fake(PAUSE_PLAN, paused=[0, 3]), "resident 2", "not paused", policy=PAUSING, rows=PAUSE_ROWS
+    )
 
 
 def test_prefill_first_decodes_while_prompt_pending():
     rows = [(0, 0, 8, 8, True, 0), (0, 1, 8, 0, False, 0)]
-    rejects(fake([(1, C, 0, 8, True), (0, D, 8, 1, True)], n=2), "PREFILL_FIRST planned decode",
-            policy=PREFILL_FIRST, rows=rows)
+    rejects(
+        fake([(1, C, 0, 8, True), (0, D, 8, 1, True)], n=2),
+        "PREFILL_FIRST planned decode",
+        policy=PREFILL_FIRST,
+        rows=rows,
+    )
 
 
 def test_prefill_first_priority_plans_a_worse_prompt():
     rows = [(1, 0, 8, 0, False, 0), (0, 1, 8, 0, False, 0)]
-    rejects(fake([(1, C, 0, 8, True), (0, C, 0, 8, True)], n=2), "resident 0", "priority 1",
-            policy=PREFILL_FIRST, rows=rows)
+    rejects(
+        fake([(1, C, 0, 8, True), (0, C, 0, 8, True)], n=2),
+        "resident 0",
+        "priority 1",
+        policy=PREFILL_FIRST,
+        rows=rows,
+    )
 
 
 # --- a skip must be justified (SPEC §3 step 5) --------------------------------------------------
@@ -242,15 +306,25 @@ def first_prompt_only(plan):
     seqs = [s for s in plan.sequences]
     chunks = [s for s in seqs if s.work == C]
     kept = chunks[:1] + [s for s in seqs if s.work == D]
-    return fake([(s.resident, s.work, s.past_length, s.query_length,
-                  bool(s.select_last_token_logits)) for s in kept],
-                paused=list(plan.paused), n=plan.num_residents), len(chunks)
+    return fake(
+        [
+            (s.resident, s.work, s.past_length, s.query_length, bool(s.select_last_token_logits))
+            for s in kept
+        ],
+        paused=list(plan.paused),
+        n=plan.num_residents,
+    ), len(chunks)
 
 
 def test_skipping_a_prompt_that_fits_is_caught():
     # SPEC §5's first ledger: resident 2 gets 16 of the 52 - 1 - 32 = 19 tokens left
-    rejects(fake([PLAN[0], PLAN[2]]), "prompt resident 2", "was skipped", "19 of the prefill",
-            "chunk of 16")
+    rejects(
+        fake([PLAN[0], PLAN[2]]),
+        "prompt resident 2",
+        "was skipped",
+        "19 of the prefill",
+        "chunk of 16",
+    )
 
 
 def test_skipping_a_later_prompt_that_fits_is_caught():
@@ -279,8 +353,13 @@ def test_skip_by_page_trim_is_justified():
 def test_skip_under_prefill_first_budget_is_checked():
     rows = [(0, 0, 8, 0, False, 0), (0, 1, 8, 0, False, 0)]
     check_plan(PREFILL_FIRST, LIMITS, rows, fake([(0, C, 0, 8, True), (1, C, 0, 8, True)], n=2))
-    rejects(fake([(0, C, 0, 8, True)], n=2), "prompt resident 1", "T_max=256",
-            policy=PREFILL_FIRST, rows=rows)
+    rejects(
+        fake([(0, C, 0, 8, True)], n=2),
+        "prompt resident 1",
+        "T_max=256",
+        policy=PREFILL_FIRST,
+        rows=rows,
+    )
     # under PRIORITY a worse-priority prompt is not its turn at all: leaving it out is right
     rows = [(0, 0, 8, 0, False, 0), (1, 1, 8, 0, False, 0)]
     check_plan(PREFILL_FIRST, LIMITS, rows, fake([(0, C, 0, 8, True)], n=2))

@@ -14,8 +14,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CI = ROOT / ".ci" / "run"
 
-pytestmark = pytest.mark.skipif(not CI.is_file() or shutil.which("bash") is None,
-                                reason="runs from a checkout with bash")
+pytestmark = pytest.mark.skipif(
+    not CI.is_file() or shutil.which("bash") is None, reason="runs from a checkout with bash"
+)
 
 
 def test_ci_runs_the_readme_command_in_its_own_venv() -> None:
@@ -26,8 +27,9 @@ def test_ci_runs_the_readme_command_in_its_own_venv() -> None:
     script = CI.read_text(encoding="utf-8")
     # Checked first: an older script without the option would start the real CI run.
     assert "--print-command" in script
-    proc = subprocess.run(["bash", str(CI), "--print-command"], capture_output=True, text=True,
-                          timeout=60, check=True)
+    proc = subprocess.run(
+        ["bash", str(CI), "--print-command"], capture_output=True, text=True, timeout=60, check=True
+    )
     command = proc.stdout.strip()
     assert command == readme_command.replace(".venv", ".venv-ci")
     assert not re.search(r"\.venv(?!-ci)", command)
@@ -57,9 +59,23 @@ def test_the_example_test_passes_in_cibuildwheels_test_layout(tmp_path: pathlib.
     assert sorted(p.name for p in run.iterdir()) == sorted(cfg["test-sources"])
     env = dict(os.environ, **cibw.environment(cfg))
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/test_serving_loop_example.py"], cwd=run, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_serving_loop_example.py",
+        ],
+        cwd=run,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
 

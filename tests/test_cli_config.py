@@ -21,8 +21,10 @@ from stepplanner.tuning.grid import parse_grid  # noqa: E402
 
 def test_enum_fields_come_from_the_dataclasses() -> None:
     enums = {"scheduling_policy": sp.SchedulingPolicy, "preemption": sp.PreemptionMode}
-    assert enum_fields(sp.SchedulingOptions) == {"ifb_scheduling_mode": sp.IfbSchedulingMode,
-                                                 **enums}
+    assert enum_fields(sp.SchedulingOptions) == {
+        "ifb_scheduling_mode": sp.IfbSchedulingMode,
+        **enums,
+    }
     assert enum_fields(sp.ResolvedSchedulingPolicy) == {"mode": sp.IfbSchedulingMode, **enums}
 
 
@@ -33,25 +35,49 @@ def test_the_cli_and_the_simulator_read_enums_from_one_place() -> None:
     assert simulator._ENUMS == enum_fields(sp.ResolvedSchedulingPolicy)
 
 
-@pytest.mark.parametrize(("alias", "field", "value"), [
-    ("b", "max_batch_size", 8), ("max_num_seqs", "max_batch_size", 8),
-    ("p", "kv_page_size", 32), ("block_size", "kv_page_size", 32),
-    ("s_in", "max_input_length", 2048), ("max_num_batched_tokens", "max_step_tokens", 512),
-    ("Reserved-Slots", "priority_reserved_slots", 1),
-])
+@pytest.mark.parametrize(
+    ("alias", "field", "value"),
+    [
+        ("b", "max_batch_size", 8),
+        ("max_num_seqs", "max_batch_size", 8),
+        ("p", "kv_page_size", 32),
+        ("block_size", "kv_page_size", 32),
+        ("s_in", "max_input_length", 2048),
+        ("max_num_batched_tokens", "max_step_tokens", 512),
+        ("Reserved-Slots", "priority_reserved_slots", 1),
+    ],
+)
 def test_config_keys_take_every_grid_alias(alias: str, field: str, value: int) -> None:
     assert list(parse_grid([f"{alias}={value}"])) == [field]
-    config = cli_config.parse_config({alias: str(value)}, sp.StepPlannerLimits(16, 4096, 16),
-                                     sp.SchedulingOptions())
+    config = cli_config.parse_config(
+        {alias: str(value)}, sp.StepPlannerLimits(16, 4096, 16), sp.SchedulingOptions()
+    )
     limits, options = dataclasses.asdict(config.limits), dataclasses.asdict(config.options)
     assert {**limits, **options}[field] == value
 
 
 def test_compare_config_accepts_the_grid_aliases() -> None:
-    result = CliRunner().invoke(main, [
-        "compare", "--requests", "100", "--rate", "40", "-B", "32", "--max-input-length", "4096",
-        "--no-progress", "--json", "--config", "max_num_seqs=8,block_size=32",
-        "--config", "b=4"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "compare",
+            "--requests",
+            "100",
+            "--rate",
+            "40",
+            "-B",
+            "32",
+            "--max-input-length",
+            "4096",
+            "--no-progress",
+            "--json",
+            "--config",
+            "max_num_seqs=8,block_size=32",
+            "--config",
+            "b=4",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     reports = json.loads(result.stdout)
     assert reports[0]["limits"]["max_batch_size"] == 8
@@ -60,7 +86,9 @@ def test_compare_config_accepts_the_grid_aliases() -> None:
 
 
 def test_an_unknown_key_names_itself_and_lists_the_aliases() -> None:
-    with pytest.raises(sp.StepPlannerError,
-                       match=r"config key 'blok_size' is not known.*block_size.*max_num_seqs"):
-        cli_config.parse_config({"blok_size": "32"}, sp.StepPlannerLimits(16, 4096, 16),
-                                sp.SchedulingOptions())
+    with pytest.raises(
+        sp.StepPlannerError, match=r"config key 'blok_size' is not known.*block_size.*max_num_seqs"
+    ):
+        cli_config.parse_config(
+            {"blok_size": "32"}, sp.StepPlannerLimits(16, 4096, 16), sp.SchedulingOptions()
+        )

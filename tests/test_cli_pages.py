@@ -15,8 +15,17 @@ from stepplanner.cli import main  # noqa: E402
 
 # 200 requests at 40/s on B=32: the largest worst case needs 167 pages of 32 tokens, and 32
 # residents' worst cases need far more than 2,000 pages, so that pool holds requests back.
-SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
-         "--no-progress"]
+SMALL = [
+    "--requests",
+    "200",
+    "--rate",
+    "40",
+    "-B",
+    "32",
+    "--max-input-length",
+    "4096",
+    "--no-progress",
+]
 LARGEST_REQUEST_PAGES = 167
 SHORT_POOL = 2000
 
@@ -54,8 +63,7 @@ def test_a_short_pool_costs_latency_against_unlimited_pages() -> None:
     unlimited = _json()
     paged = _json("--num-pages", str(SHORT_POOL))
     assert "pages" not in unlimited
-    assert paged["latency_s"]["all"]["queue"]["p99"] > unlimited["latency_s"]["all"]["queue"][
-        "p99"]
+    assert paged["latency_s"]["all"]["queue"]["p99"] > unlimited["latency_s"]["all"]["queue"]["p99"]
 
 
 def test_a_pool_for_every_worst_case_holds_nothing_back_and_matches_unlimited() -> None:
@@ -77,11 +85,16 @@ def test_the_smallest_pool_holds_the_largest_request() -> None:
     assert report["pages"]["reserved"]["max"] <= LARGEST_REQUEST_PAGES
 
 
-@pytest.mark.parametrize(("value", "message"), [
-    ("-1", "--num-pages=-1 is negative; allowed: 0 (unlimited pages) or a pool size >= 1"),
-    (str(LARGEST_REQUEST_PAGES - 1),
-     f"--num-pages={LARGEST_REQUEST_PAGES - 1} cannot hold the workload's largest request"),
-])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("-1", "--num-pages=-1 is negative; allowed: 0 (unlimited pages) or a pool size >= 1"),
+        (
+            str(LARGEST_REQUEST_PAGES - 1),
+            f"--num-pages={LARGEST_REQUEST_PAGES - 1} cannot hold the workload's largest request",
+        ),
+    ],
+)
 def test_a_bad_pool_is_a_one_line_error(value: str, message: str) -> None:
     result = _invoke("--num-pages", value)
     assert result.exit_code == 2
@@ -118,9 +131,15 @@ def _compare(*args: str):
 
 
 def test_compare_runs_each_configuration_on_its_own_pool() -> None:
-    result = _compare("--json", "--config", "name=unlimited",
-                      "--config", f"name=short,num_pages={SHORT_POOL}",
-                      "--config", f"name=plentiful,num-pages={32 * LARGEST_REQUEST_PAGES}")
+    result = _compare(
+        "--json",
+        "--config",
+        "name=unlimited",
+        "--config",
+        f"name=short,num_pages={SHORT_POOL}",
+        "--config",
+        f"name=plentiful,num-pages={32 * LARGEST_REQUEST_PAGES}",
+    )
     assert result.exit_code == 0, result.output
     unlimited, short, plentiful = json.loads(result.output)
     assert "pages" not in unlimited
@@ -135,8 +154,14 @@ def test_compare_runs_each_configuration_on_its_own_pool() -> None:
 
 
 def test_compare_names_a_configuration_by_its_pool_and_adds_page_columns() -> None:
-    result = _compare("--format", "csv", "--config", "policy=fcfs",
-                      "--config", f"policy=fcfs,num_pages={SHORT_POOL}")
+    result = _compare(
+        "--format",
+        "csv",
+        "--config",
+        "policy=fcfs",
+        "--config",
+        f"policy=fcfs,num_pages={SHORT_POOL}",
+    )
     assert result.exit_code == 0, result.output
     header, unlimited, short = result.output.splitlines()
     assert header.endswith(",KV pages,reserved max,in use max,steps held")
@@ -149,14 +174,21 @@ def test_compare_names_a_configuration_by_its_pool_and_adds_page_columns() -> No
     assert "KV pages" not in plain.output
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ("num_pages=x", "num_pages='x' is not an integer"),
-    ("num_pages=--3", "num_pages='--3' is not an integer"),
-    ("num_pages=-3", "config 'num_pages=-3': num_pages=-3 is negative"),
-    ("name=tiny,num_pages=20", "config 'tiny': num_pages=20 cannot hold the workload's largest"),
-])
-def test_compare_refuses_a_bad_pool_before_running(config: str, message: str,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ("num_pages=x", "num_pages='x' is not an integer"),
+        ("num_pages=--3", "num_pages='--3' is not an integer"),
+        ("num_pages=-3", "config 'num_pages=-3': num_pages=-3 is negative"),
+        (
+            "name=tiny,num_pages=20",
+            "config 'tiny': num_pages=20 cannot hold the workload's largest",
+        ),
+    ],
+)
+def test_compare_refuses_a_bad_pool_before_running(
+    config: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from stepplanner.cli import compare as compare_module
 
     def must_not_run(*args, **kwargs):

@@ -15,8 +15,17 @@ from click.testing import CliRunner  # noqa: E402
 from stepplanner.cli import main  # noqa: E402
 from stepplanner.cli.plot import bin_in_time, fidelity_figure  # noqa: E402
 
-SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
-         "--no-progress"]
+SMALL = [
+    "--requests",
+    "200",
+    "--rate",
+    "40",
+    "-B",
+    "32",
+    "--max-input-length",
+    "4096",
+    "--no-progress",
+]
 
 
 def test_twenty_thousand_steps_become_at_most_the_bins_asked_for() -> None:
@@ -31,7 +40,7 @@ def test_twenty_thousand_steps_become_at_most_the_bins_asked_for() -> None:
 
 
 def test_bins_weigh_each_step_by_its_length() -> None:
-    seconds = np.array([1.0, 3.0] * 100)        # a short and a long step, alternately
+    seconds = np.array([1.0, 3.0] * 100)  # a short and a long step, alternately
     values = np.array([0.0, 4.0] * 100)
     _, mean = bin_in_time(seconds, {"v": values}, 10)
     assert mean["v"] == pytest.approx(np.full(10, 3.0))  # (0*1 + 4*3) / 4
@@ -43,13 +52,17 @@ def test_few_steps_are_left_as_they_are() -> None:
 
 
 @pytest.mark.parametrize("command", ["simulate", "compare"])
-@pytest.mark.parametrize(("name", "message"), [
-    ("missing-dir/x.png", "directory"),
-    ("x.txt", ".txt is not an image format matplotlib writes; allowed:"),
-    ("x", "no suffix is not an image format"),
-])
-def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Path, command: str,
-                                              name: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("missing-dir/x.png", "directory"),
+        ("x.txt", ".txt is not an image format matplotlib writes; allowed:"),
+        ("x", "no suffix is not an image format"),
+    ],
+)
+def test_a_bad_plot_path_fails_before_the_run(
+    monkeypatch, tmp_path: pathlib.Path, command: str, name: str, message: str
+) -> None:
     pytest.importorskip("matplotlib")
     module = importlib.import_module(f"stepplanner.cli.{command}")
 
@@ -57,8 +70,9 @@ def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Pat
         raise AssertionError("the simulation ran before the plot path was checked")
 
     monkeypatch.setattr(module, "run", must_not_run)
-    result = CliRunner().invoke(main, [command, *SMALL, "--plot", str(tmp_path / name)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, [command, *SMALL, "--plot", str(tmp_path / name)], catch_exceptions=False
+    )
     assert result.exit_code == 2
     assert message in result.output and len(result.output.strip().splitlines()) == 1
 
@@ -66,8 +80,9 @@ def test_a_bad_plot_path_fails_before_the_run(monkeypatch, tmp_path: pathlib.Pat
 def test_plot_is_written(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("matplotlib")
     path = tmp_path / "run.png"
-    result = CliRunner().invoke(main, ["simulate", *SMALL, "--plot", str(path)],
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        main, ["simulate", *SMALL, "--plot", str(path)], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -77,11 +92,19 @@ def tick_labels(ax) -> list:
     the view (matplotlib labels the ticks on either side of it too, and does not draw them)."""
     lo, hi = sorted(ax.get_xlim())
     x = ax.xaxis
-    ticks = [(loc, tick) for locs, get in ((x.get_majorticklocs(), x.get_major_ticks),
-                                           (x.get_minorticklocs(), x.get_minor_ticks))
-             for loc, tick in zip(locs, get(len(locs)))]
-    return [tick.label1 for loc, tick in ticks
-            if lo <= loc <= hi and tick.label1.get_visible() and tick.label1.get_text()]
+    ticks = [
+        (loc, tick)
+        for locs, get in (
+            (x.get_majorticklocs(), x.get_major_ticks),
+            (x.get_minorticklocs(), x.get_minor_ticks),
+        )
+        for loc, tick in zip(locs, get(len(locs)))
+    ]
+    return [
+        tick.label1
+        for loc, tick in ticks
+        if lo <= loc <= hi and tick.label1.get_visible() and tick.label1.get_text()
+    ]
 
 
 def drawn(fig):
@@ -91,15 +114,19 @@ def drawn(fig):
     return fig
 
 
-@pytest.mark.parametrize("low_ms, high_ms", [
-    (12.0, 80.0),        # inside one decade with no power of ten: the TPOT panel had no label
-    (7.0, 60.0),         # one power of ten inside: one label only
-    (25.0, 28.0),        # a narrow range
-    (40.0, 7_000.0),     # two decades and more
-    (0.5, 50_000.0),     # five decades
-])
-def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(low_ms: float,
-                                                                     high_ms: float) -> None:
+@pytest.mark.parametrize(
+    "low_ms, high_ms",
+    [
+        (12.0, 80.0),  # inside one decade with no power of ten: the TPOT panel had no label
+        (7.0, 60.0),  # one power of ten inside: one label only
+        (25.0, 28.0),  # a narrow range
+        (40.0, 7_000.0),  # two decades and more
+        (0.5, 50_000.0),  # five decades
+    ],
+)
+def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(
+    low_ms: float, high_ms: float
+) -> None:
     pytest.importorskip("matplotlib")
     seconds = np.geomspace(low_ms, high_ms, 60) / 1e3
     series = {m: seconds for m in ("ttft", "tpot", "e2e")}
@@ -109,5 +136,7 @@ def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(low_ms: flo
         labels = tick_labels(ax)
         assert len(labels) >= 2, (ax.get_title(), [t.get_text() for t in labels])
         boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
-        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), \
-            (ax.get_title(), [t.get_text() for t in labels])
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), (
+            ax.get_title(),
+            [t.get_text() for t in labels],
+        )

@@ -20,11 +20,15 @@ CELLS = st.lists(WORDS, min_size=1, max_size=4).map(" ".join)
 @st.composite
 def tables(draw: st.DrawFn) -> TableData:
     ncols = draw(st.integers(1, 6))
-    columns = [Column(draw(st.lists(WORDS, min_size=1, max_size=2).map("\n".join)),
-                      left=draw(st.booleans()), wrap=k > 0 and draw(st.booleans()))
-               for k in range(ncols)]
-    rows = draw(st.lists(st.lists(CELLS, min_size=ncols, max_size=ncols), min_size=1,
-                         max_size=4))
+    columns = [
+        Column(
+            draw(st.lists(WORDS, min_size=1, max_size=2).map("\n".join)),
+            left=draw(st.booleans()),
+            wrap=k > 0 and draw(st.booleans()),
+        )
+        for k in range(ncols)
+    ]
+    rows = draw(st.lists(st.lists(CELLS, min_size=ncols, max_size=ncols), min_size=1, max_size=4))
     return TableData("", columns, rows)
 
 

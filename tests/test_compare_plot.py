@@ -17,10 +17,23 @@ from click.testing import CliRunner  # noqa: E402
 from stepplanner.cli import main  # noqa: E402
 from stepplanner.cli.render import class_name  # noqa: E402
 
-SMALL = ["--requests", "200", "--rate", "40", "-B", "32", "--max-input-length", "4096",
-         "--no-progress"]
-TWO = ["--config", "name=fcfs,policy=fcfs",
-       "--config", "name=priority+pause,policy=priority,preemption=pause"]
+SMALL = [
+    "--requests",
+    "200",
+    "--rate",
+    "40",
+    "-B",
+    "32",
+    "--max-input-length",
+    "4096",
+    "--no-progress",
+]
+TWO = [
+    "--config",
+    "name=fcfs,policy=fcfs",
+    "--config",
+    "name=priority+pause,policy=priority,preemption=pause",
+]
 CLASSES = [class_name(c) for c in ("-1", "0", "1")]
 
 
@@ -67,8 +80,9 @@ def test_the_suffix_names_the_format(tmp_path: pathlib.Path, suffix: str, magic:
     assert magic in path.read_bytes()[:400]
 
 
-def test_one_cdf_panel_per_configuration_and_a_bar_per_class(tmp_path: pathlib.Path,
-                                                             figures: list) -> None:
+def test_one_cdf_panel_per_configuration_and_a_bar_per_class(
+    tmp_path: pathlib.Path, figures: list
+) -> None:
     result = compare(*TWO, "--json", "--plot", str(tmp_path / "c.png"))
     assert result.exit_code == 0, result.output
     reports = json.loads(result.stdout)
@@ -77,7 +91,7 @@ def test_one_cdf_panel_per_configuration_and_a_bar_per_class(tmp_path: pathlib.P
     assert [ax.get_title() for ax in panels] == ["fcfs", "priority+pause"]
     for ax in panels:
         curves = [line.get_label() for line in ax.get_lines()][:-1]
-        assert curves == CLASSES                      # one CDF per class, then the p99 level
+        assert curves == CLASSES  # one CDF per class, then the p99 level
         assert ax.get_lines()[-1].get_ydata()[0] == 0.99
         assert ax.get_xlabel() == "TTFT (ms, simulated)"
     assert bars.get_ylabel() == "TTFT p99 (ms, simulated)"
@@ -87,16 +101,19 @@ def test_one_cdf_panel_per_configuration_and_a_bar_per_class(tmp_path: pathlib.P
     assert [c.get_label() for c in bars.containers] == CLASSES
     for container, key in zip(bars.containers, ("-1", "0", "1")):
         heights = [patch.get_height() for patch in container]
-        assert heights == pytest.approx([r["latency_s"][key]["ttft"]["p99"] * 1e3
-                                         for r in reports])
+        assert heights == pytest.approx([r["latency_s"][key]["ttft"]["p99"] * 1e3 for r in reports])
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == [*CLASSES, "p99: the bars' height"]
 
 
-def test_many_configurations_put_the_bars_below_the_cdfs(tmp_path: pathlib.Path,
-                                                         figures: list) -> None:
-    configs = [a for budget in (320, 512, 768, 1024, 2048)
-               for a in ("--config", f"policy=priority,max_num_tokens={budget}")]
+def test_many_configurations_put_the_bars_below_the_cdfs(
+    tmp_path: pathlib.Path, figures: list
+) -> None:
+    configs = [
+        a
+        for budget in (320, 512, 768, 1024, 2048)
+        for a in ("--config", f"policy=priority,max_num_tokens={budget}")
+    ]
     result = compare(*configs, "--plot", str(tmp_path / "c.png"))
     assert result.exit_code == 0, result.output
     (fig,) = figures
@@ -109,7 +126,7 @@ def test_many_configurations_put_the_bars_below_the_cdfs(tmp_path: pathlib.Path,
 
 def test_the_plot_may_not_overwrite_an_input(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("matplotlib")
-    configs = tmp_path / "configs.png"               # an image suffix: only this check stops it
+    configs = tmp_path / "configs.png"  # an image suffix: only this check stops it
     configs.write_text(json.dumps([{"policy": "fcfs"}]))
     result = compare("--config-file", str(configs), "--plot", str(configs))
     assert result.exit_code == 2
@@ -120,6 +137,6 @@ def test_the_plot_may_not_overwrite_an_input(tmp_path: pathlib.Path) -> None:
 def test_without_matplotlib_it_says_how_to_get_it(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = compare("--plot", "out.png")
-    assert result.exit_code == 1                     # as simulate --plot: the installation
+    assert result.exit_code == 1  # as simulate --plot: the installation
     assert "pip install 'stepplanner[plot]'" in result.output
     assert len(result.output.strip().splitlines()) == 1

@@ -35,10 +35,14 @@ STEP = (0.01, 0.0)  # every step is estimated at 10 ms
 
 
 def policy(name: str, pause: bool = True, limits: sp.StepPlannerLimits = LIMITS, **options):
-    return sp.resolve_scheduling_policy(sp.SchedulingOptions(
-        scheduling_policy=sp.SchedulingPolicy[name],
-        preemption=sp.PreemptionMode.PAUSE if pause else sp.PreemptionMode.NONE, **options),
-        limits)
+    return sp.resolve_scheduling_policy(
+        sp.SchedulingOptions(
+            scheduling_policy=sp.SchedulingPolicy[name],
+            preemption=sp.PreemptionMode.PAUSE if pause else sp.PreemptionMode.NONE,
+            **options,
+        ),
+        limits,
+    )
 
 
 @pytest.fixture(params=["compiled", "python"])
@@ -50,8 +54,10 @@ def impl(request):
 def make(impl, name="DEADLINE", pause=True, step_time=STEP, **kwargs):
     ledger_mod, core_mod = impl
     pol = policy(name, pause)
-    return (ledger_mod.Ledger(LIMITS, pol, step_time=step_time, max_waiting=64, **kwargs),
-            core_mod.StepPlanner(pol, LIMITS))
+    return (
+        ledger_mod.Ledger(LIMITS, pol, step_time=step_time, max_waiting=64, **kwargs),
+        core_mod.StepPlanner(pol, LIMITS),
+    )
 
 
 def row_of(ledger, rid):
@@ -84,25 +90,31 @@ def test_slo_holds_seconds_as_floats():
     assert sp.SLO(1, 2) == sp.SLO(1.0, 2.0) and sp.SLO(0.25).tpot is None
 
 
-@pytest.mark.parametrize(("classes", "error", "match"), [
-    ([sp.SLO(1.0)], TypeError, "slo_classes must be a mapping"),
-    ({"0": sp.SLO(1.0)}, ValueError, "slo_classes key '0' is not a priority"),
-    ({2**31: sp.SLO(1.0)}, ValueError, "is not a priority; allowed: an int32"),
-    ({0: (0.25, 0.1)}, TypeError, r"slo_classes\[0\] must be an SLO"),
-])
+@pytest.mark.parametrize(
+    ("classes", "error", "match"),
+    [
+        ([sp.SLO(1.0)], TypeError, "slo_classes must be a mapping"),
+        ({"0": sp.SLO(1.0)}, ValueError, "slo_classes key '0' is not a priority"),
+        ({2**31: sp.SLO(1.0)}, ValueError, "is not a priority; allowed: an int32"),
+        ({0: (0.25, 0.1)}, TypeError, r"slo_classes\[0\] must be an SLO"),
+    ],
+)
 def test_bad_slo_classes_are_refused(impl, classes, error, match):
     with pytest.raises(error, match=match):
         make(impl, slo_classes=classes)
 
 
-@pytest.mark.parametrize(("step_time", "error", "match"), [
-    (0.01, TypeError, "step_time must be a"),
-    ((0.01,), TypeError, "step_time must be a"),
-    (("a", 0), TypeError, "step_time must be a"),
-    ((-0.01, 0.0), ValueError, "step_time base=-0.01 is out of range"),
-    ((0.01, math.nan), ValueError, "step_time per_token=nan is out of range"),
-    ((math.inf, 0.0), ValueError, "step_time base=inf is out of range"),
-])
+@pytest.mark.parametrize(
+    ("step_time", "error", "match"),
+    [
+        (0.01, TypeError, "step_time must be a"),
+        ((0.01,), TypeError, "step_time must be a"),
+        (("a", 0), TypeError, "step_time must be a"),
+        ((-0.01, 0.0), ValueError, "step_time base=-0.01 is out of range"),
+        ((0.01, math.nan), ValueError, "step_time per_token=nan is out of range"),
+        ((math.inf, 0.0), ValueError, "step_time base=inf is out of range"),
+    ],
+)
 def test_bad_step_time_is_refused(impl, step_time, error, match):
     with pytest.raises(error, match=match):
         make(impl, step_time=step_time)
@@ -123,8 +135,12 @@ def test_objectives_need_an_arrival_time_and_a_refusal_changes_nothing(impl):
         ledger.submit(2, 10, 0)  # by its class
     with pytest.raises(ValueError, match="request 3 has objectives but no arrival_time"):
         ledger.submit(3, 10, 1, slo=sp.SLO(1.0))  # its own
-    for bad, error in ((math.nan, ValueError), (math.inf, ValueError), ("0", TypeError),
-                       (True, TypeError)):
+    for bad, error in (
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        ("0", TypeError),
+        (True, TypeError),
+    ):
         with pytest.raises(error, match="arrival_time"):
             ledger.submit(4, 10, 0, arrival_time=bad)
     with pytest.raises(TypeError, match="slo must be an SLO or None, got tuple"):
@@ -140,8 +156,9 @@ def test_now_is_required_where_the_policy_reads_the_clock(impl, call):
     ledger.submit(1, 10, arrival_time=0.0, slo=sp.SLO(1.0))
     plan = ledger.step(planner, now=0.0)
     before = _state(ledger)
-    with pytest.raises(ValueError, match=f"{call}: now is required under "
-                                         "SchedulingPolicy.DEADLINE"):
+    with pytest.raises(
+        ValueError, match=f"{call}: now is required under SchedulingPolicy.DEADLINE"
+    ):
         if call == "step":
             ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool))
         elif call == "admit":
@@ -163,13 +180,16 @@ def test_edf_needs_now_to_step_but_not_to_admit(impl):
 def test_fcfs_and_priority_plan_the_same_with_or_without_objectives(impl):
     """Requests without objectives, or under a policy that ignores them: today's behaviour."""
     rng = np.random.default_rng(3)
-    requests = [(int(rng.integers(1, 200)), int(rng.integers(0, 3)), int(rng.integers(1, 6)))
-                for _ in range(30)]
+    requests = [
+        (int(rng.integers(1, 200)), int(rng.integers(0, 3)), int(rng.integers(1, 6)))
+        for _ in range(30)
+    ]
     for name in ("FCFS", "PRIORITY"):
         runs = []
         for objectives in (False, True):
-            ledger, planner = make(impl, name, slo_classes={0: sp.SLO(0.01, 0.001)}
-                                   if objectives else None)
+            ledger, planner = make(
+                impl, name, slo_classes={0: sp.SLO(0.01, 0.001)} if objectives else None
+            )
             for rid, (length, prio, out) in enumerate(requests):
                 extra = {"arrival_time": 0.0, "slo": sp.SLO(0.02)} if objectives else {}
                 ledger.submit(rid, length, prio, out, **extra)
@@ -191,7 +211,7 @@ def test_edf_writes_milliseconds_to_the_next_deadline(impl):
     ledger, planner = make(impl, "EDF", pause=False)
     ledger.submit(1, 32, arrival_time=0.0, slo=sp.SLO(0.5, 0.125), max_new_tokens=5)
     ledger.submit(2, 32, arrival_time=0.0, slo=sp.SLO(0.25))  # TTFT only
-    ledger.submit(3, 32)                                        # no objectives
+    ledger.submit(3, 32)  # no objectives
     plan = ledger.step(planner, now=0.125)
     assert [row_of(ledger, r)["priority"] for r in (1, 2, 3)] == [375, 125, 2**31 - 1]
     assert [row_of(ledger, r)["arrival"] for r in (1, 2, 3)] == [0, 1, 2]  # the stamps
@@ -211,7 +231,7 @@ def test_deadline_levels(impl):
     # At now=0.99 both emit token 1; request 2's token 2 is due at 1.002: its slack (1.002 -
     # 0.99 - 0.01) is under a step -> LEVEL_DUE; request 1's is due at 3.0 -> LEVEL_SLACK.
     ledger.submit(3, 240, arrival_time=0.0, slo=sp.SLO(1.03))  # 1 step at 256 tokens/step
-    ledger.submit(4, 240, arrival_time=0.0, slo=sp.SLO(9.0))   # plenty of time
+    ledger.submit(4, 240, arrival_time=0.0, slo=sp.SLO(9.0))  # plenty of time
     plan = ledger.step(planner, np.zeros(2, dtype=bool), now=0.99)
     levels = {r: level(ledger, r) for r in (1, 2, 3, 4)}
     # Request 3: urgent = 1 step (10 ms) <= 40 ms left; at the normal pace, 256 - 2 decodes ->
@@ -233,9 +253,9 @@ def test_an_at_risk_prompt_pauses_the_decodes_that_can_wait_but_never_one_that_c
     rows = {r: i for i, r in enumerate(ledger.request_ids.tolist())}
     assert level(ledger, 3) == LEVEL_AT_RISK
     assert level(ledger, 2) == LEVEL_DUE
-    assert plan.to_dict()["paused"] == [rows[1]]       # the decode with slack waits
+    assert plan.to_dict()["paused"] == [rows[1]]  # the decode with slack waits
     planned = {s["resident"] for s in plan.to_dict()["sequences"]}
-    assert planned == {rows[2], rows[3]}              # the one about to miss runs
+    assert planned == {rows[2], rows[3]}  # the one about to miss runs
 
 
 def test_a_prompt_that_cannot_make_it_is_relegated_once_and_served_after(impl):
@@ -261,18 +281,18 @@ def test_a_late_token_relegates_its_request(impl):
     ledger, planner = make(impl, step_time=(0.01, 0.0))
     ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(0.1, 0.02), max_new_tokens=10)
     ledger.step(planner, now=0.0)
-    ledger.step(planner, np.zeros(1, dtype=bool), now=0.05)   # first token at 0.05 <= 0.1
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.05)  # first token at 0.05 <= 0.1
     assert not ledger.relegated_ids.size
-    ledger.step(planner, np.zeros(1, dtype=bool), now=0.13)   # token 1 due 0.12: late
+    ledger.step(planner, np.zeros(1, dtype=bool), now=0.13)  # token 1 due 0.12: late
     assert ledger.relegated_ids.tolist() == [1]
     assert level(ledger, 1) == LEVEL_RELEGATED
     ledger.step(planner, np.zeros(1, dtype=bool), now=0.14)
-    assert not ledger.relegated_ids.size                     # once
+    assert not ledger.relegated_ids.size  # once
 
 
 def test_within_a_level_the_request_class_goes_first(impl):
     ledger, planner = make(impl, step_time=(0.001, 0.0))
-    ledger.submit(1, 64, 3, arrival_time=0.0, slo=sp.SLO(50.0))   # less slack, lower class
+    ledger.submit(1, 64, 3, arrival_time=0.0, slo=sp.SLO(50.0))  # less slack, lower class
     ledger.submit(2, 64, -2, arrival_time=0.0, slo=sp.SLO(90.0))
     plan = ledger.step(planner, now=0.0)
     assert level(ledger, 1) == level(ledger, 2) == LEVEL_SLACK
@@ -295,17 +315,17 @@ def test_rows_without_deadlines_come_after_every_keyed_row(impl):
 def test_the_queue_is_in_first_token_deadline_order(impl):
     ledger, planner = make(impl, "EDF")
     ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(5.0))
-    ledger.submit(2, 16)                                       # no objectives: last
-    ledger.submit(3, 16, arrival_time=0.5, slo=sp.SLO(1.0))    # due 1.5
-    ledger.submit(4, 16, arrival_time=1.0, slo=sp.SLO(0.2))    # due 1.2
+    ledger.submit(2, 16)  # no objectives: last
+    ledger.submit(3, 16, arrival_time=0.5, slo=sp.SLO(1.0))  # due 1.5
+    ledger.submit(4, 16, arrival_time=1.0, slo=sp.SLO(0.2))  # due 1.2
     assert ledger.waiting_ids() == [4, 3, 1, 2]
 
 
 def test_deadline_admits_by_class_then_deadline(impl):
     ledger, _ = make(impl, "DEADLINE")
-    ledger.submit(1, 16, 1, arrival_time=0.0, slo=sp.SLO(0.5))    # due 0.5, class 1
-    ledger.submit(2, 16, 0, arrival_time=0.0, slo=sp.SLO(9.0))    # due 9.0, class 0
-    ledger.submit(3, 16, 0, arrival_time=1.0, slo=sp.SLO(1.0))    # due 2.0, class 0
+    ledger.submit(1, 16, 1, arrival_time=0.0, slo=sp.SLO(0.5))  # due 0.5, class 1
+    ledger.submit(2, 16, 0, arrival_time=0.0, slo=sp.SLO(9.0))  # due 9.0, class 0
+    ledger.submit(3, 16, 0, arrival_time=1.0, slo=sp.SLO(1.0))  # due 2.0, class 0
     assert ledger.waiting_ids() == [3, 2, 1]
 
 
@@ -327,9 +347,9 @@ def test_the_measured_step_time_follows_the_clock(impl):
     assert ledger.step_time_estimate == 0.0
     ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(10.0, 1.0), max_new_tokens=50)
     ledger.step(planner, now=1.0)
-    ledger.step(planner, np.zeros(1, dtype=bool), now=1.1)      # the first sample: 0.1
+    ledger.step(planner, np.zeros(1, dtype=bool), now=1.1)  # the first sample: 0.1
     assert ledger.step_time_estimate == pytest.approx(0.1)
-    ledger.step(planner, np.zeros(1, dtype=bool), now=1.3)      # moves a quarter towards 0.2
+    ledger.step(planner, np.zeros(1, dtype=bool), now=1.3)  # moves a quarter towards 0.2
     assert ledger.step_time_estimate == pytest.approx(0.125)
 
 
@@ -340,8 +360,12 @@ def test_load_is_refused_under_a_deadline_policy(impl):
 
 
 def test_the_planner_plans_deadline_policies_as_priority(core):
-    rows = [core.ResidentState(1, 0, 40, 41, True), core.ResidentState(0, 5, 60, 0, False),
-            core.ResidentState(2, 2, 20, 0, False), core.ResidentState(1, 3, 50, 50, True)]
+    rows = [
+        core.ResidentState(1, 0, 40, 41, True),
+        core.ResidentState(0, 5, 60, 0, False),
+        core.ResidentState(2, 2, 20, 0, False),
+        core.ResidentState(1, 3, 50, 50, True),
+    ]
     limits = sp.StepPlannerLimits(4, 64, 16)
     plans = []
     for name in ("PRIORITY", "EDF", "DEADLINE"):
@@ -358,8 +382,9 @@ def test_ranker_writes_what_the_ledger_writes(impl):
     ledger_mod, _ = impl
     ledger, planner = make(impl, step_time=(0.01, 0.0001))
     for rid in range(4):
-        ledger.submit(rid, 40 * (rid + 1), rid % 2, arrival_time=0.0,
-                      slo=sp.SLO(0.05 * (rid + 1), 0.01))
+        ledger.submit(
+            rid, 40 * (rid + 1), rid % 2, arrival_time=0.0, slo=sp.SLO(0.05 * (rid + 1), 0.01)
+        )
     plan = ledger.step(planner, now=0.0)
     lost_before = ledger.relegated_ids.tolist()
     ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.02)
@@ -379,22 +404,32 @@ def test_ranker_writes_what_the_ledger_writes(impl):
     ledger.rank(0.03)
     assert rows.tolist() == ledger.residents.tolist()
     assert sorted(np.asarray(order)[lost].tolist()) == sorted(ledger.relegated_ids.tolist())
-    assert rows[["prompt_length", "committed"]].tolist() == original[
-        ["prompt_length", "committed"]].tolist()
+    assert (
+        rows[["prompt_length", "committed"]].tolist()
+        == original[["prompt_length", "committed"]].tolist()
+    )
 
 
-@pytest.mark.parametrize(("argument", "value", "error", "match"), [
-    ("rows", np.zeros(2, dtype=np.int64), TypeError, "rows must be a writable"),
-    ("first_due", np.zeros(2, dtype=np.float32), TypeError, "first_due must be a"),
-    ("gap", np.zeros(3), ValueError, "gap has 3 entries for 2 rows"),
-    ("relegated", np.zeros(2, dtype=bool), TypeError, "relegated must be a writable"),
-])
+@pytest.mark.parametrize(
+    ("argument", "value", "error", "match"),
+    [
+        ("rows", np.zeros(2, dtype=np.int64), TypeError, "rows must be a writable"),
+        ("first_due", np.zeros(2, dtype=np.float32), TypeError, "first_due must be a"),
+        ("gap", np.zeros(3), ValueError, "gap has 3 entries for 2 rows"),
+        ("relegated", np.zeros(2, dtype=bool), TypeError, "relegated must be a writable"),
+    ],
+)
 def test_ranker_checks_its_arrays(impl, argument, value, error, match):
     ledger_mod, _ = impl
     ranker = ledger_mod.Ranker(LIMITS, policy("EDF"))
-    args = {"rows": np.zeros(2, dtype=sp.RESIDENT_DTYPE), "first_due": np.zeros(2),
-            "gap": np.zeros(2), "generated": np.zeros(2, dtype=np.int64),
-            "stamp": np.zeros(2, dtype=np.uint64), "relegated": np.zeros(2, dtype=np.uint8)}
+    args = {
+        "rows": np.zeros(2, dtype=sp.RESIDENT_DTYPE),
+        "first_due": np.zeros(2),
+        "gap": np.zeros(2),
+        "generated": np.zeros(2, dtype=np.int64),
+        "stamp": np.zeros(2, dtype=np.uint64),
+        "relegated": np.zeros(2, dtype=np.uint8),
+    }
     args[argument] = value
     with pytest.raises(error, match=match):
         ranker.rank(now=0.0, **args)
@@ -402,10 +437,49 @@ def test_ranker_checks_its_arrays(impl, argument, value, error, match):
 
 # --- compiled and twin in lockstep -------------------------------------------------------------
 
-OPS = st.lists(st.tuples(
-    st.sampled_from(["submit", "submit", "submit", "step", "step", "step", "cancel", "admit",
-                     "rank"]),
-    st.integers(0, 2**16), st.floats(0.0, 0.03)), min_size=1, max_size=80)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["submit", "submit", "submit", "step", "step", "step", "cancel", "admit", "rank"]
+        ),
+        st.integers(0, 2**16),
+        st.floats(0.0, 0.03),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+def _apply_op(op, ledger, planner, plans, k, rng, now, next_id):
+    """One random operation on one ledger; ``plans[k]`` is its pending plan."""
+    if op == "submit":
+        prio = int(rng.integers(0, 3))
+        own = (
+            sp.SLO(float(rng.uniform(0.02, 0.8)), float(rng.uniform(0.01, 0.1)))
+            if rng.random() < 0.3
+            else None
+        )
+        timed = prio != 2 or own is not None or rng.random() < 0.5
+        length, max_new = int(rng.integers(1, 80)), int(rng.integers(1, 30))
+        return ledger.submit(
+            next_id, length, prio, max_new, arrival_time=now if timed else None, slo=own
+        )
+    if op == "step":
+        plan = plans[k]
+        mask = (
+            None
+            if plan is None or rng.random() < 0.5
+            else plan.as_array()["select_last_token_logits"]
+            & (rng.random(len(plan.sequences)) < 0.3)
+        )
+        plans[k] = ledger.step(planner, mask, now=now)
+        return plans[k].to_dict()
+    if op == "cancel":
+        return ledger.cancel(int(rng.integers(0, max(next_id, 1))))
+    if op == "admit":
+        plans[k] = None
+        return ledger.admit(now=now)
+    return ledger.rank(now)
 
 
 def _outcome(call):
@@ -415,49 +489,43 @@ def _outcome(call):
         return (type(exc).__name__, str(exc))
 
 
-@given(ops=OPS, name=st.sampled_from(["EDF", "DEADLINE"]), pause=st.booleans(),
-       measured=st.booleans(), page=st.sampled_from([1, 16]))
+@given(
+    ops=OPS,
+    name=st.sampled_from(["EDF", "DEADLINE"]),
+    pause=st.booleans(),
+    measured=st.booleans(),
+    page=st.sampled_from([1, 16]),
+)
 def test_compiled_and_twin_agree_under_deadline_policies(ops, name, pause, measured, page):
     limits = sp.StepPlannerLimits(max_batch_size=3, max_input_length=64, kv_page_size=page)
     pol = policy(name, pause, limits=limits, max_pause_steps=2)
     # Objectives a few steps long, so rows move between every level over a run.
     classes = {0: sp.SLO(0.15, 0.06), 1: sp.SLO(0.6)}
     step_time = None if measured else (0.005, 0.0001)
-    pairs = [(m.Ledger(limits, pol, max_waiting=6, slo_classes=classes, step_time=step_time),
-              c.StepPlanner(pol, limits)) for m, c in ((_ledger, _core), (_ledger_py, _core_py))]
+    pairs = [
+        (
+            m.Ledger(limits, pol, max_waiting=6, slo_classes=classes, step_time=step_time),
+            c.StepPlanner(pol, limits),
+        )
+        for m, c in ((_ledger, _core), (_ledger_py, _core_py))
+    ]
     now, next_id, plans = 0.0, 0, [None, None]
     for op, seed, dt in ops:
         results = []
         for k, (ledger, planner) in enumerate(pairs):
-            rng = np.random.default_rng(seed)
-            if op == "submit":
-                prio = int(rng.integers(0, 3))
-                own = sp.SLO(float(rng.uniform(0.02, 0.8)), float(rng.uniform(0.01, 0.1))) \
-                    if rng.random() < 0.3 else None
-                timed = prio != 2 or own is not None or rng.random() < 0.5
-                call = lambda: ledger.submit(  # noqa: E731
-                    next_id, int(rng.integers(1, 80)), prio, int(rng.integers(1, 30)),
-                    arrival_time=now if timed else None, slo=own)
-            elif op == "step":
-                plan = plans[k]
-                mask = (None if plan is None or rng.random() < 0.5 else
-                        plan.as_array()["select_last_token_logits"] & (rng.random(len(plan.sequences)) < 0.3))
-
-                def call(ledger=ledger, planner=planner, mask=mask, k=k):
-                    plans[k] = ledger.step(planner, mask, now=now)
-                    return plans[k].to_dict()
-            elif op == "cancel":
-                call = lambda: ledger.cancel(int(rng.integers(0, max(next_id, 1))))  # noqa: E731
-            elif op == "admit":
-                def call(ledger=ledger, k=k):
-                    plans[k] = None
-                    return ledger.admit(now=now)
-            else:
-                call = lambda: ledger.rank(now)  # noqa: E731
-            results.append((_outcome(call), ledger.residents.tolist(),
-                            ledger.request_ids.tolist(), ledger.output_tokens.tolist(),
-                            ledger.relegated_ids.tolist(), ledger.waiting_ids(),
-                            ledger.step_time_estimate))
+            rng = np.random.default_rng(seed)  # the same draws for both implementations
+            outcome = _outcome(lambda: _apply_op(op, ledger, planner, plans, k, rng, now, next_id))  # noqa: B023
+            results.append(
+                (
+                    outcome,
+                    ledger.residents.tolist(),
+                    ledger.request_ids.tolist(),
+                    ledger.output_tokens.tolist(),
+                    ledger.relegated_ids.tolist(),
+                    ledger.waiting_ids(),
+                    ledger.step_time_estimate,
+                )
+            )
         assert results[0] == results[1], op
         if op == "submit" and results[0][0][0] == "ok":
             next_id += 1

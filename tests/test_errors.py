@@ -58,14 +58,17 @@ def as_kind(core, rows, kind):
 
 
 @pytest.mark.parametrize("kind", ["list", "array"])
-@pytest.mark.parametrize(("length", "count", "exc", "fragments"), [
-    (3, -1, ValueError, ("count=-1", "negative", "0 <= count")),
-    (6, 5, ValueError, ("count=5", "max_batch_size=4", "0..4")),
-    (5, None, ValueError, ("count=5", "max_batch_size=4")),
-    (2, 3, ValueError, ("count=3", "len(residents)=2", "0..2")),
-    (3, 1.0, TypeError, ("count", "integer", "float", "1.0")),
-    (3, "2", TypeError, ("count", "integer", "str", "'2'")),
-])
+@pytest.mark.parametrize(
+    ("length", "count", "exc", "fragments"),
+    [
+        (3, -1, ValueError, ("count=-1", "negative", "0 <= count")),
+        (6, 5, ValueError, ("count=5", "max_batch_size=4", "0..4")),
+        (5, None, ValueError, ("count=5", "max_batch_size=4")),
+        (2, 3, ValueError, ("count=3", "len(residents)=2", "0..2")),
+        (3, 1.0, TypeError, ("count", "integer", "float", "1.0")),
+        (3, "2", TypeError, ("count", "integer", "str", "'2'")),
+    ],
+)
 def test_count(core, rejects, kind, length, count, exc, fragments):
     rows = [(0, i, 10, 10, True, 0) for i in range(length)]
     rejects(as_kind(core, rows, kind), exc, *fragments, count=count)
@@ -81,15 +84,24 @@ def test_count_accepts_integer_likes(core, planner):
 
 
 ROW_ERRORS = [
-    ((0, 9, 10, 10, False, 0), ValueError,
-     ("residents[1]", "prompt-incomplete", "10 - 10 = 0", "> 0")),
+    (
+        (0, 9, 10, 10, False, 0),
+        ValueError,
+        ("residents[1]", "prompt-incomplete", "10 - 10 = 0", "> 0"),
+    ),
     ((0, 9, 10, 12, False, 0), ValueError, ("residents[1]", "10 - 12 = -2", "> 0")),
-    ((0, 9, 65, 0, False, 0), ValueError,
-     ("residents[1].prompt_length=65", "max_input_length=64", "1..64")),
+    (
+        (0, 9, 65, 0, False, 0),
+        ValueError,
+        ("residents[1].prompt_length=65", "max_input_length=64", "1..64"),
+    ),
     ((0, 9, 10, -1, True, 0), ValueError, ("residents[1].committed=-1", "negative", ">= 0")),
     ((0, 9, -1, 5, True, 0), ValueError, ("residents[1].prompt_length=-1", "negative", ">= 0")),
-    ((0, 9, 10, 10, True, -3), ValueError,
-     ("residents[1].consecutive_paused_steps=-3", "negative", ">= 0")),
+    (
+        (0, 9, 10, 10, True, -3),
+        ValueError,
+        ("residents[1].consecutive_paused_steps=-3", "negative", ">= 0"),
+    ),
 ]
 
 
@@ -110,8 +122,9 @@ def test_decoding_rows_may_exceed_input_length(core, planner):
 
 
 # Fixed ids: repr(iter([])) holds an address, which differs between pytest-xdist workers.
-@pytest.mark.parametrize("residents", [None, 5, "abc", {0: 1}, iter([])],
-                         ids=["None", "int", "str", "dict", "iterator"])
+@pytest.mark.parametrize(
+    "residents", [None, 5, "abc", {0: 1}, iter([])], ids=["None", "int", "str", "dict", "iterator"]
+)
 def test_residents_container(rejects, residents):
     rejects(residents, TypeError, "residents must be a list or tuple", type(residents).__name__)
 
@@ -120,8 +133,7 @@ def test_tuple_container_is_accepted(core, planner):
     assert planner.plan(tuple(as_resident_states(GOOD, core.ResidentState))).num_residents == 3
 
 
-@pytest.mark.parametrize("bad", [(0, 1, 10, 10, True, 0), None, 3],
-                         ids=["tuple", "None", "int"])
+@pytest.mark.parametrize("bad", [(0, 1, 10, 10, True, 0), None, 3], ids=["tuple", "None", "int"])
 def test_element_type(core, rejects, bad):
     residents = as_resident_states(GOOD, core.ResidentState)
     residents[1] = bad
@@ -146,14 +158,21 @@ def _packed():
 def _renamed():
     names = list(RESIDENT_DTYPE.names)
     names[0] = "prio"
-    return np.dtype({"names": names, "formats": [RESIDENT_DTYPE.fields[n][0]
-                                                 for n in RESIDENT_DTYPE.names],
-                     "offsets": [RESIDENT_DTYPE.fields[n][1] for n in RESIDENT_DTYPE.names],
-                     "itemsize": RESIDENT_DTYPE.itemsize})
+    return np.dtype(
+        {
+            "names": names,
+            "formats": [RESIDENT_DTYPE.fields[n][0] for n in RESIDENT_DTYPE.names],
+            "offsets": [RESIDENT_DTYPE.fields[n][1] for n in RESIDENT_DTYPE.names],
+            "itemsize": RESIDENT_DTYPE.itemsize,
+        }
+    )
 
 
-@pytest.mark.parametrize("dtype", [np.dtype(np.float64), _swapped(), _packed(), _renamed()],
-                         ids=["float64", "byteswapped", "packed", "renamed"])
+@pytest.mark.parametrize(
+    "dtype",
+    [np.dtype(np.float64), _swapped(), _packed(), _renamed()],
+    ids=["float64", "byteswapped", "packed", "renamed"],
+)
 def test_array_dtype(rejects, dtype):
     arr = np.zeros(3, dtype=dtype)
     rejects(arr, TypeError, "residents array has dtype", "RESIDENT_DTYPE")
@@ -173,15 +192,17 @@ def test_array_strided_view_is_read_in_place(planner, core):
 # --- reasons ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("reasons", "fragments"), [
-    ([0, 0, 0], ("reasons is a list",)),
-    (np.zeros(3, dtype=np.int8), ("reasons has dtype int8",)),
-    (np.zeros((3, 1), dtype=np.uint8), ("ndim=2",)),
-    (np.zeros(2, dtype=np.uint8), ("has len 2 < count=3",)),
-])
+@pytest.mark.parametrize(
+    ("reasons", "fragments"),
+    [
+        ([0, 0, 0], ("reasons is a list",)),
+        (np.zeros(3, dtype=np.int8), ("reasons has dtype int8",)),
+        (np.zeros((3, 1), dtype=np.uint8), ("ndim=2",)),
+        (np.zeros(2, dtype=np.uint8), ("has len 2 < count=3",)),
+    ],
+)
 def test_reasons_array(core, rejects, reasons, fragments):
-    rejects(as_resident_states(GOOD, core.ResidentState), ValueError, *fragments,
-            reasons=reasons)
+    rejects(as_resident_states(GOOD, core.ResidentState), ValueError, *fragments, reasons=reasons)
 
 
 def test_reasons_read_only(core, rejects):
@@ -206,15 +227,17 @@ INT32_FIELDS = ["priority", "prompt_length", "committed", "consecutive_paused_st
 @pytest.mark.parametrize("field", INT32_FIELDS)
 @pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**100])
 def test_int32_field_overflow(core, field, value):
-    with pytest.raises(OverflowError, match=matching(f"{field}={value}", "int32",
-                                                     "[-2147483648, 2147483647]")):
+    with pytest.raises(
+        OverflowError, match=matching(f"{field}={value}", "int32", "[-2147483648, 2147483647]")
+    ):
         core.ResidentState(**{field: value})
 
 
 @pytest.mark.parametrize("value", [-1, 2**64, -(2**70)])
 def test_arrival_overflow(core, value):
-    with pytest.raises(OverflowError, match=matching(f"arrival={value}", "uint64",
-                                                     f"[0, {2**64 - 1}]")):
+    with pytest.raises(
+        OverflowError, match=matching(f"arrival={value}", "uint64", f"[0, {2**64 - 1}]")
+    ):
         core.ResidentState(arrival=value)
 
 
@@ -227,18 +250,30 @@ def test_field_type(core, field, value):
 
 @pytest.mark.parametrize("value", [2, -1, 0.5, "yes", None])
 def test_context_committed_type(core, value):
-    with pytest.raises(TypeError, match=matching("context_committed", "bool",
-                                                 type(value).__name__)):
+    with pytest.raises(
+        TypeError, match=matching("context_committed", "bool", type(value).__name__)
+    ):
         core.ResidentState(context_committed=value)
 
 
-@pytest.mark.parametrize(("field", "value", "exc"), [
-    ("priority", 2**31, OverflowError), ("arrival", -1, OverflowError),
-    ("committed", 1.5, TypeError), ("context_committed", 7, TypeError),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "exc"),
+    [
+        ("priority", 2**31, OverflowError),
+        ("arrival", -1, OverflowError),
+        ("committed", 1.5, TypeError),
+        ("context_committed", 7, TypeError),
+    ],
+)
 def test_failed_assignment_keeps_the_old_value(core, field, value, exc):
-    r = core.ResidentState(priority=3, arrival=4, prompt_length=5, committed=6,
-                           context_committed=True, consecutive_paused_steps=7)
+    r = core.ResidentState(
+        priority=3,
+        arrival=4,
+        prompt_length=5,
+        committed=6,
+        context_committed=True,
+        consecutive_paused_steps=7,
+    )
     before = repr(r)
     with pytest.raises(exc, match=field):
         setattr(r, field, value)
@@ -246,9 +281,14 @@ def test_failed_assignment_keeps_the_old_value(core, field, value, exc):
 
 
 def test_field_extremes_are_accepted(core):
-    r = core.ResidentState(priority=-(2**31), arrival=2**64 - 1, prompt_length=2**31 - 1,
-                           committed=0, context_committed=np.bool_(True),
-                           consecutive_paused_steps=2**31 - 1)
+    r = core.ResidentState(
+        priority=-(2**31),
+        arrival=2**64 - 1,
+        prompt_length=2**31 - 1,
+        committed=0,
+        context_committed=np.bool_(True),
+        consecutive_paused_steps=2**31 - 1,
+    )
     assert (r.priority, r.arrival, r.context_committed) == (-(2**31), 2**64 - 1, True)
     r.committed = np.int16(9)
     assert r.committed == 9 and type(r.committed) is int
@@ -267,13 +307,19 @@ def _library_refusals(core):
     return [
         (ValueError, lambda: StepPlannerLimits(0, 64, 16)),
         (TypeError, lambda: sp.resolve_scheduling_policy("mixed", limits)),
-        (ValueError, lambda: sp.resolve_scheduling_policy(
-            sp.SchedulingOptions(max_num_tokens=5), limits)),
+        (
+            ValueError,
+            lambda: sp.resolve_scheduling_policy(sp.SchedulingOptions(max_num_tokens=5), limits),
+        ),
         (TypeError, lambda: planner.plan({})),
         (ValueError, lambda: planner.plan([core.ResidentState(committed=-1)])),
         (OverflowError, lambda: core.ResidentState(committed=2**31)),
-        (RuntimeError, lambda: core.StepPlanner(
-            dataclasses.replace(policy, mode=IfbSchedulingMode.AUTO), limits)),
+        (
+            RuntimeError,
+            lambda: core.StepPlanner(
+                dataclasses.replace(policy, mode=IfbSchedulingMode.AUTO), limits
+            ),
+        ),
         (ValueError, lambda: Ledger(limits).submit(1, 65)),
         (TypeError, lambda: Ledger("limits")),
         (ValueError, lambda: synthetic(requests=0)),
@@ -295,12 +341,23 @@ def test_every_error_builder_returns_a_step_planner_error():
 
     from stepplanner import _errors
 
-    samples = {"int": 1, "str": "x", "object": 1, "type": sp.SequenceWork,
-               "tuple[str, ...]": ("x",), "tuple[int, ...]": (1,), "list[int]": [1]}
+    samples = {
+        "int": 1,
+        "str": "x",
+        "object": 1,
+        "type": sp.SequenceWork,
+        "tuple[str, ...]": ("x",),
+        "tuple[int, ...]": (1,),
+        "list[int]": [1],
+    }
     # Every builder but the attribute protocol's (an AttributeError is how hasattr() works).
-    builders = [f for name, f in vars(_errors).items()
-                if inspect.isfunction(f) and not name.startswith("_")
-                and f.__annotations__["return"] != "AttributeError"]
+    builders = [
+        f
+        for name, f in vars(_errors).items()
+        if inspect.isfunction(f)
+        and not name.startswith("_")
+        and f.__annotations__["return"] != "AttributeError"
+    ]
     assert len(builders) > 40
     for f in builders:
         params = inspect.signature(f).parameters.values()

@@ -22,10 +22,19 @@ from stepplanner.planner.checks import check_plan
 from stepplanner.testing import as_resident_array
 
 DATA = json.loads((Path(__file__).parent / "data" / "worked_examples.json").read_text("utf-8"))
-FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
-          "consecutive_paused_steps")
-ENUMS = {"ifb_scheduling_mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
-         "preemption": PreemptionMode}
+FIELDS = (
+    "priority",
+    "arrival",
+    "prompt_length",
+    "committed",
+    "context_committed",
+    "consecutive_paused_steps",
+)
+ENUMS = {
+    "ifb_scheduling_mode": IfbSchedulingMode,
+    "scheduling_policy": SchedulingPolicy,
+    "preemption": PreemptionMode,
+}
 
 
 def _options(spec: dict) -> SchedulingOptions:
@@ -42,8 +51,9 @@ def test_worked_example(core, example, kind):
     limits = StepPlannerLimits(**example["limits"])
     policy = resolve_scheduling_policy(_options(example["options"]), limits)
     rows = _rows(example)
-    residents = (as_resident_array(rows) if kind == "array"
-                 else [core.ResidentState(*r) for r in rows])
+    residents = (
+        as_resident_array(rows) if kind == "array" else [core.ResidentState(*r) for r in rows]
+    )
     reasons = np.zeros(len(rows), dtype=np.uint8)
 
     plan = core.StepPlanner(policy, limits).plan(residents, reasons=reasons)
@@ -60,4 +70,6 @@ def test_default_resolution(example):
     want = example["resolved"]
     assert policy.mode == IfbSchedulingMode[want["mode"]]
     assert (policy.max_num_tokens, policy.max_chunk_tokens) == (
-        want["max_num_tokens"], want["max_chunk_tokens"])
+        want["max_num_tokens"],
+        want["max_chunk_tokens"],
+    )

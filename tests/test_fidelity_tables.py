@@ -23,15 +23,19 @@ from stepplanner.sim.traces import read_trace
 from stepplanner.sim.workloads import synthetic
 
 TOOL = pathlib.Path(__file__).resolve().parents[1] / "tools" / "fidelity_tables.py"
-LIMITS = StepPlannerLimits(max_batch_size=8, max_input_length=400, kv_page_size=16,
-                           max_step_tokens=256)
+LIMITS = StepPlannerLimits(
+    max_batch_size=8, max_input_length=400, kv_page_size=16, max_step_tokens=256
+)
 LATENCY = LatencyModel(a=3e-4, b=2e-4, c=6e-6, name="cpu")
 FCFS = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=256)
-PRIORITY_PAUSE = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-                                   max_num_tokens=256,
-                                   scheduling_policy=SchedulingPolicy.PRIORITY,
-                                   preemption=PreemptionMode.PAUSE, max_pause_steps=8,
-                                   priority_reserved_slots=1)
+PRIORITY_PAUSE = SchedulingOptions(
+    ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+    max_num_tokens=256,
+    scheduling_policy=SchedulingPolicy.PRIORITY,
+    preemption=PreemptionMode.PAUSE,
+    max_pause_steps=8,
+    priority_reserved_slots=1,
+)
 RATES = {"30": 2.0, "60": 4.0, "85": 6.0}
 
 
@@ -53,10 +57,12 @@ def write_timings(path: pathlib.Path, workload, options, latency: LatencyModel) 
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["seconds", "tokens", "context", "start"])
-        for tokens, context, end, seconds in zip(*(steps[k].tolist() for k in (
-                "tokens", "context", "end_time", "seconds"))):
-            out.writerow([latency.step_seconds(tokens, context), tokens, context,
-                          end - seconds - first])
+        for tokens, context, end, seconds in zip(
+            *(steps[k].tolist() for k in ("tokens", "context", "end_time", "seconds"))
+        ):
+            out.writerow(
+                [latency.step_seconds(tokens, context), tokens, context, end - seconds - first]
+            )
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +70,11 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     folder = tmp_path_factory.mktemp("matrix")
     for load, rate in RATES.items():
         trace = folder / f"trace-{load}.csv"
-        synthetic(requests=40, rate=rate, seed=int(load), max_prompt=400,
-                  max_output=32).to_csv(trace)
+        synthetic(requests=40, rate=rate, seed=int(load), max_prompt=400, max_output=32).to_csv(
+            trace
+        )
         workload = read_trace(trace)
-        runs = [("fcfs", FCFS), ("pp", PRIORITY_PAUSE)] + ([("fifo", FCFS)] if load == "85"
-                                                           else [])
+        runs = [("fcfs", FCFS), ("pp", PRIORITY_PAUSE)] + ([("fifo", FCFS)] if load == "85" else [])
         for key, options in runs:
             doc = simulated_results(workload, LIMITS, options, LATENCY, trace=str(trace))
             if key == "fifo":  # the runtime's own scheduler: no stepplanner policy recorded
@@ -93,8 +99,10 @@ def test_runs_priced_by_their_own_timings_agree_exactly(matrix: pathlib.Path) ->
     exact = "0.0% / 0.0% / 0 of 36"
     assert f"| the run's own timings | all | {exact} | {exact} |" in text
     assert f"| the other repeat's timings | abc | {exact} | {exact} |" in text
-    assert (f"| the run's own timings, pace replayed in 0.5-s windows | all | {exact} | {exact} |"
-            in text)
+    assert (
+        f"| the run's own timings, pace replayed in 0.5-s windows | all | {exact} | {exact} |"
+        in text
+    )
     assert f"| every other run of the repeat, pooled | all | {exact} | {exact} |" in text
     assert f"real vs real (b against a): {exact}" in text
     # the agreement table: 6 figures x 3 loads x 2 policies, every error 0 with the run's own
@@ -104,8 +112,11 @@ def test_runs_priced_by_their_own_timings_agree_exactly(matrix: pathlib.Path) ->
     for row in rows:
         cells = [c.strip() for c in row.split("|")[1:-1]]
         assert {c.lstrip("+-") for c in cells[5:7] + cells[9:12]} == {"0.0%"}, row
-    policy_rows = [line for line in text.splitlines()
-                   if line.startswith(("| transformers fifo |", "| FCFS |", "| PRIORITY+PAUSE |"))]
+    policy_rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith(("| transformers fifo |", "| FCFS |", "| PRIORITY+PAUSE |"))
+    ]
     assert len(policy_rows) == 6
     for row in policy_rows:  # real, simulated and paced urgent TTFT p99 and TPOT p99 alike
         cells = [c.strip() for c in row.split("|")[1:-1]]

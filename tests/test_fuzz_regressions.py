@@ -39,9 +39,11 @@ def outcome(fn, *args):
 # --- empty-reasons: a zero-length reasons array (numpy gives it stride 0) --------------------
 
 
-@pytest.mark.parametrize("residents", [[], np.zeros(0, RESIDENT_DTYPE),
-                                       np.array(ROWS, RESIDENT_DTYPE)],
-                         ids=["list", "empty_array", "count_0"])
+@pytest.mark.parametrize(
+    "residents",
+    [[], np.zeros(0, RESIDENT_DTYPE), np.array(ROWS, RESIDENT_DTYPE)],
+    ids=["list", "empty_array", "count_0"],
+)
 def test_empty_reasons_for_zero_residents(core, residents):
     """fuzz: count=0 with reasons=np.zeros(0, uint8) -> compiled said "reasons is not
     contiguous" (the check read strides[0] != 1; numpy 2.x gives an empty array stride 0)."""
@@ -62,18 +64,26 @@ def test_a_one_element_reasons_view_with_a_long_stride(core):
 # --- noncontiguous-reasons: the two implementations must agree -------------------------------
 
 
-@pytest.mark.parametrize("make", [
-    lambda: np.zeros(8, np.uint8)[::2],
-    lambda: np.zeros(4, np.uint8)[::-1],
-    lambda: np.zeros(6, np.uint8)[1::2],
-], ids=["every_other", "reversed", "odd_offset"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.zeros(8, np.uint8)[::2],
+        lambda: np.zeros(4, np.uint8)[::-1],
+        lambda: np.zeros(6, np.uint8)[1::2],
+    ],
+    ids=["every_other", "reversed", "odd_offset"],
+)
 def test_strided_reasons_parity(compiled, reference, make):
     """fuzz: reasons=base[:2n:2] -> compiled refused ("not contiguous"), reference filled it."""
     results = []
     for impl in (compiled, reference):
         reasons = make()
-        got = outcome(impl.StepPlanner(POLICY, LIMITS).plan,
-                      [impl.ResidentState(*r) for r in ROWS], None, reasons)
+        got = outcome(
+            impl.StepPlanner(POLICY, LIMITS).plan,
+            [impl.ResidentState(*r) for r in ROWS],
+            None,
+            reasons,
+        )
         results.append((got, reasons.tolist()))
     assert results[0] == results[1]
 
@@ -90,8 +100,9 @@ def run_isolated(impl_name: str, body: str) -> subprocess.CompletedProcess:
         policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
         planner = impl.StepPlanner(policy, limits)
     """).format(impl=impl_name) + textwrap.dedent(body)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
 
 
 def impl_name(core) -> str:
@@ -103,7 +114,9 @@ def test_a_count_whose_index_shrinks_the_list(core):
     Compiled measured len() first, then ran __index__, then read the list without bounds
     checks: a segfault (SIGSEGV, exit -11). Expected: the count is checked against the list as
     it is after __index__ ran, so this is ValueError "count=40 exceeds len(residents)=0"."""
-    proc = run_isolated(impl_name(core), """
+    proc = run_isolated(
+        impl_name(core),
+        """
         rows = [impl.ResidentState(arrival=i, prompt_length=10) for i in range(40)]
         class ShrinkingCount:
             def __index__(self):
@@ -115,14 +128,18 @@ def test_a_count_whose_index_shrinks_the_list(core):
             print("refused", type(exc).__name__.removeprefix("StepPlanner"), exc)
         else:
             print("planned")
-    """)
+    """,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
-    assert proc.stdout.startswith("refused ValueError count=40 exceeds len(residents)=0"), \
+    assert proc.stdout.startswith("refused ValueError count=40 exceeds len(residents)=0"), (
         proc.stdout + proc.stderr[-2000:]
+    )
 
 
 def test_a_count_whose_index_grows_the_list_plans_the_rows_it_names(core):
-    proc = run_isolated(impl_name(core), """
+    proc = run_isolated(
+        impl_name(core),
+        """
         rows = [impl.ResidentState(arrival=0, prompt_length=10)]
         class GrowingCount:
             def __index__(self):
@@ -134,11 +151,13 @@ def test_a_count_whose_index_grows_the_list_plans_the_rows_it_names(core):
             print("refused", type(exc).__name__.removeprefix("StepPlanner"), exc)
         else:
             print("planned", [(s.resident, s.query_length) for s in plan.sequences])
-    """)
+    """,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
-    assert proc.stdout.strip() in ("planned [(0, 10), (1, 20)]",
-                                   "refused ValueError count=2 exceeds len(residents)=1; "
-                                   "allowed: 0..1"), proc.stdout + proc.stderr
+    assert proc.stdout.strip() in (
+        "planned [(0, 10), (1, 20)]",
+        "refused ValueError count=2 exceeds len(residents)=1; allowed: 0..1",
+    ), proc.stdout + proc.stderr
 
 
 def test_apply_to_reads_each_element_once(core):
@@ -147,7 +166,9 @@ def test_apply_to_reads_each_element_once(core):
     one read and cast the result of a second read unchecked, so it added the chunk length into
     the bytes object's buffer (heap memory it does not own). Expected: either the check and the
     write see the same objects (the step applies), or an allowed error; the bytes are intact."""
-    proc = run_isolated(impl_name(core), """
+    proc = run_isolated(
+        impl_name(core),
+        """
         good = impl.ResidentState(arrival=0, prompt_length=10)
         victim = bytes(bytearray(64))
         class ShiftyList(list):
@@ -165,7 +186,8 @@ def test_apply_to_reads_each_element_once(core):
         else:
             print("applied", good.committed)
         print("victim intact" if victim == bytes(64) else "victim CHANGED " + victim.hex())
-    """)
+    """,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     lines = proc.stdout.splitlines()
     assert lines[-1] == "victim intact", proc.stdout
@@ -175,17 +197,26 @@ def test_apply_to_reads_each_element_once(core):
 # --- error order: a bad container and a bad count together ---------------------------------
 
 
-@pytest.mark.parametrize("residents", [
-    np.zeros(3, RESIDENT_DTYPE.newbyteorder(">")), np.zeros((2, 2), RESIDENT_DTYPE), None,
-    {0: 1}, np.zeros(3, np.float64),
-], ids=["big_endian", "2d", "None", "dict", "float64"])
+@pytest.mark.parametrize(
+    "residents",
+    [
+        np.zeros(3, RESIDENT_DTYPE.newbyteorder(">")),
+        np.zeros((2, 2), RESIDENT_DTYPE),
+        None,
+        {0: 1},
+        np.zeros(3, np.float64),
+    ],
+    ids=["big_endian", "2d", "None", "dict", "float64"],
+)
 @pytest.mark.parametrize("count", ["3", 1.5, None, 2], ids=repr)
 def test_bad_container_and_bad_count_give_one_error(compiled, reference, residents, count):
     """fuzz (after the mutating-count fix): a big-endian array with count='3' -> compiled
     reported the count ("count must be an integer, got str '3'"), the reference the dtype:
     the compiled core now converts count before it checks the container."""
-    results = [outcome(impl.StepPlanner(POLICY, LIMITS).plan, residents, count)
-               for impl in (compiled, reference)]
+    results = [
+        outcome(impl.StepPlanner(POLICY, LIMITS).plan, residents, count)
+        for impl in (compiled, reference)
+    ]
     assert results[0] == results[1]
 
 
@@ -199,7 +230,11 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
     the harness took for a crash. Expected: MemoryError naming B and the size, with nothing
     left half-made: the same object can then be initialised with a B that fits. The address
     space is capped so the allocation fails on any machine, overcommitting or not."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import resource
         import stepplanner as sp
         from stepplanner import _core
@@ -216,7 +251,12 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
         planner.__init__(sp.resolve_scheduling_policy(sp.SchedulingOptions(), small), small)
         plan = planner.plan([_core.ResidentState(prompt_length=20)])
         print("then", [(s.resident, s.query_length) for s in plan.sequences])
-    """)], capture_output=True, text=True, timeout=120)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     first, then = proc.stdout.splitlines()
     assert first.startswith("MemoryError max_batch_size=67108864 needs 6.8 GiB"), first
@@ -230,48 +270,67 @@ def test_a_batch_too_large_to_hold_is_a_clear_memory_error(compiled):
 HARNESS = Path(__file__).resolve().parents[1] / "tools" / "fuzz_plan.py"
 FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer crash input)
     # mutating-count is left out: it kills the interpreter (see the subprocess test above).
-    "empty-reasons": ({"empty-reasons"},
-                      "AMXFxcXoxXd3PgAAAAAAAAAAAAAAAAAAAMXFxcXFxcV6/hkZGf9h//f39/f3fhkZ/z0KfHx7"
-                      "fHx8fCvFxcXFxcXFxcXFxcXFxT4+GP//AAAAAAA+PgIAAAAALj4+AgAAAA=="),
-    "noncontiguous-reasons": ({"noncontiguous-reasons"},
-                              "AAAAxcXFxcXFxcXFxcXFxcXFxcXFxTvFxcXFxcXFxcXFAACA/////3chIXc+q6ur"
-                              "L6urqz4+PlHFxcX//////////2f//5j/AAAAAAAAAAD////////////F////////"
-                              "/////8X//9AYPv//GD4+Pj4CAAAA"),
-    "error-order": ({"error-order"},
-                     "/x3//3od/hkZWSEhISE6ISEhHR0dHR0dHR0dHR0dIR0dHR0dHR0dHR0dHYGBgYGBgYGBgYEd"
-                     "HR0dHf4ZgYGBgYGBgYGBPYGBgYGBAAAAAP//HR0dHR0dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
-                     "qqqBgYGBgYGBgYGBgYGBgT4+GD7Bw8HBwd//DR3///8dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
-                     "qqoAAAD/Nf//dwDFxcUAxcXFxcXFxcUAAAAAAAAAAAAAAADFxcXFxcXFxcXFxcWFxTvFxcXF"
-                     "xdXFxcWkAAAnAAAAAAB3d3d3d3d3d3d3d3d3d3d3dzscCgoA+AoS/yEh/gp3d3d3d3d3d3d3"
-                     "d3d3hoiIiHd3d3d3d3d3d3d3d3d3d3d3wsJ3d3d3d3d3QXd3d3d3d3d3d3d3d3d3d3d3d3d3"
-                     "dzo+Pj4+Pj49KioqKioqKioqKioqKioqKioqKioqKioqKiAh/go+qqqqqkE+PkFBQUE+Pry+"
-                     "QXe/vj53d3d3d3d3d3d3d/v7////d3c+vg=="),
-    "unholdable-batch": (set(),
-                         "O8bG1tYh1i7U0f////9+////1tbmAMbGCv//1kD/xsbGACjGAQEAxtHR0dHR0dHR09EC"
-                         "0dHR8dHR0dHR0dHR0dHR0dHRJycnJycnJyf//wgAAAD//8YAKADGAQEAxv7//38AAAEA"
-                         "0dHR0RUVFRUVFRUVIdYu1NH////W//8Ifv/W0fHR0QAAAAAAAAAH1g=="),
-    "none-request-id": (set(),  # a ledger episode: see tests/test_ledger.py for the plain test
-                        "TE1MTILzgkwA/4KCgpKCgoKCggAAAJKCgubmvubm5v80NLozMzMzgoKCgt/fi9/f39/f39/f"
-                        "39/f39/f39/f39/f39/f39/f39/f39/fi9/f39/f39/f398739/f35/f39/f3zI3ODAwNTHM"
-                        "//8AAAB2dt8yNzgwMDUxzP//AAAAdnYJdnZ2dgSsdvs3"),
-    "lying-table-inputs": (set(),  # issue 20 A.1: a KVPageTable subclass's properties
-                           "TFBUPFQNDQ0NDQ0NDQ0NDQ0NDQ0NDQ0NPA0NLnEvf71ZEuJ8fKgnJDw03FZQLqdi8dRlUPMJ"
-                           "8VFRnGSOSAkhrFrhEaMsKKBS9SPl3GBgl4shXuqaD+LeO59M0k/rWC6nYvHUZVAsRTbzCfFR"
-                           "UZxkAAAJEaMsKKCeAI7jOsg84BvbLNYijvTgULI2jgEAAAAAYg=="),
-    "lying-table-rows": (set(),  # issue 20 A.1 (the twin sized by the lies)
-                         "TFBUPJeLf39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
-                         "f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
-                         "f39/f39/f39/f39/f39/f39/f38hXurHoNpNTFQ8l4shPV7qmnmglBCbA+jW"),
-    "resized-view-base": (set(),  # issue 20 A.2: .base resized, refcheck=False
-                          "TFQ8l4shXgAAAACUEEgJIaxa4RGjLCigngZy1iKO9OBQsgAAAAAAAAAAAAA2jjBs7wZLNZu0"
-                          "simy3FY="),
-    "re-dtyped-view": (set(),  # issue 20 A.3: a handed-out view's dtype set
-                       "TFBUPJf//////////3mYuMeg2k1rgdVeklmIlWiVO+dWrurtB9tH/S5xPxawWRLifICoJyQ8"
-                       "TFQ8lzmkfEdn46wP4t47n0zST+tYLqdi8dRlUCyLRTbzCfFRUZxkjkgJIaxa4SFe6pp5oA=="),
-    "shifty-list": ({"shifty-list"},
-                    "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
-                    "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"
-                    "LmA+PiU+PwAA"),
+    "empty-reasons": (
+        {"empty-reasons"},
+        "AMXFxcXoxXd3PgAAAAAAAAAAAAAAAAAAAMXFxcXFxcV6/hkZGf9h//f39/f3fhkZ/z0KfHx7"
+        "fHx8fCvFxcXFxcXFxcXFxcXFxT4+GP//AAAAAAA+PgIAAAAALj4+AgAAAA==",
+    ),
+    "noncontiguous-reasons": (
+        {"noncontiguous-reasons"},
+        "AAAAxcXFxcXFxcXFxcXFxcXFxcXFxTvFxcXFxcXFxcXFAACA/////3chIXc+q6ur"
+        "L6urqz4+PlHFxcX//////////2f//5j/AAAAAAAAAAD////////////F////////"
+        "/////8X//9AYPv//GD4+Pj4CAAAA",
+    ),
+    "error-order": (
+        {"error-order"},
+        "/x3//3od/hkZWSEhISE6ISEhHR0dHR0dHR0dHR0dIR0dHR0dHR0dHR0dHYGBgYGBgYGBgYEd"
+        "HR0dHf4ZgYGBgYGBgYGBPYGBgYGBAAAAAP//HR0dHR0dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
+        "qqqBgYGBgYGBgYGBgYGBgT4+GD7Bw8HBwd//DR3///8dHR0dHR0dHR3+GQCsHR0dHR0dHaqq"
+        "qqoAAAD/Nf//dwDFxcUAxcXFxcXFxcUAAAAAAAAAAAAAAADFxcXFxcXFxcXFxcWFxTvFxcXF"
+        "xdXFxcWkAAAnAAAAAAB3d3d3d3d3d3d3d3d3d3d3dzscCgoA+AoS/yEh/gp3d3d3d3d3d3d3"
+        "d3d3hoiIiHd3d3d3d3d3d3d3d3d3d3d3wsJ3d3d3d3d3QXd3d3d3d3d3d3d3d3d3d3d3d3d3"
+        "dzo+Pj4+Pj49KioqKioqKioqKioqKioqKioqKioqKioqKiAh/go+qqqqqkE+PkFBQUE+Pry+"
+        "QXe/vj53d3d3d3d3d3d3d/v7////d3c+vg==",
+    ),
+    "unholdable-batch": (
+        set(),
+        "O8bG1tYh1i7U0f////9+////1tbmAMbGCv//1kD/xsbGACjGAQEAxtHR0dHR0dHR09EC"
+        "0dHR8dHR0dHR0dHR0dHR0dHRJycnJycnJyf//wgAAAD//8YAKADGAQEAxv7//38AAAEA"
+        "0dHR0RUVFRUVFRUVIdYu1NH////W//8Ifv/W0fHR0QAAAAAAAAAH1g==",
+    ),
+    "none-request-id": (
+        set(),  # a ledger episode: see tests/test_ledger.py for the plain test
+        "TE1MTILzgkwA/4KCgpKCgoKCggAAAJKCgubmvubm5v80NLozMzMzgoKCgt/fi9/f39/f39/f"
+        "39/f39/f39/f39/f39/f39/f39/f39/fi9/f39/f39/f398739/f35/f39/f3zI3ODAwNTHM"
+        "//8AAAB2dt8yNzgwMDUxzP//AAAAdnYJdnZ2dgSsdvs3",
+    ),
+    "lying-table-inputs": (
+        set(),  # issue 20 A.1: a KVPageTable subclass's properties
+        "TFBUPFQNDQ0NDQ0NDQ0NDQ0NDQ0NDQ0NPA0NLnEvf71ZEuJ8fKgnJDw03FZQLqdi8dRlUPMJ"
+        "8VFRnGSOSAkhrFrhEaMsKKBS9SPl3GBgl4shXuqaD+LeO59M0k/rWC6nYvHUZVAsRTbzCfFR"
+        "UZxkAAAJEaMsKKCeAI7jOsg84BvbLNYijvTgULI2jgEAAAAAYg==",
+    ),
+    "lying-table-rows": (
+        set(),  # issue 20 A.1 (the twin sized by the lies)
+        "TFBUPJeLf39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
+        "f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/f39/"
+        "f39/f39/f39/f39/f39/f39/f38hXurHoNpNTFQ8l4shPV7qmnmglBCbA+jW",
+    ),
+    "resized-view-base": (
+        set(),  # issue 20 A.2: .base resized, refcheck=False
+        "TFQ8l4shXgAAAACUEEgJIaxa4RGjLCigngZy1iKO9OBQsgAAAAAAAAAAAAA2jjBs7wZLNZu0simy3FY=",
+    ),
+    "re-dtyped-view": (
+        set(),  # issue 20 A.3: a handed-out view's dtype set
+        "TFBUPJf//////////3mYuMeg2k1rgdVeklmIlWiVO+dWrurtB9tH/S5xPxawWRLifICoJyQ8"
+        "TFQ8lzmkfEdn46wP4t47n0zST+tYLqdi8dRlUCyLRTbzCfFRUZxkjkgJIaxa4SFe6pp5oA==",
+    ),
+    "shifty-list": (
+        {"shifty-list"},
+        "AD4+PjE+Pj4YPn4+AAAAAAAAAAD///93/4D/dz4+Pj4AAAAAAAD///93/4D/oaGhoaGhoaGh"
+        "oaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaGhoaF3Pj4+Pj4+Pj4HLi4uLi4A"
+        "LmA+PiU+PwAA",
+    ),
 }
 
 
@@ -312,7 +371,8 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
     def limits_seen(fdp, capped=False):
         limits = make_limits(fdp, capped)
         seen["capped"] += limits.max_step_tokens != 0 and limits.t_max < (
-            limits.max_batch_size * limits.max_input_length)
+            limits.max_batch_size * limits.max_input_length
+        )
         return limits
 
     from stepplanner.kv import _kv as kv_compiled
@@ -341,8 +401,13 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
     monkeypatch.setattr(harness, "lying_tables", lies_seen)
     monkeypatch.setattr(harness, "tamper_view", tamper_seen)
     names = sorted(p.name for p in SEEDS.iterdir())
-    assert names == ["capped-paged-ledger", "capped-planner", "paged-ledger", "tampered-ledger",
-                     "tampered-paged-ledger"]
+    assert names == [
+        "capped-paged-ledger",
+        "capped-planner",
+        "paged-ledger",
+        "tampered-ledger",
+        "tampered-paged-ledger",
+    ]
     for name in names:
         harness.one_input((SEEDS / name).read_bytes())
     assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen

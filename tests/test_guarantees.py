@@ -66,9 +66,11 @@ def test_guarantees_hold_along_a_run(core, case, steps, as_array):
 
 
 def _pausing(case):
-    return (case.policy.mode == IfbSchedulingMode.MIXED
-            and case.policy.scheduling_policy == SchedulingPolicy.PRIORITY
-            and case.policy.preemption == PreemptionMode.PAUSE)
+    return (
+        case.policy.mode == IfbSchedulingMode.MIXED
+        and case.policy.scheduling_policy == SchedulingPolicy.PRIORITY
+        and case.policy.preemption == PreemptionMode.PAUSE
+    )
 
 
 CORNERS = {
@@ -81,17 +83,31 @@ CORNERS = {
     "negative priority": lambda c: any(r[0] < 0 for r in c.rows),
     "duplicate arrivals": lambda c: len({r[1] for r in c.rows}) < len(c.rows),
     "committed off a page end": lambda c: any(
-        not r[4] and r[3] % c.limits.kv_page_size for r in c.rows),
-    "PREFILL_FIRST + PRIORITY": lambda c: c.policy.mode == IfbSchedulingMode.PREFILL_FIRST
-    and c.policy.scheduling_policy == SchedulingPolicy.PRIORITY and c.rows,
-    **{f"paused steps = max_pause_steps {d:+d}": (
-        lambda c, d=d: _pausing(c) and c.policy.max_pause_steps > 0
-        and any(r[5] == c.policy.max_pause_steps + d for r in c.rows)) for d in (-1, 0, 1)},
+        not r[4] and r[3] % c.limits.kv_page_size for r in c.rows
+    ),
+    "PREFILL_FIRST + PRIORITY": lambda c: (
+        c.policy.mode == IfbSchedulingMode.PREFILL_FIRST
+        and c.policy.scheduling_policy == SchedulingPolicy.PRIORITY
+        and c.rows
+    ),
+    **{
+        f"paused steps = max_pause_steps {d:+d}": (
+            lambda c, d=d: (
+                _pausing(c)
+                and c.policy.max_pause_steps > 0
+                and any(r[5] == c.policy.max_pause_steps + d for r in c.rows)
+            )
+        )
+        for d in (-1, 0, 1)
+    },
 }
 
 
 @pytest.mark.parametrize("corner", list(CORNERS))
 def test_planning_cases_reach(corner):
-    case = find(planning_cases(), CORNERS[corner],
-                settings=settings(max_examples=3000, database=None, phases=[Phase.generate]))
+    case = find(
+        planning_cases(),
+        CORNERS[corner],
+        settings=settings(max_examples=3000, database=None, phases=[Phase.generate]),
+    )
     assert CORNERS[corner](case)

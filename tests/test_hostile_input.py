@@ -37,9 +37,13 @@ POLICIES = {
     "priority_pause": sp.SchedulingOptions(
         ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
         scheduling_policy=sp.SchedulingPolicy.PRIORITY,
-        preemption=sp.PreemptionMode.PAUSE, max_pause_steps=2),
-    "prefill_first": sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.PREFILL_FIRST,
-                                          scheduling_policy=sp.SchedulingPolicy.PRIORITY),
+        preemption=sp.PreemptionMode.PAUSE,
+        max_pause_steps=2,
+    ),
+    "prefill_first": sp.SchedulingOptions(
+        ifb_scheduling_mode=sp.IfbSchedulingMode.PREFILL_FIRST,
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+    ),
 }
 ALLOWED = (TypeError, ValueError, OverflowError)
 
@@ -97,8 +101,10 @@ def _snapshot(residents):
 def assert_next_call_is_fresh(core, planner):
     """The order cache of the compiled core must not remember a refused call."""
     shuffled = arr([ROWS[i] for i in (4, 2, 0, 3, 1)])
-    assert planner.plan(shuffled).to_dict() == \
-        core.StepPlanner(planner.policy, planner.limits).plan(shuffled).to_dict()
+    assert (
+        planner.plan(shuffled).to_dict()
+        == core.StepPlanner(planner.policy, planner.limits).plan(shuffled).to_dict()
+    )
 
 
 def assert_same_plan(core, policy, residents, count=None):
@@ -112,23 +118,30 @@ def assert_same_plan(core, policy, residents, count=None):
 def foreign(core):
     from stepplanner import _core
     from stepplanner import _core_py as _reference
+
     return _reference if core is _core else _core
 
 
 # --- configuration objects -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kwargs", "exc", "fragments"), [
-    ({"max_batch_size": 0}, ValueError, ("max_batch_size=0", ">= 1")),
-    ({"max_batch_size": -5}, ValueError, ("max_batch_size=-5", ">= 1")),
-    ({"max_input_length": 1.0}, TypeError, ("max_input_length", "integer", "float")),
-    ({"kv_page_size": "16"}, TypeError, ("kv_page_size", "integer", "str")),
-    ({"kv_page_size": None}, TypeError, ("kv_page_size", "integer", "NoneType")),
-    ({"max_batch_size": 2**31}, OverflowError, ("max_batch_size=2147483648", "int32")),
-    ({"max_batch_size": np.float32(4)}, TypeError, ("max_batch_size", "float32")),
-    ({"max_batch_size": 65536, "max_input_length": 65536}, ValueError,
-     ("T_max", "4294967296", "2147483647")),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "fragments"),
+    [
+        ({"max_batch_size": 0}, ValueError, ("max_batch_size=0", ">= 1")),
+        ({"max_batch_size": -5}, ValueError, ("max_batch_size=-5", ">= 1")),
+        ({"max_input_length": 1.0}, TypeError, ("max_input_length", "integer", "float")),
+        ({"kv_page_size": "16"}, TypeError, ("kv_page_size", "integer", "str")),
+        ({"kv_page_size": None}, TypeError, ("kv_page_size", "integer", "NoneType")),
+        ({"max_batch_size": 2**31}, OverflowError, ("max_batch_size=2147483648", "int32")),
+        ({"max_batch_size": np.float32(4)}, TypeError, ("max_batch_size", "float32")),
+        (
+            {"max_batch_size": 65536, "max_input_length": 65536},
+            ValueError,
+            ("T_max", "4294967296", "2147483647"),
+        ),
+    ],
+)
 def test_limits_refuse(kwargs, exc, fragments):
     args = {"max_batch_size": 4, "max_input_length": 64, "kv_page_size": 16, **kwargs}
     with pytest.raises(exc, match=matching(*fragments)):
@@ -138,29 +151,35 @@ def test_limits_refuse(kwargs, exc, fragments):
 def test_limits_accept_integer_likes_and_store_ints():
     lim = sp.StepPlannerLimits(np.int64(4), np.uint16(64), True)
     assert (lim.max_batch_size, lim.max_input_length, lim.kv_page_size) == (4, 64, 1)
-    assert all(type(v) is int for v in (lim.max_batch_size, lim.max_input_length,
-                                        lim.kv_page_size))
+    assert all(type(v) is int for v in (lim.max_batch_size, lim.max_input_length, lim.kv_page_size))
 
 
 @pytest.mark.parametrize("cls", [sp.SchedulingOptions, sp.ResolvedSchedulingPolicy])
-@pytest.mark.parametrize(("field", "value", "exc", "fragments"), [
-    ("max_num_tokens", -1, ValueError, ("max_num_tokens=-1", ">= 0")),
-    ("max_chunk_tokens", 2**40, OverflowError, ("max_chunk_tokens=1099511627776", "int32")),
-    ("max_pause_steps", 0.5, TypeError, ("max_pause_steps", "integer", "float")),
-    ("priority_reserved_slots", "1", TypeError, ("priority_reserved_slots", "str")),
-    ("scheduling_policy", 5, ValueError, ("scheduling_policy=5", "FCFS(0)", "PRIORITY(1)")),
-    ("preemption", "PAUSE", TypeError, ("preemption", "integer", "str")),
-    ("preemption", None, TypeError, ("preemption", "NoneType")),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "exc", "fragments"),
+    [
+        ("max_num_tokens", -1, ValueError, ("max_num_tokens=-1", ">= 0")),
+        ("max_chunk_tokens", 2**40, OverflowError, ("max_chunk_tokens=1099511627776", "int32")),
+        ("max_pause_steps", 0.5, TypeError, ("max_pause_steps", "integer", "float")),
+        ("priority_reserved_slots", "1", TypeError, ("priority_reserved_slots", "str")),
+        ("scheduling_policy", 5, ValueError, ("scheduling_policy=5", "FCFS(0)", "PRIORITY(1)")),
+        ("preemption", "PAUSE", TypeError, ("preemption", "integer", "str")),
+        ("preemption", None, TypeError, ("preemption", "NoneType")),
+    ],
+)
 def test_option_fields_refuse(cls, field, value, exc, fragments):
-    base = {"mode": sp.IfbSchedulingMode.MIXED, "max_num_tokens": 32, "max_chunk_tokens": 16} \
-        if cls is sp.ResolvedSchedulingPolicy else {}
+    base = (
+        {"mode": sp.IfbSchedulingMode.MIXED, "max_num_tokens": 32, "max_chunk_tokens": 16}
+        if cls is sp.ResolvedSchedulingPolicy
+        else {}
+    )
     with pytest.raises(exc, match=matching(*fragments)):
         cls(**{**base, field: value})
 
 
-@pytest.mark.parametrize(("mode", "exc"), [(7, ValueError), (-1, ValueError), (1.0, TypeError),
-                                           ("MIXED", TypeError)])
+@pytest.mark.parametrize(
+    ("mode", "exc"), [(7, ValueError), (-1, ValueError), (1.0, TypeError), ("MIXED", TypeError)]
+)
 def test_mode_refuses(mode, exc):
     with pytest.raises(exc, match="ifb_scheduling_mode"):
         sp.SchedulingOptions(ifb_scheduling_mode=mode)
@@ -175,12 +194,15 @@ def test_options_are_frozen():
     assert options.max_num_tokens == 0
 
 
-@pytest.mark.parametrize(("options", "limits", "fragments"), [
-    (None, LIMITS, ("options must be a SchedulingOptions", "NoneType")),
-    ({"max_num_tokens": 0}, LIMITS, ("options must be a SchedulingOptions", "dict")),
-    (sp.SchedulingOptions(), (6, 64, 16), ("limits must be a StepPlannerLimits", "tuple")),
-    (sp.SchedulingOptions(), None, ("limits must be a StepPlannerLimits", "NoneType")),
-])
+@pytest.mark.parametrize(
+    ("options", "limits", "fragments"),
+    [
+        (None, LIMITS, ("options must be a SchedulingOptions", "NoneType")),
+        ({"max_num_tokens": 0}, LIMITS, ("options must be a SchedulingOptions", "dict")),
+        (sp.SchedulingOptions(), (6, 64, 16), ("limits must be a StepPlannerLimits", "tuple")),
+        (sp.SchedulingOptions(), None, ("limits must be a StepPlannerLimits", "NoneType")),
+    ],
+)
 def test_resolve_refuses_wrong_types(options, limits, fragments):
     with pytest.raises(TypeError, match=matching(*fragments)):
         sp.resolve_scheduling_policy(options, limits)
@@ -206,20 +228,44 @@ def test_resolve_names_the_field_and_range(options, fragments):
         sp.resolve_scheduling_policy(options, LIMITS)
 
 
-@pytest.mark.parametrize(("policy_arg", "limits_arg", "exc", "fragments"), [
-    (None, LIMITS, TypeError, ("policy must be a ResolvedSchedulingPolicy", "NoneType")),
-    (sp.SchedulingOptions(), LIMITS, TypeError, ("policy must be", "SchedulingOptions")),
-    ("resolved", {"max_batch_size": 6}, TypeError, ("limits must be a StepPlannerLimits", "dict")),
-    (sp.ResolvedSchedulingPolicy(mode=sp.IfbSchedulingMode.AUTO, max_num_tokens=32,
-                                 max_chunk_tokens=16), LIMITS, RuntimeError,
-     ("policy.mode", "AUTO", "resolve_scheduling_policy")),
-    (sp.ResolvedSchedulingPolicy(mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=10**6,
-                                 max_chunk_tokens=16), LIMITS, ValueError,
-     ("max_num_tokens=1000000", "[22, 384]")),
-    # A policy resolved for other limits: its budgets do not hold here.
-    (sp.resolve_scheduling_policy(sp.SchedulingOptions(), sp.StepPlannerLimits(64, 2048, 16)),
-     LIMITS, ValueError, ("max_num_tokens=576",)),
-])
+@pytest.mark.parametrize(
+    ("policy_arg", "limits_arg", "exc", "fragments"),
+    [
+        (None, LIMITS, TypeError, ("policy must be a ResolvedSchedulingPolicy", "NoneType")),
+        (sp.SchedulingOptions(), LIMITS, TypeError, ("policy must be", "SchedulingOptions")),
+        (
+            "resolved",
+            {"max_batch_size": 6},
+            TypeError,
+            ("limits must be a StepPlannerLimits", "dict"),
+        ),
+        (
+            sp.ResolvedSchedulingPolicy(
+                mode=sp.IfbSchedulingMode.AUTO, max_num_tokens=32, max_chunk_tokens=16
+            ),
+            LIMITS,
+            RuntimeError,
+            ("policy.mode", "AUTO", "resolve_scheduling_policy"),
+        ),
+        (
+            sp.ResolvedSchedulingPolicy(
+                mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=10**6, max_chunk_tokens=16
+            ),
+            LIMITS,
+            ValueError,
+            ("max_num_tokens=1000000", "[22, 384]"),
+        ),
+        # A policy resolved for other limits: its budgets do not hold here.
+        (
+            sp.resolve_scheduling_policy(
+                sp.SchedulingOptions(), sp.StepPlannerLimits(64, 2048, 16)
+            ),
+            LIMITS,
+            ValueError,
+            ("max_num_tokens=576",),
+        ),
+    ],
+)
 def test_planner_constructor_refuses(core, policy_arg, limits_arg, exc, fragments):
     if policy_arg == "resolved":
         policy_arg = sp.resolve_scheduling_policy(sp.SchedulingOptions(), LIMITS)
@@ -248,28 +294,54 @@ def test_list_tuple_and_subclasses_plan_like_the_array(core, policy, wrap):
     assert got == new_planner(core, policy).plan(arr()).to_dict()
 
 
-@pytest.mark.parametrize("make", [
-    lambda rs: iter(rs), lambda rs: (r for r in rs), lambda rs: collections.deque(rs),
-    lambda rs: dict(enumerate(rs)), lambda rs: set(), lambda rs: range(3), lambda rs: rs[0],
-    lambda rs: memoryview(b"abc"), lambda rs: array.array("i", [1, 2]), lambda rs: b"ab",
-    lambda rs: {}.values(), lambda rs: 3.5, lambda rs: None,
-], ids=["iter", "generator", "deque", "dict", "set", "range", "single", "memoryview",
-        "array.array", "bytes", "dict_values", "float", "None"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rs: iter(rs),
+        lambda rs: (r for r in rs),
+        lambda rs: collections.deque(rs),
+        lambda rs: dict(enumerate(rs)),
+        lambda rs: set(),
+        lambda rs: range(3),
+        lambda rs: rs[0],
+        lambda rs: memoryview(b"abc"),
+        lambda rs: array.array("i", [1, 2]),
+        lambda rs: b"ab",
+        lambda rs: {}.values(),
+        lambda rs: 3.5,
+        lambda rs: None,
+    ],
+    ids=[
+        "iter",
+        "generator",
+        "deque",
+        "dict",
+        "set",
+        "range",
+        "single",
+        "memoryview",
+        "array.array",
+        "bytes",
+        "dict_values",
+        "float",
+        "None",
+    ],
+)
 def test_other_iterables_are_refused(core, refuses, make):
     residents = make(objects(core))
-    refuses(TypeError, ("residents must be a list or tuple", type(residents).__name__),
-            residents)
+    refuses(TypeError, ("residents must be a list or tuple", type(residents).__name__), residents)
 
 
-@pytest.mark.parametrize("bad", [None, 1, 1.5, (0, 9, 10, 0, False, 0), {"priority": 0},
-                                 np.zeros(1, RESIDENT_DTYPE)[0], "row"],
-                         ids=["None", "int", "float", "tuple", "dict", "np.void", "str"])
+@pytest.mark.parametrize(
+    "bad",
+    [None, 1, 1.5, (0, 9, 10, 0, False, 0), {"priority": 0}, np.zeros(1, RESIDENT_DTYPE)[0], "row"],
+    ids=["None", "int", "float", "tuple", "dict", "np.void", "str"],
+)
 @pytest.mark.parametrize("at", [0, 2, 4])
 def test_a_stray_element_is_refused_by_index(core, refuses, bad, at):
     residents = objects(core)
     residents[at] = bad
-    refuses(TypeError, (f"residents[{at}] must be a ResidentState", type(bad).__name__),
-            residents)
+    refuses(TypeError, (f"residents[{at}] must be a ResidentState", type(bad).__name__), residents)
 
 
 def test_a_stray_element_after_count_is_not_read(core, policy):
@@ -287,10 +359,12 @@ def test_the_other_implementations_residents_are_refused(core, refuses):
 
 def _with(**changes):
     """RESIDENT_DTYPE's fields with some names/formats/offsets/itemsize changed."""
-    spec = {"names": list(RESIDENT_DTYPE.names),
-            "formats": [RESIDENT_DTYPE.fields[n][0] for n in RESIDENT_DTYPE.names],
-            "offsets": [RESIDENT_DTYPE.fields[n][1] for n in RESIDENT_DTYPE.names],
-            "itemsize": RESIDENT_DTYPE.itemsize}
+    spec = {
+        "names": list(RESIDENT_DTYPE.names),
+        "formats": [RESIDENT_DTYPE.fields[n][0] for n in RESIDENT_DTYPE.names],
+        "offsets": [RESIDENT_DTYPE.fields[n][1] for n in RESIDENT_DTYPE.names],
+        "itemsize": RESIDENT_DTYPE.itemsize,
+    }
     for key, fn in changes.items():
         spec[key] = fn(spec[key])
     return np.dtype(spec)
@@ -301,6 +375,7 @@ def _swap(i, j):
         seq = list(seq)
         seq[i], seq[j] = seq[j], seq[i]
         return seq
+
     return fn
 
 
@@ -309,20 +384,24 @@ WRONG_DTYPES = {
     # RESIDENT_DTYPE would swap prompt_length and committed.
     "names_swapped": _with(names=_swap(2, 3)),
     "fields_in_another_order": np.dtype(
-        [(n, RESIDENT_DTYPE.fields[n][0]) for n in reversed(RESIDENT_DTYPE.names)], align=True),
+        [(n, RESIDENT_DTYPE.fields[n][0]) for n in reversed(RESIDENT_DTYPE.names)], align=True
+    ),
     "packed_align_false": np.dtype(
-        [(n, RESIDENT_DTYPE.fields[n][0]) for n in RESIDENT_DTYPE.names], align=False),
+        [(n, RESIDENT_DTYPE.fields[n][0]) for n in RESIDENT_DTYPE.names], align=False
+    ),
     "big_endian": RESIDENT_DTYPE.newbyteorder(">"),
     "one_field_big_endian": _with(formats=lambda f: [np.dtype(">i4")] + f[1:]),
-    "int64_priority": _with(formats=lambda f: [np.dtype(np.int64)] + f[1:],
-                            offsets=lambda o: [0, 8, 16, 20, 24, 28]),
+    "int64_priority": _with(
+        formats=lambda f: [np.dtype(np.int64)] + f[1:], offsets=lambda o: [0, 8, 16, 20, 24, 28]
+    ),
     "int32_arrival": _with(formats=lambda f: [f[0], np.dtype(np.int32)] + f[2:]),
     "uint32_committed": _with(formats=lambda f: f[:3] + [np.dtype(np.uint32)] + f[4:]),
     "int8_flag": _with(formats=lambda f: f[:4] + [np.dtype(np.int8)] + f[5:]),
     "longer_itemsize": _with(itemsize=lambda s: s + 8),
     "extra_field": np.dtype(RESIDENT_DTYPE.descr + [("extra", "<i4")]),
-    "missing_field": np.dtype([(n, RESIDENT_DTYPE.fields[n][0])
-                               for n in RESIDENT_DTYPE.names[:-1]], align=True),
+    "missing_field": np.dtype(
+        [(n, RESIDENT_DTYPE.fields[n][0]) for n in RESIDENT_DTYPE.names[:-1]], align=True
+    ),
     "renamed": _with(names=lambda ns: ["prio"] + ns[1:]),
     "void_32": np.dtype("V32"),
     "float64": np.dtype(np.float64),
@@ -365,8 +444,9 @@ def test_the_same_layout_without_the_align_flag_is_read_as_is(core, policy):
     assert got == new_planner(core, policy).plan(arr()).to_dict()
 
 
-@pytest.mark.parametrize(("shape", "ndim"), [((), 0), ((2, 3), 2), ((1, 5), 2), ((5, 1), 2),
-                                             ((1, 1, 5), 3)])
+@pytest.mark.parametrize(
+    ("shape", "ndim"), [((), 0), ((2, 3), 2), ((1, 5), 2), ((5, 1), 2), ((1, 1, 5), 3)]
+)
 def test_other_shapes_are_refused(core, refuses, shape, ndim):
     residents = np.zeros(shape, dtype=RESIDENT_DTYPE)
     refuses(ValueError, (f"ndim={ndim}", "allowed: 1"), residents)
@@ -377,8 +457,14 @@ def test_an_empty_array_plans_nothing(core, policy, count):
     planner = new_planner(core, policy)
     planner.plan(arr())
     plan = planner.plan(np.zeros(0, dtype=RESIDENT_DTYPE), count)
-    assert plan.to_dict() == {"sequences": [], "paused": [], "num_prefill": 0, "num_decode": 0,
-                              "prefill_tokens": 0, "total_tokens": 0}
+    assert plan.to_dict() == {
+        "sequences": [],
+        "paused": [],
+        "num_prefill": 0,
+        "num_decode": 0,
+        "prefill_tokens": 0,
+        "total_tokens": 0,
+    }
     assert plan.num_residents == 0
 
 
@@ -467,8 +553,9 @@ def test_reasons_on_views_match_a_contiguous_copy(core, policy):
         assert got.tolist() == want.tolist()
 
 
-@pytest.mark.parametrize("view", ["every_other", "reversed", "reversed_every_other",
-                                  "unaligned_writable", "recarray"])
+@pytest.mark.parametrize(
+    "view", ["every_other", "reversed", "reversed_every_other", "unaligned_writable", "recarray"]
+)
 def test_apply_to_writes_through_views_like_a_copy(core, policy, view):
     residents = VIEWS[view]()
     base = residents.base
@@ -505,10 +592,18 @@ def test_apply_to_refuses_a_broadcast(core):
 # --- count -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("count", "expected"), [
-    (True, 1), (False, 0), (np.int8(2), 2), (np.uint64(3), 3), (np.int64(5), 5),
-    (np.bool_(True), None), (np.intp(4), 4),
-])
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        (True, 1),
+        (False, 0),
+        (np.int8(2), 2),
+        (np.uint64(3), 3),
+        (np.int64(5), 5),
+        (np.bool_(True), None),
+        (np.intp(4), 4),
+    ],
+)
 def test_integer_like_counts(core, policy, count, expected):
     planner = new_planner(core, policy)
     try:
@@ -521,21 +616,24 @@ def test_integer_like_counts(core, policy, count, expected):
     assert plan.to_dict() == want
 
 
-@pytest.mark.parametrize(("count", "exc", "fragments"), [
-    (2**64, ValueError, ("count=18446744073709551616", "max_batch_size=6")),
-    (2**1000, ValueError, ("count=", "exceeds max_batch_size=6")),
-    (-(2**70), ValueError, ("count=-1180591620717411303424", "negative")),
-    (np.int64(-1), ValueError, ("count=-1", "negative")),
-    (np.uint64(2**64 - 1), ValueError, ("count=18446744073709551615", "max_batch_size=6")),
-    (np.float64(2.0), TypeError, ("count", "integer", "float64")),
-    (np.float32(2.0), TypeError, ("count", "integer", "float32")),
-    (fractions.Fraction(2), TypeError, ("count", "integer", "Fraction")),
-    (decimal.Decimal(2), TypeError, ("count", "integer", "Decimal")),
-    (2 + 0j, TypeError, ("count", "integer", "complex")),
-    ([2], TypeError, ("count", "integer", "list")),
-    (np.array([2]), TypeError, ("count", "integer", "ndarray")),
-    (b"\x02", TypeError, ("count", "integer", "bytes")),
-])
+@pytest.mark.parametrize(
+    ("count", "exc", "fragments"),
+    [
+        (2**64, ValueError, ("count=18446744073709551616", "max_batch_size=6")),
+        (2**1000, ValueError, ("count=", "exceeds max_batch_size=6")),
+        (-(2**70), ValueError, ("count=-1180591620717411303424", "negative")),
+        (np.int64(-1), ValueError, ("count=-1", "negative")),
+        (np.uint64(2**64 - 1), ValueError, ("count=18446744073709551615", "max_batch_size=6")),
+        (np.float64(2.0), TypeError, ("count", "integer", "float64")),
+        (np.float32(2.0), TypeError, ("count", "integer", "float32")),
+        (fractions.Fraction(2), TypeError, ("count", "integer", "Fraction")),
+        (decimal.Decimal(2), TypeError, ("count", "integer", "Decimal")),
+        (2 + 0j, TypeError, ("count", "integer", "complex")),
+        ([2], TypeError, ("count", "integer", "list")),
+        (np.array([2]), TypeError, ("count", "integer", "ndarray")),
+        (b"\x02", TypeError, ("count", "integer", "bytes")),
+    ],
+)
 def test_count_refuses(core, refuses, count, exc, fragments):
     refuses(exc, fragments, arr(), count)
 
@@ -562,21 +660,24 @@ def test_a_count_whose_index_raises_propagates_and_changes_nothing(core):
 # --- reasons ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("make", "fragments"), [
-    (lambda: np.zeros(5, np.bool_), ("reasons has dtype bool",)),
-    (lambda: np.zeros(5, np.uint16), ("reasons has dtype uint16",)),
-    (lambda: np.zeros(5, np.float64), ("reasons has dtype float64",)),
-    (lambda: np.zeros(5, object), ("reasons has dtype object",)),
-    (lambda: np.zeros(5, "S1"), ("reasons has dtype |S1",)),
-    (lambda: np.zeros(5, RESIDENT_DTYPE), ("reasons has dtype",)),
-    (lambda: np.zeros((), np.uint8), ("ndim=0",)),
-    (lambda: np.zeros((1, 5), np.uint8), ("ndim=2",)),
-    (lambda: np.frombuffer(bytes(5), np.uint8), ("read-only",)),
-    (lambda: np.zeros(4, np.uint8), ("has len 4 < count=5",)),
-    (lambda: bytearray(5), ("reasons is a bytearray",)),
-    (lambda: memoryview(bytearray(5)), ("reasons is a memoryview",)),
-    (lambda: array.array("B", bytes(5)), ("reasons is a array",)),
-])
+@pytest.mark.parametrize(
+    ("make", "fragments"),
+    [
+        (lambda: np.zeros(5, np.bool_), ("reasons has dtype bool",)),
+        (lambda: np.zeros(5, np.uint16), ("reasons has dtype uint16",)),
+        (lambda: np.zeros(5, np.float64), ("reasons has dtype float64",)),
+        (lambda: np.zeros(5, object), ("reasons has dtype object",)),
+        (lambda: np.zeros(5, "S1"), ("reasons has dtype |S1",)),
+        (lambda: np.zeros(5, RESIDENT_DTYPE), ("reasons has dtype",)),
+        (lambda: np.zeros((), np.uint8), ("ndim=0",)),
+        (lambda: np.zeros((1, 5), np.uint8), ("ndim=2",)),
+        (lambda: np.frombuffer(bytes(5), np.uint8), ("read-only",)),
+        (lambda: np.zeros(4, np.uint8), ("has len 4 < count=5",)),
+        (lambda: bytearray(5), ("reasons is a bytearray",)),
+        (lambda: memoryview(bytearray(5)), ("reasons is a memoryview",)),
+        (lambda: array.array("B", bytes(5)), ("reasons is a array",)),
+    ],
+)
 def test_reasons_refuses(core, refuses, make, fragments):
     refuses(ValueError, fragments, arr(), None, make())
 
@@ -628,8 +729,13 @@ def test_interleaved_refusals_never_change_later_plans(core, policy):
         rows = arr([ROWS[i] for i in rng.permutation(len(ROWS))[: rng.integers(1, 6)]])
         if rng.random() < 0.5:
             residents, count, reasons = bad_calls[rng.integers(len(bad_calls))](rows)
-            if isinstance(residents, np.ndarray) and residents.dtype == RESIDENT_DTYPE \
-                    and count is None and reasons is None and len(residents) == 0:
+            if (
+                isinstance(residents, np.ndarray)
+                and residents.dtype == RESIDENT_DTYPE
+                and count is None
+                and reasons is None
+                and len(residents) == 0
+            ):
                 continue
             with pytest.raises(ALLOWED):
                 planner.plan(residents, count, reasons)
@@ -647,17 +753,27 @@ def _with_bad_row(rows):
 # --- apply_to --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("make", "exc", "fragments"), [
-    (lambda core: None, TypeError, ("residents must be a list or tuple", "NoneType")),
-    (lambda core: iter(objects(core)), TypeError, ("residents must be a list or tuple",)),
-    (lambda core: arr().astype(RESIDENT_DTYPE.newbyteorder(">")), TypeError,
-     ("residents array has dtype",)),
-    (lambda core: arr().reshape(1, -1), ValueError, ("ndim=2",)),
-    (lambda core: arr()[:3], ValueError, ("len(residents)=3", "resident count 5")),
-    (lambda core: objects(core)[:2], ValueError, ("len(residents)=2", "resident count 5")),
-    (lambda core: objects(core)[:4] + [None], TypeError, ("residents[4] must be a ResidentState",)),
-    (lambda core: objects(foreign(core)), TypeError, ("residents[0] must be a ResidentState",)),
-])
+@pytest.mark.parametrize(
+    ("make", "exc", "fragments"),
+    [
+        (lambda core: None, TypeError, ("residents must be a list or tuple", "NoneType")),
+        (lambda core: iter(objects(core)), TypeError, ("residents must be a list or tuple",)),
+        (
+            lambda core: arr().astype(RESIDENT_DTYPE.newbyteorder(">")),
+            TypeError,
+            ("residents array has dtype",),
+        ),
+        (lambda core: arr().reshape(1, -1), ValueError, ("ndim=2",)),
+        (lambda core: arr()[:3], ValueError, ("len(residents)=3", "resident count 5")),
+        (lambda core: objects(core)[:2], ValueError, ("len(residents)=2", "resident count 5")),
+        (
+            lambda core: objects(core)[:4] + [None],
+            TypeError,
+            ("residents[4] must be a ResidentState",),
+        ),
+        (lambda core: objects(foreign(core)), TypeError, ("residents[0] must be a ResidentState",)),
+    ],
+)
 def test_apply_to_refuses(core, make, exc, fragments):
     planner = new_planner(core, "mixed_fcfs")
     plan = planner.plan(arr())
@@ -676,16 +792,18 @@ def test_apply_to_refuses_int32_overflow_and_writes_nothing(core, kind):
     target = arr(rows) if kind == "array" else objects(core, rows)
     plan = planner.plan(target)
     snapshot = _snapshot(target)
-    with pytest.raises(OverflowError, match=matching("residents[0].committed=2147483647", "+ 1",
-                                                     "int32")):
+    with pytest.raises(
+        OverflowError, match=matching("residents[0].committed=2147483647", "+ 1", "int32")
+    ):
         plan.apply_to(target)
     assert _snapshot(target) == snapshot  # resident 1's chunk was not committed either
 
 
 def test_apply_to_refuses_pause_counter_overflow(core):
     rows = [(0, 0, 20, 0, False, 0), (1, 1, 10, 12, True, 2**31 - 1)]
-    options = sp.SchedulingOptions(scheduling_policy=sp.SchedulingPolicy.PRIORITY,
-                                   preemption=sp.PreemptionMode.PAUSE)  # no max_pause_steps
+    options = sp.SchedulingOptions(
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY, preemption=sp.PreemptionMode.PAUSE
+    )  # no max_pause_steps
     planner = core.StepPlanner(sp.resolve_scheduling_policy(options, LIMITS), LIMITS)
     plan = planner.plan(arr(rows))
     assert list(plan.paused) == [1]
@@ -698,19 +816,22 @@ def test_apply_to_refuses_pause_counter_overflow(core):
 # --- ResidentState ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("field", "value", "exc"), [
-    ("priority", np.float64(1.0), TypeError),
-    ("priority", np.int64(2**40), OverflowError),
-    ("arrival", np.int8(-1), OverflowError),
-    ("arrival", 2**64, OverflowError),
-    ("prompt_length", fractions.Fraction(3), TypeError),
-    ("committed", decimal.Decimal(3), TypeError),
-    ("committed", b"3", TypeError),
-    ("consecutive_paused_steps", [1], TypeError),
-    ("context_committed", np.int64(2), TypeError),
-    ("context_committed", 1.0, TypeError),
-    ("context_committed", "", TypeError),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "exc"),
+    [
+        ("priority", np.float64(1.0), TypeError),
+        ("priority", np.int64(2**40), OverflowError),
+        ("arrival", np.int8(-1), OverflowError),
+        ("arrival", 2**64, OverflowError),
+        ("prompt_length", fractions.Fraction(3), TypeError),
+        ("committed", decimal.Decimal(3), TypeError),
+        ("committed", b"3", TypeError),
+        ("consecutive_paused_steps", [1], TypeError),
+        ("context_committed", np.int64(2), TypeError),
+        ("context_committed", 1.0, TypeError),
+        ("context_committed", "", TypeError),
+    ],
+)
 def test_resident_state_refuses_and_keeps_its_values(core, field, value, exc):
     with pytest.raises(exc, match=field):
         core.ResidentState(**{field: value})
@@ -720,11 +841,17 @@ def test_resident_state_refuses_and_keeps_its_values(core, field, value, exc):
     assert r._astuple() == ROWS[0]
 
 
-@pytest.mark.parametrize(("field", "value", "stored"), [
-    ("priority", np.int16(-3), -3), ("arrival", np.uint64(2**64 - 1), 2**64 - 1),
-    ("committed", True, 1), ("context_committed", np.bool_(True), True),
-    ("context_committed", np.uint8(1), True), ("context_committed", 0, False),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "stored"),
+    [
+        ("priority", np.int16(-3), -3),
+        ("arrival", np.uint64(2**64 - 1), 2**64 - 1),
+        ("committed", True, 1),
+        ("context_committed", np.bool_(True), True),
+        ("context_committed", np.uint8(1), True),
+        ("context_committed", 0, False),
+    ],
+)
 def test_resident_state_accepts_integer_likes(core, field, value, stored):
     r = core.ResidentState(**{field: value})
     assert getattr(r, field) == stored
@@ -761,42 +888,45 @@ def _ledger_state(ledger):
     return (ledger.to_records(), ledger.waiting_ids(), ledger.count, ledger.free_slots)
 
 
-@pytest.mark.parametrize(("method", "args", "exc"), [
-    ("submit", (1.5, 10), TypeError),
-    ("submit", (None, 10), TypeError),
-    ("submit", ("7", 10), TypeError),
-    ("submit", (2**64, 10), OverflowError),
-    ("submit", (np.float64(3), 10), TypeError),
-    ("submit", (300, 10.0), TypeError),
-    ("submit", (300, np.int64(2**40)), OverflowError),
-    ("submit", (300, -3), ValueError),
-    ("submit", (300, 10, 0.5), TypeError),
-    ("submit", (300, 10, "high"), TypeError),
-    ("submit", (200, 10), ValueError),  # waiting already
-    ("submit", (101, 10), ValueError),  # resident already
-    ("retire", ([101, "x"],), TypeError),
-    ("retire", ([101, 1.0],), TypeError),
-    ("retire", ([None],), TypeError),
-    ("retire", ([200],), ValueError),  # waiting, not resident
-    ("retire", ([2**70],), OverflowError),
-    ("retire", (5,), TypeError),
-    ("retire_rows", (np.array([0.0]),), TypeError),
-    ("retire_rows", (np.array([True]),), TypeError),
-    ("retire_rows", (np.array(["0"]),), TypeError),
-    ("retire_rows", ([4],), ValueError),
-    ("retire_rows", ([[0, 1], [1, 2]],), ValueError),
-    ("apply", (None,), TypeError),
-    ("apply", ({"sequences": []},), TypeError),
-    ("load", ([{"priority": 2**31}],), OverflowError),
-    ("load", ([{"arrival": -1}],), OverflowError),
-    ("load", ([{"context_committed": 2}],), TypeError),
-    ("load", ([{"committed": 1.5}],), TypeError),
-    ("load", ([{"request_id": "a"}],), TypeError),
-    ("load", ([{"request_id": 200}],), ValueError),  # clashes with a waiting id
-    ("load", ([{"arrival": 1}, {"arrival": 1}],), ValueError),
-    ("load", ([None],), TypeError),
-    ("load", ([{}] * (B + 1),), ValueError),
-])
+@pytest.mark.parametrize(
+    ("method", "args", "exc"),
+    [
+        ("submit", (1.5, 10), TypeError),
+        ("submit", (None, 10), TypeError),
+        ("submit", ("7", 10), TypeError),
+        ("submit", (2**64, 10), OverflowError),
+        ("submit", (np.float64(3), 10), TypeError),
+        ("submit", (300, 10.0), TypeError),
+        ("submit", (300, np.int64(2**40)), OverflowError),
+        ("submit", (300, -3), ValueError),
+        ("submit", (300, 10, 0.5), TypeError),
+        ("submit", (300, 10, "high"), TypeError),
+        ("submit", (200, 10), ValueError),  # waiting already
+        ("submit", (101, 10), ValueError),  # resident already
+        ("retire", ([101, "x"],), TypeError),
+        ("retire", ([101, 1.0],), TypeError),
+        ("retire", ([None],), TypeError),
+        ("retire", ([200],), ValueError),  # waiting, not resident
+        ("retire", ([2**70],), OverflowError),
+        ("retire", (5,), TypeError),
+        ("retire_rows", (np.array([0.0]),), TypeError),
+        ("retire_rows", (np.array([True]),), TypeError),
+        ("retire_rows", (np.array(["0"]),), TypeError),
+        ("retire_rows", ([4],), ValueError),
+        ("retire_rows", ([[0, 1], [1, 2]],), ValueError),
+        ("apply", (None,), TypeError),
+        ("apply", ({"sequences": []},), TypeError),
+        ("load", ([{"priority": 2**31}],), OverflowError),
+        ("load", ([{"arrival": -1}],), OverflowError),
+        ("load", ([{"context_committed": 2}],), TypeError),
+        ("load", ([{"committed": 1.5}],), TypeError),
+        ("load", ([{"request_id": "a"}],), TypeError),
+        ("load", ([{"request_id": 200}],), ValueError),  # clashes with a waiting id
+        ("load", ([{"arrival": 1}, {"arrival": 1}],), ValueError),
+        ("load", ([None],), TypeError),
+        ("load", ([{}] * (B + 1),), ValueError),
+    ],
+)
 def test_ledger_refuses_and_changes_nothing(method, args, exc):
     ledger = _ledger()
     before = _ledger_state(ledger)
@@ -856,8 +986,9 @@ def _cli(args, tmp_path, name, content):
 def _assert_clean_cli_error(result):
     """A one-line error and a non-zero exit: never a traceback out of the serving tool."""
     assert result.exit_code in (1, 2), (result.exit_code, result.output)
-    assert result.exception is None or isinstance(result.exception, SystemExit), \
-        repr(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     assert "Traceback" not in result.output
     assert "Error" in result.output
 
@@ -878,6 +1009,7 @@ def test_cli_replay_refuses_hostile_record_files(tmp_path, name):
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_cli_simulate_refuses_hostile_traces(tmp_path, name, suffix):
     content = HOSTILE_TRACES[name]
-    result = _cli(lambda p: ["simulate", "--trace", p, "--no-progress"], tmp_path,
-                  "trace" + suffix, content)
+    result = _cli(
+        lambda p: ["simulate", "--trace", p, "--no-progress"], tmp_path, "trace" + suffix, content
+    )
     _assert_clean_cli_error(result)

@@ -18,8 +18,18 @@ import pytest
 from stepplanner import SEQUENCE_DTYPE, StepPlannerLimits
 
 LIMITS = StepPlannerLimits(2, 64, 16)
-NAMES = ("positions", "cu_seqlens_q", "qo_indptr", "seq_lens_k", "slot_mapping", "block_table",
-         "kv_indptr", "kv_indices", "kv_last_page_len", "logits_indices")
+NAMES = (
+    "positions",
+    "cu_seqlens_q",
+    "qo_indptr",
+    "seq_lens_k",
+    "slot_mapping",
+    "block_table",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "logits_indices",
+)
 
 
 def rows(*items):
@@ -51,8 +61,12 @@ def run_snippet(kv, body: str, timeout: float = 120) -> subprocess.CompletedProc
         import stepplanner as sp
         import {kv.__name__} as kv
     """)
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(body)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_ran(result: subprocess.CompletedProcess, *expected: str) -> None:
@@ -78,16 +92,21 @@ def test_table_arrays_and_their_bases_cannot_be_written(kv, assert_unwritable):
     table.check()
 
 
-@pytest.mark.parametrize("attack", [
-    "t.page_counts.base[0] = 10**8",
-    "np.asarray(t.page_counts.base)[0] = 10**8",
-    "t.rows.base[0, 0] = 10**8",
-    "np.asarray(t.rows.base.base)[0] = 10**8",
-    "memoryview(t.rows.base.base).cast('B')[0] = 0x7F",
-])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "t.page_counts.base[0] = 10**8",
+        "np.asarray(t.page_counts.base)[0] = 10**8",
+        "t.rows.base[0, 0] = 10**8",
+        "np.asarray(t.rows.base.base)[0] = 10**8",
+        "memoryview(t.rows.base.base).cast('B')[0] = 0x7F",
+    ],
+)
 def test_writing_a_base_then_releasing_does_not_crash(kv, attack):
     # The crash this guards against: a page count of 10**8 written through .base, then release.
-    result = run_snippet(kv, f"""
+    result = run_snippet(
+        kv,
+        f"""
         t = kv.KVPageTable(2, 4, 8, 16)
         t.ensure(0, 17)
         try:
@@ -97,12 +116,15 @@ def test_writing_a_base_then_releasing_does_not_crash(kv, attack):
         t.release(0)
         t.check()
         print("released", t.num_free_pages, t.rows.tolist())
-    """)
+    """,
+    )
     assert_ran(result, "refused:", "released 8 [[-1, -1, -1, -1], [-1, -1, -1, -1]]")
 
 
 def test_a_page_id_written_through_a_base_never_reaches_slot_mapping(kv):
-    result = run_snippet(kv, """
+    result = run_snippet(
+        kv,
+        """
         lim = sp.StepPlannerLimits(2, 64, 16)
         t = kv.KVPageTable(2, 4, 8, 16)
         t.ensure(0, 17)
@@ -115,7 +137,8 @@ def test_a_page_id_written_through_a_base_never_reaches_slot_mapping(kv):
                 print("refused:", type(e).__name__)
         inp.prepare(plan)
         print("slots", inp.slot_mapping.tolist(), inp.block_table.tolist())
-    """)
+    """,
+    )
     assert_ran(result, "refused: ValueError", "slots [16] [[0, 1, -1, -1]]")
 
 
@@ -127,7 +150,8 @@ def test_buffers_of_the_inputs_are_not_the_table(kv):
         assert not any(np.shares_memory(buf, mine) for mine in held), name
     block = inputs.buffers()["block_table"]
     assert inputs.block_table.ctypes.data == (
-        block.ctypes.data + inputs.block_table_start * block.strides[0])
+        block.ctypes.data + inputs.block_table_start * block.strides[0]
+    )
     before = inputs.buffers()["slot_mapping"].ctypes.data
     inputs.prepare(rows((1, 1, 4, 1, True)))
     assert inputs.buffers()["slot_mapping"].ctypes.data == before
@@ -166,6 +190,7 @@ def test_messages_of_a_second_init_match(compiled_kv, reference_kv):
                 call()
             errors.append(str(info.value))
         return errors
+
     assert message(compiled_kv) == message(reference_kv)
 
 
@@ -213,6 +238,7 @@ def test_copy_messages_match(compiled_kv, reference_kv):
                     how(obj)
                 found.append(str(info.value))
         return found
+
     assert messages(compiled_kv) == messages(reference_kv)
 
 
@@ -222,7 +248,9 @@ def test_copy_messages_match(compiled_kv, reference_kv):
 def test_rows_changed_by_another_thread_are_refused_or_filled_whole(kv):
     # The crash this guards against: a row validated, then changed by another thread before the
     # fill read it again (a heap overflow of slot_mapping). Bounded: a few thousand calls.
-    result = run_snippet(kv, """
+    result = run_snippet(
+        kv,
+        """
         import threading
         B, P = 16, 16
         lim = sp.StepPlannerLimits(max_batch_size=B, max_input_length=1024, kv_page_size=P)
@@ -252,7 +280,8 @@ def test_rows_changed_by_another_thread_are_refused_or_filled_whole(kv):
         stop = True
         th.join()
         print("calls", ok + refused, "bad", bad)
-    """)
+    """,
+    )
     assert_ran(result, "bad 0")
 
 
@@ -276,11 +305,11 @@ def written_then_invalidated(kv):
     expected, before = inputs.block_table.tolist(), snapshot(table)
     for buf in inputs.buffers().values():
         scribble(buf, 7)
-    assert snapshot(table) == before           # the table never shares memory with them
+    assert snapshot(table) == before  # the table never shares memory with them
     table.check()
     inputs.invalidate()
     assert inputs.buffers()["block_table"].tolist() == [[7] * 4] * 4  # nothing until prepare
-    inputs.prepare(both)                       # the same rows in the same slots as before
+    inputs.prepare(both)  # the same rows in the same slots as before
     assert inputs.block_table.tolist() == expected
     seen = [getattr(inputs, name).tolist() for name in NAMES]
     for buf in inputs.buffers().values():
@@ -311,11 +340,12 @@ def test_no_referent_of_the_compiled_objects_is_writable_memory(compiled_kv, ass
     found = 0
     for obj in (table, inputs):
         for ref in gc.get_referents(obj):
-            for item in (ref.values() if isinstance(ref, dict) else [ref]):
+            for item in ref.values() if isinstance(ref, dict) else [ref]:
                 if isinstance(item, np.ndarray):
                     found += 1
                     assert_unwritable(item, compiled=True)
-                elif not isinstance(item, (type(None), type, str, int, StepPlannerLimits,
-                                           compiled_kv.KVPageTable)):
+                elif not isinstance(
+                    item, (type(None), type, str, int, StepPlannerLimits, compiled_kv.KVPageTable)
+                ):
                     assert memoryview(item).readonly, type(item)
     assert found >= 4

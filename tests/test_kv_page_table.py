@@ -17,8 +17,8 @@ def test_fresh_table_hands_out_pages_in_order(kv):
     table = kv.KVPageTable(3, 4, 10, 16)
     assert table.rows.shape == (3, 4) and table.rows.dtype == np.int32
     assert (table.rows == -1).all() and table.num_free_pages == 10
-    assert table.ensure(0, 33)        # 3 pages
-    assert table.ensure(2, 1)         # 1 page
+    assert table.ensure(0, 33)  # 3 pages
+    assert table.ensure(2, 1)  # 1 page
     assert table.rows.tolist() == [[0, 1, 2, -1], [-1] * 4, [3, -1, -1, -1]]
     assert table.page_counts.tolist() == [3, 0, 1]
     assert table.num_free_pages == 6
@@ -29,23 +29,23 @@ def test_fresh_table_hands_out_pages_in_order(kv):
 def test_ensure_grows_only_what_is_missing_and_never_shrinks(kv):
     table = kv.KVPageTable(2, 8, 8, 4)
     assert table.ensure(0, 4)
-    assert table.ensure(0, 9)          # 1 page -> 3 pages, the first one kept
+    assert table.ensure(0, 9)  # 1 page -> 3 pages, the first one kept
     assert table.rows[0, :3].tolist() == [0, 1, 2]
-    assert table.ensure(0, 2)          # fewer tokens than held: nothing changes
+    assert table.ensure(0, 2)  # fewer tokens than held: nothing changes
     assert table.page_counts[0] == 3
-    assert table.ensure(1, 0)          # zero tokens need zero pages
+    assert table.ensure(1, 0)  # zero tokens need zero pages
     assert table.page_counts[1] == 0
     table.check()
 
 
 def test_ensure_is_all_or_nothing_when_the_pool_is_short(kv):
     table = kv.KVPageTable(2, 8, 5, 4)
-    assert table.ensure(0, 12)         # 3 of 5 pages
+    assert table.ensure(0, 12)  # 3 of 5 pages
     before = state(table)
     assert table.ensure(1, 12) is False  # needs 3, 2 are free
     after = state(table)
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
-    assert table.ensure(1, 8) is True   # exactly the 2 that are free
+    assert table.ensure(1, 8) is True  # exactly the 2 that are free
     assert table.num_free_pages == 0
     assert table.ensure(0, 12) is True  # already held: True even with an empty pool
     table.check()
@@ -57,9 +57,9 @@ def test_release_returns_pages_and_they_come_back_in_order(kv):
     table.ensure(1, 2)
     table.release(0)
     assert table.rows[0].tolist() == [-1] * 4 and table.num_free_pages == 5
-    table.ensure(1, 8)                  # grows by 3: the released pages, first page first
+    table.ensure(1, 8)  # grows by 3: the released pages, first page first
     assert table.rows[1].tolist() == [3, 0, 1, 2]
-    table.release(0)                    # releasing an empty slot is a no-op
+    table.release(0)  # releasing an empty slot is a no-op
     table.check()
 
 
@@ -68,12 +68,12 @@ def test_move_is_the_ledgers_swap_remove(kv):
     for slot, tokens in enumerate((5, 9, 13)):
         table.ensure(slot, tokens)
     last = table.rows[2].tolist()
-    table.release(0)                    # retire row 0 ...
-    table.move(2, 0)                    # ... and the last row moves into it
+    table.release(0)  # retire row 0 ...
+    table.move(2, 0)  # ... and the last row moves into it
     assert table.rows[0].tolist() == last
     assert table.rows[2].tolist() == [-1] * 4
     assert table.page_counts.tolist() == [4, 3, 0]
-    table.move(1, 1)                    # onto itself: nothing to do
+    table.move(1, 1)  # onto itself: nothing to do
     assert table.page_counts[1] == 3
     table.check()
 
@@ -94,7 +94,7 @@ def test_rows_is_a_read_only_zero_copy_view(kv):
     with pytest.raises(ValueError):
         view[0, 0] = 5
     table.ensure(1, 4)
-    assert view[1, 0] == 0              # the same memory, seen after the update
+    assert view[1, 0] == 0  # the same memory, seen after the update
     assert not table.page_counts.flags.writeable
 
 
@@ -126,9 +126,12 @@ def test_constructor_types(kv):
         (lambda t: t.ensure(3, 1), ValueError, r"slot=3 is out of range; allowed: 0\.\.2"),
         (lambda t: t.ensure(-1, 1), ValueError, "slot=-1 is out of range"),
         (lambda t: t.ensure(0, -1), ValueError, "num_tokens=-1 is out of range; allowed: >= 0"),
-        (lambda t: t.ensure(0, 17), ValueError,
-         r"num_tokens=17 needs more than max_pages_per_sequence=4 pages of 4 tokens; "
-         r"allowed: 0\.\.16"),
+        (
+            lambda t: t.ensure(0, 17),
+            ValueError,
+            r"num_tokens=17 needs more than max_pages_per_sequence=4 pages of 4 tokens; "
+            r"allowed: 0\.\.16",
+        ),
         (lambda t: t.ensure(0, "3"), TypeError, "num_tokens must be an integer, got str"),
         (lambda t: t.release(5), ValueError, "slot=5 is out of range"),
         (lambda t: t.move(0, 3), ValueError, "dst=3 is out of range"),
@@ -152,6 +155,7 @@ def test_numpy_integers_are_accepted(kv):
 
 
 # --- the invariant check, over hand-broken storage ------------------------------------------
+
 
 def good():
     rows = np.array([[0, 1, -1], [2, -1, -1]], dtype=np.int32)
@@ -190,19 +194,25 @@ def test_check_finds_a_lost_page():
 
 # --- worst-case reservation -------------------------------------------------------------------
 
-@pytest.mark.parametrize(("prompt", "new", "page", "pages"),
-                         [(1, 0, 16, 1), (16, 0, 16, 1), (16, 1, 16, 2), (100, 28, 64, 2),
-                          (100, 29, 64, 3)])
+
+@pytest.mark.parametrize(
+    ("prompt", "new", "page", "pages"),
+    [(1, 0, 16, 1), (16, 0, 16, 1), (16, 1, 16, 2), (100, 28, 64, 2), (100, 29, 64, 3)],
+)
 def test_worst_case_pages(prompt, new, page, pages):
     assert worst_case_pages(prompt, new, page) == pages
 
 
-@pytest.mark.parametrize(("args", "error", "message"),
-                         [((0, 1, 16), ValueError, "prompt_length=0 is out of range"),
-                          ((1, -1, 16), ValueError, "max_new_tokens=-1 is out of range"),
-                          ((1, 1, 0), ValueError, "kv_page_size=0 is out of range"),
-                          ((2**31 - 1, 1, 16), ValueError, "prompt_length \\+ max_new_tokens"),
-                          ((1.5, 1, 16), TypeError, "prompt_length must be an integer")])
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        ((0, 1, 16), ValueError, "prompt_length=0 is out of range"),
+        ((1, -1, 16), ValueError, "max_new_tokens=-1 is out of range"),
+        ((1, 1, 0), ValueError, "kv_page_size=0 is out of range"),
+        ((2**31 - 1, 1, 16), ValueError, "prompt_length \\+ max_new_tokens"),
+        ((1.5, 1, 16), TypeError, "prompt_length must be an integer"),
+    ],
+)
 def test_worst_case_pages_errors(args, error, message):
     with pytest.raises(error, match=message):
         worst_case_pages(*args)
@@ -210,9 +220,11 @@ def test_worst_case_pages_errors(args, error, message):
 
 # --- the page table's side of the ledger's swap-remove --------------------------------------
 
+
 @pytest.mark.parametrize("retired", [[0], [4], [1, 3], [3, 1, 0], [0, 1, 2, 3, 4], []])
 def test_release_rows_keeps_slots_equal_to_ledger_rows(kv, retired):
     from stepplanner import Ledger, StepPlannerLimits, release_rows
+
     ledger = Ledger(StepPlannerLimits(6, 32, 4))
     table = kv.KVPageTable(6, 8, 48, 4)
     for rid in range(5):
@@ -220,23 +232,28 @@ def test_release_rows_keeps_slots_equal_to_ledger_rows(kv, retired):
     ledger.admit()
     pages_of = {}
     for row, rid in enumerate(ledger.request_ids.tolist()):
-        table.ensure(row, 4 * (row + 1))                 # each request its own page count
+        table.ensure(row, 4 * (row + 1))  # each request its own page count
         pages_of[rid] = table.rows[row].tolist()
     release_rows(table, retired, ledger.count)
     ledger.retire_rows(retired)
     for row, rid in enumerate(ledger.request_ids.tolist()):
         assert table.rows[row].tolist() == pages_of[rid]
-    assert (table.rows[ledger.count:] == -1).all()
+    assert (table.rows[ledger.count :] == -1).all()
     table.check()
 
 
-@pytest.mark.parametrize(("rows", "count", "error", "message"),
-                         [([3], 3, ValueError, r"rows=3 is out of range; allowed: 0\.\.2"),
-                          ([1, 1], 3, ValueError, "repeat a row"),
-                          ([0], 7, ValueError, r"count=7 is out of range; allowed: 0\.\.6"),
-                          (["0"], 3, TypeError, "rows must be an integer")])
+@pytest.mark.parametrize(
+    ("rows", "count", "error", "message"),
+    [
+        ([3], 3, ValueError, r"rows=3 is out of range; allowed: 0\.\.2"),
+        ([1, 1], 3, ValueError, "repeat a row"),
+        ([0], 7, ValueError, r"count=7 is out of range; allowed: 0\.\.6"),
+        (["0"], 3, TypeError, "rows must be an integer"),
+    ],
+)
 def test_release_rows_errors_change_nothing(kv, rows, count, error, message):
     from stepplanner import release_rows
+
     table = kv.KVPageTable(6, 8, 48, 4)
     for slot in range(3):
         table.ensure(slot, 4)
@@ -254,7 +271,11 @@ def test_a_table_too_large_to_hold_is_a_clear_memory_error(kv):
     import sys
     import textwrap
 
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import importlib, resource
         kv = importlib.import_module("{kv.__name__}")
         resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, resource.RLIM_INFINITY))
@@ -262,8 +283,14 @@ def test_a_table_too_large_to_hold_is_a_clear_memory_error(kv):
             kv.KVPageTable(2**16, 2**15 - 1, 8, 16)
         except MemoryError as exc:
             print("MemoryError", exc)
-    """)], capture_output=True, text=True, timeout=120)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(
         "MemoryError KVPageTable(max_batch_size=65536, max_pages_per_sequence=32767, "
-        "num_pages=8) needs"), proc.stdout
+        "num_pages=8) needs"
+    ), proc.stdout

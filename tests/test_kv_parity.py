@@ -20,8 +20,18 @@ from stepplanner.kv._buffers import LAYOUTS, layout_arrays
 BASE = settings().max_examples
 PARITY = settings(max_examples=4 * BASE)
 
-NAMES = ("positions", "cu_seqlens_q", "qo_indptr", "seq_lens_k", "slot_mapping", "block_table",
-         "kv_indptr", "kv_indices", "kv_last_page_len", "logits_indices")
+NAMES = (
+    "positions",
+    "cu_seqlens_q",
+    "qo_indptr",
+    "seq_lens_k",
+    "slot_mapping",
+    "block_table",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "logits_indices",
+)
 
 
 def attempt(call: Any) -> tuple[Any, ...]:
@@ -44,8 +54,7 @@ def window_state(inputs: Any) -> tuple[Any, ...]:
     """Where block_table starts in its buffer, and the whole buffer: the rows outside this
     step's window are what earlier steps left there, and both twins must leave the same."""
     buffer = inputs.buffers().get("block_table")
-    return (attempt(lambda: inputs.block_table_start),
-            None if buffer is None else buffer.tolist())
+    return (attempt(lambda: inputs.block_table_start), None if buffer is None else buffer.tolist())
 
 
 @st.composite
@@ -58,7 +67,7 @@ def shapes(draw: Any) -> tuple[int, int, int, int]:
 
 
 def operations(b: int, m: int, p: int) -> Any:
-    slot = st.integers(-1, b)   # one past either end: the range errors
+    slot = st.integers(-1, b)  # one past either end: the range errors
     tokens = st.integers(-1, m * p + 1)
     return st.lists(
         st.one_of(
@@ -72,24 +81,26 @@ def operations(b: int, m: int, p: int) -> Any:
 
 def plan_row(b: int, m: int, p: int) -> Any:
     return st.tuples(
-        st.integers(-1, b),                 # resident
-        st.integers(0, 1),                  # work (not read)
-        st.integers(-1, m * p),             # past_length
-        st.integers(0, 2 * p + 1),          # query_length
-        st.booleans(),                      # select_last_token_logits
+        st.integers(-1, b),  # resident
+        st.integers(0, 1),  # work (not read)
+        st.integers(-1, m * p),  # past_length
+        st.integers(0, 2 * p + 1),  # query_length
+        st.booleans(),  # select_last_token_logits
     )
 
 
 @PARITY
 @given(data=st.data(), shape=shapes())
-def test_page_table_and_inputs_agree(compiled_kv: Any, reference_kv: Any, data: Any,
-                                     shape: tuple[int, int, int, int]) -> None:
+def test_page_table_and_inputs_agree(
+    compiled_kv: Any, reference_kv: Any, data: Any, shape: tuple[int, int, int, int]
+) -> None:
     b, m, n, p = shape
     tables = [mod.KVPageTable(b, m, n, p) for mod in (reference_kv, compiled_kv)]
     limits = StepPlannerLimits(b, data.draw(st.integers(1, 2 * p + 2)), p)
     layout = data.draw(st.sampled_from(LAYOUTS))
-    inputs = [mod.StepInputs(limits, t, layout)
-              for mod, t in zip((reference_kv, compiled_kv), tables)]
+    inputs = [
+        mod.StepInputs(limits, t, layout) for mod, t in zip((reference_kv, compiled_kv), tables)
+    ]
     for op in data.draw(operations(b, m, p)):
         name, *args = op
         got = [attempt(lambda t=t, name=name, args=args: getattr(t, name)(*args)) for t in tables]
@@ -116,7 +127,7 @@ def valid_steps(draw: Any) -> tuple[Any, ...]:
     held = draw(st.lists(st.integers(0, m * p), min_size=b, max_size=b))
     order = draw(st.permutations(range(b)))
     rows = []
-    for slot in order[:draw(st.integers(0, b))]:
+    for slot in order[: draw(st.integers(0, b))]:
         end = draw(st.integers(0, held[slot]))
         if end == 0:
             continue
@@ -131,7 +142,7 @@ def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any,
     (b, m, n, p), held, rows, layout = step
     states = []
     for mod, kind in [(reference_kv, layout), (compiled_kv, layout), (compiled_kv, "all")]:
-        table = mod.KVPageTable(b, m, b * m, p)   # a pool that always suffices
+        table = mod.KVPageTable(b, m, b * m, p)  # a pool that always suffices
         for slot, tokens in enumerate(held):
             assert table.ensure(slot, tokens)
         limits = StepPlannerLimits(b, m * p, p)
@@ -150,9 +161,10 @@ def test_valid_steps_agree(compiled_kv: Any, reference_kv: Any, step: tuple[Any,
     for i, (_, _, past, query, _) in enumerate(rows):
         start, stop = got["cu_seqlens_q"][i], got["cu_seqlens_q"][i + 1]
         assert got["positions"][start:stop] == list(range(past, past + query))
-        pages = got["kv_indices"][got["kv_indptr"][i]:got["kv_indptr"][i + 1]]
+        pages = got["kv_indices"][got["kv_indptr"][i] : got["kv_indptr"][i + 1]]
         assert [s // p for s in got["slot_mapping"][start:stop]] == [
-            pages[pos // p] for pos in range(past, past + query)]
+            pages[pos // p] for pos in range(past, past + query)
+        ]
 
 
 @st.composite
@@ -164,8 +176,9 @@ def step_sequences(draw: Any) -> tuple[Any, ...]:
     steps = []
     order = list(range(b))
     for _ in range(draw(st.integers(1, 8))):
-        action = draw(st.sampled_from(["keep", "front", "drop", "append", "shuffle", "renew",
-                                       "invalidate"]))
+        action = draw(
+            st.sampled_from(["keep", "front", "drop", "append", "shuffle", "renew", "invalidate"])
+        )
         if action == "front" and order:
             order = order[-1:] + order[:-1]
         elif action == "drop" and order:
@@ -186,8 +199,9 @@ def step_sequences(draw: Any) -> tuple[Any, ...]:
 
 @PARITY
 @given(step_sequences())
-def test_block_table_windows_agree_over_steps(compiled_kv: Any, reference_kv: Any,
-                                              case: tuple[Any, ...]) -> None:
+def test_block_table_windows_agree_over_steps(
+    compiled_kv: Any, reference_kv: Any, case: tuple[Any, ...]
+) -> None:
     (b, m, p), steps, layout = case
     twins = []
     for mod in (reference_kv, compiled_kv):
@@ -198,7 +212,7 @@ def test_block_table_windows_agree_over_steps(compiled_kv: Any, reference_kv: An
     for action, renew, rows in steps:
         plan = np.array(rows, dtype=SEQUENCE_DTYPE)
         for table, inputs in twins:
-            if renew is not None:           # the slot's pages change other than by growth
+            if renew is not None:  # the slot's pages change other than by growth
                 table.release(renew)
                 assert table.ensure(renew, m * p)
             if action == "invalidate":

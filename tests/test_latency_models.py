@@ -23,8 +23,9 @@ from stepplanner.sim.latency_models import (
 )
 
 
-def _timings(model: LatencyModel, steps: int = 400, noise: float = 0.0,
-             seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _timings(
+    model: LatencyModel, steps: int = 400, noise: float = 0.0, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(1, 4096, steps).astype(np.float64)
     context = tokens + rng.integers(0, 500_000, steps)
@@ -60,8 +61,10 @@ def test_calibration_keeps_coefficients_non_negative() -> None:
     tokens = np.array([100.0, 200.0, 400.0, 800.0, 1600.0])
     context = np.array([1000.0, 500.0, 4000.0, 900.0, 30000.0])
     seconds = 1e-5 * tokens + 1e-8 * context - 1e-4
-    assert np.linalg.lstsq(np.column_stack([np.ones(5), tokens, context]), seconds,
-                           rcond=None)[0][0] < 0
+    assert (
+        np.linalg.lstsq(np.column_stack([np.ones(5), tokens, context]), seconds, rcond=None)[0][0]
+        < 0
+    )
     fit = fit_latency(tokens, context, seconds)
     assert fit.model.a == 0.0 and fit.model.b > 0 and fit.model.c >= 0
     assert fit.r2 > 0.99
@@ -98,30 +101,49 @@ def test_columns_beyond_what_the_fit_can_square_are_named(terms: str | None) -> 
     # through the CLI; with default terms the message blamed tokens and context for not
     # varying independently
     tokens = np.array([1.0, 2.0, 3.0, 5.0]) * 1e155
-    timings = StepTimings(np.array([0.1, 0.2, 0.3, 0.5]), tokens,
-                          tokens * np.array([1.0, 3.0, 2.0, 4.0]))
-    column = {None: "tokens (the column of b)", "cd": "context (the column of c)",
-              "bd": "tokens (the column of b)", "bcd": "tokens (the column of b)",
-              "d": "tokens x context (the column of d)",
-              "ad": "tokens x context (the column of d)"}[terms]
+    timings = StepTimings(
+        np.array([0.1, 0.2, 0.3, 0.5]), tokens, tokens * np.array([1.0, 3.0, 2.0, 4.0])
+    )
+    column = {
+        None: "tokens (the column of b)",
+        "cd": "context (the column of c)",
+        "bd": "tokens (the column of b)",
+        "bcd": "tokens (the column of b)",
+        "d": "tokens x context (the column of d)",
+        "ad": "tokens x context (the column of d)",
+    }[terms]
     value = "overflows float64" if "tokens x context" in column else "is 1e+155"
-    with pytest.raises(ValueError, match=re.escape(
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             f"timings data row 1: {column} {value}; allowed: at most {FIT_LIMIT:g} (the "
-            "least-squares fit squares every column)")):
+            "least-squares fit squares every column)"
+        ),
+    ):
         fit_step_latency(timings, terms=terms)
     # at the limit the fit still runs and reports numbers
-    small = StepTimings(np.array([0.1, 0.2, 0.3, 0.5]), np.array([1.0, 2.0, 3.0, 5.0]) * 1e70,
-                        np.array([1.0, 6.0, 6.0, 20.0]) * 1e70)
+    small = StepTimings(
+        np.array([0.1, 0.2, 0.3, 0.5]),
+        np.array([1.0, 2.0, 3.0, 5.0]) * 1e70,
+        np.array([1.0, 6.0, 6.0, 20.0]) * 1e70,
+    )
     fit = fit_step_latency(small)
     assert all(np.isfinite([fit.r2, fit.median_relative_error, fit.worst_relative_error]))
 
 
 def test_seconds_too_small_to_divide_by_are_named() -> None:
-    timings = StepTimings(np.array([5e-324, 0.2, 0.3, 0.5]), np.array([1.0, 2.0, 3.0, 5.0]),
-                          np.array([1.0, 6.0, 6.0, 20.0]))
-    with pytest.raises(ValueError, match=re.escape(
+    timings = StepTimings(
+        np.array([5e-324, 0.2, 0.3, 0.5]),
+        np.array([1.0, 2.0, 3.0, 5.0]),
+        np.array([1.0, 6.0, 6.0, 20.0]),
+    )
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
             "timings data row 1: seconds=5e-324 is too small to divide by: the fit's relative "
-            "error there is not a finite number; allowed: seconds a measured step takes")):
+            "error there is not a finite number; allowed: seconds a measured step takes"
+        ),
+    ):
         fit_step_latency(timings)
 
 
@@ -129,8 +151,10 @@ def test_read_timings_and_round_trip(tmp_path: pathlib.Path) -> None:
     truth = LatencyModel(2e-3, 1e-5, 2e-8, "truth")
     tokens, context, seconds = _timings(truth, steps=20)
     path = tmp_path / "timings.csv"
-    rows = "\n".join(f"{i},{t:.0f},{c:.0f},{float(s)!r}" for i, (t, c, s)
-                     in enumerate(zip(tokens, context, seconds)))
+    rows = "\n".join(
+        f"{i},{t:.0f},{c:.0f},{float(s)!r}"
+        for i, (t, c, s) in enumerate(zip(tokens, context, seconds))
+    )
     path.write_text("step,tokens,context,seconds\n" + rows + "\n")
     got = read_timings(path)
     assert np.allclose(got[2], seconds)
@@ -140,8 +164,12 @@ def test_read_timings_and_round_trip(tmp_path: pathlib.Path) -> None:
     data = json.loads(out.read_text())
     assert data["format"] == "stepplanner-latency/1" and data["fit"]["rows"] == 20
     loaded = load_latency_model(str(out))
-    assert (loaded.a, loaded.b, loaded.c, loaded.name) == (fit.model.a, fit.model.b,
-                                                          fit.model.c, "mine")
+    assert (loaded.a, loaded.b, loaded.c, loaded.name) == (
+        fit.model.a,
+        fit.model.b,
+        fit.model.c,
+        "mine",
+    )
 
 
 @pytest.mark.parametrize(
@@ -160,8 +188,7 @@ def test_read_timings_and_round_trip(tmp_path: pathlib.Path) -> None:
         ("tokens,context,seconds\n1,2,\n", "line 2: column 'seconds': '' is not a number"),
     ],
 )
-def test_bad_timings_name_row_and_column(tmp_path: pathlib.Path, body: str,
-                                         fragment: str) -> None:
+def test_bad_timings_name_row_and_column(tmp_path: pathlib.Path, body: str, fragment: str) -> None:
     path = tmp_path / "t.csv"
     path.write_text(body)
     with pytest.raises(ValueError, match=fragment) as info:
@@ -179,19 +206,24 @@ def test_presets() -> None:
     # Physical sanity: the H200 streams faster than the H100; BF16 on an A100 is slower.
     h100, h200 = PRESETS["llama-3.1-8b-fp8-h100"], PRESETS["llama-3.1-8b-fp8-h200"]
     assert h200.a < h100.a and h200.c < h100.c and h200.b == pytest.approx(h100.b)
-    assert PRESETS["llama-3.1-8b-bf16-a100"].step_seconds(512, 100_000) > \
-        h100.step_seconds(512, 100_000)
+    assert PRESETS["llama-3.1-8b-bf16-a100"].step_seconds(512, 100_000) > h100.step_seconds(
+        512, 100_000
+    )
 
 
-@pytest.mark.parametrize("content, fragment", [
-    (None, "neither a preset nor a file"),
-    ("{not json", "cannot be read as JSON"),
-    ('{"a": 1, "b": 1, "c": 1}', "format"),
-    ('{"format": "stepplanner-latency/1", "a": 1, "b": 1}', "missing c"),
-    ('{"format": "stepplanner-latency/1", "a": -1, "b": 1, "c": 1}', "out of range"),
-])
-def test_load_latency_model_errors(tmp_path: pathlib.Path, content: str | None,
-                                   fragment: str) -> None:
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "neither a preset nor a file"),
+        ("{not json", "cannot be read as JSON"),
+        ('{"a": 1, "b": 1, "c": 1}', "format"),
+        ('{"format": "stepplanner-latency/1", "a": 1, "b": 1}', "missing c"),
+        ('{"format": "stepplanner-latency/1", "a": -1, "b": 1, "c": 1}', "out of range"),
+    ],
+)
+def test_load_latency_model_errors(
+    tmp_path: pathlib.Path, content: str | None, fragment: str
+) -> None:
     path = tmp_path / "m.json"
     if content is not None:
         path.write_text(content)
@@ -223,8 +255,16 @@ def test_fit_latency_clamps_a_negative_slope_to_zero() -> None:
 
 # --- the timings contract (issue 21): every column a runtime writes per step -----------------
 
-CONTRACT = ("seconds", "tokens", "context", "rows", "decode_rows", "prefill_tokens",
-            "prefill_context", "attention")
+CONTRACT = (
+    "seconds",
+    "tokens",
+    "context",
+    "rows",
+    "decode_rows",
+    "prefill_tokens",
+    "prefill_context",
+    "attention",
+)
 
 
 def _steps(model: LatencyModel, steps: int = 300, seed: int = 3) -> list[dict[str, float]]:
@@ -232,25 +272,37 @@ def _steps(model: LatencyModel, steps: int = 300, seed: int = 3) -> list[dict[st
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(steps):
-        chunks = [(int(rng.integers(0, 512)), int(rng.integers(1, 256)))
-                  for _ in range(int(rng.integers(0, 3)))]
+        chunks = [
+            (int(rng.integers(0, 512)), int(rng.integers(1, 256)))
+            for _ in range(int(rng.integers(0, 3)))
+        ]
         decodes = [(int(rng.integers(1, 2048)), 1) for _ in range(int(rng.integers(0, 9)))]
         rows = chunks + decodes or [(0, 7)]
         tokens = sum(q for _, q in rows)
         context = sum(p + q for p, q in rows)
         attention = sum(q * (p + q) for p, q in rows)
-        out.append({"seconds": model.step_seconds(tokens, context, len(rows), attention),
-                    "tokens": tokens, "context": context, "rows": len(rows),
-                    "decode_rows": len(decodes), "prefill_tokens": sum(q for _, q in chunks),
-                    "prefill_context": sum(p + q for p, q in chunks), "attention": attention})
+        out.append(
+            {
+                "seconds": model.step_seconds(tokens, context, len(rows), attention),
+                "tokens": tokens,
+                "context": context,
+                "rows": len(rows),
+                "decode_rows": len(decodes),
+                "prefill_tokens": sum(q for _, q in chunks),
+                "prefill_context": sum(p + q for p, q in chunks),
+                "attention": attention,
+            }
+        )
     return out
 
 
-def _write(path: pathlib.Path, steps: list[dict[str, float]], columns: tuple[str, ...],
-           extra: str = "") -> None:
+def _write(
+    path: pathlib.Path, steps: list[dict[str, float]], columns: tuple[str, ...], extra: str = ""
+) -> None:
     head = ",".join(columns) + ("," + extra if extra else "")
-    body = "\n".join(",".join(repr(s[c]) for c in columns) + ("," + "x" if extra else "")
-                     for s in steps)
+    body = "\n".join(
+        ",".join(repr(s[c]) for c in columns) + ("," + "x" if extra else "") for s in steps
+    )
     path.write_text(head + "\n" + body + "\n")
 
 
@@ -281,8 +333,11 @@ def test_old_three_column_timings_still_calibrate(tmp_path: pathlib.Path) -> Non
     assert fit.terms == "abcd"  # tokens x context needs no further column
     assert (fit.model.a, fit.model.b, fit.model.c) == pytest.approx((truth.a, truth.b, truth.c))
     assert fit.model.d == pytest.approx(0.0, abs=1e-15)
-    with pytest.raises(ValueError, match=r"terms='abcf' needs column\(s\) rows, which the "
-                                         r"timings lack"):
+    with pytest.raises(
+        ValueError,
+        match=r"terms='abcf' needs column\(s\) rows, which the "
+        r"timings lack",
+    ):
         fit_step_latency(timings, terms="abcf")
     with pytest.raises(ValueError, match="terms='abz' is not known; allowed: letters of abcdef"):
         fit_step_latency(timings, terms="abz")
@@ -298,16 +353,23 @@ def test_a_term_the_timings_cannot_tell_apart_is_left_at_zero(tmp_path: pathlib.
     assert fit.model.b == pytest.approx(2e-4, rel=1e-6)
 
 
-@pytest.mark.parametrize("row, fragment", [
-    ("0.01,4,10,2,3,0,0,10", "line 2: column 'decode_rows'='3' exceeds column 'rows'='2'; "
-                             "allowed: decode_rows <= rows"),
-    ("0.01,4,10,2,2,5,5,10", "column 'prefill_tokens'='5' exceeds column 'tokens'='4'"),
-    ("0.01,4,3,2,2,0,0,10", "column 'tokens'='4' exceeds column 'context'='3'"),
-    ("0.01,4,10,2,2,0,0,x", "line 2: column 'attention': 'x' is not a number"),
-    ("0.01,4,10,-2,2,0,0,10", "line 2: column 'rows': '-2' is out of range"),
-])
-def test_inconsistent_contract_rows_name_line_and_columns(tmp_path: pathlib.Path, row: str,
-                                                          fragment: str) -> None:
+@pytest.mark.parametrize(
+    "row, fragment",
+    [
+        (
+            "0.01,4,10,2,3,0,0,10",
+            "line 2: column 'decode_rows'='3' exceeds column 'rows'='2'; "
+            "allowed: decode_rows <= rows",
+        ),
+        ("0.01,4,10,2,2,5,5,10", "column 'prefill_tokens'='5' exceeds column 'tokens'='4'"),
+        ("0.01,4,3,2,2,0,0,10", "column 'tokens'='4' exceeds column 'context'='3'"),
+        ("0.01,4,10,2,2,0,0,x", "line 2: column 'attention': 'x' is not a number"),
+        ("0.01,4,10,-2,2,0,0,10", "line 2: column 'rows': '-2' is out of range"),
+    ],
+)
+def test_inconsistent_contract_rows_name_line_and_columns(
+    tmp_path: pathlib.Path, row: str, fragment: str
+) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(",".join(CONTRACT) + "\n" + row + "\n")
     with pytest.raises(ValueError, match=re.escape(fragment)):
@@ -320,8 +382,9 @@ def test_model_files_carry_the_new_terms_and_old_files_mean_zero(tmp_path: pathl
     save_latency_model(model, path)
     assert load_latency_model(str(path)) == model
     old = tmp_path / "old.json"
-    old.write_text('{"format": "stepplanner-latency/1", "name": "old", "a": 1e-3, "b": 2e-5, '
-                   '"c": 3e-8}')
+    old.write_text(
+        '{"format": "stepplanner-latency/1", "name": "old", "a": 1e-3, "b": 2e-5, "c": 3e-8}'
+    )
     assert load_latency_model(str(old)) == LatencyModel(1e-3, 2e-5, 3e-8, "old")
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "stepplanner-latency/1", "a": 1, "b": 1, "c": 1, "f": -1}')
@@ -338,7 +401,10 @@ def test_the_simulator_prices_each_step_with_every_term() -> None:
     workload = Workload(np.zeros(1), np.array([40]), np.array([3]), np.zeros(1, dtype=np.int32))
     model = LatencyModel(1e-3, 1e-5, 1e-6, "m", d=1e-7, e=1e-8, f=1e-4)
     result = simulate(workload, StepPlannerLimits(4, 64, 8), latency=model)
-    expected = [model.step_seconds(40, 40, 1, 40 * 40), model.step_seconds(1, 41, 1, 41),
-                model.step_seconds(1, 42, 1, 42)]
+    expected = [
+        model.step_seconds(40, 40, 1, 40 * 40),
+        model.step_seconds(1, 41, 1, 41),
+        model.step_seconds(1, 42, 1, 42),
+    ]
     assert result.steps["seconds"].tolist() == pytest.approx(expected, rel=1e-12)
     assert result.finish_time[0] == pytest.approx(sum(expected), rel=1e-12)

@@ -24,19 +24,30 @@ PACKAGE = pathlib.Path(stepplanner.__file__).parent
 # is _errors/_select, planner (what the kernel shares), the kernel (_core, its twin _core_py, and
 # core, which picks one), kv, ledger; everything from sim on is offline.
 LAYERS = {
-    "_errors": 0, "_select": 0,
+    "_errors": 0,
+    "_select": 0,
     "planner": 1,
-    "_core": 2, "_core_py": 2, "core": 2,
-    "kv": 3, "ledger": 4,
-    "testing": 5, "sim": 5,
-    "tuning": 6, "bench": 6, "fidelity": 6,
-    "cli": 7, "integrations": 7,
-    "__init__": 8, "__main__": 9,
+    "_core": 2,
+    "_core_py": 2,
+    "core": 2,
+    "kv": 3,
+    "ledger": 4,
+    "testing": 5,
+    "sim": 5,
+    "tuning": 6,
+    "bench": 6,
+    "fidelity": 6,
+    "cli": 7,
+    "integrations": 7,
+    "__init__": 8,
+    "__main__": 9,
 }
 # Each compiled module and its pure-Python twin, named so that one finds the other.
-TWINS = {"stepplanner._core": "stepplanner._core_py",
-         "stepplanner.kv._kv": "stepplanner.kv._kv_py",
-         "stepplanner.ledger._ledger": "stepplanner.ledger._ledger_py"}
+TWINS = {
+    "stepplanner._core": "stepplanner._core_py",
+    "stepplanner.kv._kv": "stepplanner.kv._kv_py",
+    "stepplanner.ledger._ledger": "stepplanner.ledger._ledger_py",
+}
 OFFLINE = ("sim", "tuning", "bench", "cli", "fidelity", "integrations", "testing")
 MAX_UPWARD = 2
 
@@ -61,8 +72,9 @@ def sources() -> dict[str, pathlib.Path]:
     found = {}
     for path in sorted(PACKAGE.rglob("*")):
         if path.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in path.parts:
-            found.setdefault(module_name(path) + ("" if path.suffix == ".py" else path.suffix),
-                             path)
+            found.setdefault(
+                module_name(path) + ("" if path.suffix == ".py" else path.suffix), path
+            )
     return found
 
 
@@ -127,9 +139,13 @@ def test_at_most_ten_modules_directly_in_the_package():
 
 
 def test_no_module_imports_the_package_init():
-    offenders = [(name, line) for name, edges in graph().items() if name not in
-                 ("stepplanner", "stepplanner.__main__")
-                 for target, line, _ in edges if target == "stepplanner"]
+    offenders = [
+        (name, line)
+        for name, edges in graph().items()
+        if name not in ("stepplanner", "stepplanner.__main__")
+        for target, line, _ in edges
+        if target == "stepplanner"
+    ]
     assert not offenders, offenders
 
 
@@ -139,8 +155,11 @@ def test_imports_run_downward_with_few_commented_exceptions():
         for target, line, commented in edges:
             # A module importing its own package's __init__ runs upward too; a __main__ is the
             # entry point above its package.
-            own_init = (name.startswith(target + ".") and target != "stepplanner"
-                        and not name.endswith(".__main__"))
+            own_init = (
+                name.startswith(target + ".")
+                and target != "stepplanner"
+                and not name.endswith(".__main__")
+            )
             if layer(target) > layer(name) or own_init:
                 upward.append((name, target, line, commented))
     assert len(upward) <= MAX_UPWARD, upward
@@ -231,21 +250,27 @@ def test_python_impl_selects_every_twin():
         "assert sp.StepPlanner.__module__ == 'stepplanner._core_py'\n"
         "assert sp.KVPageTable.__module__ == 'stepplanner.kv._kv_py'\n"
         "assert sp.Ledger.__module__ == 'stepplanner.ledger._ledger_py'",
-        STEPPLANNER_IMPL="python")
+        STEPPLANNER_IMPL="python",
+    )
     assert not set(TWINS) & set(loaded)
 
 
-@pytest.mark.parametrize("name, module", [
-    ("simulate", "stepplanner.sim.simulator"),
-    ("SimulationResult", "stepplanner.sim.simulator"),
-    ("LatencyModel", "stepplanner.sim.latency"),
-    ("Workload", "stepplanner.sim.workloads"),
-    ("synthetic", "stepplanner.sim.workloads"),
-    ("load_trace", "stepplanner.sim.traces"),
-])
+@pytest.mark.parametrize(
+    "name, module",
+    [
+        ("simulate", "stepplanner.sim.simulator"),
+        ("SimulationResult", "stepplanner.sim.simulator"),
+        ("LatencyModel", "stepplanner.sim.latency"),
+        ("Workload", "stepplanner.sim.workloads"),
+        ("synthetic", "stepplanner.sim.workloads"),
+        ("load_trace", "stepplanner.sim.traces"),
+    ],
+)
 def test_offline_names_load_on_first_use(name, module):
-    loaded = _modules_after(f"import stepplanner\nassert stepplanner.{name} is "
-                            f"__import__('{module}', fromlist=['x']).{name}")
+    loaded = _modules_after(
+        f"import stepplanner\nassert stepplanner.{name} is "
+        f"__import__('{module}', fromlist=['x']).{name}"
+    )
     assert module in loaded
     assert name in dir(stepplanner) and name in stepplanner.__all__
 
@@ -267,6 +292,10 @@ def test_public_module_paths_stay():
     import stepplanner.testing  # noqa: F401
 
     assert callable(stepplanner.bench.main) and callable(stepplanner.cli.main)
-    for name in ("stepplanner.__main__", "stepplanner.bench.__main__",
-                 "stepplanner.integrations.vllm", "stepplanner.integrations.transformers"):
+    for name in (
+        "stepplanner.__main__",
+        "stepplanner.bench.__main__",
+        "stepplanner.integrations.vllm",
+        "stepplanner.integrations.transformers",
+    ):
         assert importlib.util.find_spec(name) is not None, name

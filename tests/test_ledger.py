@@ -32,20 +32,31 @@ def _both(ledger_impl, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _policy(**kw: object) -> ResolvedSchedulingPolicy:
-    return ResolvedSchedulingPolicy(**{"mode": IfbSchedulingMode.MIXED, "max_num_tokens": 52,
-                                       "max_chunk_tokens": 32, **kw})
+    return ResolvedSchedulingPolicy(
+        **{"mode": IfbSchedulingMode.MIXED, "max_num_tokens": 52, "max_chunk_tokens": 32, **kw}
+    )
 
 
 def _ledger(rows: list[tuple], policy: ResolvedSchedulingPolicy | None = None) -> Ledger:
     ledger = Ledger(LIMITS, policy or _policy())
-    ledger.load([dict(zip(("priority", "arrival", "prompt_length", "committed",
-                           "context_committed"), row)) for row in rows])
+    ledger.load(
+        [
+            dict(
+                zip(("priority", "arrival", "prompt_length", "committed", "context_committed"), row)
+            )
+            for row in rows
+        ]
+    )
     return ledger
 
 
 def _state(ledger: Ledger) -> tuple:
-    return (ledger.residents.copy().tolist(), ledger.request_ids.tolist(), ledger.waiting,
-            ledger.waiting_ids())
+    return (
+        ledger.residents.copy().tolist(),
+        ledger.request_ids.tolist(),
+        ledger.waiting,
+        ledger.waiting_ids(),
+    )
 
 
 def _oracle_apply(before: np.ndarray, plan: dict) -> np.ndarray:
@@ -68,8 +79,9 @@ def _oracle_apply(before: np.ndarray, plan: dict) -> np.ndarray:
 
 
 def test_apply_spec_example_one() -> None:
-    ledger = _ledger([(0, 0, 40, 41, True), (0, 1, 60, 0, False), (0, 2, 20, 0, False),
-                      (0, 3, 50, 16, False)])
+    ledger = _ledger(
+        [(0, 0, 40, 41, True), (0, 1, 60, 0, False), (0, 2, 20, 0, False), (0, 3, 50, 16, False)]
+    )
     plan = StepPlanner(_policy(), LIMITS).plan(ledger.residents)
     ledger.apply(plan)
     r = ledger.residents
@@ -80,8 +92,10 @@ def test_apply_spec_example_one() -> None:
 
 def test_apply_spec_example_two_pauses_then_resets() -> None:
     policy = _policy(scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE)
-    ledger = _ledger([(1, 0, 40, 41, True), (0, 5, 60, 0, False), (2, 2, 20, 0, False),
-                      (1, 3, 50, 50, True)], policy)
+    ledger = _ledger(
+        [(1, 0, 40, 41, True), (0, 5, 60, 0, False), (2, 2, 20, 0, False), (1, 3, 50, 50, True)],
+        policy,
+    )
     planner = StepPlanner(policy, LIMITS)
     ledger.apply(planner.plan(ledger.residents))
     r = ledger.residents
@@ -95,8 +109,12 @@ def test_apply_spec_example_two_pauses_then_resets() -> None:
 def _long_pause_ledger(max_pause_steps: int) -> tuple[Ledger, StepPlanner]:
     # A priority-0 decode keeps decode rows in every step, so the 64-token priority-0 prompt
     # goes in 16-token chunks over four steps while the priority-1 decode waits.
-    policy = _policy(scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE,
-                     max_chunk_tokens=16, max_pause_steps=max_pause_steps)
+    policy = _policy(
+        scheduling_policy=SchedulingPolicy.PRIORITY,
+        preemption=PreemptionMode.PAUSE,
+        max_chunk_tokens=16,
+        max_pause_steps=max_pause_steps,
+    )
     ledger = _ledger([(0, 0, 8, 8, True), (1, 1, 8, 8, True), (0, 2, 64, 0, False)], policy)
     return ledger, StepPlanner(policy, LIMITS)
 
@@ -125,9 +143,15 @@ def test_max_pause_steps_releases_then_counting_restarts() -> None:
 def test_apply_matches_the_spec_oracle_over_a_random_run() -> None:
     limits = StepPlannerLimits(max_batch_size=16, max_input_length=128, kv_page_size=16)
     policy = resolve_scheduling_policy(
-        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY,
-                          preemption=PreemptionMode.PAUSE, max_pause_steps=3,
-                          max_num_tokens=96, max_chunk_tokens=32), limits)
+        SchedulingOptions(
+            scheduling_policy=SchedulingPolicy.PRIORITY,
+            preemption=PreemptionMode.PAUSE,
+            max_pause_steps=3,
+            max_num_tokens=96,
+            max_chunk_tokens=32,
+        ),
+        limits,
+    )
     ledger, planner = Ledger(limits, policy), StepPlanner(policy, limits)
     rng = np.random.default_rng(1)
     next_id = 0
@@ -184,8 +208,9 @@ def test_fcfs_queue_admits_in_arrival_order_whatever_the_priority() -> None:
 
 
 def test_reserved_slots_hold_back_priority_zero_and_up() -> None:
-    ledger = Ledger(LIMITS, _policy(scheduling_policy=SchedulingPolicy.PRIORITY,
-                                    priority_reserved_slots=2))
+    ledger = Ledger(
+        LIMITS, _policy(scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=2)
+    )
     for rid in range(4):
         ledger.submit(rid, 10, 0)
     assert ledger.admit() == [0, 1]  # admitted only while more than 2 slots are free
@@ -216,13 +241,16 @@ def test_prompt_longer_than_s_in_is_refused_at_submission() -> None:
     assert ledger.residents["prompt_length"].tolist() == [64]
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ((1, 0), ValueError, "prompt_length=0"),
-    ((1, "10"), TypeError, "prompt_length must be an integer"),
-    (("a", 10), TypeError, "request_id must be an integer"),
-    ((1, 10, 2**31), OverflowError, "priority"),
-    ((7, 10), ValueError, "request_id=7 is already waiting"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((1, 0), ValueError, "prompt_length=0"),
+        ((1, "10"), TypeError, "prompt_length must be an integer"),
+        (("a", 10), TypeError, "request_id must be an integer"),
+        ((1, 10, 2**31), OverflowError, "priority"),
+        ((7, 10), ValueError, "request_id=7 is already waiting"),
+    ],
+)
 def test_bad_submissions_leave_the_queue_unchanged(args: tuple, error: type, match: str) -> None:
     ledger = Ledger(LIMITS)
     ledger.submit(7, 10)
@@ -267,14 +295,17 @@ def test_retire_is_a_swap_remove() -> None:
     assert ledger.request_ids.tolist() == [103, 101, 102]
 
 
-@pytest.mark.parametrize(("call", "args", "match"), [
-    ("retire", ([100, 555],), "request_id=555 is not resident"),
-    ("retire", ([101, 101],), "repeat"),
-    ("retire_rows", ([1, 4],), "row 4 is out of range"),
-    ("retire_rows", ([-1],), "row -1 is out of range"),
-    ("retire_rows", ([2, 2],), "repeat a row"),
-    ("retire_rows", ([[0, 1], [2]],), r"rows=\[\[0, 1\], \[2\]\] is not a flat sequence"),
-])
+@pytest.mark.parametrize(
+    ("call", "args", "match"),
+    [
+        ("retire", ([100, 555],), "request_id=555 is not resident"),
+        ("retire", ([101, 101],), "repeat"),
+        ("retire_rows", ([1, 4],), "row 4 is out of range"),
+        ("retire_rows", ([-1],), "row -1 is out of range"),
+        ("retire_rows", ([2, 2],), "repeat a row"),
+        ("retire_rows", ([[0, 1], [2]],), r"rows=\[\[0, 1\], \[2\]\] is not a flat sequence"),
+    ],
+)
 def test_bad_retire_leaves_the_ledger_unchanged(call: str, args: tuple, match: str) -> None:
     ledger = _full_ledger()
     before = _state(ledger)
@@ -304,14 +335,19 @@ def test_apply_overflow_changes_nothing() -> None:
     assert _state(ledger) == before
 
 
-@pytest.mark.parametrize(("row", "field"), [
-    (3, "committed"), (3, "consecutive_paused_steps"),  # a row the plan leaves out
-    (0, "consecutive_paused_steps"),                    # a planned (decode) row
-])
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        (3, "committed"),
+        (3, "consecutive_paused_steps"),  # a row the plan leaves out
+        (0, "consecutive_paused_steps"),  # a planned (decode) row
+    ],
+)
 def test_apply_refuses_a_negative_field_written_after_planning(row: int, field: str) -> None:
     # One decode row leaves a prefill budget of 51: chunks of 32 and 16, and row 3 is skipped.
-    ledger = _ledger([(0, 0, 40, 40, True), (0, 1, 40, 0, False), (0, 2, 40, 0, False),
-                      (0, 3, 40, 0, False)])
+    ledger = _ledger(
+        [(0, 0, 40, 40, True), (0, 1, 40, 0, False), (0, 2, 40, 0, False), (0, 3, 40, 0, False)]
+    )
     plan = StepPlanner(_policy(), LIMITS).plan(ledger.residents)
     assert 3 not in plan.as_array()["resident"].tolist()
     ledger.residents[field][row] = -1

@@ -29,15 +29,21 @@ POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)
 @pytest.fixture
 def make(ledger_impl):
     """(ledger, planner) of one implementation."""
+
     def build(policy=POLICY, **kw):
-        return (ledger_impl.Ledger(LIMITS, policy, **kw),
-                ledger_impl.StepPlanner(policy, LIMITS))
+        return (ledger_impl.Ledger(LIMITS, policy, **kw), ledger_impl.StepPlanner(policy, LIMITS))
+
     return build
 
 
 def _state(ledger) -> tuple:
-    return (ledger.to_records(), ledger.waiting_ids(), ledger.waiting,
-            ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+    return (
+        ledger.to_records(),
+        ledger.waiting_ids(),
+        ledger.waiting,
+        ledger.output_tokens.tolist(),
+        ledger.finished_ids.tolist(),
+    )
 
 
 # --- output accounting -----------------------------------------------------------------------
@@ -46,7 +52,7 @@ def _state(ledger) -> tuple:
 def test_max_new_tokens_finishes_after_that_many_tokens(make) -> None:
     ledger, planner = make()
     ledger.submit(1, 20, max_new_tokens=3)  # first token from the final chunk, then 2 decodes
-    ledger.submit(2, 20)                    # no limit: never finishes by itself
+    ledger.submit(2, 20)  # no limit: never finishes by itself
     ledger.admit()
     seen = []
     for _ in range(3):
@@ -74,11 +80,11 @@ def test_sampler_mask_finishes_requests_and_retire_removes_them(make) -> None:
 def test_non_final_chunk_emits_nothing_and_cannot_finish(make) -> None:
     # A decoding resident holds the step to max_num_tokens=52, chunks to 32: the 64-token
     # prompt gets a non-final chunk (row 0) and the decode row (row 1) emits.
-    policy = ResolvedSchedulingPolicy(mode=IfbSchedulingMode.MIXED, max_num_tokens=52,
-                                      max_chunk_tokens=32)
+    policy = ResolvedSchedulingPolicy(
+        mode=IfbSchedulingMode.MIXED, max_num_tokens=52, max_chunk_tokens=32
+    )
     ledger, planner = make(policy)
-    ledger.load([{"prompt_length": 8, "committed": 9, "context_committed": True,
-                  "request_id": 2}])
+    ledger.load([{"prompt_length": 8, "committed": 9, "context_committed": True, "request_id": 2}])
     ledger.submit(1, 64, max_new_tokens=1)
     ledger.admit()
     plan = planner.plan(ledger.residents)
@@ -91,13 +97,16 @@ def test_non_final_chunk_emits_nothing_and_cannot_finish(make) -> None:
     assert ledger.output_tokens.tolist() == [1, 0]
 
 
-@pytest.mark.parametrize(("mask", "error", "match"), [
-    ([True], TypeError, "finished must be a 1-D numpy bool array"),
-    (np.ones(1, dtype=np.uint8), TypeError, "got an array of dtype uint8"),
-    (np.ones(2, dtype=bool), ValueError, r"finished has shape \(2,\); allowed: \(1,\)"),
-    (np.ones((1, 1), dtype=bool), ValueError, r"shape \(1, 1\)"),
-    ("yes", TypeError, "got str"),
-])
+@pytest.mark.parametrize(
+    ("mask", "error", "match"),
+    [
+        ([True], TypeError, "finished must be a 1-D numpy bool array"),
+        (np.ones(1, dtype=np.uint8), TypeError, "got an array of dtype uint8"),
+        (np.ones(2, dtype=bool), ValueError, r"finished has shape \(2,\); allowed: \(1,\)"),
+        (np.ones((1, 1), dtype=bool), ValueError, r"shape \(1, 1\)"),
+        ("yes", TypeError, "got str"),
+    ],
+)
 def test_bad_finished_masks_change_nothing(make, mask, error, match) -> None:
     ledger, planner = make()
     ledger.submit(1, 8, max_new_tokens=5)
@@ -152,7 +161,8 @@ def test_fused_step_checks_its_planner_and_reasons(make, ledger_impl) -> None:
     ledger.submit(1, 8)
     other = ledger_impl.StepPlanner(
         resolve_scheduling_policy(SchedulingOptions(), StepPlannerLimits(8, 64, 16)),
-        StepPlannerLimits(8, 64, 16))
+        StepPlannerLimits(8, 64, 16),
+    )
     with pytest.raises(ValueError, match="planner has limits"):
         ledger.step(other)
     with pytest.raises(ValueError, match=r"reasons must hold a code per slot .*capacity=4"):
@@ -165,6 +175,7 @@ def test_fused_step_checks_its_planner_and_reasons(make, ledger_impl) -> None:
 
 def test_compiled_fused_step_allocates_nothing_in_steady_state(compiled) -> None:
     from stepplanner.bench.loop import loop_allocated_bytes
+
     assert loop_allocated_bytes(64, steps=150) == 0
 
 
@@ -197,7 +208,8 @@ def test_bad_queue_bound_is_refused(ledger_impl, bound) -> None:
 
 def test_cancel_a_waiting_request_keeps_the_queue_order(make) -> None:
     policy = resolve_scheduling_policy(
-        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY), LIMITS)
+        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY), LIMITS
+    )
     ledger, _ = make(policy)
     for rid, prio in ((1, 2), (2, 0), (3, 1), (4, 0), (5, -1)):
         ledger.submit(rid, 8, prio)
@@ -219,16 +231,19 @@ def test_cancel_a_resident_retires_it(make) -> None:
         ledger.cancel(1)
 
 
-@pytest.mark.parametrize(("args", "error", "match"), [
-    ((2**63, 8), OverflowError, r"request_id=9223372036854775808 does not fit int64"),
-    ((1.5, 8), TypeError, "request_id must be an integer"),
-    ((None, 8), TypeError, "request_id must be an integer"),
-    (("req-1", 8), TypeError, "request_id must be an integer"),
-    ((7, 8), ValueError, "request_id=7 is already waiting or resident"),
-    ((1, 8, 0, 0), ValueError, "max_new_tokens=0 is out of range"),
-    ((1, 8, 0, 2**63), OverflowError, "max_new_tokens"),
-    ((1, 8, 0, "3"), TypeError, "max_new_tokens must be an integer"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((2**63, 8), OverflowError, r"request_id=9223372036854775808 does not fit int64"),
+        ((1.5, 8), TypeError, "request_id must be an integer"),
+        ((None, 8), TypeError, "request_id must be an integer"),
+        (("req-1", 8), TypeError, "request_id must be an integer"),
+        ((7, 8), ValueError, "request_id=7 is already waiting or resident"),
+        ((1, 8, 0, 0), ValueError, "max_new_tokens=0 is out of range"),
+        ((1, 8, 0, 2**63), OverflowError, "max_new_tokens"),
+        ((1, 8, 0, "3"), TypeError, "max_new_tokens must be an integer"),
+    ],
+)
 def test_hostile_submissions_change_nothing(make, args, error, match) -> None:
     ledger, _ = make()
     ledger.submit(7, 8)
@@ -281,8 +296,11 @@ def test_load_refuses_arrivals_that_waiting_requests_hold(make) -> None:
     ledger.submit(1, 8)  # stamp 0
     ledger.submit(2, 8)  # stamp 1
     before = _state(ledger)
-    with pytest.raises(ValueError, match=r"residents\[0\]\.arrival=1 is the arrival stamp of "
-                                         r"waiting request 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"residents\[0\]\.arrival=1 is the arrival stamp of "
+        r"waiting request 2",
+    ):
         ledger.load([{"arrival": 1, "prompt_length": 8, "request_id": 9}])
     assert _state(ledger) == before
     ledger.load([{"arrival": 5, "prompt_length": 8, "request_id": 9}])
@@ -295,8 +313,10 @@ def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) 
     from stepplanner.ledger import _ledger as _ledger_core
     from stepplanner.ledger import _ledger_py as _ledger_reference
 
-    policy = resolve_scheduling_policy(SchedulingOptions(
-        scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=1), LIMITS)
+    policy = resolve_scheduling_policy(
+        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=1),
+        LIMITS,
+    )
     fast = _ledger_core.Ledger(LIMITS, policy, max_waiting=6)
     slow = _ledger_reference.Ledger(LIMITS, policy, max_waiting=6)
     planners = (compiled.StepPlanner(policy, LIMITS), reference.StepPlanner(policy, LIMITS))
@@ -304,8 +324,12 @@ def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) 
     plans = [None, None]
     for step in range(300):
         for rid in range(step * 3, step * 3 + rng.poisson(1.0)):
-            args = (rid, int(rng.integers(1, 65)), int(rng.integers(-1, 3)),
-                    None if rng.random() < 0.3 else int(rng.integers(1, 6)))
+            args = (
+                rid,
+                int(rng.integers(1, 65)),
+                int(rng.integers(-1, 3)),
+                None if rng.random() < 0.3 else int(rng.integers(1, 6)),
+            )
             outcomes = []
             for ledger in (fast, slow):
                 try:
@@ -320,7 +344,8 @@ def test_compiled_and_twin_agree_over_a_long_random_stream(compiled, reference) 
         mask = None
         if plans[0] is not None and rng.random() < 0.5:
             mask = (rng.random(len(plans[0].sequences)) < 0.2) & plans[0].as_array()[
-                "select_last_token_logits"]
+                "select_last_token_logits"
+            ]
         plans = [ledger.step(p, mask) for ledger, p in zip((fast, slow), planners)]
         assert plans[0].to_dict() == plans[1].to_dict()
         assert _state(fast) == _state(slow)
@@ -382,8 +407,12 @@ def test_compiled_id_views_cannot_be_made_writable(compiled) -> None:
     ledger = Ledger(LIMITS, POLICY)
     ledger.submit(1, 8, max_new_tokens=1)
     ledger.step(compiled.StepPlanner(POLICY, LIMITS))
-    for view in (ledger.request_ids, ledger.output_tokens, ledger.finished_ids,
-                 ledger.admitted_ids):
+    for view in (
+        ledger.request_ids,
+        ledger.output_tokens,
+        ledger.finished_ids,
+        ledger.admitted_ids,
+    ):
         with pytest.raises(ValueError):
             view.flags.writeable = True
     assert ledger.residents.flags.writeable  # the rows are the runtime's to read and write

@@ -35,20 +35,30 @@ REENTERED = "Ledger re-entered"
 @pytest.fixture
 def make(ledger_impl):
     def build(**kw):
-        return (ledger_impl.Ledger(LIMITS, POLICY, **kw),
-                ledger_impl.StepPlanner(POLICY, LIMITS))
+        return (ledger_impl.Ledger(LIMITS, POLICY, **kw), ledger_impl.StepPlanner(POLICY, LIMITS))
+
     return build
 
 
 def _state(ledger) -> tuple:
-    return (ledger.to_records(), ledger.waiting_ids(), ledger.waiting,
-            ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+    return (
+        ledger.to_records(),
+        ledger.waiting_ids(),
+        ledger.waiting,
+        ledger.output_tokens.tolist(),
+        ledger.finished_ids.tolist(),
+    )
 
 
 def _run(code: str, impl: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, STEPPLANNER_IMPL=impl)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- 1. only a real StepPlan, every row in range ------------------------------------------------
@@ -110,8 +120,11 @@ def test_a_plan_row_outside_the_table_is_refused(make, resident) -> None:
     ledger.submit(1, 10)
     ledger.admit()
     before = _state(ledger)
-    with pytest.raises(ValueError, match=rf"plan.sequences\[0\].resident={resident} is out of "
-                                         r"range; allowed: 0..0"):
+    with pytest.raises(
+        ValueError,
+        match=rf"plan.sequences\[0\].resident={resident} is out of "
+        r"range; allowed: 0..0",
+    ):
         ledger.apply(ForgedPlan(resident, num_residents=1))
     assert _state(ledger) == before
 
@@ -142,7 +155,8 @@ def test_applying_a_reference_plan_still_works(make) -> None:
 @pytest.mark.parametrize("kind", ["duck", "subclass"])
 def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
     # Once a segfault (rc=-11): the compiled ledger counted a token at row 10**8 (or -1).
-    result = _run(f"""
+    result = _run(
+        f"""
         import numpy as np, stepplanner as sp
         from stepplanner import SEQUENCE_DTYPE
         from stepplanner._core_py import StepPlan
@@ -167,10 +181,15 @@ def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
         except (TypeError, ValueError) as e:
             print("refused", type(e).__name__, e)
         print("tokens", led.output_tokens.tolist())
-    """, impl)
+    """,
+        impl,
+    )
     assert result.returncode == 0, result.stderr
-    expected = ("refused StepPlannerTypeError plan must be a StepPlan" if kind == "duck" else
-                f"refused StepPlannerValueError plan.sequences[0].resident={resident} is out")
+    expected = (
+        "refused StepPlannerTypeError plan must be a StepPlan"
+        if kind == "duck"
+        else f"refused StepPlannerValueError plan.sequences[0].resident={resident} is out"
+    )
     assert expected in result.stdout
     assert "tokens [0]" in result.stdout
 
@@ -178,8 +197,7 @@ def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
 # --- 2. no writable view of the ledger's state ---------------------------------------------------
 
 
-READ_ONLY_VIEWS = ("request_ids", "output_tokens", "finished_ids", "admitted_ids",
-                   "relegated_ids")
+READ_ONLY_VIEWS = ("request_ids", "output_tokens", "finished_ids", "admitted_ids", "relegated_ids")
 
 
 def _busy_ledger(make):
@@ -193,16 +211,16 @@ def _busy_ledger(make):
 
 
 @pytest.mark.parametrize("name", READ_ONLY_VIEWS)
-def test_no_view_of_the_ledger_state_can_be_made_writable(make, ledger_impl, assert_unwritable,
-                                                         name) -> None:
+def test_no_view_of_the_ledger_state_can_be_made_writable(
+    make, ledger_impl, assert_unwritable, name
+) -> None:
     ledger = _busy_ledger(make)
     before = _state(ledger), ledger.request_ids.tolist(), ledger.admitted_ids.tolist()
     assert_unwritable(getattr(ledger, name), compiled=ledger_impl.name == "compiled")
     assert (_state(ledger), ledger.request_ids.tolist(), ledger.admitted_ids.tolist()) == before
 
 
-def test_no_referent_of_the_compiled_ledger_is_writable_memory(compiled,
-                                                             assert_unwritable) -> None:
+def test_no_referent_of_the_compiled_ledger_is_writable_memory(compiled, assert_unwritable) -> None:
     """``gc.get_referents`` reaches every object field of the cdef class (and the view caches):
     apart from the residents table, which is writable by design and checked before use, none may
     be memory the C indexes by that Python could write."""
@@ -216,7 +234,7 @@ def test_no_referent_of_the_compiled_ledger_is_writable_memory(compiled,
         getattr(ledger, name)
     found = memories = 0
     for ref in gc.get_referents(ledger):
-        for item in (ref if isinstance(ref, (list, tuple)) else [ref]):
+        for item in ref if isinstance(ref, (list, tuple)) else [ref]:
             if isinstance(item, np.ndarray) and item.dtype != ledger.residents.dtype:
                 found += 1
                 assert_unwritable(item, compiled=True)
@@ -238,7 +256,8 @@ def test_no_referent_of_the_compiled_ledger_is_writable_memory(compiled,
 def test_id_churn_after_trying_to_overwrite_an_id_terminates(impl) -> None:
     # Once a hang: an id overwritten through request_ids.base leaked its id-map key at each
     # retire until the map was full and every probe spun.
-    result = _run("""
+    result = _run(
+        """
         import numpy as np, stepplanner as sp
         from stepplanner.ledger import Ledger
         led = Ledger(sp.StepPlannerLimits(max_batch_size=1, max_input_length=64,
@@ -256,7 +275,9 @@ def test_id_churn_after_trying_to_overwrite_an_id_terminates(impl) -> None:
                 refused += 1
             led.retire_rows([0])
         print("refused", refused, "count", led.count, "waiting", led.waiting)
-    """, impl)
+    """,
+        impl,
+    )
     assert result.returncode == 0, result.stderr
     assert "refused 50 count 0 waiting 0" in result.stdout
 
@@ -340,8 +361,9 @@ class _Index:
         return self.value
 
 
-@pytest.mark.parametrize("nested", ["submit", "cancel", "admit", "retire_finished",
-                                    "retire_rows", "retire", "load"])
+@pytest.mark.parametrize(
+    "nested", ["submit", "cancel", "admit", "retire_finished", "retire_rows", "retire", "load"]
+)
 @pytest.mark.parametrize("outer", ["submit", "cancel", "retire", "retire_rows"])
 def test_every_mutating_call_refuses_to_nest(make, outer, nested) -> None:
     ledger, _ = _four_residents(make)
@@ -443,8 +465,9 @@ def test_held_back_with_a_page_table_is_a_loop_call_on_both_ledgers(paged_impl) 
     table = paged_impl.KVPageTable(LIMITS.max_batch_size, 8, 16, LIMITS.kv_page_size)
     ledger = paged_impl.Ledger(LIMITS, POLICY, page_table=table)
     ledger.submit(1, 10, max_new_tokens=4)
-    seen = _read_inside_plan(ledger, paged_impl.StepPlanner(POLICY, LIMITS),
-                             lambda: ledger.held_back)
+    seen = _read_inside_plan(
+        ledger, paged_impl.StepPlanner(POLICY, LIMITS), lambda: ledger.held_back
+    )
     assert [kind for kind, _ in seen.values()] == ["refused", "refused"]
     assert all(message.startswith(REENTERED) for _, message in seen.values())
 

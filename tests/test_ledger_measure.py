@@ -11,8 +11,12 @@ import pytest
 import stepplanner as sp
 
 LIMITS = sp.StepPlannerLimits(4, 64, 16)
-DEADLINE = sp.resolve_scheduling_policy(sp.SchedulingOptions(
-    scheduling_policy=sp.SchedulingPolicy.DEADLINE, preemption=sp.PreemptionMode.PAUSE), LIMITS)
+DEADLINE = sp.resolve_scheduling_policy(
+    sp.SchedulingOptions(
+        scheduling_policy=sp.SchedulingPolicy.DEADLINE, preemption=sp.PreemptionMode.PAUSE
+    ),
+    LIMITS,
+)
 
 
 def test_measure_moves_the_estimate_as_step_does(ledger_impl) -> None:

@@ -28,16 +28,25 @@ def _message(error: Exception) -> tuple[type, str]:
 
 def _state(ledger) -> tuple:
     table = ledger.page_table
-    pages = () if table is None else (table.rows.tolist(), table.page_counts.tolist(),
-                                      table.num_free_pages)
-    return (ledger.to_records(), ledger.waiting_ids(), ledger.output_tokens.tolist(),
-            ledger.finished_ids.tolist(), ledger.admitted_ids.tolist()) + pages
+    pages = (
+        ()
+        if table is None
+        else (table.rows.tolist(), table.page_counts.tolist(), table.num_free_pages)
+    )
+    return (
+        ledger.to_records(),
+        ledger.waiting_ids(),
+        ledger.output_tokens.tolist(),
+        ledger.finished_ids.tolist(),
+        ledger.admitted_ids.tolist(),
+    ) + pages
 
 
 def _liar(table_class, **lies):
     """A subclass of ``table_class`` whose properties say ``lies`` (name -> value)."""
-    return type("Liar", (table_class,),
-                {name: property(lambda self, v=v: v) for name, v in lies.items()})
+    return type(
+        "Liar", (table_class,), {name: property(lambda self, v=v: v) for name, v in lies.items()}
+    )
 
 
 # --- A.1: a page table subclass whose properties lie ---------------------------------------------
@@ -62,12 +71,14 @@ def test_a_table_claiming_wider_rows_cannot_grow_a_slot_past_them(paged_impl):
     # worst case of 254 pages in, and admit() grew slot 0 to 254 pages in a row of 2.
     table = _liar(paged_impl.KVPageTable, max_pages_per_sequence=127)(2, 2, 256, 16)
     limits = StepPlannerLimits(2, 64, 16)
-    ledger = paged_impl.Ledger(limits, resolve_scheduling_policy(SchedulingOptions(), limits),
-                               page_table=table)
+    ledger = paged_impl.Ledger(
+        limits, resolve_scheduling_policy(SchedulingOptions(), limits), page_table=table
+    )
     with pytest.raises(ValueError) as info:
         ledger.submit(1, 16, max_new_tokens=254 * 16 - 16)
     assert _message(info.value) == _message(
-        _errors.ledger_worst_case_pages(1, 16, 254 * 16 - 16, 254, 2))
+        _errors.ledger_worst_case_pages(1, 16, 254 * 16 - 16, 254, 2)
+    )
     assert ledger.waiting == 0
     ledger.submit(2, 16, max_new_tokens=16)  # two pages: what a row really holds
     assert ledger.admit() == [2]
@@ -77,8 +88,10 @@ def test_a_table_claiming_wider_rows_cannot_grow_a_slot_past_them(paged_impl):
 
 def test_a_table_claiming_the_limits_page_size_is_refused_by_its_real_one(paged_impl):
     table = _liar(paged_impl.KVPageTable, kv_page_size=16)(4, 4, 16, 8)
-    for make in (lambda: paged_impl.StepInputs(LIMITS, table),
-                 lambda: paged_impl.Ledger(LIMITS, POLICY, page_table=table)):
+    for make in (
+        lambda: paged_impl.StepInputs(LIMITS, table),
+        lambda: paged_impl.Ledger(LIMITS, POLICY, page_table=table),
+    ):
         with pytest.raises(ValueError) as info:
             make()
         assert _message(info.value) == _message(_errors.kv_page_size_mismatch(8, 16))
@@ -93,8 +106,7 @@ def test_a_table_claiming_every_page_free_is_refused_when_it_holds_some(paged_im
 
 
 def test_step_inputs_size_their_buffers_by_the_real_row_width(paged_impl):
-    table = _liar(paged_impl.KVPageTable, max_pages_per_sequence=64, max_batch_size=9)(4, 4, 16,
-                                                                                       16)
+    table = _liar(paged_impl.KVPageTable, max_pages_per_sequence=64, max_batch_size=9)(4, 4, 16, 16)
     inputs = paged_impl.StepInputs(LIMITS, table)
     assert inputs.buffers()["block_table"].shape == (8, 4)
     assert inputs.buffers()["kv_indices"].shape == (16,)
@@ -204,8 +216,8 @@ def test_a_view_changed_by_its_holder_changes_nothing_the_ledger_reads(ledger_im
             for view in VIEWS:  # what a later caller gets is the ledger's state, as it was made
                 got = getattr(ledger, view)
                 assert got.ndim == 1 and got.dtype == (
-                    ledger_impl.Ledger(LIMITS).residents.dtype if view == "residents"
-                    else np.int64)
+                    ledger_impl.Ledger(LIMITS).residents.dtype if view == "residents" else np.int64
+                )
             assert ledger.residents.flags.writeable
         assert held is not None
         return out, held
@@ -245,18 +257,30 @@ def _reference_plan(rows, paused, n):
 
 DECODE = int(SequenceWork.DECODE)
 REPEATS = {  # rows, paused -> (where, resident, first)
-    "two rows": ([(0, DECODE, 40, 1, True), (0, DECODE, 40, 1, True)], [],
-                 ("sequences[1].resident", 0, "sequences[0].resident")),
-    "row and pause": ([(1, DECODE, 50, 1, True)], [1],
-                      ("paused[0]", 1, "sequences[0].resident")),
+    "two rows": (
+        [(0, DECODE, 40, 1, True), (0, DECODE, 40, 1, True)],
+        [],
+        ("sequences[1].resident", 0, "sequences[0].resident"),
+    ),
+    "row and pause": ([(1, DECODE, 50, 1, True)], [1], ("paused[0]", 1, "sequences[0].resident")),
     "two pauses": ([], [0, 0], ("paused[1]", 0, "paused[0]")),
 }
 
 
 def _two_decoding(ledger_impl, committed=(40, 50)):
     ledger = ledger_impl.Ledger(LIMITS, POLICY)
-    ledger.load([{"prompt_length": 10, "committed": c, "context_committed": True,
-                  "request_id": rid, "arrival": rid} for rid, c in zip((7, 8), committed)])
+    ledger.load(
+        [
+            {
+                "prompt_length": 10,
+                "committed": c,
+                "context_committed": True,
+                "request_id": rid,
+                "arrival": rid,
+            }
+            for rid, c in zip((7, 8), committed)
+        ]
+    )
     return ledger
 
 

@@ -28,7 +28,8 @@ from stepplanner._errors import StepPlannerError
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python",
-    reason="STEPPLANNER_IMPL=python: reference-only run")
+    reason="STEPPLANNER_IMPL=python: reference-only run",
+)
 
 
 def _plain(value):
@@ -41,13 +42,31 @@ def _plain(value):
 
 
 class PagedParity(RuleBasedStateMachine):
-
-    @initialize(b=st.integers(1, 5), s_in=st.integers(1, 40), page=st.integers(1, 8),
-                by_priority=st.booleans(), pause=st.booleans(), reserved=st.integers(0, 4),
-                max_waiting=st.integers(1, 10), num_pages=st.integers(2, 40),
-                row_pages=st.integers(2, 12), extra_slots=st.integers(0, 2))
-    def start(self, b, s_in, page, by_priority, pause, reserved, max_waiting, num_pages,
-              row_pages, extra_slots):
+    @initialize(
+        b=st.integers(1, 5),
+        s_in=st.integers(1, 40),
+        page=st.integers(1, 8),
+        by_priority=st.booleans(),
+        pause=st.booleans(),
+        reserved=st.integers(0, 4),
+        max_waiting=st.integers(1, 10),
+        num_pages=st.integers(2, 40),
+        row_pages=st.integers(2, 12),
+        extra_slots=st.integers(0, 2),
+    )
+    def start(
+        self,
+        b,
+        s_in,
+        page,
+        by_priority,
+        pause,
+        reserved,
+        max_waiting,
+        num_pages,
+        row_pages,
+        extra_slots,
+    ):
         from stepplanner import _core
         from stepplanner import _core_py as _reference
         from stepplanner.kv import _kv
@@ -57,22 +76,32 @@ class PagedParity(RuleBasedStateMachine):
 
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
-        policy = resolve_scheduling_policy(SchedulingOptions(
-            scheduling_policy=SchedulingPolicy.PRIORITY if by_priority else SchedulingPolicy.FCFS,
-            preemption=PreemptionMode.PAUSE if pause else PreemptionMode.NONE,
-            priority_reserved_slots=min(reserved, b - 1)), self.limits)
+        policy = resolve_scheduling_policy(
+            SchedulingOptions(
+                scheduling_policy=SchedulingPolicy.PRIORITY
+                if by_priority
+                else SchedulingPolicy.FCFS,
+                preemption=PreemptionMode.PAUSE if pause else PreemptionMode.NONE,
+                priority_reserved_slots=min(reserved, b - 1),
+            ),
+            self.limits,
+        )
         shape = (b + extra_slots, row_pages, num_pages, page)
         self.tables = (_kv.KVPageTable(*shape), _kv_reference.KVPageTable(*shape))
         self.ledgers = tuple(
             ledger_type(self.limits, policy, max_waiting=max_waiting, page_table=table)
-            for ledger_type, table in zip((_ledger_core.Ledger, _ledger_reference.Ledger),
-                                          self.tables))
-        self.planners = (_core.StepPlanner(policy, self.limits),
-                         _reference.StepPlanner(policy, self.limits))
+            for ledger_type, table in zip(
+                (_ledger_core.Ledger, _ledger_reference.Ledger), self.tables
+            )
+        )
+        self.planners = (
+            _core.StepPlanner(policy, self.limits),
+            _reference.StepPlanner(policy, self.limits),
+        )
         self.most_tokens = min(row_pages, num_pages) * page
-        self.tokens: dict[int, int] = {}   # request id -> its worst case, once submitted
+        self.tokens: dict[int, int] = {}  # request id -> its worst case, once submitted
         self.next_id = 0
-        self.rows_pending: int | None = None   # plan rows of a step() not yet applied
+        self.rows_pending: int | None = None  # plan rows of a step() not yet applied
         self.tampered = False
 
     def both(self, call):
@@ -85,8 +114,11 @@ class PagedParity(RuleBasedStateMachine):
             except (StepPlannerError, TypeError, ValueError, OverflowError) as exc:
                 outcomes.append((type(exc).__name__, str(exc)))
         assert outcomes[0] == outcomes[1]
-        event(outcomes[0][0] if outcomes[0][0] == "ok" else
-              "".join(c for c in outcomes[0][1][:50] if not c.isdigit()))
+        event(
+            outcomes[0][0]
+            if outcomes[0][0] == "ok"
+            else "".join(c for c in outcomes[0][1][:50] if not c.isdigit())
+        )
         return outcomes[0]
 
     # --- rules ----------------------------------------------------------------------------------
@@ -94,16 +126,18 @@ class PagedParity(RuleBasedStateMachine):
     @rule(data=st.data(), burst=st.integers(1, 3))
     def submit(self, data, burst):
         for _ in range(burst):
-            if data.draw(st.integers(0, 3)):   # mostly a request some row can hold
+            if data.draw(st.integers(0, 3)):  # mostly a request some row can hold
                 rid = self.next_id
-                length = data.draw(st.integers(1, min(self.limits.max_input_length,
-                                                      self.most_tokens - 1) or 1))
+                length = data.draw(
+                    st.integers(1, min(self.limits.max_input_length, self.most_tokens - 1) or 1)
+                )
                 new = data.draw(st.integers(1, max(self.most_tokens - length, 1)))
             else:
                 rid = data.draw(st.integers(-1, self.next_id))
                 length = data.draw(st.integers(0, self.limits.max_input_length + 1))
-                new = data.draw(st.one_of(st.none(), st.integers(1, self.most_tokens + 2),
-                                          st.just(2**31)))
+                new = data.draw(
+                    st.one_of(st.none(), st.integers(1, self.most_tokens + 2), st.just(2**31))
+                )
             priority = data.draw(st.integers(-2, 2))
             # both() calls it at once, for each ledger, before the loop moves on.
             outcome = self.both(lambda ledger, *_: ledger.submit(rid, length, priority, new))  # noqa: B023
@@ -113,8 +147,9 @@ class PagedParity(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def cancel(self, data):
-        known = sorted(set(self.ledgers[0].request_ids.tolist())
-                       | set(self.ledgers[0].waiting_ids()))
+        known = sorted(
+            set(self.ledgers[0].request_ids.tolist()) | set(self.ledgers[0].waiting_ids())
+        )
         if known and data.draw(st.integers(0, 3)):
             rid = data.draw(st.sampled_from(known))
         else:
@@ -131,20 +166,26 @@ class PagedParity(RuleBasedStateMachine):
     def _mask(self, data, rows):
         if rows is None or data.draw(st.booleans()):
             return None
-        return np.array(data.draw(st.lists(st.booleans(), min_size=rows, max_size=rows)),
-                        dtype=bool)
+        return np.array(
+            data.draw(st.lists(st.booleans(), min_size=rows, max_size=rows)), dtype=bool
+        )
 
     @rule(data=st.data(), retire=st.booleans())
     def plan_and_apply(self, data, retire):
-        plans = [planner.plan(ledger.residents)
-                 for ledger, planner in zip(self.ledgers, self.planners)]
+        plans = [
+            planner.plan(ledger.residents) for ledger, planner in zip(self.ledgers, self.planners)
+        ]
         assert plans[0].to_dict() == plans[1].to_dict()
         mask = self._mask(data, plans[0].num_prefill + plans[0].num_decode)
-        if mask is not None:   # only rows that emit may finish
+        if mask is not None:  # only rows that emit may finish
             mask &= plans[0].as_array()["select_last_token_logits"].astype(bool)
         by_ledger = dict(zip(map(id, self.ledgers), plans))
-        if self.both(lambda ledger, *_: ledger.apply(by_ledger[id(ledger)], mask,
-                                                     retire=retire))[0] == "ok":
+        if (
+            self.both(lambda ledger, *_: ledger.apply(by_ledger[id(ledger)], mask, retire=retire))[
+                0
+            ]
+            == "ok"
+        ):
             self.rows_pending = None
 
     @rule(data=st.data())
@@ -163,8 +204,9 @@ class PagedParity(RuleBasedStateMachine):
     @precondition(lambda self: self.ledgers[0].count > 0)
     @rule(data=st.data())
     def retire(self, data):
-        ids = data.draw(st.lists(st.sampled_from(self.ledgers[0].request_ids.tolist()),
-                                 min_size=1, unique=True))
+        ids = data.draw(
+            st.lists(st.sampled_from(self.ledgers[0].request_ids.tolist()), min_size=1, unique=True)
+        )
         if self.both(lambda ledger, *_: ledger.retire(ids))[0] == "ok":
             self.rows_pending = None
 
@@ -188,8 +230,9 @@ class PagedParity(RuleBasedStateMachine):
         """The caller changes a slot behind the ledgers' backs: never a crash, and both ledgers
         go on identically (a plan that then outgrows its row's pages is refused)."""
         slot = data.draw(st.integers(0, self.tables[0].max_batch_size - 1))
-        tokens = data.draw(st.integers(0, self.tables[0].max_pages_per_sequence
-                                       * self.tables[0].kv_page_size))
+        tokens = data.draw(
+            st.integers(0, self.tables[0].max_pages_per_sequence * self.tables[0].kv_page_size)
+        )
         self.tampered = True
         if grow:
             self.both(lambda _, table, __: table.ensure(slot, tokens))
@@ -203,12 +246,23 @@ class PagedParity(RuleBasedStateMachine):
         states = []
         for ledger, table in zip(self.ledgers, self.tables):
             table.check()
-            states.append((
-                ledger.to_records(), ledger.waiting_ids(), ledger.waiting, ledger.count,
-                ledger.output_tokens.tolist(), ledger.finished_ids.tolist(),
-                ledger.admitted_ids.tolist(), ledger.reserved_pages, ledger.held_back,
-                ledger.kv_pages_in_use(), table.rows.tolist(), table.page_counts.tolist(),
-                table.num_free_pages))
+            states.append(
+                (
+                    ledger.to_records(),
+                    ledger.waiting_ids(),
+                    ledger.waiting,
+                    ledger.count,
+                    ledger.output_tokens.tolist(),
+                    ledger.finished_ids.tolist(),
+                    ledger.admitted_ids.tolist(),
+                    ledger.reserved_pages,
+                    ledger.held_back,
+                    ledger.kv_pages_in_use(),
+                    table.rows.tolist(),
+                    table.page_counts.tolist(),
+                    table.num_free_pages,
+                )
+            )
         assert states[0] == states[1]
         event(f"residents={self.ledgers[0].count} held_back>0={self.ledgers[0].held_back > 0}")
 
@@ -219,8 +273,8 @@ class PagedParity(RuleBasedStateMachine):
         ledger, table = self.ledgers[0], self.tables[0]
         p = table.kv_page_size
         want = [-(-self.tokens[rid] // p) for rid in ledger.request_ids.tolist()]
-        assert table.page_counts[:ledger.count].tolist() == want
-        assert not table.page_counts[ledger.count:].any()
+        assert table.page_counts[: ledger.count].tolist() == want
+        assert not table.page_counts[ledger.count :].any()
         assert ledger.reserved_pages == sum(want)
 
 
@@ -230,9 +284,17 @@ TestPagedParity.settings = settings(stateful_step_count=100)
 
 def _state(ledger, table):
     table.check()
-    return (ledger.to_records(), ledger.waiting_ids(), ledger.output_tokens.tolist(),
-            ledger.finished_ids.tolist(), ledger.admitted_ids.tolist(), ledger.reserved_pages,
-            ledger.held_back, table.rows.tolist(), table.num_free_pages)
+    return (
+        ledger.to_records(),
+        ledger.waiting_ids(),
+        ledger.output_tokens.tolist(),
+        ledger.finished_ids.tolist(),
+        ledger.admitted_ids.tolist(),
+        ledger.reserved_pages,
+        ledger.held_back,
+        table.rows.tolist(),
+        table.num_free_pages,
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -250,21 +312,32 @@ def test_long_serving_runs_stay_identical(seed):
     rng = np.random.default_rng(seed)
     b, page = int(rng.integers(2, 9)), int(rng.choice([1, 4, 16]))
     limits = StepPlannerLimits(b, 64, page)
-    policy = resolve_scheduling_policy(SchedulingOptions(
-        scheduling_policy=SchedulingPolicy(seed % 2), priority_reserved_slots=seed % 2,
-        preemption=PreemptionMode.PAUSE), limits)
+    policy = resolve_scheduling_policy(
+        SchedulingOptions(
+            scheduling_policy=SchedulingPolicy(seed % 2),
+            priority_reserved_slots=seed % 2,
+            preemption=PreemptionMode.PAUSE,
+        ),
+        limits,
+    )
     row_pages = -(-96 // page)
     shape = (b, row_pages, int(rng.integers(row_pages, row_pages * (b // 2 + 1) + 1)), page)
     tables = (_kv.KVPageTable(*shape), _kv_reference.KVPageTable(*shape))
-    ledgers = (_ledger_core.Ledger(limits, policy, max_waiting=4000, page_table=tables[0]),
-               _ledger_reference.Ledger(limits, policy, max_waiting=4000, page_table=tables[1]))
+    ledgers = (
+        _ledger_core.Ledger(limits, policy, max_waiting=4000, page_table=tables[0]),
+        _ledger_reference.Ledger(limits, policy, max_waiting=4000, page_table=tables[1]),
+    )
     planners = (_core.StepPlanner(policy, limits), _reference.StepPlanner(policy, limits))
     plans = [None, None]
     next_id = finished = steps_held = 0
     for _ in range(3000):
         for _ in range(int(rng.poisson(0.4))):
-            args = (next_id, int(rng.integers(1, 65)), int(rng.integers(-1, 3)),
-                    int(rng.integers(1, 33)))
+            args = (
+                next_id,
+                int(rng.integers(1, 65)),
+                int(rng.integers(-1, 3)),
+                int(rng.integers(1, 33)),
+            )
             for ledger in ledgers:
                 ledger.submit(*args)
             next_id += 1
@@ -275,10 +348,13 @@ def test_long_serving_runs_stay_identical(seed):
             plans = [None, None]
         mask = None
         if plans[0] is not None:
-            mask = (rng.random(plans[0].num_prefill + plans[0].num_decode) < 0.05) & \
-                plans[0].as_array()["select_last_token_logits"].astype(bool)
-        plans = [ledger.step(planner, mask if plan is not None else None)
-                 for ledger, planner, plan in zip(ledgers, planners, plans)]
+            mask = (rng.random(plans[0].num_prefill + plans[0].num_decode) < 0.05) & plans[
+                0
+            ].as_array()["select_last_token_logits"].astype(bool)
+        plans = [
+            ledger.step(planner, mask if plan is not None else None)
+            for ledger, planner, plan in zip(ledgers, planners, plans)
+        ]
         assert plans[0].to_dict() == plans[1].to_dict()
         assert _state(ledgers[0], tables[0]) == _state(ledgers[1], tables[1])
         seq = plans[0].as_array()
@@ -286,4 +362,4 @@ def test_long_serving_runs_stay_identical(seed):
         assert (seq["past_length"].astype(np.int64) + seq["query_length"] <= pages * page).all()
         finished += ledgers[0].finished_ids.size
         steps_held += ledgers[0].held_back > 0
-    assert finished > 100 and next_id > 500 and steps_held > 0   # pages held requests back at times
+    assert finished > 100 and next_id > 500 and steps_held > 0  # pages held requests back at times

@@ -55,21 +55,35 @@ class LedgerMachine(RuleBasedStateMachine):
 
     impl = "python"
 
-    @initialize(b=st.integers(1, 6), s_in=st.integers(1, 48), page=st.integers(1, 16),
-                by_priority=st.booleans(), pause=st.booleans(), max_pause=st.integers(0, 3),
-                reserved=st.integers(0, 5), max_waiting=st.integers(0, 12))
+    @initialize(
+        b=st.integers(1, 6),
+        s_in=st.integers(1, 48),
+        page=st.integers(1, 16),
+        by_priority=st.booleans(),
+        pause=st.booleans(),
+        max_pause=st.integers(0, 3),
+        reserved=st.integers(0, 5),
+        max_waiting=st.integers(0, 12),
+    )
     def start(self, b, s_in, page, by_priority, pause, max_pause, reserved, max_waiting):
         # Limits with rd(T_max) < B + P admit no policy; those are the config layer's tests.
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
-        self.policy = resolve_scheduling_policy(SchedulingOptions(
-            scheduling_policy=SchedulingPolicy.PRIORITY if by_priority else SchedulingPolicy.FCFS,
-            preemption=PreemptionMode.PAUSE if pause else PreemptionMode.NONE,
-            max_pause_steps=max_pause, priority_reserved_slots=min(reserved, b - 1)),
-            self.limits)
+        self.policy = resolve_scheduling_policy(
+            SchedulingOptions(
+                scheduling_policy=SchedulingPolicy.PRIORITY
+                if by_priority
+                else SchedulingPolicy.FCFS,
+                preemption=PreemptionMode.PAUSE if pause else PreemptionMode.NONE,
+                max_pause_steps=max_pause,
+                priority_reserved_slots=min(reserved, b - 1),
+            ),
+            self.limits,
+        )
         if self.impl == "compiled":
             from stepplanner import _core
             from stepplanner.ledger import _ledger as _ledger_core
+
             ledger_type, planner_type = _ledger_core.Ledger, _core.StepPlanner
         else:
             ledger_type, planner_type = _ledger_reference.Ledger, _reference.StepPlanner
@@ -104,15 +118,20 @@ class LedgerMachine(RuleBasedStateMachine):
                 best = min(urgent, key=self._key)
             self.waiting.remove(best)
             self.resident[best.rid] = {
-                "priority": best.priority, "arrival": best.arrival,
-                "prompt_length": best.prompt_length, "committed": 0,
-                "context_committed": False, "consecutive_paused_steps": 0}
+                "priority": best.priority,
+                "arrival": best.arrival,
+                "prompt_length": best.prompt_length,
+                "committed": 0,
+                "context_committed": False,
+                "consecutive_paused_steps": 0,
+            }
             self.accounts[best.rid] = [0, best.max_new, 0]
             admitted.append(best.rid)
         return admitted
 
-    def _apply_model(self, ids: list[int], sequences: list, paused: set,
-                     mask: np.ndarray | None, retire: bool) -> list[int]:
+    def _apply_model(
+        self, ids: list[int], sequences: list, paused: set, mask: np.ndarray | None, retire: bool
+    ) -> list[int]:
         """SPEC §6 and the output accounting, written out; returns the finished ids."""
         finished = []
         for k, seq in enumerate(sequences):
@@ -129,8 +148,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     finished.append(rid)
         for i, rid in enumerate(ids):
             row = self.resident[rid]
-            row["consecutive_paused_steps"] = (row["consecutive_paused_steps"] + 1
-                                               if i in paused else 0)
+            row["consecutive_paused_steps"] = (
+                row["consecutive_paused_steps"] + 1 if i in paused else 0
+            )
         if retire:
             self._retire_done()
         self._drop_cancelled()
@@ -180,16 +200,17 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.waiting or self.resident)
     @rule(data=st.data())
     def cancel(self, data):
-        rid = data.draw(st.sampled_from(sorted([w.rid for w in self.waiting]
-                                               + list(self.resident))))
+        rid = data.draw(
+            st.sampled_from(sorted([w.rid for w in self.waiting] + list(self.resident)))
+        )
         if rid in self.cancelled:
             with pytest.raises(ValueError, match="is not waiting or resident"):
                 self.ledger.cancel(rid)
             return
         self.ledger.cancel(rid)
         if rid in self.resident and self.pending is not None:
-            self.cancelled.add(rid)       # rows stay as the pending plan has them
-            self.accounts[rid][2] = 1     # done: never reported finished
+            self.cancelled.add(rid)  # rows stay as the pending plan has them
+            self.accounts[rid][2] = 1  # done: never reported finished
         elif rid in self.resident:
             del self.resident[rid], self.accounts[rid]
         else:
@@ -236,8 +257,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ledger.count > 0)
     @rule(data=st.data())
     def retire(self, data):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.resident)), min_size=1,
-                                 max_size=len(self.resident), unique=True))
+        ids = data.draw(
+            st.lists(
+                st.sampled_from(sorted(self.resident)),
+                min_size=1,
+                max_size=len(self.resident),
+                unique=True,
+            )
+        )
         self.ledger.retire(ids)
         for rid in ids:
             del self.resident[rid], self.accounts[rid]
@@ -248,8 +275,14 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.ledger.count > 0)
     @rule(data=st.data())
     def retire_rows(self, data):
-        rows = data.draw(st.lists(st.integers(0, self.ledger.count - 1), min_size=1,
-                                  max_size=self.ledger.count, unique=True))
+        rows = data.draw(
+            st.lists(
+                st.integers(0, self.ledger.count - 1),
+                min_size=1,
+                max_size=self.ledger.count,
+                unique=True,
+            )
+        )
         ids = self.ledger.request_ids.tolist()
         self.ledger.retire_rows(rows)
         for row in rows:
@@ -271,25 +304,37 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self._snapshot()
         waiting_stamp = min((w.arrival for w in self.waiting), default=None)
         n = self.ledger.count
-        call = data.draw(st.sampled_from([
-            lambda: self.ledger.submit(self.next_id, self.limits.max_input_length + 1),
-            lambda: self.ledger.submit(self.next_id, 0),
-            lambda: self.ledger.submit(self.next_id, 1, 0, 0),
-            lambda: self.ledger.submit(next(iter(self.resident), -1) if self.resident
-                                       else "id", 1),
-            lambda: self.ledger.cancel(self.next_id),
-            lambda: self.ledger.retire([self.next_id]),
-            lambda: self.ledger.retire_rows([self.ledger.count]),
-            lambda: self.ledger.load([{"request_id": w.rid} for w in self.waiting[:1]]
-                                     or [{"arrival": 0}, {"arrival": 0}]),
-            lambda: self.ledger.load([{"arrival": waiting_stamp, "prompt_length": 1}]
-                                     if waiting_stamp is not None else [{"bogus": 1}]),
-            lambda: self.ledger.apply(self.side_planner.plan(self.ledger.residents),
-                                      np.ones(n + 1, dtype=bool)),
-            lambda: self.ledger.apply(self.side_planner.plan(self.ledger.residents),
-                                      np.zeros(n, dtype=np.int8)),
-            lambda: self.ledger.step(self.planner, [True]),
-        ]))
+        call = data.draw(
+            st.sampled_from(
+                [
+                    lambda: self.ledger.submit(self.next_id, self.limits.max_input_length + 1),
+                    lambda: self.ledger.submit(self.next_id, 0),
+                    lambda: self.ledger.submit(self.next_id, 1, 0, 0),
+                    lambda: self.ledger.submit(
+                        next(iter(self.resident), -1) if self.resident else "id", 1
+                    ),
+                    lambda: self.ledger.cancel(self.next_id),
+                    lambda: self.ledger.retire([self.next_id]),
+                    lambda: self.ledger.retire_rows([self.ledger.count]),
+                    lambda: self.ledger.load(
+                        [{"request_id": w.rid} for w in self.waiting[:1]]
+                        or [{"arrival": 0}, {"arrival": 0}]
+                    ),
+                    lambda: self.ledger.load(
+                        [{"arrival": waiting_stamp, "prompt_length": 1}]
+                        if waiting_stamp is not None
+                        else [{"bogus": 1}]
+                    ),
+                    lambda: self.ledger.apply(
+                        self.side_planner.plan(self.ledger.residents), np.ones(n + 1, dtype=bool)
+                    ),
+                    lambda: self.ledger.apply(
+                        self.side_planner.plan(self.ledger.residents), np.zeros(n, dtype=np.int8)
+                    ),
+                    lambda: self.ledger.step(self.planner, [True]),
+                ]
+            )
+        )
         try:
             call()
         except REFUSALS:
@@ -299,8 +344,12 @@ class LedgerMachine(RuleBasedStateMachine):
         assert self._snapshot() == before
 
     def _snapshot(self) -> tuple:
-        return (self.ledger.to_records(), self.ledger.waiting_ids(),
-                self.ledger.output_tokens.tolist(), self.ledger.waiting)
+        return (
+            self.ledger.to_records(),
+            self.ledger.waiting_ids(),
+            self.ledger.output_tokens.tolist(),
+            self.ledger.waiting,
+        )
 
     # --- what must hold after every operation ---------------------------------------------------
 
@@ -323,7 +372,9 @@ class CompiledLedgerMachine(LedgerMachine):
 TestLedgerMachine = LedgerMachine.TestCase
 
 
-@pytest.mark.skipif(os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python",
-                    reason="STEPPLANNER_IMPL=python: reference-only run")
+@pytest.mark.skipif(
+    os.environ.get("STEPPLANNER_IMPL", "").strip().lower() == "python",
+    reason="STEPPLANNER_IMPL=python: reference-only run",
+)
 class TestCompiledLedgerMachine(CompiledLedgerMachine.TestCase):
     pass

@@ -39,9 +39,11 @@ def _switch_often():
 @pytest.fixture
 def make(ledger_impl):
     """(ledger, planner) of one implementation, FCFS over ``limits``."""
+
     def build(limits=LIMITS, **kw):
         policy = resolve_scheduling_policy(SchedulingOptions(), limits)
         return ledger_impl.Ledger(limits, policy, **kw), ledger_impl.StepPlanner(policy, limits)
+
     return build
 
 
@@ -72,11 +74,11 @@ def test_submitters_and_a_canceller_beside_the_loop_lose_nothing(make) -> None:
     submitters, per_thread = 3, 120
     submitted: list[int] = []
     cancelled: list[int] = []
-    refused: list[int] = []          # cancels that came after the request had finished
+    refused: list[int] = []  # cancels that came after the request had finished
     errors: list[BaseException] = []
     pushed_back = [0]
     start = threading.Barrier(submitters + 2)
-    stop = threading.Event()         # the loop failed: nobody drains the queue any more
+    stop = threading.Event()  # the loop failed: nobody drains the queue any more
     submitting = [submitters]
     count_lock = threading.Lock()
 
@@ -89,8 +91,12 @@ def test_submitters_and_a_canceller_beside_the_loop_lose_nothing(make) -> None:
                 arg = np.int64(rid) if k % 4 == 0 else rid
                 while True:
                     try:
-                        ledger.submit(arg, rng.randint(1, 64), rng.randint(-1, 2),
-                                      max_new_tokens=rng.randint(1, 4))
+                        ledger.submit(
+                            arg,
+                            rng.randint(1, 64),
+                            rng.randint(-1, 2),
+                            max_new_tokens=rng.randint(1, 4),
+                        )
                         break
                     except QueueFullError:  # backpressure: the HTTP 429 path; try again
                         pushed_back[0] += 1
@@ -147,10 +153,10 @@ def test_submitters_and_a_canceller_beside_the_loop_lose_nothing(make) -> None:
 
     assert not errors
     assert len(submitted) == len(set(submitted)) == submitters * per_thread
-    assert len(finished) == len(set(finished))              # none finished twice
-    assert not set(finished) & set(cancelled)               # none both cancelled and finished
+    assert len(finished) == len(set(finished))  # none finished twice
+    assert not set(finished) & set(cancelled)  # none both cancelled and finished
     assert set(finished) | set(cancelled) == set(submitted)  # none lost
-    assert set(refused) <= set(finished)                     # refused only once it had finished
+    assert set(refused) <= set(finished)  # refused only once it had finished
     assert plan.num_residents == 0
 
 
@@ -161,6 +167,7 @@ def test_a_submit_from_another_thread_waits_for_the_step_under_way(make) -> None
 
     class Watched:
         """The loop's planner, doing what other threads would do while it plans."""
+
         limits = planner.limits
 
         def plan(self, residents, count=None, reasons=None):
@@ -169,8 +176,10 @@ def test_a_submit_from_another_thread_waits_for_the_step_under_way(make) -> None
                 guest.join(0.2)
                 seen["waited"] = guest.is_alive()  # it waits for this step
                 seen["guest_thread"] = guest
-                for name, call in (("duplicate", lambda: ledger.submit(1, 8)),
-                                   ("admit", ledger.admit)):
+                for name, call in (
+                    ("duplicate", lambda: ledger.submit(1, 8)),
+                    ("admit", ledger.admit),
+                ):
                     thread, seen[name] = _run(call)
                     if name == "duplicate":
                         thread.join(0.2)
@@ -194,12 +203,11 @@ def test_a_submit_from_another_thread_waits_for_the_step_under_way(make) -> None
     assert plan.num_residents == 1 and ledger.waiting_ids() == [2]
 
 
-
 def test_queue_full_reaches_the_submitting_thread(make) -> None:
     ledger, planner = make(StepPlannerLimits(1, 64, 16), max_waiting=1)
     ledger.submit(1, 8)
     plan = ledger.step(planner)  # 1 holds the one row
-    ledger.submit(2, 8)          # and 2 the one place in the queue
+    ledger.submit(2, 8)  # and 2 the one place in the queue
     out: dict = {}
 
     class Watched:
@@ -245,17 +253,17 @@ def test_a_resident_cancelled_between_steps_leaves_with_the_pending_plan(make) -
     assert out == {"value": None}
     assert ledger.request_ids.tolist() == [1, 2, 3]  # rows stay as the running plan has them
     with pytest.raises(ValueError, match=f"request_id=2 {GONE}"):
-        ledger.cancel(2)                              # cancelled once
+        ledger.cancel(2)  # cancelled once
     with pytest.raises(ValueError, match="request_id=2"):
-        ledger.submit(2, 8)                           # its id is taken until it has left
+        ledger.submit(2, 8)  # its id is taken until it has left
     ledger.submit(4, 8, max_new_tokens=1)
     everyone = _emitting(plan)
-    plan = ledger.step(planner, everyone)             # the sampler ended every row: 2 included
-    assert ledger.finished_ids.tolist() == [1, 3]     # 2 was cancelled, not finished
+    plan = ledger.step(planner, everyone)  # the sampler ended every row: 2 included
+    assert ledger.finished_ids.tolist() == [1, 3]  # 2 was cancelled, not finished
     assert sorted(ledger.request_ids.tolist()) == [4]
     with pytest.raises(ValueError, match=f"request_id=1 {GONE}"):
-        ledger.cancel(1)                              # finished: refused as before
-    ledger.submit(2, 8)                               # the id is free again
+        ledger.cancel(1)  # finished: refused as before
+    ledger.submit(2, 8)  # the id is free again
 
 
 @pytest.mark.parametrize("then", ["apply", "admit", "retire_finished", "retire", "retire_rows"])
@@ -275,8 +283,16 @@ def test_a_deferred_cancel_leaves_at_the_loops_next_call(make, then) -> None:
     }[then]()
     left = sorted(ledger.request_ids.tolist())
     assert 2 not in left
-    assert left == {"apply": [1, 3, 4], "admit": [1, 3, 4], "retire_finished": [1, 3, 4],
-                    "retire": [1, 3], "retire_rows": [1, 3]}[then]
+    assert (
+        left
+        == {
+            "apply": [1, 3, 4],
+            "admit": [1, 3, 4],
+            "retire_finished": [1, 3, 4],
+            "retire": [1, 3],
+            "retire_rows": [1, 3],
+        }[then]
+    )
     if then == "apply":
         assert ledger.finished_ids.tolist() == [1, 3, 4]  # finished, kept until retired
     assert len(ledger.residents) == ledger.count

@@ -43,8 +43,9 @@ def both_inputs(core: Any, rows: list[Any]) -> dict[str, Any]:
     return {"list": as_resident_states(rows, core.ResidentState), "array": as_resident_array(rows)}
 
 
-def assert_same(case: PlanningCase, compiled: Any, reference: Any, rows: list[Any],
-                count: Any = None) -> tuple[Any, ...]:
+def assert_same(
+    case: PlanningCase, compiled: Any, reference: Any, rows: list[Any], count: Any = None
+) -> tuple[Any, ...]:
     want = None
     for core in (reference, compiled):
         planner = core.StepPlanner(case.policy, case.limits)
@@ -73,8 +74,9 @@ def broken_rows(draw: Any, case: PlanningCase) -> list[Any]:
     s_in = case.limits.max_input_length
     for _ in range(draw(st.integers(1, 2))):
         r = rows[draw(st.integers(0, len(rows) - 1))]
-        how = draw(st.sampled_from(("committed", "prompt_length", "paused", "exhausted",
-                                    "too_long")))
+        how = draw(
+            st.sampled_from(("committed", "prompt_length", "paused", "exhausted", "too_long"))
+        )
         if how == "committed":
             r[3] = draw(st.integers(-(2**31), -1))
         elif how == "prompt_length":
@@ -106,8 +108,13 @@ def test_invalid_ledgers(compiled, reference, data):
 def test_invalid_counts(compiled, reference, data):
     case = data.draw(planning_cases())
     b, n = case.limits.max_batch_size, len(case.rows)
-    count = data.draw(st.one_of(st.integers(-3, b + 3), st.sampled_from([-(2**40), 2**40, n + 1]),
-                                st.sampled_from([1.0, "1", np.int32(1), True])))
+    count = data.draw(
+        st.one_of(
+            st.integers(-3, b + 3),
+            st.sampled_from([-(2**40), 2**40, n + 1]),
+            st.sampled_from([1.0, "1", np.int32(1), True]),
+        )
+    )
     assert_same(case, compiled, reference, case.rows, count)
 
 
@@ -152,10 +159,9 @@ def ledger_histories(draw: Any) -> tuple[PlanningCase, list[tuple[list[Any], int
         if step == "shuffle":
             rows = list(draw(st.permutations(rows)))
         elif step == "grow" and len(rows) < b:
-            rows = rows + draw(st.lists(st.sampled_from(pool), min_size=1,
-                                        max_size=b - len(rows)))
+            rows = rows + draw(st.lists(st.sampled_from(pool), min_size=1, max_size=b - len(rows)))
         elif step == "shrink" and rows:
-            rows = rows[:draw(st.integers(0, len(rows) - 1))]
+            rows = rows[: draw(st.integers(0, len(rows) - 1))]
         elif step == "swap_keys" and len(rows) > 1:
             # same slots, reversed arrivals: the previous order is now the worst guess
             arrivals = [r[1] for r in rows][::-1]
@@ -173,8 +179,11 @@ def test_repeated_calls_never_depend_on_history(compiled, reference, case_histor
     for rows, count in history:
         for kind in ("list", "array"):
             got = outcome(kept, both_inputs(compiled, rows)[kind], count)
-            fresh = outcome(reference.StepPlanner(case.policy, case.limits),
-                            both_inputs(reference, rows)[kind], count)
+            fresh = outcome(
+                reference.StepPlanner(case.policy, case.limits),
+                both_inputs(reference, rows)[kind],
+                count,
+            )
             assert got == fresh, (kind, rows, count)
 
 
@@ -184,13 +193,23 @@ def test_large_ledger_far_from_previous_order(compiled, reference):
 
     limits = StepPlannerLimits(512, 64, 16)
     policy = resolve_scheduling_policy(
-        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY), limits)
+        SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY), limits
+    )
     rng = np.random.default_rng(7)
     kept = compiled.StepPlanner(policy, limits)
     for trial in range(6):
         n = int(rng.integers(400, 513))
-        rows = [(int(rng.integers(-3, 4)), int(rng.integers(0, 2**64, dtype=np.uint64)),
-                 8, 8 if d else 3, bool(d), 0) for d in rng.integers(0, 2, n)]
+        rows = [
+            (
+                int(rng.integers(-3, 4)),
+                int(rng.integers(0, 2**64, dtype=np.uint64)),
+                8,
+                8 if d else 3,
+                bool(d),
+                0,
+            )
+            for d in rng.integers(0, 2, n)
+        ]
         if trial % 2:
             rows = rows[::-1]
         arr = as_resident_array(rows)

@@ -21,17 +21,30 @@ from stepplanner import (
 from stepplanner.testing import as_resident_array, as_resident_states, planning_cases
 
 INT32_MAX = 2**31 - 1
-FIRST = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0),
-         (0, 3, 50, 16, False, 0)]
+FIRST = [
+    (0, 0, 40, 41, True, 0),
+    (0, 1, 60, 0, False, 0),
+    (0, 2, 20, 0, False, 0),
+    (0, 3, 50, 16, False, 0),
+]
 SECOND = [(0, 0, 8, 0, False, 0), (0, 1, 5, 5, True, 0)]
-PAUSING = dict(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-               scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE)
+PAUSING = dict(
+    ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+    scheduling_policy=SchedulingPolicy.PRIORITY,
+    preemption=PreemptionMode.PAUSE,
+)
 
 
 @pytest.fixture
 def planner(make_planner):
-    return make_planner(4, 64, 16, ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-                        max_num_tokens=52, max_chunk_tokens=32)
+    return make_planner(
+        4,
+        64,
+        16,
+        ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+        max_num_tokens=52,
+        max_chunk_tokens=32,
+    )
 
 
 def states(core, rows):
@@ -51,8 +64,11 @@ def test_next_call_overwrites_the_plan_and_its_views(core, planner):
     assert len(sequences) == 3
     planner.plan(states(core, SECOND))
     assert plan.num_residents == 2 and plan.total_tokens == 9
-    assert list(sequences) == list(plan.sequences) == [(0, SequenceWork.CONTEXT, 0, 8, True),
-                                                       (1, SequenceWork.DECODE, 5, 1, True)]
+    assert (
+        list(sequences)
+        == list(plan.sequences)
+        == [(0, SequenceWork.CONTEXT, 0, 8, True), (1, SequenceWork.DECODE, 5, 1, True)]
+    )
     assert list(paused) == []
 
 
@@ -97,8 +113,12 @@ def test_array_views_are_read_only(core, planner):
 
 def test_paused_array_equals_paused(core, make_planner):
     planner = make_planner(4, 64, 16, **PAUSING)
-    rows = [(1, 0, 40, 41, True, 0), (0, 5, 60, 0, False, 0), (2, 2, 20, 0, False, 0),
-            (1, 3, 50, 50, True, 0)]
+    rows = [
+        (1, 0, 40, 41, True, 0),
+        (0, 5, 60, 0, False, 0),
+        (2, 2, 20, 0, False, 0),
+        (1, 3, 50, 50, True, 0),
+    ]
     plan = planner.plan(as_resident_array(rows))
     assert plan.paused_array().tolist() == list(plan.paused) == [0, 2, 3]
 
@@ -137,8 +157,12 @@ def test_apply_to_follows_spec_6(core, case, as_array, data):
 def test_apply_to_example(core, planner):
     residents = states(core, FIRST)
     planner.plan(residents).apply_to(residents)
-    assert as_rows(residents) == [(0, 0, 40, 42, True, 0), (0, 1, 60, 32, False, 0),
-                                  (0, 2, 20, 16, False, 0), (0, 3, 50, 16, False, 0)]
+    assert as_rows(residents) == [
+        (0, 0, 40, 42, True, 0),
+        (0, 1, 60, 32, False, 0),
+        (0, 2, 20, 16, False, 0),
+        (0, 3, 50, 16, False, 0),
+    ]
 
 
 def test_apply_to_counts_pauses(core, make_planner):
@@ -183,8 +207,9 @@ def test_apply_to_rejects_bad_targets(core, planner):
         ([None] * 4, TypeError, "residents[0] must be a ResidentState"),
     ]
     for target, exc, fragment in cases:
-        with pytest.raises(exc, match=fragment.replace("[", r"\[").replace("(", r"\(")
-                           .replace(")", r"\)")):
+        with pytest.raises(
+            exc, match=fragment.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")
+        ):
             plan.apply_to(target)
 
 
@@ -223,14 +248,18 @@ def test_compiled_plan_allocates_nothing(compiled, reference, kind):
     def make(core):
         def build(b, s_in, p, **options):
             lim = StepPlannerLimits(b, s_in, p)
-            return core.StepPlanner(resolve_scheduling_policy(SchedulingOptions(**options), lim),
-                                    lim)
+            return core.StepPlanner(
+                resolve_scheduling_policy(SchedulingOptions(**options), lim), lim
+            )
+
         return build
 
     net, peak = _net_allocation(compiled, make(compiled), kind)
     ref_net, ref_peak = _net_allocation(reference, make(reference), kind)
-    print(f"{kind}: compiled net {net} B (peak {peak} B); reference net {ref_net} B "
-          f"(peak {ref_peak} B) over 1,000 calls")
+    print(
+        f"{kind}: compiled net {net} B (peak {peak} B); reference net {ref_net} B "
+        f"(peak {ref_peak} B) over 1,000 calls"
+    )
     assert net == 0
     # The measurement can see allocations: the reference makes lists and tuples per call.
     assert ref_peak > 1000 and ref_peak > 10 * max(peak, 1)

@@ -40,8 +40,11 @@ def run(core, kind):
     """run(planner, rows, count=None) -> (plan, [(Reason, released)] per planned-over row)."""
 
     def call(planner, rows, count=None):
-        residents = (as_resident_array(rows) if kind == "array"
-                     else as_resident_states(rows, core.ResidentState))
+        residents = (
+            as_resident_array(rows)
+            if kind == "array"
+            else as_resident_states(rows, core.ResidentState)
+        )
         reasons = np.full(max(len(rows), 1), 0xEE, dtype=np.uint8)
         plan = planner.plan(residents, count, reasons=reasons)
         check_plan(planner.policy, planner.limits, residents, plan)
@@ -52,8 +55,11 @@ def run(core, kind):
 
 
 def chunks(plan):
-    return [(s.resident, s.query_length, s.select_last_token_logits)
-            for s in plan.sequences if s.work == CONTEXT]
+    return [
+        (s.resident, s.query_length, s.select_last_token_logits)
+        for s in plan.sequences
+        if s.work == CONTEXT
+    ]
 
 
 def decodes(plan):
@@ -87,8 +93,13 @@ def test_duplicate_arrivals_break_ties_by_index(make_planner, run, policy):
 
 def test_order_over_the_full_field_ranges(make_planner, run):
     planner = make_planner(5, 64, 16, ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY)
-    rows = [dec(2**31 - 1, 0), dec(0, 2**64 - 1), dec(0, 2**32), dec(-(2**31), 2**63),
-            dec(0, 2**32 - 1)]
+    rows = [
+        dec(2**31 - 1, 0),
+        dec(0, 2**64 - 1),
+        dec(0, 2**32),
+        dec(-(2**31), 2**63),
+        dec(0, 2**32 - 1),
+    ]
     plan, _ = run(planner, rows)
     assert decodes(plan) == [3, 4, 2, 1, 0]
 
@@ -98,15 +109,26 @@ def test_chunks_then_decodes_each_in_order(make_planner, run):
     rows = [dec(arrival=4), row(arrival=3, prompt=8), dec(arrival=1), row(arrival=2, prompt=8)]
     plan, _ = run(planner, rows)
     assert [(s.resident, s.work) for s in plan.sequences] == [
-        (3, CONTEXT), (1, CONTEXT), (2, DECODE), (0, DECODE)]
+        (3, CONTEXT),
+        (1, CONTEXT),
+        (2, DECODE),
+        (0, DECODE),
+    ]
 
 
 # --- pause ---------------------------------------------------------------------------------------
 
 
 def pause_planner(make_planner, max_pause_steps=0, mode=MIXED, policy=PRIORITY, preemption=PAUSE):
-    return make_planner(4, 64, 16, ifb_scheduling_mode=mode, scheduling_policy=policy,
-                        preemption=preemption, max_pause_steps=max_pause_steps)
+    return make_planner(
+        4,
+        64,
+        16,
+        ifb_scheduling_mode=mode,
+        scheduling_policy=policy,
+        preemption=preemption,
+        max_pause_steps=max_pause_steps,
+    )
 
 
 def test_pause_withholds_everyone_worse_than_the_first_prompt(make_planner, run):
@@ -114,8 +136,12 @@ def test_pause_withholds_everyone_worse_than_the_first_prompt(make_planner, run)
     plan, why = run(pause_planner(make_planner), rows)
     assert list(plan.paused) == [0, 3]
     assert chunks(plan) == [(1, 30, True)] and decodes(plan) == [2]
-    assert why == [(Reason.PAUSED, False), (Reason.CHUNK_FINAL, False),
-                   (Reason.DECODE, False), (Reason.PAUSED, False)]
+    assert why == [
+        (Reason.PAUSED, False),
+        (Reason.CHUNK_FINAL, False),
+        (Reason.DECODE, False),
+        (Reason.PAUSED, False),
+    ]
 
 
 def test_pause_needs_a_pending_prompt(make_planner, run):
@@ -150,11 +176,14 @@ def test_max_pause_steps_zero_pauses_forever(make_planner, run):
     assert list(plan.paused) == [1]
 
 
-@pytest.mark.parametrize(("mode", "policy", "preemption"), [
-    (MIXED, SchedulingPolicy.FCFS, PAUSE),
-    (MIXED, PRIORITY, PreemptionMode.NONE),
-    (PREFILL_FIRST, PRIORITY, PAUSE),
-])
+@pytest.mark.parametrize(
+    ("mode", "policy", "preemption"),
+    [
+        (MIXED, SchedulingPolicy.FCFS, PAUSE),
+        (MIXED, PRIORITY, PreemptionMode.NONE),
+        (PREFILL_FIRST, PRIORITY, PAUSE),
+    ],
+)
 def test_only_mixed_priority_pause_pauses(make_planner, run, mode, policy, preemption):
     planner = pause_planner(make_planner, mode=mode, policy=policy, preemption=preemption)
     plan, why = run(planner, [dec(1, 0), row(0, 5, 30), row(2, 2, 20)])
@@ -166,8 +195,9 @@ def test_only_mixed_priority_pause_pauses(make_planner, run, mode, policy, preem
 
 
 def budget_planner(make_planner, b=4):
-    return make_planner(b, 64, 16, ifb_scheduling_mode=MIXED, max_num_tokens=52,
-                        max_chunk_tokens=32)
+    return make_planner(
+        b, 64, 16, ifb_scheduling_mode=MIXED, max_num_tokens=52, max_chunk_tokens=32
+    )
 
 
 def test_decode_rows_set_budget_and_cap(make_planner, run):
@@ -182,8 +212,15 @@ def test_no_decode_rows_use_t_max_and_s_in(make_planner, run):
 
 def test_no_decode_rows_use_max_step_tokens_when_smaller(make_planner, run):
     # SPEC §2: T_max = min(B*S_in, max_step_tokens) = 100: A 60 (final), then min(64, 40) -> 32.
-    planner = make_planner(4, 64, 16, max_step_tokens=100, ifb_scheduling_mode=MIXED,
-                           max_num_tokens=52, max_chunk_tokens=32)
+    planner = make_planner(
+        4,
+        64,
+        16,
+        max_step_tokens=100,
+        ifb_scheduling_mode=MIXED,
+        max_num_tokens=52,
+        max_chunk_tokens=32,
+    )
     plan, why = run(planner, [row(0, 0, 60), row(0, 1, 64)])
     assert chunks(plan) == [(0, 60, True), (1, 32, False)]
     assert plan.total_tokens == 92 <= 100
@@ -191,8 +228,7 @@ def test_no_decode_rows_use_max_step_tokens_when_smaller(make_planner, run):
 
 
 def test_prefill_first_budget_is_max_step_tokens(make_planner, run):
-    planner = make_planner(4, 64, 16, max_step_tokens=80,
-                           ifb_scheduling_mode=PREFILL_FIRST)
+    planner = make_planner(4, 64, 16, max_step_tokens=80, ifb_scheduling_mode=PREFILL_FIRST)
     assert planner.policy.max_num_tokens == 80
     plan, _ = run(planner, [row(0, 0, 60), row(0, 1, 64), dec(0, 2)])
     assert chunks(plan) == [(0, 60, True), (1, 16, False)]  # 80 - 60 = 20 -> one page
@@ -201,8 +237,9 @@ def test_prefill_first_budget_is_max_step_tokens(make_planner, run):
 def test_budget_shrinks_with_each_decode_row(make_planner, run):
     # 3 decode rows: budget 49; first prompt 32 (cap), second min(40, 17) = 17 -> page end 16.
     rows = [row(0, 0, 60), row(0, 1, 40), dec(0, 2), dec(0, 3)]
-    planner = make_planner(5, 64, 16, ifb_scheduling_mode=MIXED, max_num_tokens=52,
-                           max_chunk_tokens=32)
+    planner = make_planner(
+        5, 64, 16, ifb_scheduling_mode=MIXED, max_num_tokens=52, max_chunk_tokens=32
+    )
     plan, _ = run(planner, rows + [dec(0, 4)])
     assert chunks(plan) == [(0, 32, False), (1, 16, False)]
     assert plan.total_tokens == 51 <= 52
@@ -213,8 +250,13 @@ def test_skip_and_continue(make_planner, run):
     rows = [row(0, 0, 60), row(0, 1, 40), row(0, 2, 20), row(0, 3, 3), dec(0, 4)]
     plan, why = run(budget_planner(make_planner, b=5), rows)
     assert chunks(plan) == [(0, 32, False), (1, 16, False), (3, 3, True)]
-    assert [r for r, _ in why] == [Reason.CHUNK, Reason.CHUNK, Reason.SKIPPED_PAGE_TRIM,
-                                   Reason.CHUNK_FINAL, Reason.DECODE]
+    assert [r for r, _ in why] == [
+        Reason.CHUNK,
+        Reason.CHUNK,
+        Reason.SKIPPED_PAGE_TRIM,
+        Reason.CHUNK_FINAL,
+        Reason.DECODE,
+    ]
 
 
 def test_skip_when_budget_is_spent(make_planner, run):
@@ -245,8 +287,9 @@ def test_input_shorter_than_a_page(make_planner, run):
 
 
 def test_page_size_one_never_trims(make_planner, run):
-    planner = make_planner(2, 64, 1, ifb_scheduling_mode=MIXED, max_num_tokens=20,
-                           max_chunk_tokens=7)
+    planner = make_planner(
+        2, 64, 1, ifb_scheduling_mode=MIXED, max_num_tokens=20, max_chunk_tokens=7
+    )
     plan, _ = run(planner, [row(0, 0, 60, committed=3), dec(0, 1)])
     assert chunks(plan) == [(0, 7, False)]
 
@@ -315,11 +358,15 @@ def test_every_reason_code_occurs(make_planner, run):
     """Each Reason value and the RELEASED bit, from the cases above, in one table."""
     seen = set()
     cases = [
-        (budget_planner(make_planner, b=5),
-         [row(0, 0, 60), row(0, 1, 40), row(0, 2, 20), row(0, 3, 3), dec(0, 4)]),
+        (
+            budget_planner(make_planner, b=5),
+            [row(0, 0, 60), row(0, 1, 40), row(0, 2, 20), row(0, 3, 3), dec(0, 4)],
+        ),
         (budget_planner(make_planner), [row(0, 0, 60), row(0, 1, 19), row(0, 2, 4), dec(0, 3)]),
-        (pause_planner(make_planner, max_pause_steps=2),
-         [row(0, 0, 20), dec(1, 1, paused_steps=2), dec(1, 2)]),
+        (
+            pause_planner(make_planner, max_pause_steps=2),
+            [row(0, 0, 20), dec(1, 1, paused_steps=2), dec(1, 2)],
+        ),
         (make_planner(4, 64, 16, ifb_scheduling_mode=PREFILL_FIRST), [dec(0, 0), row(0, 1, 8)]),
     ]
     for planner, rows in cases:

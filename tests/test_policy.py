@@ -21,8 +21,11 @@ from stepplanner import (
 from stepplanner.testing import limits as limits_strategy
 from stepplanner.testing import policies, scheduling_options
 
-AUTO, MIXED, PREFILL_FIRST = (IfbSchedulingMode.AUTO, IfbSchedulingMode.MIXED,
-                              IfbSchedulingMode.PREFILL_FIRST)
+AUTO, MIXED, PREFILL_FIRST = (
+    IfbSchedulingMode.AUTO,
+    IfbSchedulingMode.MIXED,
+    IfbSchedulingMode.PREFILL_FIRST,
+)
 
 
 def resolve(b, s_in, p, **options):
@@ -71,15 +74,15 @@ def test_max_step_tokens_caps_t_max():
 
 @pytest.mark.parametrize("value", [-1, 1, 15])
 def test_max_step_tokens_below_a_page(value):
-    with raises_naming(ValueError, f"max_step_tokens={value}",
-                       "max(kv_page_size, max_batch_size) = 16"):
+    with raises_naming(
+        ValueError, f"max_step_tokens={value}", "max(kv_page_size, max_batch_size) = 16"
+    ):
         StepPlannerLimits(4, 64, 16, value)
 
 
 def test_max_step_tokens_below_one_decode_token_per_slot():
     # A prefill-first step with every resident decoding plans B tokens: they must fit.
-    with raises_naming(ValueError, "max_step_tokens=31",
-                       "max(kv_page_size, max_batch_size) = 32"):
+    with raises_naming(ValueError, "max_step_tokens=31", "max(kv_page_size, max_batch_size) = 32"):
         StepPlannerLimits(32, 64, 16, 31)
     assert StepPlannerLimits(32, 64, 16, 32).t_max == 32
 
@@ -112,8 +115,9 @@ def test_max_step_tokens_replaces_b_times_s_in_in_resolution():
     assert (p.mode, p.max_num_tokens, p.max_chunk_tokens) == (PREFILL_FIRST, 16, 64)
 
 
-@pytest.mark.parametrize("field", ["max_num_tokens", "max_chunk_tokens", "max_pause_steps",
-                                   "priority_reserved_slots"])
+@pytest.mark.parametrize(
+    "field", ["max_num_tokens", "max_chunk_tokens", "max_pause_steps", "priority_reserved_slots"]
+)
 def test_option_fields_negative(field):
     with raises_naming(ValueError, f"{field}=-1", ">= 0"):
         SchedulingOptions(**{field: -1})
@@ -122,8 +126,9 @@ def test_option_fields_negative(field):
 @pytest.mark.parametrize("value", [-1, 4, 5])
 def test_priority_reserved_slots_below_batch(value):
     with raises_naming(ValueError, f"priority_reserved_slots={value}", "max_batch_size=4"):
-        resolve_scheduling_policy(_options_unchecked(priority_reserved_slots=value),
-                                  StepPlannerLimits(4, 64, 16))
+        resolve_scheduling_policy(
+            _options_unchecked(priority_reserved_slots=value), StepPlannerLimits(4, 64, 16)
+        )
 
 
 def _options_unchecked(**fields):
@@ -148,9 +153,15 @@ def test_option_enum_fields():
 
 def test_option_defaults():
     o = SchedulingOptions()
-    assert (o.ifb_scheduling_mode, o.max_num_tokens, o.max_chunk_tokens, o.scheduling_policy,
-            o.preemption, o.priority_reserved_slots, o.max_pause_steps) == (
-        AUTO, 0, 0, SchedulingPolicy.FCFS, PreemptionMode.NONE, 0, 0)
+    assert (
+        o.ifb_scheduling_mode,
+        o.max_num_tokens,
+        o.max_chunk_tokens,
+        o.scheduling_policy,
+        o.preemption,
+        o.priority_reserved_slots,
+        o.max_pause_steps,
+    ) == (AUTO, 0, 0, SchedulingPolicy.FCFS, PreemptionMode.NONE, 0, 0)
 
 
 # --- rule 2: AUTO ------------------------------------------------------------------------------
@@ -210,8 +221,9 @@ def test_mixed_given_budget_range(value):
 
 @pytest.mark.parametrize("value", [20, 256])
 def test_mixed_given_budget_edges_accepted(value):
-    assert resolve(4, 64, 16, ifb_scheduling_mode=MIXED,
-                   max_num_tokens=value).max_num_tokens == value
+    assert (
+        resolve(4, 64, 16, ifb_scheduling_mode=MIXED, max_num_tokens=value).max_num_tokens == value
+    )
 
 
 @pytest.mark.parametrize("value", [8, 24, 48 + 16])
@@ -245,17 +257,28 @@ def test_prefill_first_checks_a_given_budget():
 
 
 def test_prefill_first_valid_given_budget_still_resolves_to_t_max():
-    policy = resolve(4, 64, 16, ifb_scheduling_mode=PREFILL_FIRST, max_num_tokens=52,
-                     max_chunk_tokens=32)
+    policy = resolve(
+        4, 64, 16, ifb_scheduling_mode=PREFILL_FIRST, max_num_tokens=52, max_chunk_tokens=32
+    )
     assert (policy.max_num_tokens, policy.max_chunk_tokens) == (256, 64)
 
 
 def test_resolution_carries_the_other_fields():
-    policy = resolve(4, 64, 16, scheduling_policy=SchedulingPolicy.PRIORITY,
-                     preemption=PreemptionMode.PAUSE, priority_reserved_slots=2,
-                     max_pause_steps=3)
-    assert (policy.scheduling_policy, policy.preemption, policy.priority_reserved_slots,
-            policy.max_pause_steps) == (SchedulingPolicy.PRIORITY, PreemptionMode.PAUSE, 2, 3)
+    policy = resolve(
+        4,
+        64,
+        16,
+        scheduling_policy=SchedulingPolicy.PRIORITY,
+        preemption=PreemptionMode.PAUSE,
+        priority_reserved_slots=2,
+        max_pause_steps=3,
+    )
+    assert (
+        policy.scheduling_policy,
+        policy.preemption,
+        policy.priority_reserved_slots,
+        policy.max_pause_steps,
+    ) == (SchedulingPolicy.PRIORITY, PreemptionMode.PAUSE, 2, 3)
 
 
 def test_resolve_argument_types():
@@ -296,16 +319,19 @@ def test_planner_rejects_unresolved_auto(core):
         core.StepPlanner(hand_built(mode=AUTO), LIMITS)
 
 
-@pytest.mark.parametrize(("fields", "fragments"), [
-    ({"max_num_tokens": 19}, ("max_num_tokens=19", "[20, 256]")),
-    ({"max_num_tokens": 257}, ("max_num_tokens=257", "[20, 256]")),
-    ({"max_chunk_tokens": 24}, ("max_chunk_tokens=24", "multiple of kv_page_size=16")),
-    ({"max_chunk_tokens": 48 + 16}, ("max_chunk_tokens=64", "[16, 48]")),
-    ({"max_chunk_tokens": 0}, ("max_chunk_tokens=0", "[16, 48]")),
-    ({"mode": PREFILL_FIRST}, ("max_num_tokens=52", "256 under PREFILL_FIRST")),
-    ({"mode": PREFILL_FIRST, "max_num_tokens": 256}, ("max_chunk_tokens=32", "64 under")),
-    ({"priority_reserved_slots": 4}, ("priority_reserved_slots=4", "max_batch_size=4")),
-])
+@pytest.mark.parametrize(
+    ("fields", "fragments"),
+    [
+        ({"max_num_tokens": 19}, ("max_num_tokens=19", "[20, 256]")),
+        ({"max_num_tokens": 257}, ("max_num_tokens=257", "[20, 256]")),
+        ({"max_chunk_tokens": 24}, ("max_chunk_tokens=24", "multiple of kv_page_size=16")),
+        ({"max_chunk_tokens": 48 + 16}, ("max_chunk_tokens=64", "[16, 48]")),
+        ({"max_chunk_tokens": 0}, ("max_chunk_tokens=0", "[16, 48]")),
+        ({"mode": PREFILL_FIRST}, ("max_num_tokens=52", "256 under PREFILL_FIRST")),
+        ({"mode": PREFILL_FIRST, "max_num_tokens": 256}, ("max_chunk_tokens=32", "64 under")),
+        ({"priority_reserved_slots": 4}, ("priority_reserved_slots=4", "max_batch_size=4")),
+    ],
+)
 def test_planner_rejects_broken_budgets(core, fields, fragments):
     with raises_naming(ValueError, *fragments):
         core.StepPlanner(hand_built(**fields), LIMITS)

@@ -8,10 +8,22 @@ import pickle
 
 import pytest
 
-FIELDS = ("priority", "arrival", "prompt_length", "committed", "context_committed",
-          "consecutive_paused_steps")
-VALUES = {"priority": -3, "arrival": 2**64 - 1, "prompt_length": 40, "committed": 17,
-          "context_committed": True, "consecutive_paused_steps": 2}
+FIELDS = (
+    "priority",
+    "arrival",
+    "prompt_length",
+    "committed",
+    "context_committed",
+    "consecutive_paused_steps",
+)
+VALUES = {
+    "priority": -3,
+    "arrival": 2**64 - 1,
+    "prompt_length": 40,
+    "committed": 17,
+    "context_committed": True,
+    "consecutive_paused_steps": 2,
+}
 
 
 def test_defaults(core):
@@ -47,8 +59,10 @@ def test_unknown_attribute(core):
 def test_repr_round_trips(core):
     r = core.ResidentState(**VALUES)
     text = repr(r)
-    assert text == ("ResidentState(priority=-3, arrival=18446744073709551615, prompt_length=40, "
-                    "committed=17, context_committed=True, consecutive_paused_steps=2)")
+    assert text == (
+        "ResidentState(priority=-3, arrival=18446744073709551615, prompt_length=40, "
+        "committed=17, context_committed=True, consecutive_paused_steps=2)"
+    )
     assert eval(text, {"ResidentState": core.ResidentState}) == r
 
 

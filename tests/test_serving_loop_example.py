@@ -14,5 +14,5 @@ def test_serving_loop_example_retires_every_request_once() -> None:
     spec.loader.exec_module(module)
     steps, order = module.serve([300, 40, 500, 120, 64, 16])
     assert sorted(order) == list(range(6))  # each request finished and was retired once
-    assert order[0] == module.EOS_ROW       # the sampler's EOS ended it before max_new_tokens
-    assert steps >= 4                       # a prompt's first token, then three decodes
+    assert order[0] == module.EOS_ROW  # the sampler's EOS ended it before max_new_tokens
+    assert steps >= 4  # a prompt's first token, then three decodes

@@ -35,14 +35,21 @@ from stepplanner.sim.workloads import Workload, synthetic
 LIMITS = StepPlannerLimits(max_batch_size=16, max_input_length=512, kv_page_size=16)
 CONFIGS = {
     "fcfs": SchedulingOptions(),
-    "priority_pause": SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY,
-                                        preemption=PreemptionMode.PAUSE, max_pause_steps=4),
-    "pause_forever": SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY,
-                                       preemption=PreemptionMode.PAUSE),
-    "prefill_first": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.PREFILL_FIRST,
-                                       scheduling_policy=SchedulingPolicy.PRIORITY),
-    "reserved": SchedulingOptions(scheduling_policy=SchedulingPolicy.PRIORITY,
-                                  priority_reserved_slots=4, max_num_tokens=96),
+    "priority_pause": SchedulingOptions(
+        scheduling_policy=SchedulingPolicy.PRIORITY,
+        preemption=PreemptionMode.PAUSE,
+        max_pause_steps=4,
+    ),
+    "pause_forever": SchedulingOptions(
+        scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE
+    ),
+    "prefill_first": SchedulingOptions(
+        ifb_scheduling_mode=IfbSchedulingMode.PREFILL_FIRST,
+        scheduling_policy=SchedulingPolicy.PRIORITY,
+    ),
+    "reserved": SchedulingOptions(
+        scheduling_policy=SchedulingPolicy.PRIORITY, priority_reserved_slots=4, max_num_tokens=96
+    ),
 }
 
 
@@ -104,9 +111,15 @@ def test_step_time_is_the_latency_model() -> None:
 def test_pause_counts_and_releases_are_reported() -> None:
     w = synthetic(requests=300, rate=80.0, seed=5, max_prompt=512, max_output=64)
     forever = simulate(w, LIMITS, CONFIGS["pause_forever"]).report()
-    capped = simulate(w, LIMITS, SchedulingOptions(
-        scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE,
-        max_pause_steps=1)).report()
+    capped = simulate(
+        w,
+        LIMITS,
+        SchedulingOptions(
+            scheduling_policy=SchedulingPolicy.PRIORITY,
+            preemption=PreemptionMode.PAUSE,
+            max_pause_steps=1,
+        ),
+    ).report()
     assert forever["pauses"]["paused_resident_steps"] > 0
     assert forever["pauses"]["max_consecutive_paused_steps"] > 1
     assert forever["pauses"]["released_by_max_pause_steps"] == 0
@@ -124,8 +137,12 @@ def test_priority_serves_the_urgent_class_first_under_load() -> None:
 
 
 def test_too_long_prompts_are_refused_and_counted_never_dropped_silently() -> None:
-    w = Workload(np.array([0.0, 0.1, 0.2]), np.array([100, 513, 50]), np.array([3, 3, 3]),
-                 np.array([0, 0, 0]))
+    w = Workload(
+        np.array([0.0, 0.1, 0.2]),
+        np.array([100, 513, 50]),
+        np.array([3, 3, 3]),
+        np.array([0, 0, 0]),
+    )
     r = simulate(w, LIMITS)
     assert r.refused.tolist() == [False, True, False]
     rep = r.report()["requests"]
@@ -158,6 +175,7 @@ def test_record_then_replay_matches_and_a_tampered_record_differs() -> None:
     out = io.StringIO()
     policy_options = CONFIGS["priority_pause"]
     from stepplanner import resolve_scheduling_policy
+
     policy = resolve_scheduling_policy(policy_options, LIMITS)
     recorder = StepRecorder(out, LIMITS, policy)
     simulate(_workload(), LIMITS, policy, on_step=recorder, max_steps=80)
@@ -173,12 +191,17 @@ def test_record_then_replay_matches_and_a_tampered_record_differs() -> None:
     assert any("sequences[0]" in text for text in tampered.diffs[0]["differences"])
 
 
-@pytest.mark.parametrize(("lines", "match"), [
-    ([], "expected the header"),
-    (['{"type": "header", "format": "other/9"}'], "format='other/9' is not known"),
-    (['{"type": "header", "format": "stepplanner-steps/1", "limits": {}, "policy": {}}'],
-     "bad limits/policy"),
-])
+@pytest.mark.parametrize(
+    ("lines", "match"),
+    [
+        ([], "expected the header"),
+        (['{"type": "header", "format": "other/9"}'], "format='other/9' is not known"),
+        (
+            ['{"type": "header", "format": "stepplanner-steps/1", "limits": {}, "policy": {}}'],
+            "bad limits/policy",
+        ),
+    ],
+)
 def test_replay_rejects_bad_records(lines: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         replay(lines)
@@ -187,7 +210,11 @@ def test_replay_rejects_bad_records(lines: list[str], match: str) -> None:
 def test_latency_model_parse_validation_and_source_fit() -> None:
     assert LatencyModel.parse("a=0.001, c=1e-9") == LatencyModel(a=0.001, c=1e-9, name="custom")
     assert LatencyModel.parse("d=1e-9,e=2e-9,f=3e-4").coefficients() == {
-        **LatencyModel().coefficients(), "d": 1e-9, "e": 2e-9, "f": 3e-4}
+        **LatencyModel().coefficients(),
+        "d": 1e-9,
+        "e": 2e-9,
+        "f": 3e-4,
+    }
     with pytest.raises(ValueError, match="latency item 'g=1' is not known"):
         LatencyModel.parse("g=1")
     with pytest.raises(ValueError, match=r"LatencyModel.b=-1"):
@@ -233,14 +260,21 @@ def test_saturated_runs_reproduce_the_published_rows_as_documented() -> None:
     model the joint fit (tools/fit_latency.py) finds on those runs."""
     model = LatencyModel()
     sums = []
-    for expected, (isl, osl, tok_s, requests) in zip(PUBLISHED_FIT, TRTLLM_H100_LLAMA31_8B_FP8,
-                                                     strict=True):
+    for expected, (isl, osl, tok_s, requests) in zip(
+        PUBLISHED_FIT, TRTLLM_H100_LLAMA31_8B_FP8, strict=True
+    ):
         result = simulate_row(isl, osl, requests, model)
         sums.append(step_sums(result))
         r = residual(result, tok_s)
-        assert expected == (f"{isl}/{osl}", f"{requests:,}", f"{r.concurrency:,}",
-                            f"{r.max_num_tokens:,}", f"{tok_s:,.0f}", f"{r.simulated:,.0f}",
-                            f"{100 * r.relative:+.1f}%")
+        assert expected == (
+            f"{isl}/{osl}",
+            f"{requests:,}",
+            f"{r.concurrency:,}",
+            f"{r.max_num_tokens:,}",
+            f"{tok_s:,.0f}",
+            f"{r.simulated:,.0f}",
+            f"{100 * r.relative:+.1f}%",
+        )
         assert abs(r.relative) <= float(BOUND_ALL) / 100
         if (isl, osl) != (20000, 2000):
             assert abs(r.relative) <= float(BOUND_REST) / 100
@@ -253,15 +287,21 @@ def test_the_docs_publish_the_tested_fit() -> None:
     if not DOC.exists():
         pytest.skip("docs/ is not beside this tests/ (e.g. a wheel test run)")
     text = DOC.read_text(encoding="utf-8")
-    rows = [tuple(cell.strip() for cell in line.strip().strip("|").split("|"))
-            for line in text.splitlines() if re.match(r"\| \d+/\d+ \|", line)]
+    rows = [
+        tuple(cell.strip() for cell in line.strip().strip("|").split("|"))
+        for line in text.splitlines()
+        if re.match(r"\| \d+/\d+ \|", line)
+    ]
     assert rows == PUBLISHED_FIT
-    sentence = (f"every row is within {BOUND_ALL}% of its published figure, and the nine other "
-                f"than 20000/2000 within {BOUND_REST}%.")
+    sentence = (
+        f"every row is within {BOUND_ALL}% of its published figure, and the nine other "
+        f"than 20000/2000 within {BOUND_REST}%."
+    )
     assert re.search(re.escape(sentence).replace(r"\ ", r"\s+"), text), sentence
     m = LatencyModel()
-    assert (f"a = {m.a * 1e3:g} ms, b = {m.b * 1e6:g} us/token, c = {m.c * 1e9:g} ns/position"
-            in text)
+    assert (
+        f"a = {m.a * 1e3:g} ms, b = {m.b * 1e6:g} us/token, c = {m.c * 1e9:g} ns/position" in text
+    )
 
 
 def test_the_fit_solves_nonnegative_least_squares() -> None:
@@ -274,7 +314,8 @@ def test_the_fit_solves_nonnegative_least_squares() -> None:
     assert x[0] == 0 and np.all(x >= 0)
     assert np.sum((matrix @ x - target) ** 2) <= min(
         np.sum((matrix @ np.array(p) - target) ** 2)
-        for p in ([0, 1, 1], [0, 0.9, 1.1], [0, 1.1, 0.9], [0.1, 1, 1]))
+        for p in ([0, 1, 1], [0, 0.9, 1.1], [0, 1.1, 0.9], [0.1, 1, 1])
+    )
 
 
 @pytest.mark.usefixtures("fastest_planner")
@@ -282,9 +323,15 @@ def test_a_saturated_run_is_linear_in_the_model() -> None:
     """What makes the fit in tools/fit_latency.py exact: with every request there at t=0 the
     plans ignore time, so the span is a * steps + b * tokens + c * context."""
     workload, limits, policy = saturated_run(1000, 200, 600)
-    runs = [simulate(workload, limits, policy, m) for m in
-            (LatencyModel(1.0, 0.0, 0.0), LatencyModel(0.0, 1.0, 0.0), LatencyModel(0.0, 0.0, 1.0),
-             LatencyModel())]
+    runs = [
+        simulate(workload, limits, policy, m)
+        for m in (
+            LatencyModel(1.0, 0.0, 0.0),
+            LatencyModel(0.0, 1.0, 0.0),
+            LatencyModel(0.0, 0.0, 1.0),
+            LatencyModel(),
+        )
+    ]
     steps, tokens, context = (float(runs[k].steps["end_time"][-1]) for k in range(3))
     assert steps == runs[0].num_steps and tokens == runs[1].steps["tokens"].sum()
     m = LatencyModel()
@@ -297,9 +344,14 @@ def test_a_saturated_run_is_linear_in_the_model() -> None:
 # By hand: (81,559 MiB - 8.03e9 B) x 0.95 / 64 KiB = 1,123,296 KV tokens. 128/128: 4,388 fit,
 # capped at 4,096; tokens 4,096 x 2. 2048/128: 516.2 fit (batch rounds up to 640, the KV cache
 # holds 516); tokens 516.2 x 17 = 8,776 -> 9,216. 20000/2000: 51.06 fit; 561.6 tokens -> 2,048.
-@pytest.mark.parametrize(("isl", "osl", "engine"), [
-    (128, 128, (4096, 8192)), (2048, 128, (516, 9216)), (20000, 2000, (51, 2048)),
-])
+@pytest.mark.parametrize(
+    ("isl", "osl", "engine"),
+    [
+        (128, 128, (4096, 8192)),
+        (2048, 128, (516, 9216)),
+        (20000, 2000, (51, 2048)),
+    ],
+)
 def test_trtllm_bench_engine(isl: int, osl: int, engine: tuple[int, int]) -> None:
     assert trtllm_bench_engine(isl, osl) == engine
 
@@ -348,10 +400,12 @@ def test_itl_percentiles_pool_every_gap_between_consecutive_tokens(name: str) ->
             times.setdefault(rid, []).append(r.steps["end_time"][step])
     rep = r.report()["latency_s"]
     for key in ("all", *map(str, w.classes)):
-        gaps = np.concatenate([np.diff(t) for rid, t in times.items()
-                               if key == "all" or w.priority[rid] == int(key)])
-        assert gaps.size == sum(w.output_tokens[w.priority == int(key)] - 1 if key != "all"
-                                else w.output_tokens - 1)
+        gaps = np.concatenate(
+            [np.diff(t) for rid, t in times.items() if key == "all" or w.priority[rid] == int(key)]
+        )
+        assert gaps.size == sum(
+            w.output_tokens[w.priority == int(key)] - 1 if key != "all" else w.output_tokens - 1
+        )
         for q in (50, 90, 99):
             assert rep[key]["itl"][f"p{q}"] == pytest.approx(np.percentile(gaps, q), rel=1e-12)
     # the per-request maximum gap bounds every pooled gap
@@ -360,11 +414,13 @@ def test_itl_percentiles_pool_every_gap_between_consecutive_tokens(name: str) ->
 
 def test_a_recording_made_with_max_step_tokens_replays_with_it() -> None:
     from stepplanner import resolve_scheduling_policy
+
     limits = StepPlannerLimits(16, 512, 16, max_step_tokens=64)
     policy = resolve_scheduling_policy(SchedulingOptions(), limits)
     out = io.StringIO()
-    r = simulate(_workload(), limits, policy, on_step=StepRecorder(out, limits, policy),
-                 max_steps=60)
+    r = simulate(
+        _workload(), limits, policy, on_step=StepRecorder(out, limits, policy), max_steps=60
+    )
     assert r.steps["tokens"].max() <= 64 and r.report()["limits"]["max_step_tokens"] == 64
     lines = out.getvalue().splitlines()
     header = json.loads(lines[0])

@@ -39,9 +39,15 @@ def _tiny() -> Workload:
     """Four 16-token prompts at t=0, one step each (B=4, 128-token budget): every first token at
     10 ms, then one token a step. Objectives: request 0 its own (15 ms, 10 ms), request 1 its own
     (5 ms, 50 ms), request 2 its class's (50 ms, 5 ms), request 3 none."""
-    return Workload([0.0, 0.0, 0.0, 0.0], [16, 16, 16, 16], [3, 2, 3, 1], [0, 0, 1, 0],
-                    ttft_slo=[0.015, 0.005, NAN, NAN], tpot_slo=[0.01, 0.05, NAN, NAN],
-                    slo_classes={1: SLO(0.05, 0.005)})
+    return Workload(
+        [0.0, 0.0, 0.0, 0.0],
+        [16, 16, 16, 16],
+        [3, 2, 3, 1],
+        [0, 0, 1, 0],
+        ttft_slo=[0.015, 0.005, NAN, NAN],
+        tpot_slo=[0.01, 0.05, NAN, NAN],
+        slo_classes={1: SLO(0.05, 0.005)},
+    )
 
 
 # --- objectives: parsing and checking ---------------------------------------------------------
@@ -80,18 +86,22 @@ def test_a_class_given_twice_is_a_value_error() -> None:
         parse_slo_classes(["0=ttft:1s", "0=ttft:2s"])
 
 
-@pytest.mark.parametrize(("columns", "message"), [
-    ({"ttft_slo": [-0.1, NAN]}, "ttft_slo=-0.1 is out of range"),
-    ({"ttft_slo": [0.0, NAN]}, "ttft_slo=0.0 is out of range"),
-    ({"ttft_slo": [math.inf, NAN]}, "ttft_slo=inf is out of range"),
-    ({"ttft_slo": [0.1, 0.1], "tpot_slo": [NAN, -1.0]}, "tpot_slo=-1.0 is out of range"),
-    ({"tpot_slo": [NAN, 0.05]}, "request 1: tpot_slo=0.05 without a ttft_slo"),
-    ({"ttft_slo": [0.1]}, "shape"),
-    ({"slo_classes": {7: SLO(1.0)}}, "class 7, which no request"),
-    ({"slo_classes": {0: 1.0}}, "must be an SLO"),
-])
-def test_invalid_objectives_are_value_errors_and_change_nothing(columns: dict,
-                                                                message: str) -> None:
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"ttft_slo": [-0.1, NAN]}, "ttft_slo=-0.1 is out of range"),
+        ({"ttft_slo": [0.0, NAN]}, "ttft_slo=0.0 is out of range"),
+        ({"ttft_slo": [math.inf, NAN]}, "ttft_slo=inf is out of range"),
+        ({"ttft_slo": [0.1, 0.1], "tpot_slo": [NAN, -1.0]}, "tpot_slo=-1.0 is out of range"),
+        ({"tpot_slo": [NAN, 0.05]}, "request 1: tpot_slo=0.05 without a ttft_slo"),
+        ({"ttft_slo": [0.1]}, "shape"),
+        ({"slo_classes": {7: SLO(1.0)}}, "class 7, which no request"),
+        ({"slo_classes": {0: 1.0}}, "must be an SLO"),
+    ],
+)
+def test_invalid_objectives_are_value_errors_and_change_nothing(
+    columns: dict, message: str
+) -> None:
     base = Workload([0.0, 1.0], [8, 8], [2, 2], [0, 1], slo_classes={0: SLO(0.5)})
     with pytest.raises((ValueError, TypeError), match=message):
         Workload([0.0, 1.0], [8, 8], [2, 2], [0, 1], **columns)
@@ -99,15 +109,22 @@ def test_invalid_objectives_are_value_errors_and_change_nothing(columns: dict,
         if "slo_classes" in columns:
             base.with_objectives(columns["slo_classes"])
         else:
-            Workload(base.arrival_time, base.prompt_tokens, base.output_tokens, base.priority,
-                     **columns)
+            Workload(
+                base.arrival_time, base.prompt_tokens, base.output_tokens, base.priority, **columns
+            )
     assert dict(base.slo_classes) == {0: SLO(0.5)}  # untouched
     assert np.isnan(base.ttft_slo).all()
 
 
 def test_own_objectives_replace_the_class_whole() -> None:
-    w = Workload([0.0, 1.0, 2.0], [8, 8, 8], [2, 2, 2], [0, 0, 1], ttft_slo=[0.1, NAN, NAN],
-                 slo_classes={0: SLO(1.0, 0.2)})
+    w = Workload(
+        [0.0, 1.0, 2.0],
+        [8, 8, 8],
+        [2, 2, 2],
+        [0, 0, 1],
+        ttft_slo=[0.1, NAN, NAN],
+        slo_classes={0: SLO(1.0, 0.2)},
+    )
     ttft, tpot = w.objectives()
     np.testing.assert_array_equal(ttft, [0.1, 1.0, NAN])
     np.testing.assert_array_equal(tpot, [NAN, 0.2, NAN])  # request 0: no per-token objective
@@ -116,8 +133,14 @@ def test_own_objectives_replace_the_class_whole() -> None:
 
 
 def test_trace_objective_columns_round_trip(tmp_path: pathlib.Path) -> None:
-    w = Workload([0.0, 0.5, 1.25], [10, 20, 30], [1, 2, 3], [0, 1, 0],
-                 ttft_slo=[0.25, NAN, 1.0 / 3.0], tpot_slo=[0.1, NAN, NAN])
+    w = Workload(
+        [0.0, 0.5, 1.25],
+        [10, 20, 30],
+        [1, 2, 3],
+        [0, 1, 0],
+        ttft_slo=[0.25, NAN, 1.0 / 3.0],
+        tpot_slo=[0.1, NAN, NAN],
+    )
     path = tmp_path / "trace.csv"
     w.to_csv(path)
     header = path.read_text().splitlines()[0]
@@ -126,9 +149,11 @@ def test_trace_objective_columns_round_trip(tmp_path: pathlib.Path) -> None:
     for column in ("ttft_slo", "tpot_slo"):
         np.testing.assert_allclose(getattr(back, column), getattr(w, column), rtol=1e-15)
     jsonl = tmp_path / "trace.jsonl"
-    jsonl.write_text('{"arrival_time": 0, "prompt_tokens": 4, "output_tokens": 2, '
-                     '"ttft_slo_ms": 250, "tpot_slo_ms": 50}\n'
-                     '{"arrival_time": 1, "prompt_tokens": 4, "output_tokens": 2}\n')
+    jsonl.write_text(
+        '{"arrival_time": 0, "prompt_tokens": 4, "output_tokens": 2, '
+        '"ttft_slo_ms": 250, "tpot_slo_ms": 50}\n'
+        '{"arrival_time": 1, "prompt_tokens": 4, "output_tokens": 2}\n'
+    )
     got = load_trace(jsonl)
     np.testing.assert_array_equal(got.ttft_slo, [0.25, NAN])
     np.testing.assert_array_equal(got.tpot_slo, [0.05, NAN])
@@ -138,18 +163,23 @@ def test_trace_objective_columns_round_trip(tmp_path: pathlib.Path) -> None:
     assert plain.read_text().splitlines()[0] == "arrival_time,prompt_tokens,output_tokens,priority"
 
 
-@pytest.mark.parametrize(("cells", "message"), [
-    ("-5,", "line 2: column 'ttft_slo_ms': '-5' is out of range"),
-    ("0,", "'0' is out of range"),
-    ("nan,", "'nan' is out of range"),
-    ("fast,", "'fast' is not a number of milliseconds"),
-    (",50", "line 2: column 'tpot_slo_ms' without 'ttft_slo_ms'"),
-])
-def test_invalid_trace_objectives_name_the_line_and_column(tmp_path: pathlib.Path, cells: str,
-                                                           message: str) -> None:
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ("-5,", "line 2: column 'ttft_slo_ms': '-5' is out of range"),
+        ("0,", "'0' is out of range"),
+        ("nan,", "'nan' is out of range"),
+        ("fast,", "'fast' is not a number of milliseconds"),
+        (",50", "line 2: column 'tpot_slo_ms' without 'ttft_slo_ms'"),
+    ],
+)
+def test_invalid_trace_objectives_name_the_line_and_column(
+    tmp_path: pathlib.Path, cells: str, message: str
+) -> None:
     path = tmp_path / "bad.csv"
-    path.write_text("arrival_time,prompt_tokens,output_tokens,ttft_slo_ms,tpot_slo_ms\n"
-                    f"0,4,2,{cells}\n")
+    path.write_text(
+        f"arrival_time,prompt_tokens,output_tokens,ttft_slo_ms,tpot_slo_ms\n0,4,2,{cells}\n"
+    )
     with pytest.raises(ValueError, match=message):
         load_trace(path)
 
@@ -217,9 +247,15 @@ def test_refused_unfinished_and_relegated_requests_are_misses(impl) -> None:
     # A relegated request misses even when its every token came in time: relegation is the
     # policy giving up on it.
     on_time = goodput.request_outcomes(
-        w, np.array([0.01, 0.01]), np.array([0.01, 0.4]), np.array([-0.5, -0.5]),
-        np.zeros(2, dtype=np.int64), np.array([1, 40]), np.array([False, True]),
-        np.zeros(2, dtype=bool))
+        w,
+        np.array([0.01, 0.01]),
+        np.array([0.01, 0.4]),
+        np.array([-0.5, -0.5]),
+        np.zeros(2, dtype=np.int64),
+        np.array([1, 40]),
+        np.array([False, True]),
+        np.zeros(2, dtype=bool),
+    )
     assert on_time.attained.tolist() == [True, False]
     assert on_time.vllm_good.tolist() == [True, False]
 
@@ -229,11 +265,20 @@ def test_deadline_relegates_a_hopeless_request_and_it_counts_as_a_miss(impl) -> 
     # relegates it; it is still served (never dropped) and is a miss.
     from stepplanner import PreemptionMode, SchedulingPolicy
 
-    w = Workload([0.0, 0.0, 0.0], [16, 16, 16], [3, 3, 3], [0, 0, 0],
-                 ttft_slo=[0.5, 0.001, 0.5], tpot_slo=[0.5, 0.5, 0.5])
-    options = SchedulingOptions(max_num_tokens=128, max_chunk_tokens=64,
-                                scheduling_policy=SchedulingPolicy.DEADLINE,
-                                preemption=PreemptionMode.PAUSE)
+    w = Workload(
+        [0.0, 0.0, 0.0],
+        [16, 16, 16],
+        [3, 3, 3],
+        [0, 0, 0],
+        ttft_slo=[0.5, 0.001, 0.5],
+        tpot_slo=[0.5, 0.5, 0.5],
+    )
+    options = SchedulingOptions(
+        max_num_tokens=128,
+        max_chunk_tokens=64,
+        scheduling_policy=SchedulingPolicy.DEADLINE,
+        preemption=PreemptionMode.PAUSE,
+    )
     r = simulate(w, TINY_LIMITS, options, TEN_MS)
     assert r.relegated.tolist() == [False, True, False]
     assert not np.isnan(r.finish_time).any()  # served all the same
@@ -280,18 +325,51 @@ def test_save_detailed_lets_anyone_recompute_attainment(tmp_path: pathlib.Path) 
     from stepplanner.fidelity.results import read_results
 
     path = tmp_path / "run.json"
-    result = CliRunner().invoke(main, [
-        "simulate", "--requests", "300", "--rate", "45", "-B", "32", "--no-progress",
-        "--policy", "deadline", "--preemption", "pause", "--slo-class", "-1=ttft:100ms,tpot:20ms",
-        "--slo-class", "0=ttft:250ms,tpot:30ms", "--slo-class", "1=ttft:1s,tpot:100ms",
-        "--save-result", str(path), "--save-detailed", "--json"], catch_exceptions=False)
+    result = CliRunner().invoke(
+        main,
+        [
+            "simulate",
+            "--requests",
+            "300",
+            "--rate",
+            "45",
+            "-B",
+            "32",
+            "--no-progress",
+            "--policy",
+            "deadline",
+            "--preemption",
+            "pause",
+            "--slo-class",
+            "-1=ttft:100ms,tpot:20ms",
+            "--slo-class",
+            "0=ttft:250ms,tpot:30ms",
+            "--slo-class",
+            "1=ttft:1s,tpot:100ms",
+            "--save-result",
+            str(path),
+            "--save-detailed",
+            "--json",
+        ],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)["slo_attainment"]["classes"]["all"]
     assert 0 < report["attainment"] < 1 and report["relegated"] > 0  # a run worth checking
     doc = json.loads(path.read_text())
     assert doc["request_ids"][:2] == ["req_0", "req_1"]
-    for key in ("input_lens", "output_lens", "ttfts", "itls", "latencies", "arrival_times",
-                "priorities", "ttft_slos", "tpot_slos", "relegated"):
+    for key in (
+        "input_lens",
+        "output_lens",
+        "ttfts",
+        "itls",
+        "latencies",
+        "arrival_times",
+        "priorities",
+        "ttft_slos",
+        "tpot_slos",
+        "relegated",
+    ):
         assert len(doc[key]) == 300, key
     assert _recomputed_attainment(doc) == report["attainment"]
     # The library's reading of the same lists agrees.
@@ -318,8 +396,9 @@ def test_loads_keep_the_requests_and_hit_the_target_rate() -> None:
         for column in ("prompt_tokens", "output_tokens", "priority"):
             np.testing.assert_array_equal(getattr(scaled, column), getattr(w, column))
         assert dict(scaled.slo_classes) == dict(w.slo_classes)
-        np.testing.assert_allclose(np.diff(scaled.arrival_time) * scaled.rate,
-                                   np.diff(w.arrival_time) * w.rate)
+        np.testing.assert_allclose(
+            np.diff(scaled.arrival_time) * scaled.rate, np.diff(w.arrival_time) * w.rate
+        )
 
 
 def test_burstiness_changes_only_the_gaps() -> None:
@@ -350,8 +429,9 @@ def _cli(*args: str):
     return CliRunner(env={"COLUMNS": "160"}).invoke(main, list(args), catch_exceptions=False)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    *INVALID_CLASSES, ("7=ttft:1s", "class 7, which no request")])
+@pytest.mark.parametrize(
+    ("text", "message"), [*INVALID_CLASSES, ("7=ttft:1s", "class 7, which no request")]
+)
 def test_an_invalid_slo_class_is_a_one_line_cli_error(text: str, message: str) -> None:
     result = _cli("simulate", *SMALL, "--slo-class", text)
     assert result.exit_code == 2
@@ -359,10 +439,10 @@ def test_an_invalid_slo_class_is_a_one_line_cli_error(text: str, message: str) -
     assert len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["simulate", "compare", "record", "sweep", "capacity",
-                                     "fidelity", "serve-trace"])
-def test_every_simulating_command_checks_slo_classes(command: str,
-                                                     tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    "command", ["simulate", "compare", "record", "sweep", "capacity", "fidelity", "serve-trace"]
+)
+def test_every_simulating_command_checks_slo_classes(command: str, tmp_path: pathlib.Path) -> None:
     from stepplanner.fidelity.simulated import simulated_results
     from stepplanner.sim.traces import sample_trace_path
 
@@ -371,12 +451,14 @@ def test_every_simulating_command_checks_slo_classes(command: str,
         args = [str(tmp_path / "r.jsonl"), *SMALL]
     elif command == "fidelity":  # a results file of the sample trace, the trace beside it
         results = tmp_path / "results.json"
-        results.write_text(json.dumps(simulated_results(
-            load_trace(trace), StepPlannerLimits(8, 4096, 16), trace=trace)))
+        results.write_text(
+            json.dumps(
+                simulated_results(load_trace(trace), StepPlannerLimits(8, 4096, 16), trace=trace)
+            )
+        )
         args = [str(results), "--no-progress"]
     elif command == "serve-trace":  # refused before the runtime is imported
-        args = [trace, "--results", str(tmp_path / "r.json"), "--timings",
-                str(tmp_path / "t.csv")]
+        args = [trace, "--results", str(tmp_path / "r.json"), "--timings", str(tmp_path / "t.csv")]
     else:
         args = SMALL
     result = _cli(command, *args, "--slo-class", "0=ttft:250")
@@ -392,20 +474,23 @@ def test_no_slo_and_slo_class_together_are_a_usage_error() -> None:
 def test_the_embedded_workload_has_the_default_classes_unless_told_otherwise() -> None:
     report = json.loads(_cli("simulate", *SMALL, "--json").output)
     assert report["workload"]["slo_classes"] == {
-        str(p): {"ttft_s": s.ttft, "tpot_s": s.tpot} for p, s in DEFAULT_SLO_CLASSES.items()}
+        str(p): {"ttft_s": s.ttft, "tpot_s": s.tpot} for p, s in DEFAULT_SLO_CLASSES.items()
+    }
     assert set(report["slo_attainment"]["classes"]) == {"all", "-1", "0", "1"}
     given = json.loads(_cli("simulate", *SMALL, "--slo-class", "0=ttft:1s", "--json").output)
     assert given["workload"]["slo_classes"] == {"0": {"ttft_s": 1.0, "tpot_s": None}}
-    assert "slo_attainment" not in json.loads(_cli("simulate", *SMALL, "--no-slo",
-                                                   "--json").output)
+    assert "slo_attainment" not in json.loads(_cli("simulate", *SMALL, "--no-slo", "--json").output)
 
 
 def test_compare_runs_the_deadline_baselines_by_default_when_slos_are_given() -> None:
     reports = json.loads(_cli("compare", *SMALL, "--json").output)
-    assert [r["name"] for r in reports] == ["fcfs", "priority+pause", "edf+pause",
-                                            "deadline+pause"]
-    assert [r["policy"]["scheduling_policy"] for r in reports] == ["FCFS", "PRIORITY", "EDF",
-                                                                  "DEADLINE"]
+    assert [r["name"] for r in reports] == ["fcfs", "priority+pause", "edf+pause", "deadline+pause"]
+    assert [r["policy"]["scheduling_policy"] for r in reports] == [
+        "FCFS",
+        "PRIORITY",
+        "EDF",
+        "DEADLINE",
+    ]
     assert all(r["policy"]["preemption"] == "PAUSE" for r in reports[1:])
     text = _cli("compare", *SMALL).output
     assert "SLO attainment" in text and "deadline+pause" in text
@@ -416,9 +501,19 @@ def test_compare_runs_the_deadline_baselines_by_default_when_slos_are_given() ->
 
 
 def test_compare_at_loads_relative_to_saturation() -> None:
-    doc = json.loads(_cli("compare", *SMALL, "--load", "0.5,1.2", "--config", "name=f",
-                          "--config", "name=d,policy=deadline,preemption=pause",
-                          "--json").output)
+    doc = json.loads(
+        _cli(
+            "compare",
+            *SMALL,
+            "--load",
+            "0.5,1.2",
+            "--config",
+            "name=f",
+            "--config",
+            "name=d,policy=deadline,preemption=pause",
+            "--json",
+        ).output
+    )
     saturation = doc["saturation_rps"]
     assert [g["load"] for g in doc["loads"]] == [0.5, 1.2]
     for group in doc["loads"]:

@@ -46,8 +46,9 @@ def random_config(rng: np.random.Generator):
         given = rng.random() < 0.3
         options = sp.SchedulingOptions(
             ifb_scheduling_mode=int(rng.integers(0, 3)),
-            max_num_tokens=int(rng.integers(b + p, limits.t_max + 1)) if given
-            and b + p <= limits.t_max else 0,
+            max_num_tokens=int(rng.integers(b + p, limits.t_max + 1))
+            if given and b + p <= limits.t_max
+            else 0,
             scheduling_policy=int(rng.integers(0, 2)),
             preemption=int(rng.integers(0, 2)),
             priority_reserved_slots=int(rng.integers(0, b)) if rng.random() < 0.3 else 0,
@@ -171,8 +172,12 @@ def soak(total_steps: int, seed: int) -> dict:
     while steps < total_steps:
         steps += soak_run(rng)
         runs += 1
-    return {"steps": steps, "runs": runs, "seconds": time.perf_counter() - t0,
-            "implementation": sp.IMPLEMENTATION}
+    return {
+        "steps": steps,
+        "runs": runs,
+        "seconds": time.perf_counter() - t0,
+        "implementation": sp.IMPLEMENTATION,
+    }
 
 
 def test_soak():

@@ -10,8 +10,18 @@ import pytest
 import stepplanner as sp
 from stepplanner import SEQUENCE_DTYPE, StepPlannerLimits
 
-NAMES = ("positions", "cu_seqlens_q", "qo_indptr", "seq_lens_k", "slot_mapping", "block_table",
-         "kv_indptr", "kv_indices", "kv_last_page_len", "logits_indices")
+NAMES = (
+    "positions",
+    "cu_seqlens_q",
+    "qo_indptr",
+    "seq_lens_k",
+    "slot_mapping",
+    "block_table",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "logits_indices",
+)
 
 
 def plan_rows(*rows):
@@ -63,9 +73,9 @@ def test_block_table_lists_the_pages_of_the_rows_kv_only(worked):
     inputs.prepare(plan_rows((1, 1, 9, 1, 1), (0, 0, 0, 6, 1)))
     assert inputs.block_table.tolist() == [[2, 3, 4, -1], [0, 1, -1, -1]]
     start = inputs.block_table_start
-    inputs.prepare(plan_rows((1, 0, 0, 2, 0)))   # slot 1 holds 3 pages, its KV needs 1
+    inputs.prepare(plan_rows((1, 0, 0, 2, 0)))  # slot 1 holds 3 pages, its KV needs 1
     assert inputs.block_table.tolist() == [[2, -1, -1, -1]]
-    assert inputs.block_table_start == start     # slot 1's row stayed where it was
+    assert inputs.block_table_start == start  # slot 1's row stayed where it was
     assert inputs.buffers()["block_table"][start].tolist() == [2, -1, -1, -1]
 
 
@@ -73,12 +83,15 @@ def test_an_empty_plan(worked):
     _, inputs = worked
     inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
     inputs.prepare(plan_rows())
-    assert arrays(inputs) == {n: [] for n in NAMES} | {"cu_seqlens_q": [0], "qo_indptr": [0],
-                                                       "kv_indptr": [0]}
+    assert arrays(inputs) == {n: [] for n in NAMES} | {
+        "cu_seqlens_q": [0],
+        "qo_indptr": [0],
+        "kv_indptr": [0],
+    }
     assert inputs.block_table.shape == (0, 4)
     inputs.invalidate()
     inputs.prepare(plan_rows())
-    assert (inputs.buffers()["block_table"] == -1).all()   # invalidate wipes the whole buffer
+    assert (inputs.buffers()["block_table"] == -1).all()  # invalidate wipes the whole buffer
 
 
 def test_block_table_follows_rows_that_move(kv):
@@ -93,7 +106,7 @@ def test_block_table_follows_rows_that_move(kv):
     inputs.prepare(plan_rows(*decode))
     start = inputs.block_table_start
     assert 0 <= start <= 16 - 6
-    inputs.prepare(plan_rows((0, 0, 0, 3, 0), *decode))   # a chunk row in front
+    inputs.prepare(plan_rows((0, 0, 0, 3, 0), *decode))  # a chunk row in front
     assert inputs.block_table_start == start - 1
     inputs.prepare(plan_rows(*decode[:2], *decode[3:]))  # the third decode row retired
     assert inputs.block_table_start in (start, start + 1)
@@ -107,37 +120,58 @@ def test_block_table_follows_rows_that_move(kv):
         buffer = inputs.buffers()["block_table"]
         assert np.shares_memory(inputs.block_table, buffer)
         assert inputs.block_table.ctypes.data == (
-            buffer.ctypes.data + inputs.block_table_start * buffer.strides[0])
+            buffer.ctypes.data + inputs.block_table_start * buffer.strides[0]
+        )
 
 
 def test_missing_pages_name_the_resident_and_write_nothing(worked):
     table, inputs = worked
     inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
     before = {k: v.copy() for k, v in inputs.buffers().items()}
-    with pytest.raises(ValueError, match=(
+    with pytest.raises(
+        ValueError,
+        match=(
             r"plan row 1: resident 2 needs KV pages for 6 tokens \(past_length 1 \+ "
             r"query_length 5\) but its pages hold 4 tokens \(1 page\(s\) of 4\); "
-            r"call page_table.ensure\(2, 6\) first")):
+            r"call page_table.ensure\(2, 6\) first"
+        ),
+    ):
         inputs.prepare(plan_rows((1, 1, 9, 1, 1), (2, 0, 1, 5, 1)))
     assert all(np.array_equal(before[k], v) for k, v in inputs.buffers().items())
-    assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 5]   # the previous step's arrays
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 5]  # the previous step's arrays
 
 
 @pytest.mark.parametrize(
     ("rows", "error", "message"),
     [
-        (((4, 1, 0, 1, 1),), ValueError, r"plan row 0: resident=4 is not a page-table slot; "
-                                         r"allowed: 0\.\.3"),
+        (
+            ((4, 1, 0, 1, 1),),
+            ValueError,
+            r"plan row 0: resident=4 is not a page-table slot; "
+            r"allowed: 0\.\.3",
+        ),
         (((0, 1, 0, 1, 1), (-1, 1, 0, 1, 1)), ValueError, "plan row 1: resident=-1"),
-        (((0, 1, -1, 1, 1),), ValueError, "plan row 0: past_length=-1 is out of range; "
-                                          "allowed: >= 0"),
-        (((0, 1, 0, 0, 1),), ValueError, "plan row 0: query_length=0 is out of range; "
-                                         "allowed: >= 1"),
+        (
+            ((0, 1, -1, 1, 1),),
+            ValueError,
+            "plan row 0: past_length=-1 is out of range; allowed: >= 0",
+        ),
+        (
+            ((0, 1, 0, 0, 1),),
+            ValueError,
+            "plan row 0: query_length=0 is out of range; allowed: >= 1",
+        ),
         (((0, 1, 2**31 - 1, 1, 1),), OverflowError, "plan row 0: past_length \\+ query_length"),
-        (((0, 1, 0, 1, 1),) * 5, ValueError, "plan has 5 rows; allowed: <= "
-                                             "limits.max_batch_size=4"),
-        (((0, 0, 0, 8, 1), (1, 0, 0, 8, 1), (2, 0, 0, 8, 1), (3, 0, 0, 9, 1)), ValueError,
-         "plan has 33 query tokens in all; allowed: <= limits.t_max=32"),
+        (
+            ((0, 1, 0, 1, 1),) * 5,
+            ValueError,
+            "plan has 5 rows; allowed: <= limits.max_batch_size=4",
+        ),
+        (
+            ((0, 0, 0, 8, 1), (1, 0, 0, 8, 1), (2, 0, 0, 8, 1), (3, 0, 0, 9, 1)),
+            ValueError,
+            "plan has 33 query tokens in all; allowed: <= limits.t_max=32",
+        ),
     ],
 )
 def test_bad_plans_are_refused_before_anything_is_written(kv, rows, error, message):
@@ -166,7 +200,7 @@ def test_a_step_plan_read_in_place_is_checked_like_an_array(worked, rows, messag
     _, inputs = worked
     inputs.prepare(plan_rows((0, 0, 0, 6, 1)))
     before = {k: v.copy() for k, v in inputs.buffers().items()}
-    plan = _core._restore_plan(list(rows), [], 8)   # what unpickling a StepPlan builds
+    plan = _core._restore_plan(list(rows), [], 8)  # what unpickling a StepPlan builds
     with pytest.raises(ValueError, match=message):
         inputs.prepare(plan)
     assert all(np.array_equal(before[k], v) for k, v in inputs.buffers().items())
@@ -192,11 +226,13 @@ def test_strided_plan_arrays_are_read_in_place(worked):
 
 def test_constructor_checks(kv):
     table = kv.KVPageTable(4, 4, 16, 4)
-    with pytest.raises(ValueError, match="page_table.kv_page_size=4 differs from "
-                                         "limits.kv_page_size=8"):
+    with pytest.raises(
+        ValueError, match="page_table.kv_page_size=4 differs from limits.kv_page_size=8"
+    ):
         kv.StepInputs(StepPlannerLimits(4, 8, 8), table)
-    with pytest.raises(ValueError, match="page_table.max_batch_size=4 is smaller than "
-                                         "limits.max_batch_size=5"):
+    with pytest.raises(
+        ValueError, match="page_table.max_batch_size=4 is smaller than limits.max_batch_size=5"
+    ):
         kv.StepInputs(StepPlannerLimits(5, 8, 4), table)
     with pytest.raises(TypeError, match="limits must be a StepPlannerLimits"):
         kv.StepInputs((4, 8, 4), table)
@@ -210,8 +246,9 @@ FLASH_ATTN_ONLY = ("block_table",)
 FLASHINFER_ONLY = ("kv_indptr", "kv_indices", "kv_last_page_len")
 
 
-@pytest.mark.parametrize("layout, skipped", [("flash_attn", FLASHINFER_ONLY),
-                                             ("flashinfer", FLASH_ATTN_ONLY)])
+@pytest.mark.parametrize(
+    "layout, skipped", [("flash_attn", FLASHINFER_ONLY), ("flashinfer", FLASH_ATTN_ONLY)]
+)
 def test_a_layout_fills_its_kernel_familys_arrays_and_shows_no_other(kv, layout, skipped):
     table = kv.KVPageTable(4, 4, 16, 4)
     assert table.ensure(0, 6) and table.ensure(1, 10) and table.ensure(2, 1)
@@ -219,15 +256,21 @@ def test_a_layout_fills_its_kernel_familys_arrays_and_shows_no_other(kv, layout,
     full, one = kv.StepInputs(limits, table), kv.StepInputs(limits, table, layout)
     assert (full.layout, one.layout) == ("all", layout)
     # Two steps, the second shorter and reordered: the incremental block_table must still match.
-    for plan in (plan_rows((0, 0, 3, 3, 1), (2, 0, 0, 1, 0), (1, 1, 9, 1, 1)),
-                 plan_rows((1, 1, 9, 1, 1), (0, 0, 5, 1, 1))):
+    for plan in (
+        plan_rows((0, 0, 3, 3, 1), (2, 0, 0, 1, 0), (1, 1, 9, 1, 1)),
+        plan_rows((1, 1, 9, 1, 1), (0, 0, 5, 1, 1)),
+    ):
         full.prepare(plan)
         assert one.prepare(plan) is one
         for name in NAMES:
             if name in skipped:
-                with pytest.raises(AttributeError, match=(
+                with pytest.raises(
+                    AttributeError,
+                    match=(
                         rf"StepInputs\(layout='{layout}'\) does not fill {name}; build it with "
-                        rf"layout='(flash_attn|flashinfer)' or layout='all'")):
+                        rf"layout='(flash_attn|flashinfer)' or layout='all'"
+                    ),
+                ):
                     getattr(one, name)
                 assert not hasattr(one, name)
             else:
@@ -240,8 +283,11 @@ def test_a_layout_fills_its_kernel_familys_arrays_and_shows_no_other(kv, layout,
 def test_layout_is_checked(kv):
     table = kv.KVPageTable(4, 4, 16, 4)
     limits = StepPlannerLimits(4, 8, 4)
-    with pytest.raises(ValueError, match="layout='flash' is not a StepInputs layout; allowed: "
-                                         "'all', 'flash_attn', 'flashinfer'"):
+    with pytest.raises(
+        ValueError,
+        match="layout='flash' is not a StepInputs layout; allowed: "
+        "'all', 'flash_attn', 'flashinfer'",
+    ):
         kv.StepInputs(limits, table, "flash")
     with pytest.raises(TypeError, match="layout must be a str, got int"):
         kv.StepInputs(limits, table, layout=1)
@@ -294,6 +340,7 @@ def run_serving_steps(sp_module, kv, steps=12):
 
 def test_plans_from_both_planners_give_the_same_arrays(kv):
     from stepplanner import _core_py as _reference
+
     ours = run_serving_steps(sp, kv)
     theirs = run_serving_steps(_reference, kv)
     assert ours == theirs
@@ -303,6 +350,7 @@ def test_plans_from_both_planners_give_the_same_arrays(kv):
 @pytest.mark.parametrize("layout", ["all", "flash_attn", "flashinfer"])
 def test_prepare_allocates_nothing(compiled, layout):
     from stepplanner.kv import _kv
+
     limits = StepPlannerLimits(64, 64, 16)
     policy = sp.resolve_scheduling_policy(sp.SchedulingOptions(), limits)
     planner = compiled.StepPlanner(policy, limits)
@@ -342,8 +390,9 @@ def test_buffers_are_sized_for_the_step_token_cap(kv):
     assert inputs.buffers()["positions"].shape == inputs.buffers()["slot_mapping"].shape == (16,)
     inputs.prepare(plan_rows(*[(s, 0, 4, 4, 1) for s in range(4)]))
     assert inputs.num_tokens == 16
-    with pytest.raises(ValueError, match="plan has 17 query tokens in all; allowed: <= "
-                                         "limits.t_max=16"):
+    with pytest.raises(
+        ValueError, match="plan has 17 query tokens in all; allowed: <= limits.t_max=16"
+    ):
         inputs.prepare(plan_rows(*[(s, 0, 3, 4 + (s == 0), 1) for s in range(4)]))
 
 
@@ -357,15 +406,15 @@ def test_block_table_follows_released_and_moved_slots(kv):
     inputs.prepare(plan)
     assert inputs.block_table.tolist() == [[0, 1, -1, -1], [2, -1, -1, -1]]
     table.release(0)
-    table.ensure(2, 8)                 # takes slot 0's old pages
-    table.ensure(0, 8)                 # slot 0: new pages
+    table.ensure(2, 8)  # takes slot 0's old pages
+    table.ensure(0, 8)  # slot 0: new pages
     inputs.prepare(plan)
     assert inputs.block_table.tolist() == [[3, 4, -1, -1], [2, -1, -1, -1]]
     table.release(1)
-    table.move(2, 1)                   # slot 1 now holds what slot 2 held
+    table.move(2, 1)  # slot 1 now holds what slot 2 held
     inputs.prepare(plan)
     assert inputs.block_table.tolist() == [[3, 4, -1, -1], [0, -1, -1, -1]]
-    table.ensure(1, 12)                # growth only: the row gains its new page
+    table.ensure(1, 12)  # growth only: the row gains its new page
     inputs.prepare(plan_rows((0, 1, 7, 1, 1), (1, 1, 11, 1, 1)))
     assert inputs.block_table.tolist() == [[3, 4, -1, -1], [0, 1, 2, -1]]
 
@@ -395,14 +444,13 @@ def test_the_readme_serving_loop_runs_every_request_to_completion(paged_impl):
 
     def model(positions, slot_mapping, block_table, cu_seqlens_q):
         assert len(positions) == len(slot_mapping) == cu_seqlens_q[-1]
-        assert (block_table[:, 0] >= 0).all()      # every planned row has its pages
-        return np.zeros(len(cu_seqlens_q) - 1, dtype=bool)   # no EOS: max_new_tokens ends them
+        assert (block_table[:, 0] >= 0).all()  # every planned row has its pages
+        return np.zeros(len(cu_seqlens_q) - 1, dtype=bool)  # no EOS: max_new_tokens ends them
 
     plan = ledger.step(planner)
     while ledger.count or ledger.waiting:
         batch = inputs.prepare(plan)
-        finished = model(batch.positions, batch.slot_mapping, batch.block_table,
-                         batch.cu_seqlens_q)
+        finished = model(batch.positions, batch.slot_mapping, batch.block_table, batch.cu_seqlens_q)
         plan = ledger.step(planner, finished)
         served += ledger.finished_ids.tolist()
         waited_for_pages += ledger.held_back > 0

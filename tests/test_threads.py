@@ -77,16 +77,27 @@ def make_ledger(seed: int, count: int) -> np.ndarray:
     for i in range(count):
         decoding = bool(rng.integers(0, 2))
         prompt_length = int(rng.integers(1, S_IN + 1))
-        committed = (int(rng.integers(prompt_length, prompt_length + 200)) if decoding
-                     else int(rng.integers(0, prompt_length)))
-        rows[i] = (int(rng.integers(0, 4)), 1000 * seed + i, prompt_length, committed, decoding,
-                   int(rng.integers(0, 4)))
+        committed = (
+            int(rng.integers(prompt_length, prompt_length + 200))
+            if decoding
+            else int(rng.integers(0, prompt_length))
+        )
+        rows[i] = (
+            int(rng.integers(0, 4)),
+            1000 * seed + i,
+            prompt_length,
+            committed,
+            decoding,
+            int(rng.integers(0, 4)),
+        )
     return rows
 
 
 def as_objects(core: Any, ledger: np.ndarray) -> list[Any]:
-    return [core.ResidentState(*(row.item() if hasattr(row, "item") else row))
-            for row in ledger.tolist()]
+    return [
+        core.ResidentState(*(row.item() if hasattr(row, "item") else row))
+        for row in ledger.tolist()
+    ]
 
 
 def ledgers_with_distinct_plans(core: Any) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
@@ -94,7 +105,7 @@ def ledgers_with_distinct_plans(core: Any) -> tuple[list[np.ndarray], list[dict[
     ledgers = [make_ledger(seed, 9 + seed % 8) for seed in range(THREADS)]
     expected = [make_planner(core).plan(ledger).to_dict() for ledger in ledgers]
     # A mix of two plans must be distinguishable from both: no two expected plans may be equal.
-    assert all(a != b for i, a in enumerate(expected) for b in expected[i + 1:])
+    assert all(a != b for i, a in enumerate(expected) for b in expected[i + 1 :])
     assert any(plan["paused"] for plan in expected), "the ledgers should exercise pausing"
     return ledgers, expected
 
@@ -112,8 +123,15 @@ def test_separate_planners_always_get_their_own_plan(core: Any) -> None:
             plan = planners[k].plan(residents)
             assert plan.to_dict() == expected[k]
             assert [tuple(s) for s in plan.sequences] == [
-                (s["resident"], sp.SequenceWork[s["work"]], s["past_length"], s["query_length"],
-                 s["select_last_token_logits"]) for s in expected[k]["sequences"]]
+                (
+                    s["resident"],
+                    sp.SequenceWork[s["work"]],
+                    s["past_length"],
+                    s["query_length"],
+                    s["select_last_token_logits"],
+                )
+                for s in expected[k]["sequences"]
+            ]
 
     run_together(work)
 
@@ -237,8 +255,10 @@ def test_one_kept_plan_applied_by_many_threads_gives_the_same_ledger(compiled: A
 # --- free-threaded CPython ---------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"),
-                    reason="only a free-threaded CPython (3.14t) can keep the GIL off")
+@pytest.mark.skipif(
+    not sysconfig.get_config_var("Py_GIL_DISABLED"),
+    reason="only a free-threaded CPython (3.14t) can keep the GIL off",
+)
 def test_importing_stepplanner_keeps_the_gil_disabled() -> None:
     # The compiled module declares Py_mod_gil_not_used (freethreading_compatible in setup.py); a
     # module without it would make CPython re-enable the GIL at import, with a warning.

@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepplanner._errors import StepPlannerError
-from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
-from stepplanner.planner._types import IfbSchedulingMode
 from stepplanner.fidelity.compare import check_fidelity
 from stepplanner.fidelity.results import read_results, served_workload
+from stepplanner.planner._policy import SchedulingOptions, StepPlannerLimits
+from stepplanner.planner._types import IfbSchedulingMode
 from stepplanner.sim.latency import LatencyModel
 from stepplanner.sim.latency_models import fit_step_latency, measured_pace, read_step_timings
 
@@ -38,33 +38,51 @@ from click.testing import CliRunner  # noqa: E402
 
 from stepplanner.cli import main  # noqa: E402
 
-LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16,
-                           max_step_tokens=128)
+LIMITS = StepPlannerLimits(
+    max_batch_size=4, max_input_length=64, kv_page_size=16, max_step_tokens=128
+)
 OPTIONS = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=128)
 MODEL = LatencyModel(a=3e-4, b=2e-4, c=6e-6, name="cpu")
 NOT_A_NUMBER = re.compile(r"\b(nan|inf|infinity)\b", re.IGNORECASE)
 # Seconds and counts where float64 misbehaves: 0, subnormals, the fit's and the results'
 # limits, squares and products that overflow, the largest finite double.
-EXTREME = [0.0, 5e-324, 1e-320, 1e-300, 1e-9, 0.5, 1.0, 3.0, 1e12, 1.0000001e12, 1e150, 1e155,
-           1e300, 1.7976931348623157e308]
+EXTREME = [
+    0.0,
+    5e-324,
+    1e-320,
+    1e-300,
+    1e-9,
+    0.5,
+    1.0,
+    3.0,
+    1e12,
+    1.0000001e12,
+    1e150,
+    1e155,
+    1e300,
+    1.7976931348623157e308,
+]
 
 
 def hostile(**kw: Any) -> settings:
     """The loaded profile's settings (``ci``: derandomized), with fewer examples where one is a
     whole simulation or CLI run, and large draws allowed (the files are meant to be odd)."""
-    return settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-                    **kw)
+    return settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], **kw)
 
 
 def magnitudes(low: float = 0.0) -> st.SearchStrategy[float]:
     """A number from the extremes or anywhere in [low, 1.8e308]."""
-    return st.one_of(st.sampled_from([v for v in EXTREME if v >= low]),
-                     st.floats(min_value=low, allow_nan=False, allow_infinity=False))
+    return st.one_of(
+        st.sampled_from([v for v in EXTREME if v >= low]),
+        st.floats(min_value=low, allow_nan=False, allow_infinity=False),
+    )
 
 
-CELLS = st.one_of(st.sampled_from([repr(v) for v in EXTREME]),
-                  st.sampled_from(["nan", "inf", "-1", "", "x", "1e400", str(2**70), "7"]),
-                  st.floats(min_value=0, max_value=1e308).map(repr))
+CELLS = st.one_of(
+    st.sampled_from([repr(v) for v in EXTREME]),
+    st.sampled_from(["nan", "inf", "-1", "", "x", "1e400", str(2**70), "7"]),
+    st.floats(min_value=0, max_value=1e308).map(repr),
+)
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +152,12 @@ COUNTS = st.one_of(st.sampled_from(EXTREME), st.floats(min_value=0, max_value=1e
 def timings_files(draw: st.DrawFn) -> str:
     """Mostly rows a runtime could have counted (tokens <= context <= attention) at any
     magnitude, some rows of bad text; seconds that do not vary half the time."""
-    columns = ["seconds", "tokens", "context", *draw(st.lists(
-        st.sampled_from(TIMING_COLUMNS[3:]), unique=True, max_size=3))]
+    columns = [
+        "seconds",
+        "tokens",
+        "context",
+        *draw(st.lists(st.sampled_from(TIMING_COLUMNS[3:]), unique=True, max_size=3)),
+    ]
     constant = draw(st.booleans())  # R²'s total of 0
     seconds = repr(draw(COUNTS))
     body = []
@@ -144,21 +166,29 @@ def timings_files(draw: st.DrawFn) -> str:
             body.append(",".join(draw(CELLS) for _ in columns))
             continue
         tokens, context, attention = sorted(draw(COUNTS) for _ in range(3))
-        values = {"seconds": seconds if constant else repr(draw(COUNTS)), "tokens": repr(tokens),
-                  "context": repr(context), "attention": repr(attention),
-                  "rows": repr(draw(COUNTS)), "start": repr(draw(COUNTS))}
+        values = {
+            "seconds": seconds if constant else repr(draw(COUNTS)),
+            "tokens": repr(tokens),
+            "context": repr(context),
+            "attention": repr(attention),
+            "rows": repr(draw(COUNTS)),
+            "start": repr(draw(COUNTS)),
+        }
         body.append(",".join(values[c] for c in columns))
     return "\n".join([",".join(columns), *body]) + "\n"
 
 
-TERMS = st.one_of(st.none(), st.sampled_from(["a", "b", "bd", "cd", "bcd", "d", "ad", "abc", "e",
-                                              "f", "abcdef", "z"]))
+TERMS = st.one_of(
+    st.none(),
+    st.sampled_from(["a", "b", "bd", "cd", "bcd", "d", "ad", "abc", "e", "f", "abcdef", "z"]),
+)
 
 
 @hostile(max_examples=150)
 @given(text=timings_files(), terms=TERMS)
-def test_calibration_fits_numbers_or_refuses(scratch: pathlib.Path, text: str,
-                                             terms: str | None) -> None:
+def test_calibration_fits_numbers_or_refuses(
+    scratch: pathlib.Path, text: str, terms: str | None
+) -> None:
     with folder(scratch) as where:
         path = where / "timings.csv"
         path.write_text(text)
@@ -177,14 +207,16 @@ def test_calibration_fits_numbers_or_refuses(scratch: pathlib.Path, text: str,
 
 @hostile(max_examples=40)
 @given(text=timings_files(), terms=TERMS, out=st.sampled_from(["new", "same", "dot", "link"]))
-def test_calibrate_ends_in_numbers_or_one_line(scratch: pathlib.Path, text: str,
-                                               terms: str | None, out: str) -> None:
+def test_calibrate_ends_in_numbers_or_one_line(
+    scratch: pathlib.Path, text: str, terms: str | None, out: str
+) -> None:
     with folder(scratch) as where:
         timings = where / "timings.csv"
         timings.write_text(text)
         args = ["calibrate", str(timings), "--out", alias(where, timings, out)]
-        result = CliRunner().invoke(main, args + (["--terms", terms] if terms else []),
-                                    catch_exceptions=False)
+        result = CliRunner().invoke(
+            main, args + (["--terms", terms] if terms else []), catch_exceptions=False
+        )
         assert_the_contract(result, {timings: text.encode()})
         if out != "new":
             assert result.exit_code == 2 and "is an input of this command" in result.output
@@ -214,9 +246,13 @@ def results_docs(draw: st.DrawFn) -> dict[str, Any]:
         "ttfts": draw(lists(n, magnitudes())),
         "itls": draw(lists(n, st.lists(magnitudes(), max_size=5))),
     }
-    for key, element in (("latencies", magnitudes()), ("start_times", magnitudes(-1e308)),
-                         ("arrival_times", magnitudes()), ("priorities", st.integers(-2, 2)),
-                         ("duration", magnitudes())):
+    for key, element in (
+        ("latencies", magnitudes()),
+        ("start_times", magnitudes(-1e308)),
+        ("arrival_times", magnitudes()),
+        ("priorities", st.integers(-2, 2)),
+        ("duration", magnitudes()),
+    ):
         if draw(st.booleans()):
             doc[key] = draw(element if key == "duration" else lists(n, element))
     if draw(st.booleans()):
@@ -228,16 +264,18 @@ def results_docs(draw: st.DrawFn) -> dict[str, Any]:
 
 @hostile(max_examples=80)
 @given(doc=results_docs())
-def test_fidelity_reads_compares_or_refuses_results(scratch: pathlib.Path,
-                                                    doc: dict[str, Any]) -> None:
+def test_fidelity_reads_compares_or_refuses_results(
+    scratch: pathlib.Path, doc: dict[str, Any]
+) -> None:
     with folder(scratch) as where:
         path = where / "results.json"
         path.write_text(json.dumps(doc))
         try:
             results = read_results(path)
             workload, matched = served_workload(results)
-            report = check_fidelity(matched, workload, LIMITS, OPTIONS, MODEL,
-                                    max_steps=2000).report
+            report = check_fidelity(
+                matched, workload, LIMITS, OPTIONS, MODEL, max_steps=2000
+            ).report
         except StepPlannerError as exc:
             assert refused_cleanly(exc), exc
             assert str(exc).startswith(f"results {path}: ") or "allowed" in str(exc)
@@ -249,19 +287,30 @@ def test_fidelity_reads_compares_or_refuses_results(scratch: pathlib.Path,
 
 
 @hostile(max_examples=100)
-@given(starts=st.lists(magnitudes(), min_size=1, max_size=5),
-       tokens=st.lists(st.sampled_from([0.0, 1.0, 8.0, 1e155, 1e300]), min_size=1, max_size=5),
-       seconds=st.lists(magnitudes(5e-324), min_size=1, max_size=5),
-       window=st.sampled_from([1e-300, 1e-9, 1e-6, 0.5, 1e6, 1e300]),
-       zero=st.booleans())
-def test_measured_pace_is_a_pace_or_refused(scratch: pathlib.Path, starts: list[float],
-                                            tokens: list[float], seconds: list[float],
-                                            window: float, zero: bool) -> None:
+@given(
+    starts=st.lists(magnitudes(), min_size=1, max_size=5),
+    tokens=st.lists(st.sampled_from([0.0, 1.0, 8.0, 1e155, 1e300]), min_size=1, max_size=5),
+    seconds=st.lists(magnitudes(5e-324), min_size=1, max_size=5),
+    window=st.sampled_from([1e-300, 1e-9, 1e-6, 0.5, 1e6, 1e300]),
+    zero=st.booleans(),
+)
+def test_measured_pace_is_a_pace_or_refused(
+    scratch: pathlib.Path,
+    starts: list[float],
+    tokens: list[float],
+    seconds: list[float],
+    window: float,
+    zero: bool,
+) -> None:
     n = min(len(starts), len(tokens), len(seconds))
     with folder(scratch) as where:
         path = where / "t.csv"
-        path.write_text("seconds,tokens,context,start\n" + "".join(
-            f"{s!r},{t!r},{t!r},{b!r}\n" for s, t, b in zip(seconds[:n], tokens[:n], starts[:n])))
+        path.write_text(
+            "seconds,tokens,context,start\n"
+            + "".join(
+                f"{s!r},{t!r},{t!r},{b!r}\n" for s, t, b in zip(seconds[:n], tokens[:n], starts[:n])
+            )
+        )
         model = LatencyModel(a=0.0, b=2e-4, c=6e-6) if zero else MODEL
         try:
             pace = measured_pace(read_step_timings(path), model, window, str(path))
@@ -278,29 +327,56 @@ def run(tmp_path_factory: pytest.TempPathFactory, write_run_files) -> dict[str, 
 
     workload = synthetic(requests=6, rate=8.0, seed=2, max_prompt=60, max_output=6)
     files = write_run_files(tmp_path_factory.mktemp("run"), workload, LIMITS, OPTIONS, MODEL)
-    return {"RESULTS": files["results"], "--trace": files["trace"],
-            "--pace-from": files["timings"], "--latency-model": files["model"]}
+    return {
+        "RESULTS": files["results"],
+        "--trace": files["trace"],
+        "--pace-from": files["timings"],
+        "--latency-model": files["model"],
+    }
 
 
 @hostile(max_examples=12)
-@given(outputs=st.lists(st.tuples(st.sampled_from(["--json", "--plot"]),
-                                  st.sampled_from(["RESULTS", "--trace", "--pace-from",
-                                                   "--latency-model", None]),
-                                  st.sampled_from(["same", "dot", "link"])),
-                        min_size=1, max_size=2, unique_by=lambda o: o[0]),
-       window=st.sampled_from(["0.5", "1e-300", "1e-9"]))
-def test_fidelity_never_writes_an_input(scratch: pathlib.Path, run: dict[str, pathlib.Path],
-                                        outputs: list[tuple[str, str | None, str]],
-                                        window: str) -> None:
+@given(
+    outputs=st.lists(
+        st.tuples(
+            st.sampled_from(["--json", "--plot"]),
+            st.sampled_from(["RESULTS", "--trace", "--pace-from", "--latency-model", None]),
+            st.sampled_from(["same", "dot", "link"]),
+        ),
+        min_size=1,
+        max_size=2,
+        unique_by=lambda o: o[0],
+    ),
+    window=st.sampled_from(["0.5", "1e-300", "1e-9"]),
+)
+def test_fidelity_never_writes_an_input(
+    scratch: pathlib.Path,
+    run: dict[str, pathlib.Path],
+    outputs: list[tuple[str, str | None, str]],
+    window: str,
+) -> None:
     with folder(scratch) as where:
-        args = ["fidelity", str(run["RESULTS"]), "--trace", str(run["--trace"]),
-                "--pace-from", str(run["--pace-from"]), "--pace-window", window,
-                "--latency-model", str(run["--latency-model"]), "--no-progress",
-                "--format", "json"]
+        args = [
+            "fidelity",
+            str(run["RESULTS"]),
+            "--trace",
+            str(run["--trace"]),
+            "--pace-from",
+            str(run["--pace-from"]),
+            "--pace-window",
+            window,
+            "--latency-model",
+            str(run["--latency-model"]),
+            "--no-progress",
+            "--format",
+            "json",
+        ]
         for option, target, how in outputs:
             suffix = ".png" if option == "--plot" else ".json"
-            args += [option, (alias(where, run[target], how) if target
-                              else str(where / f"out{suffix}"))]
+            args += [
+                option,
+                (alias(where, run[target], how) if target else str(where / f"out{suffix}")),
+            ]
         if any(option == "--plot" for option, _, _ in outputs):
             pytest.importorskip("matplotlib")
         inputs = {path: path.read_bytes() for path in run.values()}
@@ -316,27 +392,45 @@ TORCH = importlib.util.find_spec("torch") is not None
 
 
 @hostile(max_examples=60)
-@given(seed=st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(-(2**80), 2**80)),
-       attn=st.one_of(st.sampled_from(["sdpa", "eager", "paged|sdpa", "bogus", "org/kernel",
-                                       "SDPA", ""]), st.text(max_size=12)),
-       model=st.sampled_from([None, "empty", "config only", "file"]),
-       results=st.sampled_from(["new", "trace", "trace via ./", "trace via link", "timings"]),
-       timings=st.sampled_from(["new", "trace", "trace via link"]))
-def test_serve_trace_refuses_before_serving(scratch: pathlib.Path, seed: int, attn: str,
-                                            model: str | None, results: str,
-                                            timings: str) -> None:
+@given(
+    seed=st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(-(2**80), 2**80)),
+    attn=st.one_of(
+        st.sampled_from(["sdpa", "eager", "paged|sdpa", "bogus", "org/kernel", "SDPA", ""]),
+        st.text(max_size=12),
+    ),
+    model=st.sampled_from([None, "empty", "config only", "file"]),
+    results=st.sampled_from(["new", "trace", "trace via ./", "trace via link", "timings"]),
+    timings=st.sampled_from(["new", "trace", "trace via link"]),
+)
+def test_serve_trace_refuses_before_serving(
+    scratch: pathlib.Path, seed: int, attn: str, model: str | None, results: str, timings: str
+) -> None:
     with folder(scratch) as where:
         trace = where / "trace.csv"
         trace.write_text("arrival_time,prompt_tokens,output_tokens\n0.0,4,2\n0.1,5,2\n")
         content = trace.read_bytes()
-        names = {"new": str(where / "r.json"), "trace": str(trace),
-                 "trace via ./": f"{where}/./trace.csv",
-                 "trace via link": alias(where, trace, "link")}
+        names = {
+            "new": str(where / "r.json"),
+            "trace": str(trace),
+            "trace via ./": f"{where}/./trace.csv",
+            "trace via link": alias(where, trace, "link"),
+        }
         results_path = names.get(results, str(where / "t.csv"))
-        timings_path = names["new"].replace("r.json", "t.csv") if timings == "new" \
-            else names[timings]
-        args = ["serve-trace", str(trace), "--results", results_path, "--timings", timings_path,
-                "--model-seed", str(seed), "--attn-implementation", attn]
+        timings_path = (
+            names["new"].replace("r.json", "t.csv") if timings == "new" else names[timings]
+        )
+        args = [
+            "serve-trace",
+            str(trace),
+            "--results",
+            results_path,
+            "--timings",
+            timings_path,
+            "--model-seed",
+            str(seed),
+            "--attn-implementation",
+            attn,
+        ]
         if model is not None:
             directory = where / "model"
             if model == "file":
@@ -346,8 +440,13 @@ def test_serve_trace_refuses_before_serving(scratch: pathlib.Path, seed: int, at
                 if model == "config only":
                     (directory / "config.json").write_text("{}")
             args += ["--model", str(directory)]
-        bad = (results != "new" or timings != "new" or not -(2**63) <= seed < 2**64
-               or model is not None or attn not in ("sdpa", "eager", "paged|sdpa"))
+        bad = (
+            results != "new"
+            or timings != "new"
+            or not -(2**63) <= seed < 2**64
+            or model is not None
+            or attn not in ("sdpa", "eager", "paged|sdpa")
+        )
         if not bad and TORCH:
             return  # it would serve the trace for real
         out = CliRunner().invoke(main, args, catch_exceptions=False)
@@ -361,4 +460,3 @@ def test_serve_trace_refuses_before_serving(scratch: pathlib.Path, seed: int, at
         else:
             assert out.exit_code == 1 and "needs torch and transformers" in out.output
         assert not (where / "r.json").exists() and not (where / "t.csv").exists()
-

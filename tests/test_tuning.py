@@ -35,17 +35,23 @@ from stepplanner.tuning.metrics import vllm_metrics
 # --- SLO parsing ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("ttft_p99=200ms", SloTarget("ttft", 99.0, 0.2)),
-    ("TPOT_P90 = 0.05s", SloTarget("tpot", 90.0, 0.05)),
-    ("e2e_p50@-1=2s", SloTarget("e2e", 50.0, 2.0, -1)),
-    ("queue_p99.9@1=1500us", SloTarget("queue", 99.9, 1.5e-3, 1)),
-    ("max_itl_p99=1e2ms", SloTarget("max_itl", 99.0, 0.1)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("ttft_p99=200ms", SloTarget("ttft", 99.0, 0.2)),
+        ("TPOT_P90 = 0.05s", SloTarget("tpot", 90.0, 0.05)),
+        ("e2e_p50@-1=2s", SloTarget("e2e", 50.0, 2.0, -1)),
+        ("queue_p99.9@1=1500us", SloTarget("queue", 99.9, 1.5e-3, 1)),
+        ("max_itl_p99=1e2ms", SloTarget("max_itl", 99.0, 0.1)),
+    ],
+)
 def test_parse_slo(text: str, expected: SloTarget) -> None:
     got = parse_slo(text)
-    assert (got.metric, got.percentile, got.priority) == (expected.metric, expected.percentile,
-                                                          expected.priority)
+    assert (got.metric, got.percentile, got.priority) == (
+        expected.metric,
+        expected.percentile,
+        expected.priority,
+    )
     assert got.seconds == pytest.approx(expected.seconds)
 
 
@@ -56,16 +62,19 @@ def test_slo_key_round_trips() -> None:
     assert parse_slo(str(slo)) == slo
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("ttft=200ms", "METRIC_pN"),
-    ("ttft_p99", "METRIC_pN"),
-    ("latency_p99=1s", "metric 'latency' is not known"),
-    ("ttft_p99=200", "ms, s or us"),
-    ("ttft_p99=fast", "ms, s or us"),
-    ("ttft_p0=1s", "0 < p <= 100"),
-    ("ttft_p101=1s", "0 < p <= 100"),
-    ("ttft_p99@x=1s", "METRIC_pN"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("ttft=200ms", "METRIC_pN"),
+        ("ttft_p99", "METRIC_pN"),
+        ("latency_p99=1s", "metric 'latency' is not known"),
+        ("ttft_p99=200", "ms, s or us"),
+        ("ttft_p99=fast", "ms, s or us"),
+        ("ttft_p0=1s", "0 < p <= 100"),
+        ("ttft_p101=1s", "0 < p <= 100"),
+        ("ttft_p99@x=1s", "METRIC_pN"),
+    ],
+)
 def test_parse_slo_errors(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(")) as info:
         parse_slo(text)
@@ -131,9 +140,13 @@ def test_goodput_without_slos_is_completed_per_second() -> None:
 
 def test_slo_report_counts_unfinished_requests_as_infinitely_late() -> None:
     h = _hand_built()
-    rows = slo_report(parse_slos(["ttft_p50=10s", "ttft_p50@-1=10s", "ttft_p99@0=10s",
-                                  "tpot_p50=20ms"]),
-                      h, h["priority"], h["completed"], h["output_tokens"])
+    rows = slo_report(
+        parse_slos(["ttft_p50=10s", "ttft_p50@-1=10s", "ttft_p99@0=10s", "tpot_p50=20ms"]),
+        h,
+        h["priority"],
+        h["completed"],
+        h["output_tokens"],
+    )
     by_key = {r["slo"]: r for r in rows}
     # all five: [0.1, 0.3, 0.2, 0.5, inf] -> median 0.3
     assert by_key["ttft_p50"]["observed_s"] == pytest.approx(0.3)
@@ -148,8 +161,9 @@ def test_slo_report_counts_unfinished_requests_as_infinitely_late() -> None:
 
 def test_slo_for_an_absent_class_is_met_and_says_so() -> None:
     h = _hand_built()
-    rows = slo_report(parse_slos(["ttft_p99@7=1ms"]), h, h["priority"], h["completed"],
-                      h["output_tokens"])
+    rows = slo_report(
+        parse_slos(["ttft_p99@7=1ms"]), h, h["priority"], h["completed"], h["output_tokens"]
+    )
     assert rows == [{"slo": "ttft_p99@7", "threshold_s": 0.001, "observed_s": None, "met": True}]
 
 
@@ -159,8 +173,9 @@ def test_slo_for_an_absent_class_is_met_and_says_so() -> None:
 def test_itl_pools_every_gap_and_tpot_excludes_the_first_token() -> None:
     # one request at a time (B=1), constant 10 ms steps: every gap is exactly one step
     w = Workload(np.array([0.0, 0.0]), np.array([16, 16]), np.array([4, 2]), np.array([0, 0]))
-    result = simulate(w, StepPlannerLimits(1, 64, 16), SchedulingOptions(),
-                      LatencyModel(0.01, 0.0, 0.0))
+    result = simulate(
+        w, StepPlannerLimits(1, 64, 16), SchedulingOptions(), LatencyModel(0.01, 0.0, 0.0)
+    )
     m = vllm_metrics(result, (50, 99.9))
     assert m["completed"] == 2
     assert m["mean_ttft_ms"] == pytest.approx((10 + 50) / 2)  # second waits 4 steps, then 1
@@ -198,20 +213,27 @@ def test_itl_matches_every_gap_of_a_run_with_pauses() -> None:
 
 
 def test_parse_grid_accepts_cli_and_vllm_spellings() -> None:
-    grid = parse_grid(["mode=mixed,prefill_first", "max-num-tokens=320,768",
-                       "max_num_seqs=8", "block_size=16"])
-    assert grid == {"ifb_scheduling_mode": ["mixed", "prefill_first"],
-                    "max_num_tokens": ["320", "768"], "max_batch_size": ["8"],
-                    "kv_page_size": ["16"]}
+    grid = parse_grid(
+        ["mode=mixed,prefill_first", "max-num-tokens=320,768", "max_num_seqs=8", "block_size=16"]
+    )
+    assert grid == {
+        "ifb_scheduling_mode": ["mixed", "prefill_first"],
+        "max_num_tokens": ["320", "768"],
+        "max_batch_size": ["8"],
+        "kv_page_size": ["16"],
+    }
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("colour=red", "not a SchedulingOptions or limits field"),
-    ("mode=sideways", "is not a IfbSchedulingMode"),
-    ("max_num_tokens=lots", "is not an integer"),
-    ("max_num_tokens=", "has no values"),
-    ("max_num_tokens", "NAME=V1,V2"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("colour=red", "not a SchedulingOptions or limits field"),
+        ("mode=sideways", "is not a IfbSchedulingMode"),
+        ("max_num_tokens=lots", "is not an integer"),
+        ("max_num_tokens=", "has no values"),
+        ("max_num_tokens", "NAME=V1,V2"),
+    ],
+)
 def test_parse_grid_errors(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         parse_grid([text])
@@ -220,14 +242,18 @@ def test_parse_grid_errors(text: str, fragment: str) -> None:
 def test_expand_grid_keeps_points_that_do_not_resolve() -> None:
     grid = parse_grid(["max_num_tokens=320,100", "max_chunk_tokens=64"])
     points = expand_grid(grid, DEFAULT_LIMITS, SchedulingOptions())
-    assert [p.values for p in points] == [{"max_num_tokens": "320", "max_chunk_tokens": "64"},
-                                          {"max_num_tokens": "100", "max_chunk_tokens": "64"}]
+    assert [p.values for p in points] == [
+        {"max_num_tokens": "320", "max_chunk_tokens": "64"},
+        {"max_num_tokens": "100", "max_chunk_tokens": "64"},
+    ]
     assert points[0].error is None and points[0].policy.max_num_tokens == 320
     assert points[1].policy is None and "max_num_tokens=100 is out of range" in points[1].error
 
 
-@pytest.mark.parametrize("texts", [[], ["mode=mixed,prefill_first"],
-                                   ["max_num_tokens=320,100,768", "mode=mixed,prefill_first"]])
+@pytest.mark.parametrize(
+    "texts",
+    [[], ["mode=mixed,prefill_first"], ["max_num_tokens=320,100,768", "mode=mixed,prefill_first"]],
+)
 def test_grid_size_counts_the_points_expand_grid_makes(texts: list[str]) -> None:
     grid = parse_grid(texts)
     assert grid_size(grid) == len(expand_grid(grid, DEFAULT_LIMITS, SchedulingOptions()))
@@ -235,10 +261,20 @@ def test_grid_size_counts_the_points_expand_grid_makes(texts: list[str]) -> None
 
 def test_pareto_front() -> None:
     def rec(i: int, ttft: float, tpot: float, tput: float) -> dict:
-        return {"index": i, "error": None, "metrics": {"p99_ttft_ms": ttft, "p99_tpot_ms": tpot,
-                                                       "request_throughput": tput}}
-    records = [rec(0, 100, 10, 5), rec(1, 50, 20, 5), rec(2, 100, 10, 4), rec(3, 100, 10, 5),
-               rec(4, 200, 30, 6), {"index": 5, "error": "bad"}]
+        return {
+            "index": i,
+            "error": None,
+            "metrics": {"p99_ttft_ms": ttft, "p99_tpot_ms": tpot, "request_throughput": tput},
+        }
+
+    records = [
+        rec(0, 100, 10, 5),
+        rec(1, 50, 20, 5),
+        rec(2, 100, 10, 4),
+        rec(3, 100, 10, 5),
+        rec(4, 200, 30, 6),
+        {"index": 5, "error": "bad"},
+    ]
     # 2 is beaten by 0 on throughput; 0 and 3 tie (neither dominates the other)
     assert pareto_front(records) == {0, 1, 3, 4}
 
@@ -251,10 +287,18 @@ SLOS = parse_slos(["ttft_p99=300ms", "tpot_p99=25ms"])
 
 
 def _small_sweep(backend: str, workers: int | None = None) -> list[dict]:
-    grid = parse_grid(["mode=mixed,prefill_first", "max_num_tokens=128,320",
-                       "max_chunk_tokens=64"])
-    records, outcome = sweep(SMALL, grid, SMALL_LIMITS, SchedulingOptions(), LatencyModel(),
-                             SLOS, (50, 90, 99), backend=backend, workers=workers)
+    grid = parse_grid(["mode=mixed,prefill_first", "max_num_tokens=128,320", "max_chunk_tokens=64"])
+    records, outcome = sweep(
+        SMALL,
+        grid,
+        SMALL_LIMITS,
+        SchedulingOptions(),
+        LatencyModel(),
+        SLOS,
+        (50, 90, 99),
+        backend=backend,
+        workers=workers,
+    )
     assert not outcome.interrupted
     return records
 
@@ -276,8 +320,9 @@ def test_sweep_records() -> None:
 
 def test_sweep_lists_configurations_that_do_not_resolve() -> None:
     grid = parse_grid(["max_num_tokens=50,320"])
-    records, _ = sweep(SMALL, grid, SMALL_LIMITS, SchedulingOptions(), LatencyModel(), SLOS,
-                       backend="serial")
+    records, _ = sweep(
+        SMALL, grid, SMALL_LIMITS, SchedulingOptions(), LatencyModel(), SLOS, backend="serial"
+    )
     assert len(records) == 2
     assert records[-1]["options"] == {"max_num_tokens": "50"}
     assert "max_num_tokens=50 is out of range" in records[-1]["error"]
@@ -312,12 +357,12 @@ def test_interrupt_keeps_the_finished_results() -> None:
 def test_interrupt_in_the_parent_keeps_what_the_workers_finished() -> None:
     """Ctrl-C reaches the parent (workers ignore SIGINT): pending work is dropped, finished
     results stay, whatever finished first."""
+
     def tick(done: int, total: int) -> None:
         if done == 2:
             raise KeyboardInterrupt
 
-    outcome = run_tasks(abs, list(range(-1, -9, -1)), backend="process", workers=2,
-                        progress=tick)
+    outcome = run_tasks(abs, list(range(-1, -9, -1)), backend="process", workers=2, progress=tick)
     assert outcome.interrupted
     assert len(outcome.finished) == 2
     assert all(r is None or r == k + 1 for k, r in enumerate(outcome.results))
@@ -325,8 +370,13 @@ def test_interrupt_in_the_parent_keeps_what_the_workers_finished() -> None:
 
 def test_progress_is_reported_per_task() -> None:
     seen: list[tuple[int, int]] = []
-    run_tasks(abs, [-1, -2, -3], backend="process", workers=2,
-              progress=lambda done, total: seen.append((done, total)))
+    run_tasks(
+        abs,
+        [-1, -2, -3],
+        backend="process",
+        workers=2,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert seen == [(1, 3), (2, 3), (3, 3)]
 
 
@@ -352,8 +402,13 @@ def test_find_capacity_edges() -> None:
 
 def _uniform(requests: int, rate: float) -> Workload:
     n = np.arange(requests)
-    return Workload(n / rate, np.full(requests, 16), np.ones(requests, dtype=np.int32),
-                    np.zeros(requests, dtype=np.int32), source="uniform")
+    return Workload(
+        n / rate,
+        np.full(requests, 16),
+        np.ones(requests, dtype=np.int32),
+        np.zeros(requests, dtype=np.int32),
+        source="uniform",
+    )
 
 
 def test_capacity_of_a_deterministic_single_server_queue() -> None:
@@ -366,9 +421,16 @@ def test_capacity_of_a_deterministic_single_server_queue() -> None:
     a, n = 0.01, 200
     rank = 0.99 * (n - 1)
     known = 1 / (a - 0.005 / rank)
-    records, _ = capacity(ScaledTrace(_uniform(n, 10.0)), {}, StepPlannerLimits(1, 64, 16),
-                          SchedulingOptions(), LatencyModel(a, 0.0, 0.0),
-                          parse_slos(["ttft_p99=15ms"]), tolerance=0.02, backend="serial")
+    records, _ = capacity(
+        ScaledTrace(_uniform(n, 10.0)),
+        {},
+        StepPlannerLimits(1, 64, 16),
+        SchedulingOptions(),
+        LatencyModel(a, 0.0, 0.0),
+        parse_slos(["ttft_p99=15ms"]),
+        tolerance=0.02,
+        backend="serial",
+    )
     (record,) = records
     assert known - 0.02 - 1e-6 <= record["capacity"] <= known + 1e-6
     assert not record["unbounded"] and record["upper"] - record["capacity"] <= 0.02
@@ -383,8 +445,14 @@ def test_capacity_has_a_stability_condition_by_default() -> None:
     a, n = 0.01, 2000
     known = 1 / (a - 2.0 / (0.5 * (n - 1)))
     tpot_only = parse_slos(["tpot_p99=10ms"])
-    args = (ScaledTrace(_uniform(n, 10.0)), {}, StepPlannerLimits(1, 64, 16), SchedulingOptions(),
-            LatencyModel(a, 0.0, 0.0), tpot_only)
+    args = (
+        ScaledTrace(_uniform(n, 10.0)),
+        {},
+        StepPlannerLimits(1, 64, 16),
+        SchedulingOptions(),
+        LatencyModel(a, 0.0, 0.0),
+        tpot_only,
+    )
     (record,), _ = capacity(*args, tolerance=0.05, backend="serial")
     assert STABILITY == SloTarget("queue", 50.0, 2.0)
     assert not record["unbounded"]
@@ -395,8 +463,9 @@ def test_capacity_has_a_stability_condition_by_default() -> None:
 
     # Changed: Vidur's p99 <= 5 s; the p99 (rank 1979.01) of k(a - 1/r) reaches 5 s lower down.
     vidur = 1 / (a - 5.0 / (0.99 * (n - 1)))
-    (record,), _ = capacity(*args, tolerance=0.05, backend="serial",
-                            stability=parse_queue_delay("p99=5s"))
+    (record,), _ = capacity(
+        *args, tolerance=0.05, backend="serial", stability=parse_queue_delay("p99=5s")
+    )
     assert vidur - 0.05 - 1e-6 <= record["capacity"] <= vidur + 1e-6
 
     # Dropped: nothing bounds the rate; the ceiling is reported as a bound, never a capacity.
@@ -408,44 +477,66 @@ def test_capacity_has_a_stability_condition_by_default() -> None:
 
 
 def test_capacity_sorts_unbounded_first() -> None:
-    records, _ = capacity(ScaledTrace(_uniform(50, 10.0)), {"max_batch_size": ["1", "2"]},
-                          StepPlannerLimits(1, 64, 16), SchedulingOptions(),
-                          LatencyModel(0.01, 0.0, 0.0), parse_slos(["ttft_p99=30ms"]),
-                          tolerance=0.5, max_rate=150.0, backend="serial")
+    records, _ = capacity(
+        ScaledTrace(_uniform(50, 10.0)),
+        {"max_batch_size": ["1", "2"]},
+        StepPlannerLimits(1, 64, 16),
+        SchedulingOptions(),
+        LatencyModel(0.01, 0.0, 0.0),
+        parse_slos(["ttft_p99=30ms"]),
+        tolerance=0.5,
+        max_rate=150.0,
+        backend="serial",
+    )
     # B=1 queues past 100 req/s; B=2 serves 150 req/s within 20 ms (a step plus a step's wait).
     assert [r["unbounded"] for r in records] == [True, False]
     assert records[0]["options"] == {"max_batch_size": "2"}
 
 
-@pytest.mark.parametrize("stability, error, fragment", [
-    (SloTarget("ttft", 50.0, 2.0), ValueError, "a bound on queueing delay over all requests"),
-    (SloTarget("queue", 50.0, 2.0, -1), ValueError, "a bound on queueing delay over all"),
-    ("p50=2s", TypeError, "stability must be a SloTarget on queueing delay or None, got str"),
-])
-def test_capacity_refuses_a_stability_condition_that_is_not_one(stability, error,
-                                                                fragment) -> None:
+@pytest.mark.parametrize(
+    "stability, error, fragment",
+    [
+        (SloTarget("ttft", 50.0, 2.0), ValueError, "a bound on queueing delay over all requests"),
+        (SloTarget("queue", 50.0, 2.0, -1), ValueError, "a bound on queueing delay over all"),
+        ("p50=2s", TypeError, "stability must be a SloTarget on queueing delay or None, got str"),
+    ],
+)
+def test_capacity_refuses_a_stability_condition_that_is_not_one(stability, error, fragment) -> None:
     with pytest.raises(error, match=fragment):
-        capacity(ScaledTrace(_uniform(5, 1.0)), {}, DEFAULT_LIMITS, SchedulingOptions(),
-                 LatencyModel(), parse_slos(["ttft_p99=1s"]), backend="serial",
-                 stability=stability)
+        capacity(
+            ScaledTrace(_uniform(5, 1.0)),
+            {},
+            DEFAULT_LIMITS,
+            SchedulingOptions(),
+            LatencyModel(),
+            parse_slos(["ttft_p99=1s"]),
+            backend="serial",
+            stability=stability,
+        )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("p50=2s", SloTarget("queue", 50.0, 2.0)),
-    (" P99 = 5000ms ", SloTarget("queue", 99.0, 5.0)),
-    ("p99.9=1.5s", SloTarget("queue", 99.9, 1.5)),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("p50=2s", SloTarget("queue", 50.0, 2.0)),
+        (" P99 = 5000ms ", SloTarget("queue", 99.0, 5.0)),
+        ("p99.9=1.5s", SloTarget("queue", 99.9, 1.5)),
+    ],
+)
 def test_parse_queue_delay(text: str, expected: SloTarget) -> None:
     assert parse_queue_delay(text) == expected
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("50=2s", "is not pN=VALUE; e.g. p50=2s (Sarathi-Serve), p99=5s (Vidur)"),
-    ("p50@-1=2s", "is not pN=VALUE"),
-    ("queue_p50=2s", "is not pN=VALUE"),
-    ("p50=2", "value '2' is not a duration"),
-    ("p150=1s", "percentile 150.0 is out of range"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("50=2s", "is not pN=VALUE; e.g. p50=2s (Sarathi-Serve), p99=5s (Vidur)"),
+        ("p50@-1=2s", "is not pN=VALUE"),
+        ("queue_p50=2s", "is not pN=VALUE"),
+        ("p50=2", "value '2' is not a duration"),
+        ("p150=1s", "percentile 150.0 is out of range"),
+    ],
+)
 def test_parse_queue_delay_refuses(text: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
         parse_queue_delay(text)
@@ -461,12 +552,27 @@ def test_scaled_trace_keeps_requests_and_scales_time() -> None:
 
 def test_capacity_needs_an_slo_or_the_stability_condition() -> None:
     with pytest.raises(ValueError, match="at least one SLO .* or a stability condition"):
-        capacity(ScaledTrace(_uniform(5, 1.0)), {}, DEFAULT_LIMITS, SchedulingOptions(),
-                 LatencyModel(), (), backend="serial", stability=None)
+        capacity(
+            ScaledTrace(_uniform(5, 1.0)),
+            {},
+            DEFAULT_LIMITS,
+            SchedulingOptions(),
+            LatencyModel(),
+            (),
+            backend="serial",
+            stability=None,
+        )
     # The stability condition alone is a capacity: the highest rate the queue stays bounded at.
     # D/D/1 as above, 1,000 requests: the median wait 499.5(a - 1/r) reaches 2 s at 166.8 req/s.
-    (record,), _ = capacity(ScaledTrace(_uniform(1000, 10.0)), {}, StepPlannerLimits(1, 64, 16),
-                            SchedulingOptions(), LatencyModel(0.01, 0.0, 0.0), (),
-                            tolerance=0.5, backend="serial")
+    (record,), _ = capacity(
+        ScaledTrace(_uniform(1000, 10.0)),
+        {},
+        StepPlannerLimits(1, 64, 16),
+        SchedulingOptions(),
+        LatencyModel(0.01, 0.0, 0.0),
+        (),
+        tolerance=0.5,
+        backend="serial",
+    )
     known = 1 / (0.01 - 2.0 / 499.5)
     assert not record["unbounded"] and known - 0.5 - 1e-6 <= record["capacity"] <= known + 1e-6

@@ -30,17 +30,23 @@ def test_synthetic_is_seeded_sorted_and_has_three_classes() -> None:
     assert a.output_tokens.min() >= 1
 
 
-@pytest.mark.parametrize(("kw", "match"), [({"requests": 0}, "requests=0"),
-                                           ({"rate": 0.0}, "rate=0.0"),
-                                           ({"max_prompt": 0}, "max_prompt=0")])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"requests": 0}, "requests=0"),
+        ({"rate": 0.0}, "rate=0.0"),
+        ({"max_prompt": 0}, "max_prompt=0"),
+    ],
+)
 def test_synthetic_rejects_bad_arguments(kw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         synthetic(**kw)
 
 
 def test_workload_validates_and_sorts_stably() -> None:
-    w = Workload(np.array([2.0, 1.0, 1.0]), np.array([5, 6, 7]), np.array([1, 2, 3]),
-                 np.array([0, 0, 0]))
+    w = Workload(
+        np.array([2.0, 1.0, 1.0]), np.array([5, 6, 7]), np.array([1, 2, 3]), np.array([0, 0, 0])
+    )
     assert w.prompt_tokens.tolist() == [6, 7, 5]
     with pytest.raises(ValueError, match="output_tokens=0 is out of range"):
         Workload(np.array([0.0]), np.array([5]), np.array([0]), np.array([0]))
@@ -63,9 +69,17 @@ def test_csv_and_jsonl_round_trip(tmp_path: pathlib.Path) -> None:
     back = load_trace(tmp_path / "t.csv")
     assert np.allclose(back.arrival_time, w.arrival_time, atol=1e-6)
     assert back.output_tokens.tolist() == w.output_tokens.tolist()
-    lines = [json.dumps({"arrival_time": float(t), "prompt_tokens": int(p),
-                         "output_tokens": int(o), "extra": "ignored"})
-             for t, p, o in zip(w.arrival_time, w.prompt_tokens, w.output_tokens)]
+    lines = [
+        json.dumps(
+            {
+                "arrival_time": float(t),
+                "prompt_tokens": int(p),
+                "output_tokens": int(o),
+                "extra": "ignored",
+            }
+        )
+        for t, p, o in zip(w.arrival_time, w.prompt_tokens, w.output_tokens)
+    ]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n\n")
     j = load_trace(tmp_path / "t.jsonl")
     assert j.prompt_tokens.tolist() == w.prompt_tokens.tolist()
@@ -120,8 +134,9 @@ def test_csv_and_jsonl_round_trip(tmp_path: pathlib.Path) -> None:
         ("a.csv", "arrival_time,prompt_tokens,output_tokens\n", "no requests"),
     ],
 )
-def test_trace_errors_name_line_and_column(tmp_path: pathlib.Path, name: str, text: str,
-                                           match: str) -> None:
+def test_trace_errors_name_line_and_column(
+    tmp_path: pathlib.Path, name: str, text: str, match: str
+) -> None:
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=match):
         load_trace(tmp_path / name)
@@ -138,18 +153,26 @@ def test_load_trace_reads_the_stepplanner_layout_only(tmp_path: pathlib.Path) ->
     # read_trace would recognise this as BurstGPT; load_trace promises its own columns.
     path = tmp_path / "b.csv"
     path.write_text("Timestamp,Request tokens,Response tokens\n0,5,1\n")
-    with pytest.raises(StepPlannerValueError, match=r"'arrival_time', 'prompt_tokens', "
-                       r"'output_tokens' not found"):
+    with pytest.raises(
+        StepPlannerValueError,
+        match=r"'arrival_time', 'prompt_tokens', "
+        r"'output_tokens' not found",
+    ):
         load_trace(path)
 
 
 def test_an_empty_workload_is_an_error_at_construction() -> None:
     with pytest.raises(ValueError, match="workload has no requests; allowed: at least one"):
-        Workload(np.zeros(0), np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
-                 np.zeros(0, dtype=np.int32))
+        Workload(
+            np.zeros(0),
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0, dtype=np.int32),
+        )
     with pytest.raises(ValueError, match="no requests"):
-        Workload(np.array([]), np.array([], dtype=int), np.array([], dtype=int),
-                 np.array([], dtype=int))
+        Workload(
+            np.array([]), np.array([], dtype=int), np.array([], dtype=int), np.array([], dtype=int)
+        )
 
 
 def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
@@ -162,8 +185,11 @@ def test_the_default_synthetic_workload_is_the_one_the_cli_runs() -> None:
     from stepplanner.sim.workloads import DEFAULT_SLO_CLASSES
 
     def cli(*extra: str) -> dict:
-        result = CliRunner().invoke(main, ["simulate", "--json", "--max-steps", "1",
-                                           "--no-progress", *extra], catch_exceptions=False)
+        result = CliRunner().invoke(
+            main,
+            ["simulate", "--json", "--max-steps", "1", "--no-progress", *extra],
+            catch_exceptions=False,
+        )
         assert result.exit_code == 0, result.output
         return json.loads(result.output)["workload"]
 

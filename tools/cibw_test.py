@@ -80,10 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.install is not None:
         extras = ",".join(_as_list(cfg.get("test-extras")))
         wheel = str(args.install.resolve()) + (f"[{extras}]" if extras else "")
-        subprocess.run([str(args.python), "-m", "pip", "install", "-q", wheel,
-                        *_as_list(cfg.get("test-requires"))], check=True)
-    for name, value in (("{project}", project), ("{package}", project),
-                        ("{wheel}", args.install.resolve() if args.install else None)):
+        subprocess.run(
+            [
+                str(args.python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                wheel,
+                *_as_list(cfg.get("test-requires")),
+            ],
+            check=True,
+        )
+    for name, value in (
+        ("{project}", project),
+        ("{package}", project),
+        ("{wheel}", args.install.resolve() if args.install else None),
+    ):
         if name in command:
             if value is None:
                 raise SystemExit(f"cibw_test: test-command uses {name}; pass --install WHEEL")
@@ -94,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     # cibuildwheel runs the command with the test venv first on PATH, so `python` is the venv's;
     # the venv is not "activated" further than that.
     venv_bin = str(Path(os.path.abspath(args.python)).parent)
-    env = dict(os.environ, PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""),
-               VIRTUAL_ENV=str(Path(venv_bin).parent))
+    env = dict(
+        os.environ,
+        PATH=venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        VIRTUAL_ENV=str(Path(venv_bin).parent),
+    )
     env.pop("PYTHONPATH", None)  # nothing but the staged sources and the installed wheel
     env.update(environment(cfg))
     shown = " ".join(f"{k}={v}" for k, v in environment(cfg).items())

@@ -40,8 +40,16 @@ HERE = pathlib.Path(__file__).resolve().parent
 TRACES = HERE.parent / "docs" / "fidelity"
 LOADS = (30, 60, 85)
 ENGINE = ["--mode", "mixed", "--max-num-tokens", "256"]
-PRIORITY_PAUSE = ["--policy", "priority", "--preemption", "pause", "--max-pause-steps", "8",
-                  "--priority-reserved-slots", "1"]
+PRIORITY_PAUSE = [
+    "--policy",
+    "priority",
+    "--preemption",
+    "pause",
+    "--max-pause-steps",
+    "8",
+    "--priority-reserved-slots",
+    "1",
+]
 
 
 def serve(out: pathlib.Path, *args: str) -> None:
@@ -52,19 +60,31 @@ def serve(out: pathlib.Path, *args: str) -> None:
     done = subprocess.run(command, cwd=out, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{shown}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    print(f"  {time.perf_counter() - started:.0f} s, load average {load:.2f} -> "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"  {time.perf_counter() - started:.0f} s, load average {load:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
 
 def capacity(out: pathlib.Path) -> float:
     rates = []
     for rep in "ab":
-        serve(out, str(TRACES / "burst.csv"), *ENGINE, "--results", f"burst-{rep}.json",
-              "--timings", f"burst-{rep}.csv")
+        serve(
+            out,
+            str(TRACES / "burst.csv"),
+            *ENGINE,
+            "--results",
+            f"burst-{rep}.json",
+            "--timings",
+            f"burst-{rep}.csv",
+        )
         run = json.loads((out / f"burst-{rep}.json").read_text())
         rates.append(run["completed"] / run["duration"])
-    print(f"capacity: bursts at {' and '.join(f'{r:.2f}' for r in rates)} requests/s -> "
-          f"{sum(rates) / len(rates):.2f}")
+    print(
+        f"capacity: bursts at {' and '.join(f'{r:.2f}' for r in rates)} requests/s -> "
+        f"{sum(rates) / len(rates):.2f}"
+    )
     return sum(rates) / len(rates)
 
 
@@ -81,18 +101,25 @@ def scaled_trace(load: int, requests_per_s: float, out: pathlib.Path) -> pathlib
         writer.writeheader()
         for row, at in zip(rows, arrivals):
             writer.writerow({**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"})
-    print(f"{path.name}: {len(rows)} requests at {load / 100 * requests_per_s:.2f} requests/s "
-          f"(time axis x {factor:.3f})")
+    print(
+        f"{path.name}: {len(rows)} requests at {load / 100 * requests_per_s:.2f} requests/s "
+        f"(time axis x {factor:.3f})"
+    )
     return path
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=pathlib.Path)
-    parser.add_argument("--repeats", nargs="+", default=["a", "b"],
-                        help="Names of the repeats (each serves the whole matrix once).")
-    parser.add_argument("--capacity", type=float,
-                        help="Requests/s to take as capacity instead of measuring bursts.")
+    parser.add_argument(
+        "--repeats",
+        nargs="+",
+        default=["a", "b"],
+        help="Names of the repeats (each serves the whole matrix once).",
+    )
+    parser.add_argument(
+        "--capacity", type=float, help="Requests/s to take as capacity instead of measuring bursts."
+    )
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -102,18 +129,50 @@ def main(argv: list[str]) -> None:
     serve(out, "--profile", *ENGINE, "--timings", "profile.csv")
     for rep in args.repeats:
         for load in LOADS:
-            serve(out, str(traces[load]), *ENGINE, "--results", f"fcfs-{load}-{rep}.json",
-                  "--timings", f"fcfs-{load}-{rep}.csv")
-            serve(out, str(traces[load]), *ENGINE, *PRIORITY_PAUSE, "--results",
-                  f"pp-{load}-{rep}.json", "--timings", f"pp-{load}-{rep}.csv")
-        serve(out, str(traces[85]), "--scheduler", "fifo", "--results", f"fifo-85-{rep}.json",
-              "--timings", f"fifo-85-{rep}.csv")
+            serve(
+                out,
+                str(traces[load]),
+                *ENGINE,
+                "--results",
+                f"fcfs-{load}-{rep}.json",
+                "--timings",
+                f"fcfs-{load}-{rep}.csv",
+            )
+            serve(
+                out,
+                str(traces[load]),
+                *ENGINE,
+                *PRIORITY_PAUSE,
+                "--results",
+                f"pp-{load}-{rep}.json",
+                "--timings",
+                f"pp-{load}-{rep}.csv",
+            )
+        serve(
+            out,
+            str(traces[85]),
+            "--scheduler",
+            "fifo",
+            "--results",
+            f"fifo-85-{rep}.json",
+            "--timings",
+            f"fifo-85-{rep}.csv",
+        )
     print(f"served in {(time.perf_counter() - began) / 60:.1f} minutes", flush=True)
     sys.path.insert(0, str(HERE))
     import fidelity_tables
 
-    table_args = [str(out), "--repeats", *args.repeats, "--calibrate-on", str(out / "profile.csv"),
-                  "--pace-windows", "0.25", "1", "2"]
+    table_args = [
+        str(out),
+        "--repeats",
+        *args.repeats,
+        "--calibrate-on",
+        str(out / "profile.csv"),
+        "--pace-windows",
+        "0.25",
+        "1",
+        "2",
+    ]
     if args.capacity is None:
         table_args += ["--calibrate-on", str(out / "burst-a.csv")]
     text = io.StringIO()

@@ -90,16 +90,41 @@ class Disagreement(AssertionError):
 # --- decoding bytes into values ------------------------------------------------------------
 
 
-INTERESTING = (0, 1, -1, 2, 16, 32, 64, INT32_MAX, INT32_MIN, INT32_MAX + 1, INT32_MIN - 1,
-               UINT64_MAX, UINT64_MAX + 1, 2**63, 2**100)
+INTERESTING = (
+    0,
+    1,
+    -1,
+    2,
+    16,
+    32,
+    64,
+    INT32_MAX,
+    INT32_MIN,
+    INT32_MAX + 1,
+    INT32_MIN - 1,
+    UINT64_MAX,
+    UINT64_MAX + 1,
+    2**63,
+    2**100,
+)
 
 
 def hostile_scalar(fdp: atheris.FuzzedDataProvider) -> object:
     """A value of a type a caller should not pass for an integer field, or a boundary int."""
     kind = fdp.ConsumeIntInRange(0, 11)
     return [
-        None, 1.5, "3", b"\x01", True, np.int64(3), np.uint64(2**63), np.float64(2.0),
-        np.bool_(True), [1], fdp.PickValueInList(list(INTERESTING)), np.int8(-1),
+        None,
+        1.5,
+        "3",
+        b"\x01",
+        True,
+        np.int64(3),
+        np.uint64(2**63),
+        np.float64(2.0),
+        np.bool_(True),
+        [1],
+        fdp.PickValueInList(list(INTERESTING)),
+        np.int8(-1),
     ][kind]
 
 
@@ -159,15 +184,28 @@ def make_row(fdp: atheris.FuzzedDataProvider, s_in: int, arrival: int) -> tuple:
     decoding = fdp.ConsumeBool()
     # min(.., INT32_MAX): with max_step_tokens, S_in itself may be INT32_MAX (T_max is capped).
     prompt = fdp.ConsumeIntInRange(1, min(s_in + 1, INT32_MAX))
-    committed = fdp.ConsumeIntInRange(prompt, min(prompt + 8, INT32_MAX)) if decoding else \
-        fdp.ConsumeIntInRange(0, prompt - 1)
-    row = [fdp.ConsumeIntInRange(-2, 3), arrival, prompt, committed, decoding,
-           fdp.ConsumeIntInRange(0, 5)]
+    committed = (
+        fdp.ConsumeIntInRange(prompt, min(prompt + 8, INT32_MAX))
+        if decoding
+        else fdp.ConsumeIntInRange(0, prompt - 1)
+    )
+    row = [
+        fdp.ConsumeIntInRange(-2, 3),
+        arrival,
+        prompt,
+        committed,
+        decoding,
+        fdp.ConsumeIntInRange(0, 5),
+    ]
     if fdp.ConsumeProbability() < 0.08:  # a boundary value in one field
         field = fdp.ConsumeIntInRange(0, 5)
         row[field] = fdp.PickValueInList(
-            [0, UINT64_MAX] if field == 1 else [False, True] if field == 4
-            else [INT32_MIN, -1, 0, INT32_MAX, INT32_MAX - 1])
+            [0, UINT64_MAX]
+            if field == 1
+            else [False, True]
+            if field == 4
+            else [INT32_MIN, -1, 0, INT32_MAX, INT32_MAX - 1]
+        )
     return tuple(row)
 
 
@@ -204,8 +242,10 @@ class Lane:
             return ("ok", self.plan.to_dict(), None if reasons is None else reasons.tolist())
         after = None if self.plan is None else self.plan.to_dict()
         if before != after:
-            raise Disagreement(f"{self.impl.IMPLEMENTATION}: a call that raised {result} "
-                               f"changed the previous plan {before} -> {after}")
+            raise Disagreement(
+                f"{self.impl.IMPLEMENTATION}: a call that raised {result} "
+                f"changed the previous plan {before} -> {after}"
+            )
         return result
 
 
@@ -272,8 +312,9 @@ class _ShiftyList(list):
         return super().__getitem__(index)
 
 
-def make_count(fdp: atheris.FuzzedDataProvider, n: int, lanes: list[Lane],
-               bad_container: bool) -> list[object]:
+def make_count(
+    fdp: atheris.FuzzedDataProvider, n: int, lanes: list[Lane], bad_container: bool
+) -> list[object]:
     """One count per lane (a mutator needs each lane's own container)."""
     roll = fdp.ConsumeProbability()
     if bad_container and not generates("error-order"):
@@ -298,7 +339,7 @@ class _MutatingCount:
 
     def __index__(self) -> int:
         if isinstance(self.container, list):
-            del self.container[self.cut:]
+            del self.container[self.cut :]
         return self.value
 
     def __repr__(self) -> str:
@@ -342,8 +383,9 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 def resident_state_parity(fdp: atheris.FuzzedDataProvider) -> None:
     """Constructor and setters of ResidentState: same value or same error on both."""
-    values = [hostile_scalar(fdp) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-3, 3)
-              for _ in FIELDS]
+    values = [
+        hostile_scalar(fdp) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-3, 3) for _ in FIELDS
+    ]
     field = fdp.PickValueInList(list(FIELDS))
     late = hostile_scalar(fdp)
     results = []
@@ -363,20 +405,23 @@ def resident_state_parity(fdp: atheris.FuzzedDataProvider) -> None:
 # --- one episode ---------------------------------------------------------------------------
 
 
-def step(fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple],
-         limits: object) -> list[tuple]:
+def step(
+    fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple], limits: object
+) -> list[tuple]:
     """Plan (and apply) one step on both lanes; return the ledger rows for the next step."""
     shape = fdp.ConsumeIntInRange(0, 11)
     foreign = None  # a stray element in a list, or the whole non-container argument
     if shape == 11 or (shape <= 2 and fdp.ConsumeProbability() < 0.1):
-        foreign = fdp.PickValueInList([None, 7, "r", (0, 0, 1, 0, False, 0), {0: 1},
-                                       np.float64(1.0), range(3)])
+        foreign = fdp.PickValueInList(
+            [None, 7, "r", (0, 0, 1, 0, False, 0), {0: 1}, np.float64(1.0), range(3)]
+        )
     for lane in lanes:
         lane.container = build_container(lane.impl, rows, shape, foreign)
     counts = make_count(fdp, len(rows), lanes, bad_container=shape >= 8)
     recipe = make_reasons(fdp, len(rows))
-    results = [lane.plan_outcome(c, reasons_from(recipe))
-               for lane, c in zip(lanes, counts, strict=True)]
+    results = [
+        lane.plan_outcome(c, reasons_from(recipe)) for lane, c in zip(lanes, counts, strict=True)
+    ]
     context = (rows, shape, counts[0], recipe)
     same("plan", results[0], results[1], context)
     if results[0][0] != "ok":
@@ -392,16 +437,19 @@ def apply_both(lanes: list[Lane], rows: list[tuple], context: object) -> list[tu
             lane.container.reads.clear()
         res = outcome(lane.plan.apply_to, lane.container)
         if isinstance(lane.container, _ShiftyList) and lane.container.victim != bytes(64):
-            raise Disagreement(f"{lane.impl.IMPLEMENTATION}: apply_to wrote into an immutable "
-                               f"bytes object: {lane.container.victim!r}")
+            raise Disagreement(
+                f"{lane.impl.IMPLEMENTATION}: apply_to wrote into an immutable "
+                f"bytes object: {lane.container.victim!r}"
+            )
         after = rows_of(lane.container) if res[0] == "ok" else None
         applied.append((res[0], res[1:] if res[0] == "err" else None, after))
     same("apply_to", applied[0], applied[1], context)
     return applied[1][2] if applied[1][0] == "ok" else rows
 
 
-def evolve(fdp: atheris.FuzzedDataProvider, rows: list[tuple], s_in: int,
-           next_arrival: int) -> list[tuple]:
+def evolve(
+    fdp: atheris.FuzzedDataProvider, rows: list[tuple], s_in: int, next_arrival: int
+) -> list[tuple]:
     """Between steps: retire finished decoders, admit new rows, as a runtime would."""
     out = [r for r in rows if not (r[4] and fdp.ConsumeProbability() < 0.3)]
     while len(out) < MAX_ROWS and fdp.ConsumeProbability() < 0.3:
@@ -434,8 +482,10 @@ class LedgerModel:
         self.leaving &= set(resident)  # they leave with the loop's next call, and only then
         expected = self.live | self.leaving
         if set(resident) | set(waiting) != expected or len(waiting) != ledger.waiting:
-            raise Disagreement(f"ledger lost or invented ids: resident {resident}, waiting "
-                               f"{waiting}, expected {sorted(map(int, expected))}")
+            raise Disagreement(
+                f"ledger lost or invented ids: resident {resident}, waiting "
+                f"{waiting}, expected {sorted(map(int, expected))}"
+            )
         if len(ledger.residents) != ledger.count or ledger.count > ledger.capacity:
             raise Disagreement(f"ledger count {ledger.count} vs {len(ledger.residents)} rows")
         if ledger.waiting > ledger.max_waiting:
@@ -459,14 +509,25 @@ def real_table(table: object) -> tuple:
 
 
 def ledger_snapshot(ledger: Ledger) -> tuple:
-    state = (ledger.to_records(), ledger.waiting_ids(), ledger.count,
-             ledger.output_tokens.tolist(), ledger.finished_ids.tolist())
+    state = (
+        ledger.to_records(),
+        ledger.waiting_ids(),
+        ledger.count,
+        ledger.output_tokens.tolist(),
+        ledger.finished_ids.tolist(),
+    )
     table = ledger.page_table
     if table is None:
         return state
     rows, counts, sizes = real_table(table)
-    return state + (rows.tolist(), counts.tolist(), sizes.num_free_pages,
-                    ledger.reserved_pages, ledger.held_back, ledger.kv_pages_in_use())
+    return state + (
+        rows.tolist(),
+        counts.tolist(),
+        sizes.num_free_pages,
+        ledger.reserved_pages,
+        ledger.held_back,
+        ledger.kv_pages_in_use(),
+    )
 
 
 LEDGER_ALLOWED = ALLOWED + (stepplanner.QueueFullError,)
@@ -485,8 +546,9 @@ def ledger_outcome(call, ledger, planner) -> tuple:
     return ("ok", value)
 
 
-def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
-                   paged: bool = False, tamper: bool = False) -> None:
+def ledger_episode(
+    fdp: atheris.FuzzedDataProvider, capped: bool = False, paged: bool = False, tamper: bool = False
+) -> None:
     """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
     compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
     planner) side by side. Fails when the two disagree on a result, an error or the state after
@@ -504,10 +566,15 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
     step = fdp.ConsumeIntInRange(floor, max(floor, b * s_in)) if capped else 0
     limits = stepplanner.StepPlannerLimits(b, s_in, page, step)
     try:
-        policy = stepplanner.resolve_scheduling_policy(stepplanner.SchedulingOptions(
-            scheduling_policy=fdp.ConsumeIntInRange(0, 1), preemption=fdp.ConsumeIntInRange(0, 1),
-            priority_reserved_slots=fdp.ConsumeIntInRange(0, b - 1),
-            max_pause_steps=fdp.ConsumeIntInRange(0, 3)), limits)
+        policy = stepplanner.resolve_scheduling_policy(
+            stepplanner.SchedulingOptions(
+                scheduling_policy=fdp.ConsumeIntInRange(0, 1),
+                preemption=fdp.ConsumeIntInRange(0, 1),
+                priority_reserved_slots=fdp.ConsumeIntInRange(0, b - 1),
+                max_pause_steps=fdp.ConsumeIntInRange(0, 3),
+            ),
+            limits,
+        )
     except ALLOWED:
         return  # e.g. rd(T_max) < B + P: no policy exists for these limits
     max_waiting = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 6)
@@ -519,16 +586,23 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
         slots = b
         if tamper and fdp.ConsumeProbability() < 0.5:
             classes, slots, page_real = lying_tables(fdp, b, max_pages, num_pages, page)
-            tables = (classes[0](slots, max_pages, num_pages, page_real),
-                      classes[1](slots, max_pages, num_pages, page_real))
-            inputs = [plain_outcome(m.StepInputs, limits, t)
-                      for m, t in zip((_kv, _kv_reference), tables)]
+            tables = (
+                classes[0](slots, max_pages, num_pages, page_real),
+                classes[1](slots, max_pages, num_pages, page_real),
+            )
+            inputs = [
+                plain_outcome(m.StepInputs, limits, t) for m, t in zip((_kv, _kv_reference), tables)
+            ]
             same("StepInputs() over a subclassed table", inputs[0][:3], inputs[1][:3], classes)
         else:
-            tables = (classes[0](b, max_pages, num_pages, page),
-                      classes[1](b, max_pages, num_pages, page))
-    made = [plain_outcome(cls, limits, policy, max_waiting=max_waiting, page_table=table)
-            for cls, table in zip((_ledger_core.Ledger, _ledger_reference.Ledger), tables)]
+            tables = (
+                classes[0](b, max_pages, num_pages, page),
+                classes[1](b, max_pages, num_pages, page),
+            )
+    made = [
+        plain_outcome(cls, limits, policy, max_waiting=max_waiting, page_table=table)
+        for cls, table in zip((_ledger_core.Ledger, _ledger_reference.Ledger), tables)
+    ]
     same("Ledger()", made[0][:3], made[1][:3], (limits, tables))
     if made[0][0] == "err":
         return
@@ -542,15 +616,17 @@ def ledger_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False,
         for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
             before = [ledger_snapshot(ledger) for ledger in ledgers]
             call, accepted = ledger_op(fdp, op, ledgers[0], model, limits)
-            results = [ledger_outcome(call, ledger, planner)
-                       for ledger, planner in zip(ledgers, planners)]
+            results = [
+                ledger_outcome(call, ledger, planner) for ledger, planner in zip(ledgers, planners)
+            ]
             after = [ledger_snapshot(ledger) for ledger in ledgers]
             same(f"ledger op {op}", results[0], results[1], before[0])
             same(f"ledger op {op} state", after[0], after[1], before[0])
             if results[0][0] == "err":
                 if after[0] != before[0]:
-                    raise Disagreement(f"ledger op {op} raised but changed the ledger: "
-                                       f"{before[0]} -> {after[0]}")
+                    raise Disagreement(
+                        f"ledger op {op} raised but changed the ledger: {before[0]} -> {after[0]}"
+                    )
             else:
                 accepted(results[0][1])
             check_after(op, results[0][0] == "ok", ledgers[0], model)
@@ -568,8 +644,10 @@ def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
         normal = [r for r in waiting if model.priority[r] >= 0]
         urgent = [r for r in waiting if model.priority[r] < 0]
         if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
-            raise Disagreement(f"admission left {waiting} waiting with {ledger.free_slots} free "
-                               f"slots ({ledger.reserved_slots} reserved)")
+            raise Disagreement(
+                f"admission left {waiting} waiting with {ledger.free_slots} free "
+                f"slots ({ledger.reserved_slots} reserved)"
+            )
 
 
 def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
@@ -579,7 +657,7 @@ def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
     _, counts_view, sizes = real_table(table)
     table_module(table).KVPageTable.check(table)  # the class's own check, not a subclass's
     counts = counts_view.tolist()
-    if any(counts[ledger.count:]):
+    if any(counts[ledger.count :]):
         raise Disagreement(f"slots past row {ledger.count} hold pages: {counts}")
     page = sizes.kv_page_size
     lengths, ids = ledger.residents["prompt_length"].tolist(), ledger.request_ids.tolist()
@@ -588,11 +666,14 @@ def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
         if counts[i] < need:
             raise Disagreement(f"row {i} holds {counts[i]} pages, its worst case {need}")
     if ledger.reserved_pages != sizes.num_pages - sizes.num_free_pages:
-        raise Disagreement(f"reserved_pages {ledger.reserved_pages} vs the table's "
-                           f"{sizes.num_pages - sizes.num_free_pages}")
+        raise Disagreement(
+            f"reserved_pages {ledger.reserved_pages} vs the table's "
+            f"{sizes.num_pages - sizes.num_free_pages}"
+        )
     if ledger.kv_pages_in_use() > ledger.reserved_pages:
-        raise Disagreement(f"{ledger.kv_pages_in_use()} pages in use > {ledger.reserved_pages} "
-                           "reserved")
+        raise Disagreement(
+            f"{ledger.kv_pages_in_use()} pages in use > {ledger.reserved_pages} reserved"
+        )
 
 
 def plain_outcome(make, *args, **kwargs) -> tuple:
@@ -602,25 +683,39 @@ def plain_outcome(make, *args, **kwargs) -> tuple:
     if result[0] == "err":
         return result + (None,)
     made = result[1]
-    summary = (made.capacity if hasattr(made, "capacity")
-               else {k: v.shape for k, v in made.buffers().items()})
+    summary = (
+        made.capacity
+        if hasattr(made, "capacity")
+        else {k: v.shape for k, v in made.buffers().items()}
+    )
     return ("ok", summary, None, made)
 
 
-TABLE_SIZES = ("max_batch_size", "max_pages_per_sequence", "num_pages", "kv_page_size",
-               "num_free_pages")
+TABLE_SIZES = (
+    "max_batch_size",
+    "max_pages_per_sequence",
+    "num_pages",
+    "kv_page_size",
+    "num_free_pages",
+)
 
 
-def lying_tables(fdp: atheris.FuzzedDataProvider, b: int, max_pages: int, num_pages: int,
-                 page: int) -> tuple:
+def lying_tables(
+    fdp: atheris.FuzzedDataProvider, b: int, max_pages: int, num_pages: int, page: int
+) -> tuple:
     """(the two KVPageTable subclasses, real slots, real page size): the same lies on both, each
     property saying what the limits want, a boundary value or the truth; sometimes the table
     methods do nothing too. The real table may be shorter than the limits or use another page
     size: the lies would hide exactly that from a check that believed them (issue 20 A.1)."""
     slots = fdp.ConsumeIntInRange(1, b)
     page_real = page if fdp.ConsumeBool() else fdp.ConsumeIntInRange(1, 16)
-    said = {"max_batch_size": b, "max_pages_per_sequence": 127, "num_pages": num_pages + 200,
-            "kv_page_size": page, "num_free_pages": num_pages}
+    said = {
+        "max_batch_size": b,
+        "max_pages_per_sequence": 127,
+        "num_pages": num_pages + 200,
+        "kv_page_size": page,
+        "num_free_pages": num_pages,
+    }
     lies = {}
     for name in TABLE_SIZES:
         roll = fdp.ConsumeIntInRange(0, 3)
@@ -635,8 +730,11 @@ def lying_tables(fdp: atheris.FuzzedDataProvider, b: int, max_pages: int, num_pa
     def subclass(base: type) -> type:
         body = {name: property(lambda self, v=v: v) for name, v in lies.items()}
         if lazy:
-            body.update(ensure=lambda self, slot, n: True, release=lambda self, slot: None,
-                        move=lambda self, src, dst: None)
+            body.update(
+                ensure=lambda self, slot, n: True,
+                release=lambda self, slot: None,
+                move=lambda self, src, dst: None,
+            )
         return type("Liar", (base,), body)
 
     return (subclass(_kv.KVPageTable), subclass(_kv_reference.KVPageTable)), slots, page_real
@@ -691,7 +789,9 @@ def some_id(fdp: atheris.FuzzedDataProvider, model: LedgerModel) -> object:
     roll = fdp.ConsumeProbability()
     if roll < 0.6 and model.live:
         return fdp.PickValueInList(sorted(model.live))
-    return int_or_hostile(fdp, -2, 40) if roll < 0.95 else fdp.PickValueInList([2**63, -2**63 - 1])
+    return (
+        int_or_hostile(fdp, -2, 40) if roll < 0.95 else fdp.PickValueInList([2**63, -(2**63) - 1])
+    )
 
 
 def pick_distinct(fdp: atheris.FuzzedDataProvider, pool: list) -> list:
@@ -720,10 +820,12 @@ def some_mask(fdp: atheris.FuzzedDataProvider, plan: object) -> object:
     return mask
 
 
-def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: LedgerModel,
-              limits: object) -> tuple:
+def ledger_op(
+    fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: LedgerModel, limits: object
+) -> tuple:
     """(call(ledger, planner), accepted(result)): one operation with its arguments drawn once,
     for both ledgers; ``accepted`` updates the model after the ledgers took it."""
+
     def nothing(_: object) -> None:
         pass
 
@@ -773,8 +875,10 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
         elif roll < 0.2:
             rows = fdp.PickValueInList([[1.0], ["0"], [[0, 1], [2]], [True], np.array([0.5])])
         ids = ledger.request_ids.tolist()
-        return ((lambda led, _p: led.retire_rows(rows)),
-                lambda _: model.live.difference_update(ids[r] for r in rows))
+        return (
+            (lambda led, _p: led.retire_rows(rows)),
+            lambda _: model.live.difference_update(ids[r] for r in rows),
+        )
     if op == 6:  # a snapshot round trip must change nothing; a tampered one is checked in full
         records = ledger.to_records()
         untouched = True  # (comparing a hostile numpy scalar with an int may itself raise)
@@ -784,19 +888,26 @@ def ledger_op(fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: L
             records[i][field] = int_or_hostile(fdp, -1, 50)
             untouched = False
         elif fdp.ConsumeProbability() < 0.2:
-            records.append({"arrival": fdp.PickValueInList([UINT64_MAX, 0, 1, 2]),
-                            "prompt_length": 1, "request_id": 10**6})
+            records.append(
+                {
+                    "arrival": fdp.PickValueInList([UINT64_MAX, 0, 1, 2]),
+                    "prompt_length": 1,
+                    "request_id": 10**6,
+                }
+            )
             untouched = False
 
         def loaded(_: object) -> None:
-            model.live = set(ledger.waiting_ids()) | {r.get("request_id", k)
-                                                      for k, r in enumerate(records)}
+            model.live = set(ledger.waiting_ids()) | {
+                r.get("request_id", k) for k, r in enumerate(records)
+            }
             if untouched and ledger.to_records() != records:
                 raise Disagreement(f"load(to_records()) changed the rows: {records}")
 
         return (lambda led, _p: led.load([dict(r) for r in records])), loaded
     if op == 7:
         rid = some_id(fdp, model)
+
         def cancelled(_: object) -> None:
             model.live.discard(rid)
             if rid in ledger.request_ids.tolist():

@@ -29,11 +29,16 @@ import stepplanner as sp
 B, S_IN, P = 64, 512, 16
 LIMITS = sp.StepPlannerLimits(B, S_IN, P)
 OPTIONS = {
-    "pause": sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
-                                  scheduling_policy=sp.SchedulingPolicy.PRIORITY,
-                                  preemption=sp.PreemptionMode.PAUSE, max_pause_steps=4),
-    "prefill_first": sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.PREFILL_FIRST,
-                                          scheduling_policy=sp.SchedulingPolicy.PRIORITY),
+    "pause": sp.SchedulingOptions(
+        ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+        preemption=sp.PreemptionMode.PAUSE,
+        max_pause_steps=4,
+    ),
+    "prefill_first": sp.SchedulingOptions(
+        ifb_scheduling_mode=sp.IfbSchedulingMode.PREFILL_FIRST,
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+    ),
 }
 
 
@@ -78,15 +83,19 @@ class Lane:
                     obj.__init__(*self.rows[i].tolist())
             return
         done = self.rows["context_committed"] & (
-            self.rows["committed"] >= self.rows["prompt_length"] + self.output)
+            self.rows["committed"] >= self.rows["prompt_length"] + self.output
+        )
         for i in np.flatnonzero(done):
             self._admit(int(i))
 
 
 def run(iterations: int, warmup: int, trace: bool = True) -> dict:
-    lanes = [Lane(options, as_list, seed)
-             for seed, (options, as_list) in enumerate(
-                 (o, a) for o in OPTIONS.values() for a in (False, True))]
+    lanes = [
+        Lane(options, as_list, seed)
+        for seed, (options, as_list) in enumerate(
+            (o, a) for o in OPTIONS.values() for a in (False, True)
+        )
+    ]
     for _ in range(warmup):
         for lane in lanes:
             lane.step()
@@ -100,18 +109,27 @@ def run(iterations: int, warmup: int, trace: bool = True) -> dict:
     gc.collect()
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return {"iterations": iterations, "steps": sum(lane.steps for lane in lanes),
-            "implementation": sp.IMPLEMENTATION, "traced_bytes_after_warmup": after_warmup,
-            "traced_bytes_at_end": current, "traced_peak": peak,
-            "growth_bytes": current - after_warmup}
+    return {
+        "iterations": iterations,
+        "steps": sum(lane.steps for lane in lanes),
+        "implementation": sp.IMPLEMENTATION,
+        "traced_bytes_after_warmup": after_warmup,
+        "traced_bytes_at_end": current,
+        "traced_peak": peak,
+        "growth_bytes": current - after_warmup,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--no-trace", dest="trace", action="store_false",
-                        help="leave tracemalloc off (under valgrind its own tables show as leaks)")
+    parser.add_argument(
+        "--no-trace",
+        dest="trace",
+        action="store_false",
+        help="leave tracemalloc off (under valgrind its own tables show as leaks)",
+    )
     args = parser.parse_args()
     print(json.dumps(run(args.iterations, args.warmup, args.trace)))
 

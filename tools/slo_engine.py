@@ -42,8 +42,17 @@ import numpy as np
 HERE = pathlib.Path(__file__).resolve().parent
 TRACES = HERE.parent / "docs" / "fidelity"
 ENGINE = ["--mode", "mixed", "--max-num-tokens", "256"]
-SIM_ENGINE = ["-B", "8", "--kv-page-size", "16", "--max-step-tokens", "256",
-              "--max-input-length", "512", *ENGINE]
+SIM_ENGINE = [
+    "-B",
+    "8",
+    "--kv-page-size",
+    "16",
+    "--max-step-tokens",
+    "256",
+    "--max-input-length",
+    "512",
+    *ENGINE,
+]
 POLICIES = {
     "fcfs": [],
     "priority+pause": ["--policy", "priority", "--preemption", "pause", "--max-pause-steps", "8"],
@@ -63,15 +72,26 @@ def stepplanner(out: pathlib.Path, *args: str, capture: bool = False) -> str:
     if done.returncode != 0:
         sys.exit(f"{shown}: exit {done.returncode}\n{done.stderr[-3000:]}")
     if not capture:
-        print(f"  {time.perf_counter() - started:.0f} s, load average {load:.2f} -> "
-              f"{os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"  {time.perf_counter() - started:.0f} s, load average {load:.2f} -> "
+            f"{os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
     return done.stdout
 
 
 def burst(out: pathlib.Path) -> tuple[float, float]:
     """(completed requests/s, median step seconds) of a closed-loop burst under FCFS."""
-    stepplanner(out, "serve-trace", str(TRACES / "burst.csv"), *ENGINE, "--results",
-                "burst.json", "--timings", "burst.csv")
+    stepplanner(
+        out,
+        "serve-trace",
+        str(TRACES / "burst.csv"),
+        *ENGINE,
+        "--results",
+        "burst.json",
+        "--timings",
+        "burst.csv",
+    )
     run = json.loads((out / "burst.json").read_text())
     with open(out / "burst.csv", newline="") as f:
         step = statistics.median(float(r["seconds"]) for r in csv.DictReader(f))
@@ -97,7 +117,10 @@ def scaled_trace(load: int, requests_per_s: float, out: pathlib.Path) -> pathlib
 def slo_args(step: float) -> list[str]:
     out = []
     for prio, (ttft, tpot) in CLASS_STEPS.items():
-        out += ["--slo-class", f"{prio}=ttft:{ttft * step * 1e3:.1f}ms,tpot:{tpot * step * 1e3:.1f}ms"]
+        out += [
+            "--slo-class",
+            f"{prio}=ttft:{ttft * step * 1e3:.1f}ms,tpot:{tpot * step * 1e3:.1f}ms",
+        ]
     return out
 
 
@@ -119,23 +142,45 @@ def measured(results: pathlib.Path) -> dict[str, float]:
     good = ok & (ttft <= ttft_slo) & (np.isnan(tpot_slo) | (tpot <= tpot_slo))
     prios = np.asarray(data["priorities"])
     gaps = np.concatenate([g for g in itls if g.size] or [np.zeros(1)])
-    return {"attainment": float(attained.mean()), "urgent": float(attained[prios == -1].mean()),
-            "vllm": float(good.mean()), "goodput_rps": float(attained.sum() / data["duration"]),
-            "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3), "requests": n}
+    return {
+        "attainment": float(attained.mean()),
+        "urgent": float(attained[prios == -1].mean()),
+        "vllm": float(good.mean()),
+        "goodput_rps": float(attained.sum() / data["duration"]),
+        "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
+        "requests": n,
+    }
 
 
-def predicted(out: pathlib.Path, name: str, trace: pathlib.Path, policy: list[str],
-              slos: list[str]) -> dict[str, float]:
+def predicted(
+    out: pathlib.Path, name: str, trace: pathlib.Path, policy: list[str], slos: list[str]
+) -> dict[str, float]:
     """The simulator's figures for the same run, priced by the run's own step timings."""
     stepplanner(out, "calibrate", f"{name}.csv", "--out", f"{name}-model.json", capture=True)
-    text = stepplanner(out, "simulate", "--trace", str(trace), *SIM_ENGINE, *policy, *slos,
-                       "--latency-model", f"{name}-model.json", "--format", "json",
-                       "--no-progress", capture=True)
+    text = stepplanner(
+        out,
+        "simulate",
+        "--trace",
+        str(trace),
+        *SIM_ENGINE,
+        *policy,
+        *slos,
+        "--latency-model",
+        f"{name}-model.json",
+        "--format",
+        "json",
+        "--no-progress",
+        capture=True,
+    )
     report = json.loads(text)
     classes = report["slo_attainment"]["classes"]
-    return {"attainment": classes["all"]["attainment"],
-            "urgent": classes["-1"]["attainment"], "vllm": classes["all"]["vllm_attainment"],
-            "goodput_rps": classes["all"]["goodput_rps"], "relegated": classes["all"]["relegated"]}
+    return {
+        "attainment": classes["all"]["attainment"],
+        "urgent": classes["-1"]["attainment"],
+        "vllm": classes["all"]["vllm_attainment"],
+        "goodput_rps": classes["all"]["goodput_rps"],
+        "relegated": classes["all"]["relegated"],
+    }
 
 
 def main(argv: list[str]) -> None:
@@ -158,21 +203,42 @@ def main(argv: list[str]) -> None:
             trace = scaled_trace(load, rate, out)
             for policy, flags in POLICIES.items():
                 name = f"{policy.replace('+', '-')}-{load}-{rep}"
-                stepplanner(out, "serve-trace", str(trace), *ENGINE, *flags, *slos,
-                            "--results", f"{name}.json", "--timings", f"{name}.csv")
-                rows.append((rep, load, policy, measured(out / f"{name}.json"),
-                             predicted(out, name, trace, flags, slos)))
-    lines = [f"capacity {rate:.2f} req/s, step {step * 1e3:.1f} ms; objectives "
-             + " ".join(slos), "",
-             "| repeat | load | policy | attained (real / sim) | urgent (real / sim) | "
-             "vLLM good (real / sim) | goodput req/s (real / sim) | ITL p99 ms (real) |",
-             "|---|---|---|---|---|---|---|---|"]
+                stepplanner(
+                    out,
+                    "serve-trace",
+                    str(trace),
+                    *ENGINE,
+                    *flags,
+                    *slos,
+                    "--results",
+                    f"{name}.json",
+                    "--timings",
+                    f"{name}.csv",
+                )
+                rows.append(
+                    (
+                        rep,
+                        load,
+                        policy,
+                        measured(out / f"{name}.json"),
+                        predicted(out, name, trace, flags, slos),
+                    )
+                )
+    lines = [
+        f"capacity {rate:.2f} req/s, step {step * 1e3:.1f} ms; objectives " + " ".join(slos),
+        "",
+        "| repeat | load | policy | attained (real / sim) | urgent (real / sim) | "
+        "vLLM good (real / sim) | goodput req/s (real / sim) | ITL p99 ms (real) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for rep, load, policy, real, sim in rows:
-        lines.append(f"| {rep} | {load}% | {policy} | {100 * real['attainment']:.1f}% / "
-                     f"{100 * sim['attainment']:.1f}% | {100 * real['urgent']:.1f}% / "
-                     f"{100 * sim['urgent']:.1f}% | {100 * real['vllm']:.1f}% / "
-                     f"{100 * sim['vllm']:.1f}% | {real['goodput_rps']:.2f} / "
-                     f"{sim['goodput_rps']:.2f} | {real['p99_itl_ms']:.0f} |")
+        lines.append(
+            f"| {rep} | {load}% | {policy} | {100 * real['attainment']:.1f}% / "
+            f"{100 * sim['attainment']:.1f}% | {100 * real['urgent']:.1f}% / "
+            f"{100 * sim['urgent']:.1f}% | {100 * real['vllm']:.1f}% / "
+            f"{100 * sim['vllm']:.1f}% | {real['goodput_rps']:.2f} / "
+            f"{sim['goodput_rps']:.2f} | {real['p99_itl_ms']:.0f} |"
+        )
     lines.append("")
     lines.append(f"served in {(time.perf_counter() - began) / 60:.1f} minutes")
     text = "\n".join(lines)

@@ -40,8 +40,9 @@ def run(out: pathlib.Path, name: str, *args: str) -> dict:
     command = ["stepplanner", "compare", *args, "--format", "json", "--no-progress"]
     print("+ " + " ".join(shlex.quote(a) for a in command), flush=True)
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "stepplanner", *command[1:]],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "stepplanner", *command[1:]], capture_output=True, text=True
+    )
     if done.returncode != 0:
         sys.exit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
     (out / f"{name}.json").write_text(done.stdout)
@@ -53,9 +54,15 @@ def flat_trace(path: pathlib.Path, requests: int, burstiness: float) -> None:
     """The embedded workload's requests with their classes' objectives as their own, priority 0."""
     w = synthetic(requests, burstiness=burstiness).with_objectives(DEFAULT_SLO_CLASSES)
     ttft, tpot = w.objectives()
-    Workload(w.arrival_time, w.prompt_tokens, w.output_tokens,
-             np.zeros(len(w), dtype=np.int32), source=f"flat({w.source})",
-             ttft_slo=ttft, tpot_slo=tpot).to_csv(path)
+    Workload(
+        w.arrival_time,
+        w.prompt_tokens,
+        w.output_tokens,
+        np.zeros(len(w), dtype=np.int32),
+        source=f"flat({w.source})",
+        ttft_slo=ttft,
+        tpot_slo=tpot,
+    ).to_csv(path)
 
 
 def cell(report: dict, klass: str = "all") -> float:
@@ -65,8 +72,12 @@ def cell(report: dict, klass: str = "all") -> float:
 def tables(name: str, data: dict) -> list[str]:
     loads = data["loads"]
     names = [r["name"] for r in loads[0]["reports"]]
-    lines = [f"### {name}: saturation {data['saturation_rps']:.2f} req/s", "",
-             "| load | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines = [
+        f"### {name}: saturation {data['saturation_rps']:.2f} req/s",
+        "",
+        "| load | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 1) + "|",
+    ]
     for entry in loads:
         cells = []
         for r in entry["reports"]:
@@ -88,14 +99,22 @@ def targets(flat: dict, aligned: dict, burstiness: float) -> list[str]:
         if entry["load"] in (1.1, 1.2):
             p = by_policy(entry)
             ratio = cell(p["deadline+pause"]) / max(cell(p["fcfs"]), 1e-9)
-            out.append(f"- flat {entry['load']:g}x: DEADLINE/FCFS attainment {ratio:.2f}x "
-                       f"(target >= 1.5): {100 * cell(p['deadline+pause']):.1f}% vs "
-                       f"{100 * cell(p['fcfs']):.1f}%")
-    worst = min((cell(by_policy(e)["deadline+pause"]) / max(cell(by_policy(e)["priority+pause"]),
-                                                           1e-9), e["load"])
-                for e in aligned["loads"])
-    out.append(f"- aligned: DEADLINE/PRIORITY+PAUSE at its lowest {worst[0]:.3f}x at "
-               f"{worst[1]:g}x (target >= 0.98 at every load)")
+            out.append(
+                f"- flat {entry['load']:g}x: DEADLINE/FCFS attainment {ratio:.2f}x "
+                f"(target >= 1.5): {100 * cell(p['deadline+pause']):.1f}% vs "
+                f"{100 * cell(p['fcfs']):.1f}%"
+            )
+    worst = min(
+        (
+            cell(by_policy(e)["deadline+pause"]) / max(cell(by_policy(e)["priority+pause"]), 1e-9),
+            e["load"],
+        )
+        for e in aligned["loads"]
+    )
+    out.append(
+        f"- aligned: DEADLINE/PRIORITY+PAUSE at its lowest {worst[0]:.3f}x at "
+        f"{worst[1]:g}x (target >= 0.98 at every load)"
+    )
     for entry in aligned["loads"]:
         p = by_policy(entry)
         d, fcfs, edf = (cell(p[k]) for k in ("deadline+pause", "fcfs", "edf+pause"))
@@ -103,8 +122,10 @@ def targets(flat: dict, aligned: dict, burstiness: float) -> list[str]:
         if entry["load"] == 1.2:
             note.append(f"DEADLINE/FCFS {d / max(fcfs, 1e-9):.2f}x (target >= 1.5)")
         if edf < 0.9:
-            note.append(f"EDF collapses ({100 * edf:.1f}%): DEADLINE/EDF {d / max(edf, 1e-9):.2f}x "
-                        "(target >= 1.1)")
+            note.append(
+                f"EDF collapses ({100 * edf:.1f}%): DEADLINE/EDF {d / max(edf, 1e-9):.2f}x "
+                "(target >= 1.1)"
+            )
         if entry["load"] <= 1.2:
             note.append(f"urgent {100 * cell(p['deadline+pause'], '-1'):.1f}% (target >= 99%)")
         out.append(f"- aligned {entry['load']:g}x: " + "; ".join(note))
@@ -121,8 +142,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report: list[str] = []
     for b in args.burstiness:
-        aligned = run(args.out, f"aligned-{b:g}", "--requests", str(args.requests),
-                      "--burstiness", f"{b:g}", "--load", args.loads)
+        aligned = run(
+            args.out,
+            f"aligned-{b:g}",
+            "--requests",
+            str(args.requests),
+            "--burstiness",
+            f"{b:g}",
+            "--load",
+            args.loads,
+        )
         trace = args.out / f"flat-{b:g}.csv"
         flat_trace(trace, args.requests, b)
         flat = run(args.out, f"flat-{b:g}", "--trace", str(trace), "--load", args.loads)

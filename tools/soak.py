@@ -22,14 +22,23 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="default: the test's own seed (tests/test_soak.py)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="default: the test's own seed (tests/test_soak.py)"
+    )
     args = parser.parse_args()
     env = {**os.environ, "STEPPLANNER_SOAK_STEPS": str(args.steps)}
     if args.seed is not None:
         env["STEPPLANNER_SOAK_SEED"] = str(args.seed)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-           "tests/test_soak.py::test_soak"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_soak.py::test_soak",
+    ]
     return subprocess.call(cmd, cwd=REPO, env=env)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -45,9 +45,15 @@ class ResidentState:
 
     __slots__ = tuple("_" + f for f in _FIELDS)
 
-    def __init__(self, priority: int = 0, arrival: int = 0, prompt_length: int = 0,
-                 committed: int = 0, context_committed: bool = False,
-                 consecutive_paused_steps: int = 0) -> None:
+    def __init__(
+        self,
+        priority: int = 0,
+        arrival: int = 0,
+        prompt_length: int = 0,
+        committed: int = 0,
+        context_committed: bool = False,
+        consecutive_paused_steps: int = 0,
+    ) -> None:
         self.priority = priority
         self.arrival = arrival
         self.prompt_length = prompt_length
@@ -190,8 +196,10 @@ class StepPlan:
     def __reduce__(self) -> tuple[Any, ...]:
         # The compiled plan's pickle, value for value: either twin unpickles the other's, and
         # a pickle is checked on the way in, never trusted as attributes.
-        return (_restore_plan, (self.as_array().tolist(), self.paused_array().tolist(),
-                                self._num_residents))
+        return (
+            _restore_plan,
+            (self.as_array().tolist(), self.paused_array().tolist(), self._num_residents),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return plan_to_dict(self)
@@ -282,8 +290,9 @@ def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[
     return rows
 
 
-def _check_listed_once(seen: dict[int, tuple[int, ResidentState]], i: int,
-                       resident: ResidentState) -> None:
+def _check_listed_once(
+    seen: dict[int, tuple[int, ResidentState]], i: int, resident: ResidentState
+) -> None:
     """A resident listed twice would be planned twice and advanced twice by apply_to."""
     # Keyed by id() and kept alive by ``seen``: a list subclass may hand out a new object per
     # read, and a freed one's id could come back.
@@ -374,8 +383,11 @@ class StepPlanner:
         # Pause (MIXED + PRIORITY + PAUSE): everyone worse than the first pending prompt.
         paused: list[int] = []
         is_paused = [False] * n_res
-        if (pol.mode == IfbSchedulingMode.MIXED and by_priority
-                and pol.preemption == PreemptionMode.PAUSE):
+        if (
+            pol.mode == IfbSchedulingMode.MIXED
+            and by_priority
+            and pol.preemption == PreemptionMode.PAUSE
+        ):
             h = next((i for i in order if not decoding[i]), None)
             if h is not None:
                 for i in range(n_res):
@@ -441,8 +453,9 @@ def _check_rows(rows: Sequence[PlannedSequence], paused: Sequence[int], n: int) 
         if s.work not in (SequenceWork.CONTEXT, SequenceWork.DECODE):
             raise _errors.plan_value(f"sequences[{k}].work", s.work, "0..1")
         if not 0 <= s.query_length <= _errors.INT32_MAX:
-            raise _errors.plan_value(f"sequences[{k}].query_length", s.query_length,
-                                     f"0..{_errors.INT32_MAX}")
+            raise _errors.plan_value(
+                f"sequences[{k}].query_length", s.query_length, f"0..{_errors.INT32_MAX}"
+            )
     for k, i in enumerate(paused):
         if not 0 <= i < n:
             raise _errors.plan_value(f"paused[{k}]", i, f"0..{n - 1}")
@@ -458,21 +471,27 @@ def _restore_plan(sequences: Any, paused: Any, num_residents: Any) -> StepPlan:
     if n < 0:
         raise _errors.plan_value("num_residents", n, f"0..{_errors.INT32_MAX}")
     if max(len(sequences), len(paused)) > n:
-        raise _errors.plan_value("num_residents", n,
-                                 f">= {max(len(sequences), len(paused))} (its rows)")
+        raise _errors.plan_value(
+            "num_residents", n, f">= {max(len(sequences), len(paused))} (its rows)"
+        )
     rows = []
     num_prefill = 0
     for k in range(len(sequences)):
         resident, work, past_length, query_length, select_last = sequences[k]
-        row = PlannedSequence(as_int32(f"sequences[{k}].resident", resident),
-                              as_int32(f"sequences[{k}].work", work),
-                              as_int32(f"sequences[{k}].past_length", past_length),
-                              as_int32(f"sequences[{k}].query_length", query_length),
-                              as_bool(f"sequences[{k}].select_last_token_logits", select_last))
+        row = PlannedSequence(
+            as_int32(f"sequences[{k}].resident", resident),
+            cast(SequenceWork, as_int32(f"sequences[{k}].work", work)),  # checked below
+            as_int32(f"sequences[{k}].past_length", past_length),
+            as_int32(f"sequences[{k}].query_length", query_length),
+            as_bool(f"sequences[{k}].select_last_token_logits", select_last),
+        )
         if row.work == SequenceWork.CONTEXT:
             if num_prefill != k:
-                raise _errors.plan_value(f"sequences[{k}].work", row.work,
-                                         "1 (every chunk comes before every decode row)")
+                raise _errors.plan_value(
+                    f"sequences[{k}].work",
+                    row.work,
+                    "1 (every chunk comes before every decode row)",
+                )
             num_prefill += 1
         rows.append(row)
     pauses = [as_int32(f"paused[{k}]", paused[k]) for k in range(len(paused))]
@@ -521,8 +540,11 @@ def _apply(plan: StepPlan, residents: Any) -> None:
         add[s.resident] = s.query_length
         final[s.resident] = s.work == SequenceWork.CONTEXT and bool(s.select_last_token_logits)
     paused = set(plan.paused)
-    rows = ([list(r) for r in residents[:n].tolist()] if is_array
-            else [list(residents[i]._astuple()) for i in range(n)])
+    rows = (
+        [list(r) for r in residents[:n].tolist()]
+        if is_array
+        else [list(residents[i]._astuple()) for i in range(n)]
+    )
     for i, row in enumerate(rows):
         # A counter that went negative since plan() is refused as plan() would refuse it.
         if row[3] < 0:

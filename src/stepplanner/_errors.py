@@ -37,6 +37,7 @@ class StepPlannerMemoryError(StepPlannerError, MemoryError):
 class StepPlannerRuntimeError(StepPlannerError, RuntimeError):
     """An object is used in a way its contract refuses (an unresolved policy, re-entry)."""
 
+
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 UINT64_MAX = 2**64 - 1
@@ -82,7 +83,7 @@ def not_enum(field: str, value: object, enum_type: type) -> StepPlannerValueErro
     )
 
 
-def out_of_range(field: str, value: int, allowed: str) -> StepPlannerValueError:
+def out_of_range(field: str, value: object, allowed: str) -> StepPlannerValueError:
     return StepPlannerValueError(f"{field}={value} is out of range; allowed: {allowed}")
 
 
@@ -243,19 +244,21 @@ class QueueFullError(StepPlannerError, RuntimeError):
 
 def not_int64(field: str, value: int) -> StepPlannerOverflowError:
     return StepPlannerOverflowError(
-        f"{field}={value} does not fit int64; allowed "
-        f"[{-(2**63)}, {2**63 - 1}]"
+        f"{field}={value} does not fit int64; allowed [{-(2**63)}, {2**63 - 1}]"
     )
 
 
 def ledger_prompt_length(
-    request_id: int, length: int, max_input_length: int,
+    request_id: int,
+    length: int,
+    max_input_length: int,
 ) -> StepPlannerValueError:
     if length < 1:
         return out_of_range("prompt_length", length, f"1..{max_input_length}")
     return StepPlannerValueError(
         f"prompt_length={length} exceeds max_input_length={max_input_length}: request "
-        f"{request_id} is refused (a prompt is never truncated); allowed: 1..{max_input_length}")
+        f"{request_id} is refused (a prompt is never truncated); allowed: 1..{max_input_length}"
+    )
 
 
 def max_new_tokens_range(value: int) -> StepPlannerValueError:
@@ -264,35 +267,34 @@ def max_new_tokens_range(value: int) -> StepPlannerValueError:
 
 def duplicate_request(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
-        f"request_id={request_id} is already waiting or resident; allowed: an id "
-        "not in the ledger"
+        f"request_id={request_id} is already waiting or resident; allowed: an id not in the ledger"
     )
 
 
 def queue_full(request_id: int, max_waiting: int) -> QueueFullError:
     return QueueFullError(
         f"the waiting queue is full (max_waiting={max_waiting}): request {request_id} is "
-        "refused; allowed: submit again once admit() has made room (a server answers HTTP 429)")
+        "refused; allowed: submit again once admit() has made room (a server answers HTTP 429)"
+    )
 
 
 def stamps_exhausted(request_id: int) -> StepPlannerOverflowError:
     return StepPlannerOverflowError(
         f"request {request_id} cannot be stamped: the next arrival stamp would be 2**64, beyond "
         f"uint64 (a loaded resident has arrival {UINT64_MAX}); allowed: load() arrivals below "
-        f"{UINT64_MAX} while requests are still to be submitted")
+        f"{UINT64_MAX} while requests are still to be submitted"
+    )
 
 
 def not_in_ledger(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
-        f"request_id={request_id} is not waiting or resident; allowed: an id in "
-        "the ledger"
+        f"request_id={request_id} is not waiting or resident; allowed: an id in the ledger"
     )
 
 
 def not_resident(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
-        f"request_id={request_id} is not resident; allowed: one of "
-        "ledger.request_ids"
+        f"request_id={request_id} is not resident; allowed: one of ledger.request_ids"
     )
 
 
@@ -325,8 +327,7 @@ def finished_type(value: object) -> StepPlannerTypeError:
     dtype = getattr(value, "dtype", None)
     got = f"an array of dtype {dtype}" if dtype is not None else _type_name(value)
     return StepPlannerTypeError(
-        f"finished must be a 1-D numpy bool array (one flag per plan row) or None, "
-        f"got {got}"
+        f"finished must be a 1-D numpy bool array (one flag per plan row) or None, got {got}"
     )
 
 
@@ -341,7 +342,8 @@ def finished_without_token(row: int, resident: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"finished[{row}] is True but plan row {row} (resident {resident}) emits no token "
         "(select_last_token_logits is False: a non-final prompt chunk); allowed: True only on "
-        "rows that sampled a token")
+        "rows that sampled a token"
+    )
 
 
 def nothing_pending() -> StepPlannerValueError:
@@ -361,7 +363,8 @@ def planner_mismatch(limits: object, expected: object) -> StepPlannerValueError:
 def load_arrival_taken(index: int, arrival: int, request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"residents[{index}].arrival={arrival} is the arrival stamp of waiting request "
-        f"{request_id}; allowed: arrivals no waiting request holds (they must stay unique)")
+        f"{request_id}; allowed: arrivals no waiting request holds (they must stay unique)"
+    )
 
 
 def plan_value(where: str, value: int, allowed: str) -> StepPlannerValueError:
@@ -419,44 +422,50 @@ def kv_slots_short(slots: int, max_batch_size: int) -> StepPlannerValueError:
 
 
 def ledger_page_table_type(value: object, allowed: str) -> StepPlannerTypeError:
-    return StepPlannerTypeError(
-        f"page_table must be {allowed} or None, got {_type_name(value)}")
+    return StepPlannerTypeError(f"page_table must be {allowed} or None, got {_type_name(value)}")
 
 
 def ledger_page_table_in_use(used: int, num_pages: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"page_table holds {used} of its num_pages={num_pages} pages; allowed: a table with "
-        "every page free (a new ledger has no residents, so pages held before are no row's)")
+        "every page free (a new ledger has no residents, so pages held before are no row's)"
+    )
 
 
 def ledger_unbounded_request(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"request_id={request_id}: max_new_tokens=None is refused by a ledger with a page "
         "table, which reserves each request's worst case (prompt_length + max_new_tokens) at "
-        "admission; allowed: max_new_tokens >= 1")
+        "admission; allowed: max_new_tokens >= 1"
+    )
 
 
-def ledger_worst_case_pages(request_id: int, prompt_length: int, max_new_tokens: int,
-                            pages: int, limit: int) -> StepPlannerValueError:
+def ledger_worst_case_pages(
+    request_id: int, prompt_length: int, max_new_tokens: int, pages: int, limit: int
+) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"request_id={request_id}: prompt_length + max_new_tokens = {prompt_length} + "
         f"{max_new_tokens} needs {pages} pages; allowed: at most {limit} (min of the page "
-        "table's max_pages_per_sequence and num_pages)")
+        "table's max_pages_per_sequence and num_pages)"
+    )
 
 
-def ledger_pages_exceeded(index: int, resident: int, request_id: int, tokens: int,
-                          held: int) -> StepPlannerValueError:
+def ledger_pages_exceeded(
+    index: int, resident: int, request_id: int, tokens: int, held: int
+) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"plan row {index} (resident {resident}, request {request_id}) would hold {tokens} "
         f"tokens of KV; allowed: at most the {held} its reserved pages hold (a request finished "
-        "but not retired must be retired before it is planned a second time)")
+        "but not retired must be retired before it is planned a second time)"
+    )
 
 
 def ledger_load_with_pages() -> StepPlannerValueError:
     return StepPlannerValueError(
         "load() is refused: this ledger has a page_table, and loaded residents come without "
         "KV pages or output bounds, so their worst case cannot be reserved; allowed: load() on "
-        "a ledger made with page_table=None")
+        "a ledger made with page_table=None"
+    )
 
 
 # --- deadlines (the ledger's EDF and DEADLINE policies, docs/scheduling.md) ------------------
@@ -465,29 +474,35 @@ def ledger_load_with_pages() -> StepPlannerValueError:
 def now_required(call: str, policy: str) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"{call}: now is required under SchedulingPolicy.{policy} (the ledger ranks by "
-        "deadlines on the runtime's clock); allowed: a finite number of seconds")
+        "deadlines on the runtime's clock); allowed: a finite number of seconds"
+    )
 
 
 def arrival_time_required(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"request {request_id} has objectives but no arrival_time; allowed: its arrival time "
-        "on the clock the runtime passes as now (its deadlines count from it)")
+        "on the clock the runtime passes as now (its deadlines count from it)"
+    )
 
 
 def not_finite_time(field: str, value: object) -> StepPlannerValueError:
-    return StepPlannerValueError(f"{field}={value!r} is not a time; allowed: a finite number "
-                                 "of seconds")
+    return StepPlannerValueError(
+        f"{field}={value!r} is not a time; allowed: a finite number of seconds"
+    )
 
 
 def ledger_load_with_deadlines(policy: str) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"load() is refused under SchedulingPolicy.{policy}: loaded residents come without "
         "arrival times or objectives, and their rows' priority and arrival are the ledger's "
-        "ranks; allowed: load() under FCFS or PRIORITY")
+        "ranks; allowed: load() under FCFS or PRIORITY"
+    )
 
 
 def kv_inputs_memory(
-    max_batch_size: int, max_tokens: int, max_pages: int,
+    max_batch_size: int,
+    max_tokens: int,
+    max_pages: int,
 ) -> StepPlannerMemoryError:
     return StepPlannerMemoryError(
         f"StepInputs buffers for max_batch_size={max_batch_size}, t_max={max_tokens} tokens "
@@ -526,8 +541,7 @@ def kv_plan_tokens(tokens: int, max_tokens: int) -> StepPlannerValueError:
 
 def kv_resident_range(index: int, resident: int, slots: int) -> StepPlannerValueError:
     return StepPlannerValueError(
-        f"plan row {index}: resident={resident} is not a page-table slot; "
-        f"allowed: 0..{slots - 1}"
+        f"plan row {index}: resident={resident} is not a page-table slot; allowed: 0..{slots - 1}"
     )
 
 
@@ -544,8 +558,9 @@ def kv_row_overflow(index: int, past_length: int, query_length: int) -> StepPlan
     )
 
 
-def kv_pages_missing(index: int, resident: int, past_length: int, query_length: int,
-                     pages: int, page_size: int) -> StepPlannerValueError:
+def kv_pages_missing(
+    index: int, resident: int, past_length: int, query_length: int, pages: int, page_size: int
+) -> StepPlannerValueError:
     need = past_length + query_length
     return StepPlannerValueError(
         f"plan row {index}: resident {resident} needs KV pages for {need} tokens "

@@ -20,6 +20,7 @@ from .planner._policy import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from .planner._slo import SLO
 from .planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
@@ -32,7 +33,6 @@ from .planner._types import (
     SequenceWork,
     split_reason,
 )
-from .planner._slo import SLO
 from .planner.checks import PlanInvariantError, check_plan
 
 if TYPE_CHECKING:

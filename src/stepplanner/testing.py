@@ -79,7 +79,6 @@ def as_resident_states(rows: Sequence[Row] | np.ndarray, resident_type: Any = No
     return [resident_type(*r) for r in rows]
 
 
-
 class PlanningCase(NamedTuple):
     """One planner input drawn as a whole: limits, a policy resolved for them, a valid ledger."""
 
@@ -98,16 +97,18 @@ _BOOLS = st.booleans()
 # --- limits and policies -------------------------------------------------------------------------
 
 
-def limits(max_batch_size: int = 16, max_input_length: int = 256,
-           max_page_size: int = 64) -> st.SearchStrategy[StepPlannerLimits]:
+def limits(
+    max_batch_size: int = 16, max_input_length: int = 256, max_page_size: int = 64
+) -> st.SearchStrategy[StepPlannerLimits]:
     """Engine limits, small enough that plans stay readable; B=1, P=1 and S_in < P all occur,
     and so does a runtime step buffer (``max_step_tokens``) below B × S_in."""
     return _limits(max_batch_size, max_input_length, max_page_size)
 
 
 @st.composite
-def _limits(draw: Any, max_batch_size: int, max_input_length: int,
-            max_page_size: int) -> StepPlannerLimits:
+def _limits(
+    draw: Any, max_batch_size: int, max_input_length: int, max_page_size: int
+) -> StepPlannerLimits:
     b = draw(st.one_of(st.just(1), st.integers(1, max_batch_size)))
     s_in = draw(st.one_of(st.integers(1, 8), st.integers(1, max_input_length)))
     p = draw(st.one_of(st.just(1), st.integers(1, max_page_size)))
@@ -174,12 +175,18 @@ def policies(draw: Any, lim: StepPlannerLimits) -> ResolvedSchedulingPolicy:
         mode = options.ifb_scheduling_mode
         if mode == IfbSchedulingMode.AUTO:
             mode = IfbSchedulingMode.MIXED
-        if (mode == IfbSchedulingMode.MIXED and options.max_num_tokens == 0
-                and not mixed_feasible(lim)):
+        if (
+            mode == IfbSchedulingMode.MIXED
+            and options.max_num_tokens == 0
+            and not mixed_feasible(lim)
+        ):
             mode = IfbSchedulingMode.PREFILL_FIRST  # a default MIXED budget needs feasibility
-        options = dataclasses.replace(options, ifb_scheduling_mode=mode,
-                                      scheduling_policy=SchedulingPolicy.PRIORITY,
-                                      preemption=PreemptionMode.PAUSE)
+        options = dataclasses.replace(
+            options,
+            ifb_scheduling_mode=mode,
+            scheduling_policy=SchedulingPolicy.PRIORITY,
+            preemption=PreemptionMode.PAUSE,
+        )
     return resolve_scheduling_policy(options, lim)
 
 
@@ -196,11 +203,13 @@ class _RowDraws:
 
     def __init__(self, lim: StepPlannerLimits, max_pause_steps: int) -> None:
         s_in = lim.max_input_length
-        boundary = [v for v in (max_pause_steps - 1, max_pause_steps, max_pause_steps + 1)
-                    if v >= 0]
+        boundary = [
+            v for v in (max_pause_steps - 1, max_pause_steps, max_pause_steps + 1) if v >= 0
+        ]
         self.p = lim.kv_page_size
-        self.paused_steps = st.one_of(st.sampled_from(boundary), st.integers(0, 3),
-                                      st.just(INT32_MAX))
+        self.paused_steps = st.one_of(
+            st.sampled_from(boundary), st.integers(0, 3), st.just(INT32_MAX)
+        )
         self.prompt = st.integers(1, s_in)
         self.decoded_prompt = st.integers(0, 2 * s_in)
         self.overshoot = st.one_of(st.integers(0, 64), st.integers(0, INT32_MAX - 2 * s_in))
@@ -218,13 +227,20 @@ class _RowDraws:
             committed = draw(self.fraction) % prompt_length
             if draw(_BOOLS):
                 committed -= committed % self.p
-        return (draw(_PRIORITIES), draw(_ARRIVALS), prompt_length, committed, bool(decoding),
-                draw(self.paused_steps))
+        return (
+            draw(_PRIORITIES),
+            draw(_ARRIVALS),
+            prompt_length,
+            committed,
+            bool(decoding),
+            draw(self.paused_steps),
+        )
 
 
 @st.composite
-def resident_rows(draw: Any, lim: StepPlannerLimits, *, decoding: bool | None = None,
-                  max_pause_steps: int = 0) -> Row:
+def resident_rows(
+    draw: Any, lim: StepPlannerLimits, *, decoding: bool | None = None, max_pause_steps: int = 0
+) -> Row:
     """One valid ledger row for ``lim``: prompt-incomplete or decoding (both when None)."""
     return _RowDraws(lim, max_pause_steps).row(draw, decoding)
 
@@ -250,8 +266,9 @@ def _row_lists(draw: Any, lim: StepPlannerLimits, max_pause_steps: int) -> list[
     return rows
 
 
-def ledgers(lim: StepPlannerLimits, as_array: bool | None = False,
-            max_pause_steps: int = 0) -> st.SearchStrategy[Any]:
+def ledgers(
+    lim: StepPlannerLimits, as_array: bool | None = False, max_pause_steps: int = 0
+) -> st.SearchStrategy[Any]:
     """A valid ledger of 0..B rows: a list of :data:`Row` tuples, or a ``RESIDENT_DTYPE`` array.
 
     ``as_array``: False for row tuples, True for arrays, None for either. ``max_pause_steps``
@@ -264,8 +281,9 @@ def ledgers(lim: StepPlannerLimits, as_array: bool | None = False,
 
 
 @st.composite
-def planning_cases(draw: Any, lim: st.SearchStrategy[StepPlannerLimits] | None = None
-                   ) -> PlanningCase:
+def planning_cases(
+    draw: Any, lim: st.SearchStrategy[StepPlannerLimits] | None = None
+) -> PlanningCase:
     """Limits, a policy for them and a ledger for both, drawn together."""
     chosen = draw(lim if lim is not None else limits())
     policy = draw(policies(chosen))

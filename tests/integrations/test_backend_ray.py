@@ -26,8 +26,17 @@ GRID = parse_grid(["mode=mixed,prefill_first", "max_chunk_tokens=64,256"])
 
 
 def _sweep(backend: str) -> list[dict]:
-    records, outcome = sweep(WORKLOAD, GRID, LIMITS, SchedulingOptions(), LatencyModel(), SLOS,
-                             (50, 99), backend=backend, workers=2)
+    records, outcome = sweep(
+        WORKLOAD,
+        GRID,
+        LIMITS,
+        SchedulingOptions(),
+        LatencyModel(),
+        SLOS,
+        (50, 99),
+        backend=backend,
+        workers=2,
+    )
     assert not outcome.interrupted and outcome.backend == backend
     return records
 
@@ -41,8 +50,19 @@ def test_serial_process_and_ray_sweeps_are_identical() -> None:
 def test_ray_capacity_equals_serial() -> None:
     source = SyntheticRates(requests=150, seed=2, rate=30.0)
     grid = parse_grid(["mode=mixed,prefill_first"])
-    runs = [capacity(source, grid, LIMITS, SchedulingOptions(), LatencyModel(), SLOS,
-                     tolerance=1.0, backend=backend, workers=2)[0]
-            for backend in ("serial", "ray")]
+    runs = [
+        capacity(
+            source,
+            grid,
+            LIMITS,
+            SchedulingOptions(),
+            LatencyModel(),
+            SLOS,
+            tolerance=1.0,
+            backend=backend,
+            workers=2,
+        )[0]
+        for backend in ("serial", "ray")
+    ]
     assert runs[0] == runs[1]
     assert all(r["capacity"] > 0 for r in runs[0])

@@ -44,8 +44,14 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v)
 
 
-def paged_attention(q: torch.Tensor, positions: torch.Tensor, pages: torch.Tensor,
-                    seq_len: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    positions: torch.Tensor,
+    pages: torch.Tensor,
+    seq_len: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> torch.Tensor:
     """One row's queries against its keys gathered from the cache through its page list."""
     slots = (pages[:, None].long() * P + torch.arange(P)).reshape(-1)[:seq_len]
     k, v = k_cache[slots], v_cache[slots]
@@ -58,9 +64,13 @@ def paged_attention(q: torch.Tensor, positions: torch.Tensor, pages: torch.Tenso
 def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
     limits = sp.StepPlannerLimits(B, S_IN, P)
     options = sp.SchedulingOptions(
-        ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=12, max_chunk_tokens=4,
-        scheduling_policy=sp.SchedulingPolicy.PRIORITY, preemption=sp.PreemptionMode.PAUSE,
-        max_pause_steps=3)
+        ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
+        max_num_tokens=12,
+        max_chunk_tokens=4,
+        scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+        preemption=sp.PreemptionMode.PAUSE,
+        max_pause_steps=3,
+    )
     policy = sp.resolve_scheduling_policy(options, limits)
     planner = sp.StepPlanner(policy, limits)
     ledger = sp.Ledger(limits, policy)
@@ -72,8 +82,17 @@ def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
 
     # (arrival step, request id, prompt length, priority): later, more urgent prompts arrive
     # while others decode, so they are chunked beside decode rows and pause the less urgent.
-    arrivals = [(0, 0, 13, 5), (0, 1, 7, 5), (2, 2, 30, 1), (3, 3, 22, 0), (5, 4, 9, 7),
-                (6, 5, 17, 2), (9, 6, 35, 0), (12, 7, 5, 3), (14, 8, 26, 1)]
+    arrivals = [
+        (0, 0, 13, 5),
+        (0, 1, 7, 5),
+        (2, 2, 30, 1),
+        (3, 3, 22, 0),
+        (5, 4, 9, 7),
+        (6, 5, 17, 2),
+        (9, 6, 35, 0),
+        (12, 7, 5, 3),
+        (14, 8, 26, 1),
+    ]
     seqs: dict[int, tuple[torch.Tensor, ...]] = {}
     prompt_of: dict[int, int] = {}
     worst = 0.0
@@ -85,7 +104,7 @@ def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
             seqs[rid] = sequence_tensors(rid, length + MAX_NEW_TOKENS)
             prompt_of[rid] = length
         admitted = ledger.admit()
-        for row in range(ledger.count - len(admitted), ledger.count):   # guaranteed no evict
+        for row in range(ledger.count - len(admitted), ledger.count):  # guaranteed no evict
             rid = int(ledger.request_ids[row])
             assert table.ensure(row, prompt_of[rid] + MAX_NEW_TOKENS)
         if ledger.count == 0:
@@ -103,9 +122,20 @@ def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
             assert table.ensure(row.resident, row.past_length + row.query_length)
         inputs.prepare(plan)
 
-        t = {name: torch.from_dlpack(getattr(inputs, name)) for name in (
-            "positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "block_table",
-            "kv_indptr", "kv_indices", "kv_last_page_len", "logits_indices")}
+        t = {
+            name: torch.from_dlpack(getattr(inputs, name))
+            for name in (
+                "positions",
+                "cu_seqlens_q",
+                "seq_lens_k",
+                "slot_mapping",
+                "block_table",
+                "kv_indptr",
+                "kv_indices",
+                "kv_last_page_len",
+                "logits_indices",
+            )
+        }
         assert t["slot_mapping"].data_ptr() == inputs.slot_mapping.ctypes.data  # zero-copy
         assert t["slot_mapping"].dtype == torch.int64
 
@@ -114,26 +144,37 @@ def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
         rids = [int(ids[r.resident]) for r in plan.sequences]
         cu = t["cu_seqlens_q"].tolist()
         pos = t["positions"].long()
-        q = torch.cat([seqs[rid][0][pos[cu[i]:cu[i + 1]]] for i, rid in enumerate(rids)])
-        k = torch.cat([seqs[rid][1][pos[cu[i]:cu[i + 1]]] for i, rid in enumerate(rids)])
-        v = torch.cat([seqs[rid][2][pos[cu[i]:cu[i + 1]]] for i, rid in enumerate(rids)])
-        k_cache[t["slot_mapping"]] = k           # write: one slot per new token
+        q = torch.cat([seqs[rid][0][pos[cu[i] : cu[i + 1]]] for i, rid in enumerate(rids)])
+        k = torch.cat([seqs[rid][1][pos[cu[i] : cu[i + 1]]] for i, rid in enumerate(rids)])
+        v = torch.cat([seqs[rid][2][pos[cu[i] : cu[i + 1]]] for i, rid in enumerate(rids)])
+        k_cache[t["slot_mapping"]] = k  # write: one slot per new token
         v_cache[t["slot_mapping"]] = v
 
         outputs = []
         for i, rid in enumerate(rids):
             seq_len = int(t["seq_lens_k"][i])
             n_pages = -(-seq_len // P)
-            through_blocks = paged_attention(q[cu[i]:cu[i + 1]], pos[cu[i]:cu[i + 1]],
-                                             t["block_table"][i, :n_pages], seq_len,
-                                             k_cache, v_cache)
-            flashinfer_pages = t["kv_indices"][t["kv_indptr"][i]:t["kv_indptr"][i + 1]]
+            through_blocks = paged_attention(
+                q[cu[i] : cu[i + 1]],
+                pos[cu[i] : cu[i + 1]],
+                t["block_table"][i, :n_pages],
+                seq_len,
+                k_cache,
+                v_cache,
+            )
+            flashinfer_pages = t["kv_indices"][t["kv_indptr"][i] : t["kv_indptr"][i + 1]]
             assert len(flashinfer_pages) == n_pages
             assert int(t["kv_last_page_len"][i]) == seq_len - (n_pages - 1) * P
-            through_indices = paged_attention(q[cu[i]:cu[i + 1]], pos[cu[i]:cu[i + 1]],
-                                              flashinfer_pages, seq_len, k_cache, v_cache)
+            through_indices = paged_attention(
+                q[cu[i] : cu[i + 1]],
+                pos[cu[i] : cu[i + 1]],
+                flashinfer_pages,
+                seq_len,
+                k_cache,
+                v_cache,
+            )
             sq, sk, sv = (x[:seq_len] for x in seqs[rid])
-            dense = dense_causal(sq, sk, sv)[pos[cu[i]:cu[i + 1]]]
+            dense = dense_causal(sq, sk, sv)[pos[cu[i] : cu[i + 1]]]
             for got in (through_blocks, through_indices):
                 worst = max(worst, float((got - dense).abs().max()))
             outputs.append(through_blocks)
@@ -145,8 +186,11 @@ def test_paged_attention_matches_dense_causal_attention_step_after_step(kv):
 
         ledger.apply(plan)
         table.check()
-        done = [row for row, rid in enumerate(ledger.request_ids.tolist())
-                if ledger.residents[row]["committed"] >= prompt_of[rid] + MAX_NEW_TOKENS - 1]
+        done = [
+            row
+            for row, rid in enumerate(ledger.request_ids.tolist())
+            if ledger.residents[row]["committed"] >= prompt_of[rid] + MAX_NEW_TOKENS - 1
+        ]
         if done:
             paging.release_rows(table, done, ledger.count)
             ledger.retire_rows(done)
@@ -177,8 +221,10 @@ def test_torch_from_dlpack_shares_the_buffers(kv):
     # part is a prefix, and block_table's rows start at block_table_start.
     whole = {name: torch.from_dlpack(inputs.buffers()[name]) for name in names}
     inputs.prepare(np.array([(1, 0, 4, 3, 1), (0, 1, 6, 1, 1)], dtype=sp.SEQUENCE_DTYPE))
-    assert whole["positions"][:inputs.num_tokens].tolist() == [4, 5, 6, 6]
-    assert whole["slot_mapping"][:inputs.num_tokens].tolist() == inputs.slot_mapping.tolist()
+    assert whole["positions"][: inputs.num_tokens].tolist() == [4, 5, 6, 6]
+    assert whole["slot_mapping"][: inputs.num_tokens].tolist() == inputs.slot_mapping.tolist()
     start = inputs.block_table_start
-    assert whole["block_table"][start:start + inputs.num_rows].tolist() == [[2, 3, -1, -1],
-                                                                            [0, 1, -1, -1]]
+    assert whole["block_table"][start : start + inputs.num_rows].tolist() == [
+        [2, 3, -1, -1],
+        [0, 1, -1, -1],
+    ]

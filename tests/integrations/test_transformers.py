@@ -1,4 +1,5 @@
-"""stepplanner driving transformers' continuous batching, checked token for token against generate().
+"""stepplanner driving transformers' continuous batching, checked token for token against
+generate().
 
 A tiny Llama with seeded random weights runs on the CPU in float32; ``eos_token_id`` is None in
 its config and its generation config, so every request runs to its ``max_new_tokens`` (a random
@@ -47,23 +48,34 @@ try:
     from stepplanner.integrations import transformers as tf_integration
 except ImportError as exc:
     if REQUIRED:
-        raise ImportError(f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers integration "
-                          f"cannot be imported: {exc}") from exc
+        raise ImportError(
+            f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers integration "
+            f"cannot be imported: {exc}"
+        ) from exc
     pytest.skip(f"transformers integration not installed: {exc}", allow_module_level=True)
 
-import stepplanner as sp
-from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, level_of
+import stepplanner as sp  # noqa: E402 - after the runtime's import guard above
+from stepplanner.ledger._shared import (  # noqa: E402
+    LEVEL_AT_RISK,
+    LEVEL_DUE,
+    LEVEL_SLACK,
+    level_of,
+)
 
 VOCAB = 97
 S_IN = 32
 FCFS, PRIORITY = sp.SchedulingPolicy.FCFS, sp.SchedulingPolicy.PRIORITY
 EDF, DEADLINE = sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE
-MIXED, PREFILL_FIRST, AUTO = (sp.IfbSchedulingMode.MIXED, sp.IfbSchedulingMode.PREFILL_FIRST,
-                              sp.IfbSchedulingMode.AUTO)
+MIXED, PREFILL_FIRST, AUTO = (
+    sp.IfbSchedulingMode.MIXED,
+    sp.IfbSchedulingMode.PREFILL_FIRST,
+    sp.IfbSchedulingMode.AUTO,
+)
 PAUSE = sp.PreemptionMode.PAUSE
 
 
 # --- the model and its reference outputs -------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def model() -> Any:
@@ -72,10 +84,18 @@ def model() -> Any:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     torch.manual_seed(1234)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, eos_token_id=None, bos_token_id=None,
-                         pad_token_id=None)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+    )
     config._attn_implementation = "eager"
     net = LlamaForCausalLM(config).to(torch.float32).eval()
     net.generation_config.eos_token_id = None
@@ -92,13 +112,20 @@ def greedy(net: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     if key not in _REFERENCE:
         ids = torch.tensor([prompt])
         with torch.no_grad():
-            out = net.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                               max_new_tokens=max_new_tokens, eos_token_id=None, pad_token_id=0)
-        _REFERENCE[key] = out[0, len(prompt):].tolist()
+            out = net.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        _REFERENCE[key] = out[0, len(prompt) :].tolist()
     return _REFERENCE[key]
 
 
 # --- workloads -------------------------------------------------------------------------------
+
 
 @dataclass
 class Request:
@@ -122,12 +149,20 @@ def workload(seed: int, n: int = 18, shared_prefix: int = 0) -> list[Request]:
         body = [rng.randrange(3, VOCAB) for _ in range(length)]
         if shared_prefix and i % 2 == 0 and length > shared_prefix:
             body[:shared_prefix] = prefix
-        out.append(Request(f"req{seed}_{i}", body, rng.randint(1, 10),
-                           rng.choice([-1, 0]) if late else rng.choice([0, 1, 2]), late))
+        out.append(
+            Request(
+                f"req{seed}_{i}",
+                body,
+                rng.randint(1, 10),
+                rng.choice([-1, 0]) if late else rng.choice([0, 1, 2]),
+                late,
+            )
+        )
     return out
 
 
 # --- one run, observed at every step ----------------------------------------------------------
+
 
 @dataclass
 class Run:
@@ -188,13 +223,27 @@ def allow_async_batching_on_the_cpu(monkeypatch: Any) -> list[Any]:
     return built
 
 
-def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.SchedulingOptions, *,
-        page_size: int, max_batch_tokens: int, batch: int = 4, num_blocks: int = 256,
-        prefix_sharing: bool = False, max_input_length: int | None = S_IN,
-        late_at_step: int = 3, cancel_phases: tuple[str, ...] = (),
-        max_waiting: int = tf_integration.DEFAULT_MAX_WAITING, overlap: bool = False,
-        slo: Any = None, slo_classes: Any = None, virtual_clock: bool = False,
-        on_step: Any = None) -> Run:
+def run(
+    net: Any,
+    monkeypatch: Any,
+    requests: list[Request],
+    options: sp.SchedulingOptions,
+    *,
+    page_size: int,
+    max_batch_tokens: int,
+    batch: int = 4,
+    num_blocks: int = 256,
+    prefix_sharing: bool = False,
+    max_input_length: int | None = S_IN,
+    late_at_step: int = 3,
+    cancel_phases: tuple[str, ...] = (),
+    max_waiting: int = tf_integration.DEFAULT_MAX_WAITING,
+    overlap: bool = False,
+    slo: Any = None,
+    slo_classes: Any = None,
+    virtual_clock: bool = False,
+    on_step: Any = None,
+) -> Run:
     """One run; ``slo``/``slo_classes`` go to ``register``. ``virtual_clock``: the scheduler's
     clock reads one second more at every ``schedule_batch`` and stamps each request's arrival
     with it (deterministic deadlines); ``on_step(sched, residents, states, plan, handed)``: a
@@ -202,9 +251,15 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
     record = Run()
     async_ios = allow_async_batching_on_the_cpu(monkeypatch) if overlap else []
     priorities = {r.rid: r.priority for r in requests}
-    name = tf_integration.register(options, name=f"stepplanner-test-{next(_names)}",
-                                   priority=priorities, max_input_length=max_input_length,
-                                   max_waiting=max_waiting, slo=slo, slo_classes=slo_classes)
+    name = tf_integration.register(
+        options,
+        name=f"stepplanner-test-{next(_names)}",
+        priority=priorities,
+        max_input_length=max_input_length,
+        max_waiting=max_waiting,
+        slo=slo,
+        slo_classes=slo_classes,
+    )
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
     holder: dict[str, Any] = {}
@@ -227,8 +282,18 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
 
         def on_step(self, residents: Any, states: Any, plan: Any, handed: Any) -> None:
             try:
-                observe(self, record, residents, states, plan, handed, holder, late,
-                        late_at_step, cancel_phases)
+                observe(
+                    self,
+                    record,
+                    residents,
+                    states,
+                    plan,
+                    handed,
+                    holder,
+                    late,
+                    late_at_step,
+                    cancel_phases,
+                )
                 if on_step is not None:
                     on_step(self, residents, states, plan, handed)
             except Exception as exc:  # the loop thread must not die: report it to the test
@@ -237,26 +302,40 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
     SCHEDULER_MAPPING[name] = Observed
 
     def ran(io: Any, requests_in_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        record.ran.append([(f.state.request_id, f.state.position_offset, f.query_length,
-                            bool(f.has_new_token)) for f in requests_in_batch])
+        record.ran.append(
+            [
+                (f.state.request_id, f.state.position_offset, f.query_length, bool(f.has_new_token))
+                for f in requests_in_batch
+            ]
+        )
         for f in requests_in_batch:
             if len(f.state.tokens_to_process) != f.query_length:
-                record.errors.append(f"{f.state.request_id}: {len(f.state.tokens_to_process)} "
-                                     f"tokens to process for a row of {f.query_length}")
+                record.errors.append(
+                    f"{f.state.request_id}: {len(f.state.tokens_to_process)} "
+                    f"tokens to process for a row of {f.query_length}"
+                )
         return original(io, requests_in_batch, *args, **kwargs)
 
     original = input_outputs.ContinuousBatchingIOs.prepare_batch_tensors
     monkeypatch.setattr(input_outputs.ContinuousBatchingIOs, "prepare_batch_tensors", ran)
 
     config = ContinuousBatchingConfig(
-        scheduler_type=name, page_size=page_size, num_blocks=num_blocks,
-        max_batch_tokens=max_batch_tokens, max_requests_per_batch=batch,
-        allow_block_sharing=prefix_sharing, use_async_batching=overlap, use_cuda_graph=False,
-        max_blocks_per_request=0)
-    generation = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0,
-                                  max_new_tokens=10)
-    manager = net.init_continuous_batching(generation_config=generation,
-                                           continuous_batching_config=config)
+        scheduler_type=name,
+        page_size=page_size,
+        num_blocks=num_blocks,
+        max_batch_tokens=max_batch_tokens,
+        max_requests_per_batch=batch,
+        allow_block_sharing=prefix_sharing,
+        use_async_batching=overlap,
+        use_cuda_graph=False,
+        max_blocks_per_request=0,
+    )
+    generation = GenerationConfig(
+        do_sample=False, eos_token_id=None, pad_token_id=0, max_new_tokens=10
+    )
+    manager = net.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=config
+    )
     holder["manager"] = manager
     for r in requests:
         if not r.late:
@@ -288,15 +367,26 @@ def run(net: Any, monkeypatch: Any, requests: list[Request], options: sp.Schedul
     return record
 
 
-def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, handed: Any,
-            holder: dict[str, Any], late: list[Request], late_at_step: int,
-            cancel_phases: tuple[str, ...]) -> None:
+def observe(
+    sched: Any,
+    record: Run,
+    residents: Any,
+    states: Any,
+    plan: Any,
+    handed: Any,
+    holder: dict[str, Any],
+    late: list[Request],
+    late_at_step: int,
+    cancel_phases: tuple[str, ...],
+) -> None:
     record.steps += 1
     # The ledger's queue is the runtime's waiting queue: a request that left it (cancelled,
     # failed) has left the ledger's too, at once, not when its turn for admission came.
     if sched.ledger.waiting != len(sched.waiting_requests):
-        record.errors.append(f"step {record.steps}: the ledger queues {sched.ledger.waiting} "
-                             f"requests, the runtime {len(sched.waiting_requests)}")
+        record.errors.append(
+            f"step {record.steps}: the ledger queues {sched.ledger.waiting} "
+            f"requests, the runtime {len(sched.waiting_requests)}"
+        )
     record.mode = sched.policy.mode
     record.limits = sched.limits
     page = sched.limits.kv_page_size
@@ -307,9 +397,10 @@ def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, han
     reasons = np.zeros(sched.limits.max_batch_size, dtype=np.uint8)
     twin_plan = twin.plan(residents.copy(), reasons=reasons)
     assert twin_plan.to_dict() == plan.to_dict(), "the adapter's plan differs from plan()"
-    codes = [sp.split_reason(int(c))[0] for c in reasons[:len(residents)]]
-    record.skipped += sum(c in (sp.Reason.SKIPPED_BUDGET, sp.Reason.SKIPPED_PAGE_TRIM)
-                          for c in codes)
+    codes = [sp.split_reason(int(c))[0] for c in reasons[: len(residents)]]
+    record.skipped += sum(
+        c in (sp.Reason.SKIPPED_BUDGET, sp.Reason.SKIPPED_PAGE_TRIM) for c in codes
+    )
     record.paused += len(plan.paused)
     planned = []
     for row in plan.as_array().tolist():
@@ -326,14 +417,17 @@ def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, han
             if not last:
                 record.non_final_chunks += 1
                 assert (past + length) % page == 0, (
-                    f"{state.request_id}: non-final chunk {past}+{length} off a page of {page}")
+                    f"{state.request_id}: non-final chunk {past}+{length} off a page of {page}"
+                )
         else:
             record.decodes += 1
             record.ahead += state.tokens_to_process == [TMP_TOKEN_ID]
         seen.add(state.request_id)
         planned.append((state.request_id, past, length, bool(last)))
-    got = [(f.state.request_id, f.state.position_offset, f.query_length, bool(f.has_new_token))
-           for f in handed]
+    got = [
+        (f.state.request_id, f.state.position_offset, f.query_length, bool(f.has_new_token))
+        for f in handed
+    ]
     record.withheld += len(planned) - len(got)
     record.resets.update(s.request_id for s in states if s._true_initial_tokens)
     kept = [p for p in planned if p[0] in {g[0] for g in got}]
@@ -342,14 +436,16 @@ def observe(sched: Any, record: Run, residents: Any, states: Any, plan: Any, han
         record.handed.append(got)
     if record.steps == late_at_step:
         for r in late:
-            holder["manager"].add_request(r.prompt, request_id=r.rid,
-                                          max_new_tokens=r.max_new_tokens)
+            holder["manager"].add_request(
+                r.prompt, request_id=r.rid, max_new_tokens=r.max_new_tokens
+            )
     if cancel_phases:
         cancel_one_per_phase(sched, record, states, plan, holder, cancel_phases)
 
 
-def cancel_one_per_phase(sched: Any, record: Run, states: Any, plan: Any,
-                         holder: dict[str, Any], phases: tuple[str, ...]) -> None:
+def cancel_one_per_phase(
+    sched: Any, record: Run, states: Any, plan: Any, holder: dict[str, Any], phases: tuple[str, ...]
+) -> None:
     """Cancel the first request seen in each phase, through the manager's cancel_request."""
     paused = set(plan.paused)
     found: dict[str, str] = {}
@@ -359,8 +455,10 @@ def cancel_one_per_phase(sched: Any, record: Run, states: Any, plan: Any,
             found.setdefault("paused", rid)
         elif state.status == RequestStatus.PREFILLING and state.remaining_prefill_tokens:
             found.setdefault("prefill", rid)
-        elif (state.status == RequestStatus.DECODING
-              and 1 <= len(state.generated_tokens) <= state.max_new_tokens - 2):
+        elif (
+            state.status == RequestStatus.DECODING
+            and 1 <= len(state.generated_tokens) <= state.max_new_tokens - 2
+        ):
             found.setdefault("decoding", rid)  # and still decoding after this step's token
     for rid in sched.waiting_requests:
         found.setdefault("waiting", rid)
@@ -369,8 +467,10 @@ def cancel_one_per_phase(sched: Any, record: Run, states: Any, plan: Any,
         # worst class), so that leaving the queue at its turn would take many steps.
         order = list(sched.waiting_requests)  # arrival order
         by_priority = sched.policy.scheduling_policy == PRIORITY  # (priority, arrival), lower first
-        last = max(range(len(order)),
-                   key=lambda k: (sched.priority_of.get(order[k], 0) if by_priority else 0, k))
+        last = max(
+            range(len(order)),
+            key=lambda k: (sched.priority_of.get(order[k], 0) if by_priority else 0, k),
+        )
         found["last-waiting"] = order[last]
     for phase in phases:
         rid = found.get(phase)
@@ -391,8 +491,9 @@ def free_pages(sched: Any) -> tuple[int, int]:
     free = total = 0
     for allocator in cache.cache_allocators.values():
         per_sector = allocator.blocks_per_sector
-        free += (cache.pool.num_free_sectors * per_sector
-                 + cache.pool.count_free_blocks(allocator.index))
+        free += cache.pool.num_free_sectors * per_sector + cache.pool.count_free_blocks(
+            allocator.index
+        )
         total += cache.num_sectors * per_sector
     return free, total
 
@@ -418,41 +519,150 @@ def assert_matches_generate(net: Any, record: Run, requests: list[Request]) -> i
 
 CONFIGS = [
     # id, options, page size, max_batch_tokens, prefix sharing, must pause
-    ("fcfs-mixed-p4", sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16,
-                                           max_chunk_tokens=8), 4, 40, False, False),
-    ("fcfs-prefill_first-p8", sp.SchedulingOptions(ifb_scheduling_mode=PREFILL_FIRST),
-     8, 24, False, False),
+    (
+        "fcfs-mixed-p4",
+        sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16, max_chunk_tokens=8),
+        4,
+        40,
+        False,
+        False,
+    ),
+    (
+        "fcfs-prefill_first-p8",
+        sp.SchedulingOptions(ifb_scheduling_mode=PREFILL_FIRST),
+        8,
+        24,
+        False,
+        False,
+    ),
     ("fcfs-auto-p16", sp.SchedulingOptions(), 16, 48, False, False),
-    ("priority-pause0-p4", sp.SchedulingOptions(
-        ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY, preemption=PAUSE,
-        max_num_tokens=16, max_chunk_tokens=8, max_pause_steps=0), 4, 40, False, True),
-    ("priority-pause1-p8", sp.SchedulingOptions(
-        ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY, preemption=PAUSE,
-        max_num_tokens=20, max_chunk_tokens=8, max_pause_steps=1), 8, 40, False, True),
-    ("priority-pause3-p4-reserved", sp.SchedulingOptions(
-        ifb_scheduling_mode=AUTO, scheduling_policy=PRIORITY, preemption=PAUSE,
-        max_num_tokens=12, max_pause_steps=3, priority_reserved_slots=1), 4, 40, False, True),
-    ("priority-prefill_first-p16", sp.SchedulingOptions(
-        ifb_scheduling_mode=PREFILL_FIRST, scheduling_policy=PRIORITY), 16, 32, False, False),
-    ("priority-auto-to-prefill_first-p16", sp.SchedulingOptions(scheduling_policy=PRIORITY),
-     16, 16, False, False),
-    ("fcfs-mixed-p8-prefix", sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=20,
-                                                  max_chunk_tokens=8), 8, 40, True, False),
-    ("priority-pause1-p4-prefix", sp.SchedulingOptions(
-        ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY, preemption=PAUSE,
-        max_num_tokens=12, max_chunk_tokens=4, max_pause_steps=1), 4, 24, True, True),
+    (
+        "priority-pause0-p4",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=MIXED,
+            scheduling_policy=PRIORITY,
+            preemption=PAUSE,
+            max_num_tokens=16,
+            max_chunk_tokens=8,
+            max_pause_steps=0,
+        ),
+        4,
+        40,
+        False,
+        True,
+    ),
+    (
+        "priority-pause1-p8",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=MIXED,
+            scheduling_policy=PRIORITY,
+            preemption=PAUSE,
+            max_num_tokens=20,
+            max_chunk_tokens=8,
+            max_pause_steps=1,
+        ),
+        8,
+        40,
+        False,
+        True,
+    ),
+    (
+        "priority-pause3-p4-reserved",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=AUTO,
+            scheduling_policy=PRIORITY,
+            preemption=PAUSE,
+            max_num_tokens=12,
+            max_pause_steps=3,
+            priority_reserved_slots=1,
+        ),
+        4,
+        40,
+        False,
+        True,
+    ),
+    (
+        "priority-prefill_first-p16",
+        sp.SchedulingOptions(ifb_scheduling_mode=PREFILL_FIRST, scheduling_policy=PRIORITY),
+        16,
+        32,
+        False,
+        False,
+    ),
+    (
+        "priority-auto-to-prefill_first-p16",
+        sp.SchedulingOptions(scheduling_policy=PRIORITY),
+        16,
+        16,
+        False,
+        False,
+    ),
+    (
+        "fcfs-mixed-p8-prefix",
+        sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=20, max_chunk_tokens=8),
+        8,
+        40,
+        True,
+        False,
+    ),
+    (
+        "priority-pause1-p4-prefix",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=MIXED,
+            scheduling_policy=PRIORITY,
+            preemption=PAUSE,
+            max_num_tokens=12,
+            max_chunk_tokens=4,
+            max_pause_steps=1,
+        ),
+        4,
+        24,
+        True,
+        True,
+    ),
     # Deadlines, on the runtime's own clock: the classes and per-request objectives below. Whether
     # a step pauses depends on how fast this machine runs it, so pausing is not asserted here
     # (None); test_deadline_pause_* pins it down on a virtual clock.
-    ("edf-pause2-p4-slo", sp.SchedulingOptions(
-        ifb_scheduling_mode=MIXED, scheduling_policy=EDF, preemption=PAUSE,
-        max_num_tokens=16, max_chunk_tokens=8, max_pause_steps=2), 4, 40, False, None),
-    ("deadline-pause3-p8-slo", sp.SchedulingOptions(
-        ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE, preemption=PAUSE,
-        max_num_tokens=20, max_chunk_tokens=8, max_pause_steps=3), 8, 40, False, None),
-    ("deadline-auto-p4-prefix-slo", sp.SchedulingOptions(
-        scheduling_policy=DEADLINE, preemption=PAUSE, max_num_tokens=12, max_pause_steps=1),
-     4, 24, True, None),
+    (
+        "edf-pause2-p4-slo",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=MIXED,
+            scheduling_policy=EDF,
+            preemption=PAUSE,
+            max_num_tokens=16,
+            max_chunk_tokens=8,
+            max_pause_steps=2,
+        ),
+        4,
+        40,
+        False,
+        None,
+    ),
+    (
+        "deadline-pause3-p8-slo",
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=MIXED,
+            scheduling_policy=DEADLINE,
+            preemption=PAUSE,
+            max_num_tokens=20,
+            max_chunk_tokens=8,
+            max_pause_steps=3,
+        ),
+        8,
+        40,
+        False,
+        None,
+    ),
+    (
+        "deadline-auto-p4-prefix-slo",
+        sp.SchedulingOptions(
+            scheduling_policy=DEADLINE, preemption=PAUSE, max_num_tokens=12, max_pause_steps=1
+        ),
+        4,
+        24,
+        True,
+        None,
+    ),
 ]
 
 # Objectives of the deadline configurations, in seconds of the runtime's clock (steps of the tiny
@@ -475,14 +685,23 @@ def overlap(request: Any) -> bool:
 
 
 @pytest.mark.parametrize("case", CONFIGS, ids=[c[0] for c in CONFIGS])
-def test_outputs_equal_generate_and_every_step_is_the_plan(model: Any, monkeypatch: Any,
-                                                            case: Any, overlap: bool) -> None:
+def test_outputs_equal_generate_and_every_step_is_the_plan(
+    model: Any, monkeypatch: Any, case: Any, overlap: bool
+) -> None:
     case_id, options, page, step_tokens, prefix, must_pause = case
     assert step_tokens < 4 * S_IN  # the runtime's step buffer is below B x S_in
     requests = workload(seed=sum(map(ord, case_id)), shared_prefix=12 if prefix else 0)
-    record = run(model, monkeypatch, requests, options, page_size=page,
-                 max_batch_tokens=step_tokens, prefix_sharing=prefix, overlap=overlap,
-                 **objectives(options, requests))
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=page,
+        max_batch_tokens=step_tokens,
+        prefix_sharing=prefix,
+        overlap=overlap,
+        **objectives(options, requests),
+    )
     matched = assert_matches_generate(model, record, requests)
     assert matched == len(requests) >= 16
     assert record.non_final_chunks > 0, "no prompt took more than one chunk"
@@ -500,11 +719,13 @@ def test_outputs_equal_generate_and_every_step_is_the_plan(model: Any, monkeypat
         assert record.prefix_hits > 0, "no request started past a shared prefix"
     if case_id == "priority-auto-to-prefill_first-p16":
         assert record.mode == PREFILL_FIRST
-    print(f"\n{case_id} {'async' if overlap else 'sync'}: {matched}/{len(requests)} equal "
-          f"generate(); steps {record.steps}, "
-          f"chunks {record.chunks} ({record.non_final_chunks} non-final), decodes "
-          f"{record.decodes}, paused {record.paused}, skipped {record.skipped}, "
-          f"prefix hits {record.prefix_hits}")
+    print(
+        f"\n{case_id} {'async' if overlap else 'sync'}: {matched}/{len(requests)} equal "
+        f"generate(); steps {record.steps}, "
+        f"chunks {record.chunks} ({record.non_final_chunks} non-final), decodes "
+        f"{record.decodes}, paused {record.paused}, skipped {record.skipped}, "
+        f"prefix hits {record.prefix_hits}"
+    )
 
 
 # --- objectives (SLOs) and the deadline policies ------------------------------------------------
@@ -512,8 +733,9 @@ def test_outputs_equal_generate_and_every_step_is_the_plan(model: Any, monkeypat
 INT32_MAX = 2**31 - 1
 
 
-def test_objectives_per_class_and_per_request_reach_the_ledger(model: Any, monkeypatch: Any,
-                                                               overlap: bool) -> None:
+def test_objectives_per_class_and_per_request_reach_the_ledger(
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
     # EDF on the runtime's own clock (time.perf_counter; each request's arrival is its
     # RequestState.created_time): before each plan the ledger writes a row's priority as the
     # milliseconds left to its next deadline, so the rows show which objectives each request got.
@@ -522,8 +744,9 @@ def test_objectives_per_class_and_per_request_reach_the_ledger(model: Any, monke
     classes = {0: sp.SLO(60.0), 1: sp.SLO(120.0, 10.0)}  # priorities -1 and 2: no class
     own = {r.rid: sp.SLO(30.0) for r in requests[::3]}
     priorities = {r.rid: r.priority for r in requests}
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=EDF,
-                                   max_num_tokens=16, max_chunk_tokens=8)
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED, scheduling_policy=EDF, max_num_tokens=16, max_chunk_tokens=8
+    )
     seen = {"own": 0, "class": 0, "class, per token": 0, "none": 0}
     start = time.perf_counter()
 
@@ -542,14 +765,25 @@ def test_objectives_per_class_and_per_request_reach_the_ledger(model: Any, monke
             assert due_ms - late_ms <= priority <= due_ms, (rid, token, priority, due_ms)
             seen["own" if rid in own else "class, per token" if token else "class"] += 1
 
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 overlap=overlap, slo=own, slo_classes=classes, on_step=check)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        overlap=overlap,
+        slo=own,
+        slo_classes=classes,
+        on_step=check,
+    )
     assert assert_matches_generate(model, record, requests) == len(requests)
     assert all(seen.values()), seen
 
 
 def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
-        model: Any, monkeypatch: Any, overlap: bool) -> None:
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
     # On a virtual clock (one second a step, arrivals stamped on it), so that the deadlines fall
     # the same way on any machine; the measured step time is then 1 s. Three decodes run from the
     # start: two with seconds of slack per token (SLO 3 s, 4 s a token), one that needs every step
@@ -562,14 +796,28 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
     def tokens(n: int) -> list[int]:
         return [rng.randrange(3, VOCAB) for _ in range(n)]
 
-    requests = [Request("slack0", tokens(4), 10, 0), Request("slack1", tokens(4), 10, 0),
-                Request("due", tokens(4), 10, 0), Request("at-risk", tokens(24), 3, 0, True),
-                Request("hopeless", tokens(24), 3, 0, True)]
-    slo = {"slack0": sp.SLO(3.0, 4.0), "slack1": sp.SLO(3.0, 4.0), "due": sp.SLO(2.0, 1.0),
-           "at-risk": sp.SLO(4.5), "hopeless": sp.SLO(1.0)}
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE,
-                                   preemption=PAUSE, max_num_tokens=16, max_chunk_tokens=8,
-                                   max_pause_steps=4)
+    requests = [
+        Request("slack0", tokens(4), 10, 0),
+        Request("slack1", tokens(4), 10, 0),
+        Request("due", tokens(4), 10, 0),
+        Request("at-risk", tokens(24), 3, 0, True),
+        Request("hopeless", tokens(24), 3, 0, True),
+    ]
+    slo = {
+        "slack0": sp.SLO(3.0, 4.0),
+        "slack1": sp.SLO(3.0, 4.0),
+        "due": sp.SLO(2.0, 1.0),
+        "at-risk": sp.SLO(4.5),
+        "hopeless": sp.SLO(1.0),
+    }
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=DEADLINE,
+        preemption=PAUSE,
+        max_num_tokens=16,
+        max_chunk_tokens=8,
+        max_pause_steps=4,
+    )
     seen = {"slack paused for an at-risk prompt": 0, "due decode run beside a pause": 0}
     holder: dict[str, Any] = {}
 
@@ -580,18 +828,30 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
         for i in paused:  # never a decode about to miss its next token
             assert levels[i] != LEVEL_DUE, (states[i].request_id, levels)
         planned = plan.as_array()["resident"].tolist()
-        if any(levels[i] == LEVEL_AT_RISK and not residents["context_committed"][i]
-               for i in planned):
+        if any(
+            levels[i] == LEVEL_AT_RISK and not residents["context_committed"][i] for i in planned
+        ):
             seen["slack paused for an at-risk prompt"] += sum(
-                levels[i] == LEVEL_SLACK and bool(residents["context_committed"][i])
-                for i in paused)
+                levels[i] == LEVEL_SLACK and bool(residents["context_committed"][i]) for i in paused
+            )
         if paused:
             seen["due decode run beside a pause"] += sum(
-                levels[i] == LEVEL_DUE and bool(residents["context_committed"][i])
-                for i in planned)
+                levels[i] == LEVEL_DUE and bool(residents["context_committed"][i]) for i in planned
+            )
 
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 overlap=overlap, slo=slo, virtual_clock=True, late_at_step=3, on_step=check)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        overlap=overlap,
+        slo=slo,
+        virtual_clock=True,
+        late_at_step=3,
+        on_step=check,
+    )
     assert assert_matches_generate(model, record, requests) == len(requests)
     # The prompt's three steps: both slack decodes paused in each, the due one run in each;
     # nothing else was ever paused.
@@ -602,8 +862,9 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
     print(f"\n{'async' if overlap else 'sync'}: {seen}, paused {record.paused} rows")
 
 
-def test_an_invalid_objective_fails_its_request_alone(model: Any, monkeypatch: Any,
-                                                      overlap: bool) -> None:
+def test_an_invalid_objective_fails_its_request_alone(
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
     requests = workload(seed=17, n=16)
     not_an_slo, raising = requests[3].rid, requests[12].rid  # (the second arrives late)
 
@@ -614,10 +875,23 @@ def test_an_invalid_objective_fails_its_request_alone(model: Any, monkeypatch: A
             return {"ttft": 0.25}
         return sp.SLO(0.5, 0.1)
 
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=DEADLINE,
-                                   preemption=PAUSE, max_num_tokens=16, max_chunk_tokens=8)
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 overlap=overlap, slo=slo_of)
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=DEADLINE,
+        preemption=PAUSE,
+        max_num_tokens=16,
+        max_chunk_tokens=8,
+    )
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        overlap=overlap,
+        slo=slo_of,
+    )
     failed = {rid: record.results.pop(rid) for rid in (not_an_slo, raising)}
     for rid, result in failed.items():
         assert result.status == RequestStatus.FAILED and result.error.startswith(f"request {rid}: ")
@@ -627,14 +901,28 @@ def test_an_invalid_objective_fails_its_request_alone(model: Any, monkeypatch: A
     assert assert_matches_generate(model, record, served) == len(served) == 14
 
 
-def test_cancellation_in_every_phase_frees_pages_and_slot(model: Any, monkeypatch: Any,
-                                                          overlap: bool) -> None:
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=PRIORITY,
-                                   preemption=PAUSE, max_num_tokens=12, max_chunk_tokens=4,
-                                   max_pause_steps=2)
+def test_cancellation_in_every_phase_frees_pages_and_slot(
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=PRIORITY,
+        preemption=PAUSE,
+        max_num_tokens=12,
+        max_chunk_tokens=4,
+        max_pause_steps=2,
+    )
     requests = workload(seed=7, n=20)
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=24,
-                 cancel_phases=("waiting", "prefill", "paused", "decoding"), overlap=overlap)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=24,
+        cancel_phases=("waiting", "prefill", "paused", "decoding"),
+        overlap=overlap,
+    )
     assert sorted(record.cancelled.values()) == ["decoding", "paused", "prefill", "waiting"]
     for rid in record.cancelled:
         assert rid not in record.results, f"cancelled {rid} still produced an output"
@@ -644,24 +932,36 @@ def test_cancellation_in_every_phase_frees_pages_and_slot(model: Any, monkeypatc
 
 @pytest.mark.parametrize("policy", [FCFS, PRIORITY], ids=["fcfs", "priority"])
 def test_a_request_cancelled_while_waiting_leaves_the_ledger_queue_at_once(
-        model: Any, monkeypatch: Any, policy: Any, overlap: bool) -> None:
+    model: Any, monkeypatch: Any, policy: Any, overlap: bool
+) -> None:
     # 18 requests queued up front for 4 slots; at the first step the request the ledger would
     # admit last is cancelled. From the next step on the ledger's queue must not hold it: every
     # step checks that it queues exactly the runtime's waiting requests (observe).
     requests = workload(seed=13, n=18)
     for r in requests:
         r.late = False
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, scheduling_policy=policy,
-                                   max_num_tokens=16, max_chunk_tokens=8)
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 cancel_phases=("last-waiting",), overlap=overlap)
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED, scheduling_policy=policy, max_num_tokens=16, max_chunk_tokens=8
+    )
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        cancel_phases=("last-waiting",),
+        overlap=overlap,
+    )
     assert list(record.cancelled.values()) == ["last-waiting"]
     assert record.queue_at_cancel >= 10  # far from its turn: leaving at it would take steps
     (rid,) = record.cancelled
     assert rid not in record.results, f"cancelled {rid} still produced an output"
     assert assert_matches_generate(model, record, requests) == len(requests) - 1
-    print(f"\n{policy.name}: cancelled {rid} with {record.queue_at_cancel} waiting; "
-          f"{len(requests) - 1} of {len(requests) - 1} others equal generate()")
+    print(
+        f"\n{policy.name}: cancelled {rid} with {record.queue_at_cancel} waiting; "
+        f"{len(requests) - 1} of {len(requests) - 1} others equal generate()"
+    )
 
 
 def test_too_long_prompt_fails_alone(model: Any, monkeypatch: Any, overlap: bool) -> None:
@@ -669,10 +969,10 @@ def test_too_long_prompt_fails_alone(model: Any, monkeypatch: Any, overlap: bool
     rng = random.Random(3)
     long = Request("too-long", [rng.randrange(3, VOCAB) for _ in range(S_IN + 5)], 4, 0)
     requests.insert(5, long)
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16,
-                                   max_chunk_tokens=8)
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 overlap=overlap)
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16, max_chunk_tokens=8)
+    record = run(
+        model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40, overlap=overlap
+    )
     failed = record.results.pop("too-long")
     assert failed.status == RequestStatus.FAILED
     assert "too-long" in failed.error and f"{S_IN + 5} tokens" in failed.error
@@ -687,10 +987,10 @@ def test_waiting_requests_past_max_waiting_fail_alone(model: Any, monkeypatch: A
     requests = workload(seed=5, n=12)
     for r in requests:
         r.late = False
-    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16,
-                                   max_chunk_tokens=8)
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 max_waiting=8)
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16, max_chunk_tokens=8)
+    record = run(
+        model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40, max_waiting=8
+    )
     refused = [rid for rid, res in record.results.items() if res.status == RequestStatus.FAILED]
     assert refused and all("max_waiting=8" in record.results[rid].error for rid in refused)
     served = [r for r in requests if r.rid not in refused]
@@ -701,12 +1001,14 @@ def test_waiting_requests_past_max_waiting_fail_alone(model: Any, monkeypatch: A
     assert tf_integration.StepPlannerScheduler.max_waiting == 65536  # default: not 16 x B
 
 
-@pytest.mark.parametrize(("mode", "policy"), [(MIXED, FCFS), (PREFILL_FIRST, FCFS),
-                                              (MIXED, DEADLINE)],
-                         ids=["mixed", "prefill_first", "mixed-deadline"])
-def test_cache_full_withholds_rows_and_the_runtime_offloads(model: Any, monkeypatch: Any,
-                                                            mode: Any, policy: Any,
-                                                            overlap: bool) -> None:
+@pytest.mark.parametrize(
+    ("mode", "policy"),
+    [(MIXED, FCFS), (PREFILL_FIRST, FCFS), (MIXED, DEADLINE)],
+    ids=["mixed", "prefill_first", "mixed-deadline"],
+)
+def test_cache_full_withholds_rows_and_the_runtime_offloads(
+    model: Any, monkeypatch: Any, mode: Any, policy: Any, overlap: bool
+) -> None:
     # 8 pages of 4 tokens for 4 residents of up to 20 tokens each: rows are withheld (the runtime
     # offloads some of them at once); a prefill-only step whose chunks all miss pages returns
     # "cache full". The runtime resets offloaded requests (their output folded into their prompt,
@@ -714,8 +1016,15 @@ def test_cache_full_withholds_rows_and_the_runtime_offloads(model: Any, monkeypa
     # Under DEADLINE every request has objectives, and a reset one (a new RequestState, with a
     # new created_time) keeps the arrival it came with.
     rng = random.Random(5)
-    requests = [Request(f"full{i}", [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 12))],
-                        rng.randint(1, 8), 0) for i in range(16)]
+    requests = [
+        Request(
+            f"full{i}",
+            [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 12))],
+            rng.randint(1, 8),
+            0,
+        )
+        for i in range(16)
+    ]
     budgets = {"max_num_tokens": 16, "max_chunk_tokens": 8} if mode == MIXED else {}
     options = sp.SchedulingOptions(ifb_scheduling_mode=mode, scheduling_policy=policy, **budgets)
     arrivals: dict[str, float] = {}
@@ -725,37 +1034,64 @@ def test_cache_full_withholds_rows_and_the_runtime_offloads(model: Any, monkeypa
             first = arrivals.setdefault(state.request_id, sched._arrivals[state.request_id])
             assert sched._arrivals[state.request_id] == first, state.request_id
 
-    slo = {"slo_classes": {0: sp.SLO(0.05, 0.01)}, "on_step": same_arrival} if policy == DEADLINE else {}
-    record = run(model, monkeypatch, requests, options, page_size=4, max_batch_tokens=40,
-                 num_blocks=8, max_input_length=None, prefix_sharing=True, overlap=overlap,
-                 **slo)
+    slo = (
+        {"slo_classes": {0: sp.SLO(0.05, 0.01)}, "on_step": same_arrival}
+        if policy == DEADLINE
+        else {}
+    )
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        num_blocks=8,
+        max_input_length=None,
+        prefix_sharing=True,
+        overlap=overlap,
+        **slo,
+    )
     assert assert_matches_generate(model, record, requests) == len(requests)
     assert record.withheld > 0, "no row was ever withheld"
     assert record.resets, "the runtime never reset an offloaded request"
     if mode == PREFILL_FIRST:
         assert record.cache_full > 0, "the runtime never heard 'cache full'"
-    print(f"\ncache full: withheld {record.withheld} rows, {record.cache_full} cache-full "
-          f"steps, {len(record.resets)} requests reset")
+    print(
+        f"\ncache full: withheld {record.withheld} rows, {record.cache_full} cache-full "
+        f"steps, {len(record.resets)} requests reset"
+    )
 
 
-def test_page_size_above_the_step_capacity_is_refused_at_start(model: Any,
-                                                               monkeypatch: Any) -> None:
+def test_page_size_above_the_step_capacity_is_refused_at_start(
+    model: Any, monkeypatch: Any
+) -> None:
     requests = [Request(f"early{i}", [5 + i] * (i + 1), 2, 0) for i in range(3)]
-    record = run(model, monkeypatch, requests, sp.SchedulingOptions(), page_size=16,
-                 max_batch_tokens=8)
+    record = run(
+        model, monkeypatch, requests, sp.SchedulingOptions(), page_size=16, max_batch_tokens=8
+    )
     assert set(record.results) == {r.rid for r in requests}
     for result in record.results.values():
         assert result.status == RequestStatus.FAILED
         assert "page_size=16" in result.error and "max_batch_tokens=8" in result.error
 
 
-def test_slots_follow_the_runtime_clamp_to_step_tokens(model: Any, monkeypatch: Any,
-                                                       overlap: bool) -> None:
+def test_slots_follow_the_runtime_clamp_to_step_tokens(
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
     # The runtime clamps max_requests_per_batch to max_batch_tokens (one decode token per slot),
     # which is SPEC §2's max_step_tokens >= B: B is what the runtime resolved.
     requests = workload(seed=4, n=16)
-    record = run(model, monkeypatch, requests, sp.SchedulingOptions(), page_size=4,
-                 max_batch_tokens=8, batch=16, overlap=overlap)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        sp.SchedulingOptions(),
+        page_size=4,
+        max_batch_tokens=8,
+        batch=16,
+        overlap=overlap,
+    )
     assert record.limits.max_batch_size == 8 and record.limits.max_step_tokens == 8
     assert assert_matches_generate(model, record, requests) == len(requests)
 

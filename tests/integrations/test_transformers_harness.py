@@ -39,16 +39,34 @@ try:
     from stepplanner.integrations.transformers import register
 except ImportError as exc:
     if REQUIRED:
-        raise ImportError(f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers harness "
-                          f"cannot be imported: {exc}") from exc
+        raise ImportError(
+            f"STEPPLANNER_REQUIRE_INTEGRATIONS=1 but the transformers harness "
+            f"cannot be imported: {exc}"
+        ) from exc
     pytest.skip(f"transformers harness not installed: {exc}", allow_module_level=True)
 
-TINY = harness.ModelSpec(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=97, seed=7)
-ENGINE = harness.EngineSpec(max_batch_size=4, kv_page_size=8, max_step_tokens=64,
-                            num_blocks=128, max_input_length=96)
-VLLM_LISTS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-              "errors", "generated_texts")
+TINY = harness.ModelSpec(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=97,
+    seed=7,
+)
+ENGINE = harness.EngineSpec(
+    max_batch_size=4, kv_page_size=8, max_step_tokens=64, num_blocks=128, max_input_length=96
+)
+VLLM_LISTS = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "errors",
+    "generated_texts",
+)
 OURS = ("request_ids", "arrival_times", "priorities", "e2els")
 
 
@@ -62,8 +80,13 @@ def short_trace(n: int = 12, seed: int = 3) -> Workload:
     prompts[:2] = (96, 1)
     outputs = rng.integers(1, 10, n)
     outputs[2] = 1
-    return Workload(arrivals, prompts, outputs, rng.choice([-1, 0, 1], n).astype(np.int32),
-                    source="short test trace")
+    return Workload(
+        arrivals,
+        prompts,
+        outputs,
+        rng.choice([-1, 0, 1], n).astype(np.int32),
+        source="short test trace",
+    )
 
 
 def stepplanner_scheduler(options: sp.SchedulingOptions, workload: Workload) -> tuple[str, Any]:
@@ -107,7 +130,7 @@ def check_run(run: Any, workload: Workload, tmp_path: pathlib.Path) -> dict[str,
     # the timings file: every contract column, one row per step, the work adds up
     with timings_path.open() as f:
         header = next(csv.reader(f))
-    assert header[:len(STEP_TIMING_COLUMNS)] == list(STEP_TIMING_COLUMNS)
+    assert header[: len(STEP_TIMING_COLUMNS)] == list(STEP_TIMING_COLUMNS)
     steps = read_step_timings(timings_path)
     assert len(steps) == len(run.steps) > 0
     assert np.all(steps.seconds > 0)
@@ -123,15 +146,24 @@ def check_run(run: Any, workload: Workload, tmp_path: pathlib.Path) -> dict[str,
     return data
 
 
-@pytest.mark.parametrize("options", [
-    sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=64),
-    sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=64,
-                         scheduling_policy=sp.SchedulingPolicy.PRIORITY,
-                         preemption=sp.PreemptionMode.PAUSE, max_pause_steps=3,
-                         priority_reserved_slots=1),
-], ids=["fcfs", "priority-pause"])
-def test_stepplanner_serves_a_short_trace(options: sp.SchedulingOptions,
-                                          tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [
+        sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=64),
+        sp.SchedulingOptions(
+            ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED,
+            max_num_tokens=64,
+            scheduling_policy=sp.SchedulingPolicy.PRIORITY,
+            preemption=sp.PreemptionMode.PAUSE,
+            max_pause_steps=3,
+            priority_reserved_slots=1,
+        ),
+    ],
+    ids=["fcfs", "priority-pause"],
+)
+def test_stepplanner_serves_a_short_trace(
+    options: sp.SchedulingOptions, tmp_path: pathlib.Path
+) -> None:
     workload = short_trace()
     name, policy = stepplanner_scheduler(options, workload)
     run = harness.serve_trace(workload, TINY, ENGINE, name, policy=policy_to_dict(policy))
@@ -152,8 +184,12 @@ def test_transformers_fifo_serves_a_short_trace(tmp_path: pathlib.Path) -> None:
 
 def test_arrivals_follow_the_trace_clock(tmp_path: pathlib.Path) -> None:
     # Requests 0.3 s apart: each is submitted at its time, not in a burst at the start.
-    workload = Workload(np.array([0.0, 0.3, 0.6]), np.array([5, 5, 5]), np.array([2, 2, 2]),
-                        np.zeros(3, dtype=np.int32))
+    workload = Workload(
+        np.array([0.0, 0.3, 0.6]),
+        np.array([5, 5, 5]),
+        np.array([2, 2, 2]),
+        np.zeros(3, dtype=np.int32),
+    )
     run = harness.serve_trace(workload, TINY, ENGINE, "fifo")
     arrivals = np.array(run.results()["arrival_times"])
     assert arrivals == pytest.approx([0.0, 0.3, 0.6], abs=0.1)
@@ -161,31 +197,46 @@ def test_arrivals_follow_the_trace_clock(tmp_path: pathlib.Path) -> None:
 
 def test_serve_trace_refuses_what_the_engine_cannot_hold() -> None:
     long = Workload(np.zeros(1), np.array([97]), np.array([1]), np.zeros(1, dtype=np.int32))
-    with pytest.raises(ValueError, match=r"trace row 0: prompt_tokens=97 exceeds "
-                                         r"max_input_length=96"):
+    with pytest.raises(
+        ValueError,
+        match=r"trace row 0: prompt_tokens=97 exceeds "
+        r"max_input_length=96",
+    ):
         harness.serve_trace(long, TINY, ENGINE, "fifo")
-    with pytest.raises(ValueError, match=r"ModelSpec.hidden_size=30 is not a multiple of "
-                                         r"num_attention_heads=4"):
+    with pytest.raises(
+        ValueError,
+        match=r"ModelSpec.hidden_size=30 is not a multiple of "
+        r"num_attention_heads=4",
+    ):
         harness.ModelSpec(hidden_size=30)
     with pytest.raises(ValueError, match="EngineSpec.num_blocks=0 is out of range"):
         harness.EngineSpec(num_blocks=0)
     # what torch.manual_seed and the model's construction would refuse with a traceback
     with pytest.raises(ValueError, match=f"ModelSpec.seed={2**70} is out of range"):
         harness.ModelSpec(seed=2**70)
-    with pytest.raises(ValueError, match="ModelSpec.attn_implementation='bogus' is not an "
-                                         "attention implementation transformers accepts"):
+    with pytest.raises(
+        ValueError,
+        match="ModelSpec.attn_implementation='bogus' is not an "
+        "attention implementation transformers accepts",
+    ):
         harness.ModelSpec(attn_implementation="bogus")
 
 
 def test_profile_covers_decode_chunk_and_mixed_steps() -> None:
-    name, _ = stepplanner_scheduler(sp.SchedulingOptions(
-        ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=64), short_trace())
-    rows = harness.profile_engine(TINY, ENGINE, name, batches=(1, 4), contexts=(8, 80),
-                                  chunks=(8, 40), decode_steps=4)
+    name, _ = stepplanner_scheduler(
+        sp.SchedulingOptions(ifb_scheduling_mode=sp.IfbSchedulingMode.MIXED, max_num_tokens=64),
+        short_trace(),
+    )
+    rows = harness.profile_engine(
+        TINY, ENGINE, name, batches=(1, 4), contexts=(8, 80), chunks=(8, 40), decode_steps=4
+    )
     decode_only = {r["rows"] for r in rows if r["prefill_tokens"] == 0}
     assert {1, 4} <= decode_only
-    chunk_pasts = {r["prefill_context"] - r["prefill_tokens"] for r in rows
-                   if r["decode_rows"] == 0 and r["prefill_tokens"]}
+    chunk_pasts = {
+        r["prefill_context"] - r["prefill_tokens"]
+        for r in rows
+        if r["decode_rows"] == 0 and r["prefill_tokens"]
+    }
     assert 0 in chunk_pasts and max(chunk_pasts) >= 64  # a chunk at past 0 and one past a step
     mixed = [r for r in rows if r["decode_rows"] and r["prefill_tokens"]]
     assert {r["decode_rows"] for r in mixed} >= {1, 3}
@@ -194,17 +245,60 @@ def test_profile_covers_decode_chunk_and_mixed_steps() -> None:
 def test_cli_serve_calibrate_simulate(tmp_path: pathlib.Path) -> None:
     trace = tmp_path / "trace.csv"
     w = short_trace(8, seed=5)
-    trace.write_text("arrival_time,prompt_tokens,output_tokens,priority\n" + "\n".join(
-        f"{a!r},{p},{o},{q}" for a, p, o, q in zip(w.arrival_time.tolist(), w.prompt_tokens,
-                                                   w.output_tokens, w.priority)) + "\n")
+    trace.write_text(
+        "arrival_time,prompt_tokens,output_tokens,priority\n"
+        + "\n".join(
+            f"{a!r},{p},{o},{q}"
+            for a, p, o, q in zip(
+                w.arrival_time.tolist(), w.prompt_tokens, w.output_tokens, w.priority
+            )
+        )
+        + "\n"
+    )
     results, steps, model = tmp_path / "r.json", tmp_path / "s.csv", tmp_path / "m.json"
     runner = CliRunner()
-    sizes = ["--hidden-size", "32", "--intermediate-size", "64", "--layers", "2", "--heads",
-             "4", "--kv-heads", "2", "--vocab-size", "97", "-B", "4", "--kv-page-size", "8",
-             "--max-step-tokens", "64", "--num-blocks", "128", "--max-input-length", "96"]
-    out = runner.invoke(main, ["serve-trace", str(trace), "--mode", "mixed", "--max-num-tokens",
-                               "64", "--policy", "priority", "--results", str(results),
-                               "--timings", str(steps), *sizes])
+    sizes = [
+        "--hidden-size",
+        "32",
+        "--intermediate-size",
+        "64",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--vocab-size",
+        "97",
+        "-B",
+        "4",
+        "--kv-page-size",
+        "8",
+        "--max-step-tokens",
+        "64",
+        "--num-blocks",
+        "128",
+        "--max-input-length",
+        "96",
+    ]
+    out = runner.invoke(
+        main,
+        [
+            "serve-trace",
+            str(trace),
+            "--mode",
+            "mixed",
+            "--max-num-tokens",
+            "64",
+            "--policy",
+            "priority",
+            "--results",
+            str(results),
+            "--timings",
+            str(steps),
+            *sizes,
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "8/8 requests completed" in out.output
     data = json.loads(results.read_text())
@@ -213,15 +307,46 @@ def test_cli_serve_calibrate_simulate(tmp_path: pathlib.Path) -> None:
     out = runner.invoke(main, ["calibrate", str(steps), "--out", str(model)])
     assert out.exit_code == 0, out.output
     assert "fitted a=" in out.output
-    out = runner.invoke(main, ["simulate", "--trace", str(trace), "--latency-model", str(model),
-                               "-B", "4", "--kv-page-size", "8", "--max-step-tokens", "64",
-                               "--max-input-length", "96", "--mode", "mixed",
-                               "--max-num-tokens", "64", "--json"])
+    out = runner.invoke(
+        main,
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--latency-model",
+            str(model),
+            "-B",
+            "4",
+            "--kv-page-size",
+            "8",
+            "--max-step-tokens",
+            "64",
+            "--max-input-length",
+            "96",
+            "--mode",
+            "mixed",
+            "--max-num-tokens",
+            "64",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["requests"]["completed"] == 8
     # fidelity reads the real run, and replays its pace from the timings' start column
-    out = runner.invoke(main, ["fidelity", str(results), "--latency-model", str(model),
-                               "--pace-from", str(steps), "--format", "json", "--no-progress"])
+    out = runner.invoke(
+        main,
+        [
+            "fidelity",
+            str(results),
+            "--latency-model",
+            str(model),
+            "--pace-from",
+            str(steps),
+            "--format",
+            "json",
+            "--no-progress",
+        ],
+    )
     assert out.exit_code == 0, out.output
     report = json.loads(out.output)
     assert report["results"]["compared"] == 8

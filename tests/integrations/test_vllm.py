@@ -10,8 +10,8 @@ STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes th
 
 from __future__ import annotations
 
-import os
 import math
+import os
 import random
 import shlex
 import subprocess
@@ -58,17 +58,46 @@ def overlap(request):
     return request.param
 
 
-def make(model_dir, *, num_seqs=16, batched=512, num_blocks=600, caching=False, policy="fcfs",
-         cls=StepPlannerScheduler, overlap=False, **stepplanner):
-    return vllm_cpu.make_scheduler(cls, model_dir, max_num_seqs=num_seqs,
-                                   max_num_batched_tokens=batched, num_blocks=num_blocks,
-                                   block_size=P, enable_prefix_caching=caching, policy=policy,
-                                   async_scheduling=overlap,
-                                   stepplanner=stepplanner if cls is StepPlannerScheduler else None)
+def make(
+    model_dir,
+    *,
+    num_seqs=16,
+    batched=512,
+    num_blocks=600,
+    caching=False,
+    policy="fcfs",
+    cls=StepPlannerScheduler,
+    overlap=False,
+    **stepplanner,
+):
+    return vllm_cpu.make_scheduler(
+        cls,
+        model_dir,
+        max_num_seqs=num_seqs,
+        max_num_batched_tokens=batched,
+        num_blocks=num_blocks,
+        block_size=P,
+        enable_prefix_caching=caching,
+        policy=policy,
+        async_scheduling=overlap,
+        stepplanner=stepplanner if cls is StepPlannerScheduler else None,
+    )
 
 
-def stream(n, seed, *, max_prompt=700, max_tokens=24, priorities=(-1, 0, 1), shared_prefix=0,
-           per_step=3, arrival0=1000.0, spacing=1.0, own_slo=None, own_every=5):
+def stream(
+    n,
+    seed,
+    *,
+    max_prompt=700,
+    max_tokens=24,
+    priorities=(-1, 0, 1),
+    shared_prefix=0,
+    per_step=3,
+    arrival0=1000.0,
+    spacing=1.0,
+    own_slo=None,
+    own_every=5,
+):
     """``n`` requests, prompts 1..max_prompt, arriving ``per_step`` a step; {step: [requests]}.
     Request i arrives at ``arrival0 + i * spacing``; every ``own_every``-th carries ``own_slo``
     (``SamplingParams.extra_args``, e.g. ``{"ttft_slo": 0.2}``) when given."""
@@ -77,11 +106,19 @@ def stream(n, seed, *, max_prompt=700, max_tokens=24, priorities=(-1, 0, 1), sha
     arrivals = {}
     for i in range(n):
         length = rng.randint(1, max_prompt)
-        prompt = (prefix + [rng.randrange(1000) for _ in range(length)])[:max(length, 1)] \
-            if shared_prefix else [rng.randrange(1000) for _ in range(length)]
-        req = vllm_cpu.make_request(f"r{i}", prompt, rng.randint(1, max_tokens),
-                                    priority=rng.choice(priorities),
-                                    arrival_time=arrival0 + i * spacing, block_size=P)
+        prompt = (
+            (prefix + [rng.randrange(1000) for _ in range(length)])[: max(length, 1)]
+            if shared_prefix
+            else [rng.randrange(1000) for _ in range(length)]
+        )
+        req = vllm_cpu.make_request(
+            f"r{i}",
+            prompt,
+            rng.randint(1, max_tokens),
+            priority=rng.choice(priorities),
+            arrival_time=arrival0 + i * spacing,
+            block_size=P,
+        )
         if own_slo is not None and i % own_every == 0:
             req.sampling_params.extra_args = dict(own_slo)
         arrivals.setdefault(i // per_step, []).append(req)
@@ -125,10 +162,12 @@ class Checker:
                 if residents[i].committed:
                     self.hits.append((req.request_id, residents[i].committed))
             assert ahead == 0 or self.overlap, req.request_id  # placeholders: async only
-        self.decoding = {requests[s.resident].request_id for s in plan.sequences
-                         if s.work == SequenceWork.DECODE}
-        self.ahead_rows += sum(requests[s.resident].num_output_placeholders > 0
-                               for s in plan.sequences)
+        self.decoding = {
+            requests[s.resident].request_id for s in plan.sequences if s.work == SequenceWork.DECODE
+        }
+        self.ahead_rows += sum(
+            requests[s.resident].num_output_placeholders > 0 for s in plan.sequences
+        )
 
     def after(self, step, out):
         sched, last = self.sched, self.sched.last_step
@@ -187,8 +226,14 @@ def test_stream_completes_and_every_step_is_its_plan(model_dir, overlap, policy)
     if policy in ("edf", "deadline"):
         # vLLM's own queue is a priority queue (the classes are priorities); the admission order
         # is the deadlines'. Arrivals on vLLM's clock, a millisecond apart, as vLLM stamps them.
-        sched = make(model_dir, overlap=overlap, policy="priority", scheduling_policy=policy,
-                     priority_reserved_slots=2, slo_classes=SLO_CLASSES)
+        sched = make(
+            model_dir,
+            overlap=overlap,
+            policy="priority",
+            scheduling_policy=policy,
+            priority_reserved_slots=2,
+            slo_classes=SLO_CLASSES,
+        )
         arrivals = stream(300, seed=1, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
     else:
         sched = make(model_dir, overlap=overlap, policy=policy, priority_reserved_slots=2)
@@ -200,14 +245,15 @@ def test_stream_completes_and_every_step_is_its_plan(model_dir, overlap, policy)
 
 
 def test_priority_pause_unschedules_and_releases_after_max_pause_steps(model_dir, overlap):
-    sched = make(model_dir, overlap=overlap, policy="priority", preemption="pause",
-                 max_pause_steps=4)
+    sched = make(
+        model_dir, overlap=overlap, policy="priority", preemption="pause", max_pause_steps=4
+    )
     arrivals = stream(300, seed=2, per_step=2)
     checker, _ = run_checked(sched, arrivals)
     assert_completed(sched, arrivals, 600)
     assert checker.pauses > 50
     assert checker.max_pause_run == 4  # never longer than max_pause_steps, and reached
-    assert checker.released > 0        # a request paused 4 steps running is planned on the 5th
+    assert checker.released > 0  # a request paused 4 steps running is planned on the 5th
 
 
 def test_fcfs_never_pauses_even_when_pause_is_asked(model_dir, overlap):
@@ -231,8 +277,16 @@ def test_prefix_cache_hit_is_committed_and_first_chunk_ends_on_a_block(model_dir
 
 def test_kv_pressure_withholds_rows_and_recompute_preemption_keeps_moving(model_dir, overlap):
     num_blocks = 120  # 1,904 tokens of KV for up to 16 requests of up to ~300 tokens each
-    sched = make(model_dir, overlap=overlap, num_blocks=num_blocks, num_seqs=16, batched=512,
-                 policy="priority", preemption="pause", max_pause_steps=3)
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        num_blocks=num_blocks,
+        num_seqs=16,
+        batched=512,
+        policy="priority",
+        preemption="pause",
+        max_pause_steps=3,
+    )
     arrivals = stream(200, seed=5, max_prompt=300, max_tokens=60, per_step=4)
     checker, _ = run_checked(sched, arrivals)
     assert_completed(sched, arrivals, num_blocks)
@@ -242,8 +296,14 @@ def test_kv_pressure_withholds_rows_and_recompute_preemption_keeps_moving(model_
 
 
 def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, overlap):
-    sched = make(model_dir, overlap=overlap, policy="priority", preemption="pause",
-                 max_pause_steps=6, caching=True)
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        policy="priority",
+        preemption="pause",
+        max_pause_steps=6,
+        caching=True,
+    )
     arrivals = stream(150, seed=2, per_step=2)
     aborted = {}
     latest = {}
@@ -258,8 +318,17 @@ def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, ove
         last = sched.last_step
         take(next(iter(last.paused), None), "paused")
         if step % 3 == 0:
-            take(next((r.request_id for r in sched.running
-                       if 0 < r.num_computed_tokens < r.num_prompt_tokens - 1), None), "prefill")
+            take(
+                next(
+                    (
+                        r.request_id
+                        for r in sched.running
+                        if 0 < r.num_computed_tokens < r.num_prompt_tokens - 1
+                    ),
+                    None,
+                ),
+                "prefill",
+            )
             take(next((r.request_id for r in sched.waiting), None), "waiting")
 
     def abort_in_flight(step, out):  # before update_from_output(out): the engine's abort point
@@ -280,8 +349,9 @@ def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, ove
         checker.after(step, out)
         latest["out"] = out
 
-    vllm_cpu.run(sched, arrivals, after_schedule=after, before_step=abort,
-                 before_update=abort_in_flight)
+    vllm_cpu.run(
+        sched, arrivals, after_schedule=after, before_step=abort, before_update=abort_in_flight
+    )
     kinds = {"paused", "prefill", "waiting", "chunk, in flight", "decode, in flight"}
     if overlap:
         kinds |= {"chunk, in two steps in flight", "decode, in two steps in flight"}
@@ -314,8 +384,9 @@ def test_requests_stop_at_max_model_len(model_dir, overlap):
 
 def test_reserved_slots_hold_back_normal_requests(model_dir, overlap):
     sched = make(model_dir, overlap=overlap, num_seqs=4, batched=512, priority_reserved_slots=2)
-    reqs = [vllm_cpu.make_request(f"n{i}", [i + 1] * 40, 30, arrival_time=1.0 + i)
-            for i in range(6)]
+    reqs = [
+        vllm_cpu.make_request(f"n{i}", [i + 1] * 40, 30, arrival_time=1.0 + i) for i in range(6)
+    ]
     for r in reqs:
         sched.add_request(r)
     out = sched.schedule()
@@ -349,15 +420,26 @@ def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overla
     # a virtual clock: the rows show which objectives each request got. Everything arrives at
     # 0 s: by class ("0": 50 s, then 10 s a token; "1": 100 s, first token only; priority 2 has
     # no class), and with its own objectives from extra_args (20 s, then 5 s a token).
-    sched = make(model_dir, overlap=overlap, num_seqs=8, policy="priority",
-                 scheduling_policy="edf", slo_classes={"0": {"ttft": 50, "tpot": 10},
-                                                        "1": {"ttft": 100.0}})
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        num_seqs=8,
+        policy="priority",
+        scheduling_policy="edf",
+        slo_classes={"0": {"ttft": 50, "tpot": 10}, "1": {"ttft": 100.0}},
+    )
     virtual_clock(sched)
     rng = random.Random(3)
     requests = []
     for i, priority in enumerate([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]):
-        req = vllm_cpu.make_request(f"q{i}", [rng.randrange(1000) for _ in range(40 + 30 * i)],
-                                    8, priority=priority, arrival_time=0.0, block_size=P)
+        req = vllm_cpu.make_request(
+            f"q{i}",
+            [rng.randrange(1000) for _ in range(40 + 30 * i)],
+            8,
+            priority=priority,
+            arrival_time=0.0,
+            block_size=P,
+        )
         if i % 4 == 0:  # (of priorities 0, 1 and 2)
             req.sampling_params.extra_args = {"ttft_slo": 20, "tpot_slo": 5.0, "other": "kept"}
         requests.append(req)
@@ -368,8 +450,9 @@ def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overla
         now = float(sched.current_step)
         for row, req in zip(residents, reqs):
             kind = "own" if req.sampling_params.extra_args else req.priority
-            token = (req.num_output_tokens + req.num_output_placeholders
-                     if row.context_committed else 0)
+            token = (
+                req.num_output_tokens + req.num_output_placeholders if row.context_committed else 0
+            )
             slo = objectives[kind]
             if slo is None or (token and slo[1] is None):
                 expected = INT32_MAX  # no deadline left: after every row that has one
@@ -392,22 +475,41 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
     # (3 chunks of 32: 3 steps) arrives with 4.5 s to its first token: at risk at the normal pace,
     # still possible; another with 1 s can never make it, and is relegated when it reaches the
     # head of the queue (admitted after every other, and still served to the end).
-    sched = make(model_dir, overlap=overlap, num_seqs=4, batched=64, policy="fcfs",
-                 scheduling_policy="deadline", preemption="pause", max_pause_steps=4,
-                 max_chunk_tokens=32)
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        num_seqs=4,
+        batched=64,
+        policy="fcfs",
+        scheduling_policy="deadline",
+        preemption="pause",
+        max_pause_steps=4,
+        max_chunk_tokens=32,
+    )
     virtual_clock(sched)
     rng = random.Random(9)
 
     def request(rid, length, max_tokens, arrival, ttft, tpot=None):
-        req = vllm_cpu.make_request(rid, [rng.randrange(1000) for _ in range(length)], max_tokens,
-                                    arrival_time=arrival, block_size=P)
-        req.sampling_params.extra_args = {"ttft_slo": ttft} | ({} if tpot is None
-                                                               else {"tpot_slo": tpot})
+        req = vllm_cpu.make_request(
+            rid,
+            [rng.randrange(1000) for _ in range(length)],
+            max_tokens,
+            arrival_time=arrival,
+            block_size=P,
+        )
+        req.sampling_params.extra_args = {"ttft_slo": ttft} | (
+            {} if tpot is None else {"tpot_slo": tpot}
+        )
         return req
 
-    arrivals = {0: [request("slack0", 16, 20, 0.0, 3.0, 4.0), request("slack1", 16, 20, 0.0, 3.0, 4.0),
-                    request("due", 16, 20, 0.0, 2.0, 1.0)],
-                3: [request("at-risk", 96, 3, 3.0, 4.5), request("hopeless", 96, 3, 3.0, 1.0)]}
+    arrivals = {
+        0: [
+            request("slack0", 16, 20, 0.0, 3.0, 4.0),
+            request("slack1", 16, 20, 0.0, 3.0, 4.0),
+            request("due", 16, 20, 0.0, 2.0, 1.0),
+        ],
+        3: [request("at-risk", 96, 3, 3.0, 4.5), request("hopeless", 96, 3, 3.0, 1.0)],
+    }
     seen = {"slack paused for an at-risk prompt": 0, "due decode run beside a pause": 0}
 
     def check(residents, plan, reqs):
@@ -416,13 +518,14 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
         for i in paused:  # never a decode about to miss its next token
             assert levels[i] != LEVEL_DUE, (reqs[i].request_id, levels)
         planned = [s.resident for s in plan.sequences]
-        if any(levels[i] == LEVEL_AT_RISK and not residents[i].context_committed
-               for i in planned):
+        if any(levels[i] == LEVEL_AT_RISK and not residents[i].context_committed for i in planned):
             seen["slack paused for an at-risk prompt"] += sum(
-                levels[i] == LEVEL_SLACK and residents[i].context_committed for i in paused)
+                levels[i] == LEVEL_SLACK and residents[i].context_committed for i in paused
+            )
         if paused:
             seen["due decode run beside a pause"] += sum(
-                levels[i] == LEVEL_DUE and residents[i].context_committed for i in planned)
+                levels[i] == LEVEL_DUE and residents[i].context_committed for i in planned
+            )
 
     checker = Checker(sched)
     also_on_plan(sched, check)
@@ -437,23 +540,35 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
 
 
 @pytest.mark.parametrize("policy", ["edf", "deadline"])
-def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(model_dir, overlap,
-                                                                              policy):
+def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(
+    model_dir, overlap, policy
+):
     # A stream on a virtual clock (two arrivals a step, one second a step), objectives in those
     # seconds: every step is its plan, no pause outlasts max_pause_steps, DEADLINE never pauses
     # a decode about to miss its next token, and every request completes.
     classes = {"-1": {"ttft": 4, "tpot": 1.5}, "0": {"ttft": 12, "tpot": 3}}
-    sched = make(model_dir, overlap=overlap, policy="priority", scheduling_policy=policy,
-                 preemption="pause", max_pause_steps=3, slo_classes=classes)
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        policy="priority",
+        scheduling_policy=policy,
+        preemption="pause",
+        max_pause_steps=3,
+        slo_classes=classes,
+    )
     virtual_clock(sched)
-    arrivals = stream(300, seed=2, per_step=2, arrival0=0.0, spacing=0.5,
-                      own_slo={"ttft_slo": 6, "tpot_slo": 2})
+    arrivals = stream(
+        300, seed=2, per_step=2, arrival0=0.0, spacing=0.5, own_slo={"ttft_slo": 6, "tpot_slo": 2}
+    )
     due_paused = []
 
     def check(residents, plan, reqs):
         if policy == "deadline":
-            due_paused.extend(reqs[i].request_id for i in plan.paused
-                              if level_of(residents[i].priority) == LEVEL_DUE)
+            due_paused.extend(
+                reqs[i].request_id
+                for i in plan.paused
+                if level_of(residents[i].priority) == LEVEL_DUE
+            )
 
     checker = Checker(sched)
     also_on_plan(sched, check)
@@ -471,10 +586,12 @@ def test_an_invalid_objective_fails_its_request_alone(model_dir, overlap, policy
     # Checked under every policy (a request's objectives are refused wherever they are given).
     sched = make(model_dir, overlap=overlap, scheduling_policy=policy)
     arrivals = stream(40, seed=8, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
-    bad = {"r1": ({"ttft_slo": -0.5}, "ttft=-0.5 is out of range"),
-           "r2": ({"tpot_slo": 0.05}, "tpot_slo needs ttft_slo"),
-           "r3": ({"ttft_slo": "fast"}, "ttft must be a number of seconds > 0, got str"),
-           "r4": ({"ttft_slo": 0.2, "tpot_slo": float("nan")}, "tpot=nan is out of range")}
+    bad = {
+        "r1": ({"ttft_slo": -0.5}, "ttft=-0.5 is out of range"),
+        "r2": ({"tpot_slo": 0.05}, "tpot_slo needs ttft_slo"),
+        "r3": ({"ttft_slo": "fast"}, "ttft must be a number of seconds > 0, got str"),
+        "r4": ({"ttft_slo": 0.2, "tpot_slo": float("nan")}, "tpot=nan is out of range"),
+    }
     for req in all_requests(arrivals):
         if req.request_id in bad:
             req.sampling_params.extra_args = bad[req.request_id][0]
@@ -517,24 +634,35 @@ def test_vllm_own_scheduler_finishes_the_same_stream(model_dir, overlap):
 # --- start-up errors and refused features ----------------------------------------------------
 
 
-@pytest.mark.parametrize(("options", "exc", "words"), [
-    ({"max_pause_step": 8}, ValueError, "'max_pause_step' is not known"),
-    ({"preemption": "swap"}, ValueError, "preemption='swap'"),
-    ({"max_pause_steps": "8"}, TypeError, "max_pause_steps must be an integer"),
-    ({"max_pause_steps": -1}, ValueError, "max_pause_steps"),
-    ({"scheduling_policy": "priority"}, ValueError, "--scheduling-policy 'fcfs'"),
-    ({"priority_reserved_slots": 16}, ValueError, "priority_reserved_slots"),
-    ({"max_chunk_tokens": 24}, ValueError, "max_chunk_tokens"),
-    ({"slo_classes": [0.25]}, TypeError, 'slo_classes must be an object {"<priority>"'),
-    ({"slo_classes": {"0": 0.25}}, TypeError, 'slo_classes["0"] must be an object'),
-    ({"slo_classes": {"0": {"tpot": 0.1}}}, ValueError, '"ttft" is missing'),
-    ({"slo_classes": {"0": {"ttft": 0.25, "tbt": 0.1}}}, ValueError, "key 'tbt' is not known"),
-    ({"slo_classes": {"0": {"ttft": 0}}}, ValueError, 'slo_classes["0"]: ttft=0 is out of range'),
-    ({"slo_classes": {"0": {"ttft": "1s"}}}, TypeError, "ttft must be a number of seconds"),
-    ({"slo_classes": {"high": {"ttft": 1}}}, ValueError, "key 'high' is not a priority"),
-    ({"slo_classes": {"0": {"ttft": 1}, "00": {"ttft": 2}}}, ValueError, "priority 0 is given twice"),
-    ({"scheduling_policy": "slack"}, ValueError, "scheduling_policy='slack'"),
-])
+@pytest.mark.parametrize(
+    ("options", "exc", "words"),
+    [
+        ({"max_pause_step": 8}, ValueError, "'max_pause_step' is not known"),
+        ({"preemption": "swap"}, ValueError, "preemption='swap'"),
+        ({"max_pause_steps": "8"}, TypeError, "max_pause_steps must be an integer"),
+        ({"max_pause_steps": -1}, ValueError, "max_pause_steps"),
+        ({"scheduling_policy": "priority"}, ValueError, "--scheduling-policy 'fcfs'"),
+        ({"priority_reserved_slots": 16}, ValueError, "priority_reserved_slots"),
+        ({"max_chunk_tokens": 24}, ValueError, "max_chunk_tokens"),
+        ({"slo_classes": [0.25]}, TypeError, 'slo_classes must be an object {"<priority>"'),
+        ({"slo_classes": {"0": 0.25}}, TypeError, 'slo_classes["0"] must be an object'),
+        ({"slo_classes": {"0": {"tpot": 0.1}}}, ValueError, '"ttft" is missing'),
+        ({"slo_classes": {"0": {"ttft": 0.25, "tbt": 0.1}}}, ValueError, "key 'tbt' is not known"),
+        (
+            {"slo_classes": {"0": {"ttft": 0}}},
+            ValueError,
+            'slo_classes["0"]: ttft=0 is out of range',
+        ),
+        ({"slo_classes": {"0": {"ttft": "1s"}}}, TypeError, "ttft must be a number of seconds"),
+        ({"slo_classes": {"high": {"ttft": 1}}}, ValueError, "key 'high' is not a priority"),
+        (
+            {"slo_classes": {"0": {"ttft": 1}, "00": {"ttft": 2}}},
+            ValueError,
+            "priority 0 is given twice",
+        ),
+        ({"scheduling_policy": "slack"}, ValueError, "scheduling_policy='slack'"),
+    ],
+)
 def test_bad_options_fail_at_start_up(model_dir, options, exc, words):
     with pytest.raises(exc) as info:
         make(model_dir, **options)
@@ -543,11 +671,21 @@ def test_bad_options_fail_at_start_up(model_dir, options, exc, words):
 
 
 def test_options_are_spelled_as_the_cli_spells_them(model_dir):
-    sched = make(model_dir, policy="priority", scheduling_policy="priority", preemption="pause",
-                 max_pause_steps=8, ifb_scheduling_mode="mixed", priority_reserved_slots=1)
+    sched = make(
+        model_dir,
+        policy="priority",
+        scheduling_policy="priority",
+        preemption="pause",
+        max_pause_steps=8,
+        ifb_scheduling_mode="mixed",
+        priority_reserved_slots=1,
+    )
     pol = sched.stepplanner_policy
     assert (pol.preemption.name, pol.max_pause_steps, pol.priority_reserved_slots) == (
-        "PAUSE", 8, 1)
+        "PAUSE",
+        8,
+        1,
+    )
     assert pol.max_num_tokens == 512  # vLLM's max_num_batched_tokens is the step budget
     assert sched.stepplanner_limits.max_step_tokens == 512
     assert sched.stepplanner_limits.max_batch_size == 16
@@ -556,18 +694,19 @@ def test_options_are_spelled_as_the_cli_spells_them(model_dir):
 
 @pytest.mark.parametrize("vllm_policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("policy", ["edf", "deadline"])
-def test_deadline_policies_and_slo_classes_as_vllm_parses_the_json(model_dir, policy,
-                                                                   vllm_policy):
+def test_deadline_policies_and_slo_classes_as_vllm_parses_the_json(model_dir, policy, vllm_policy):
     # The spelling docs/integrations.md gives, through vLLM's own argument parser: priorities as
     # JSON strings, seconds. EDF and DEADLINE admit in deadline order under either vLLM policy.
-    line = (f"--scheduling-policy {vllm_policy} --additional-config '{{\"stepplanner\": "
-            f"{{\"scheduling_policy\": \"{policy}\", \"preemption\": \"pause\", "
-            '"slo_classes": {"-1": {"ttft": 0.05, "tpot": 0.01}, "0": {"ttft": 0.25, '
-            '"tpot": 0.1}, "1": {"ttft": 2}}}}\'')
+    line = (
+        f'--scheduling-policy {vllm_policy} --additional-config \'{{"stepplanner": '
+        f'{{"scheduling_policy": "{policy}", "preemption": "pause", '
+        '"slo_classes": {"-1": {"ttft": 0.05, "tpot": 0.01}, "0": {"ttft": 0.25, '
+        '"tpot": 0.1}, "1": {"ttft": 2}}}}\''
+    )
     args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(
-        ["--model", str(model_dir), *shlex.split(line)])
-    sched = make(model_dir, policy=args.scheduling_policy,
-                 **args.additional_config["stepplanner"])
+        ["--model", str(model_dir), *shlex.split(line)]
+    )
+    sched = make(model_dir, policy=args.scheduling_policy, **args.additional_config["stepplanner"])
     assert sched.stepplanner_policy.scheduling_policy.name == policy.upper()
     assert sched.slo_classes == {-1: SLO(0.05, 0.01), 0: SLO(0.25, 0.1), 1: SLO(2.0)}
 
@@ -575,19 +714,33 @@ def test_deadline_policies_and_slo_classes_as_vllm_parses_the_json(model_dir, po
 def test_vllm_limits_the_planner_cannot_hold_name_both_spellings(model_dir):
     # An 8-token step cannot end a prompt chunk on a 16-token block.
     with pytest.raises(ValueError, match="max_num_batched_tokens=8 .*max_step_tokens"):
-        vllm_cpu.make_scheduler(StepPlannerScheduler, model_dir, max_num_seqs=4,
-                                max_num_batched_tokens=1024, max_num_scheduled_tokens=8,
-                                num_blocks=100)
+        vllm_cpu.make_scheduler(
+            StepPlannerScheduler,
+            model_dir,
+            max_num_seqs=4,
+            max_num_batched_tokens=1024,
+            max_num_scheduled_tokens=8,
+            num_blocks=100,
+        )
 
 
-@pytest.mark.parametrize(("kwargs", "feature"), [
-    ({"long_prefill_token_threshold": 64}, "long_prefill_token_threshold"),
-    ({"enable_chunked_prefill": False}, "chunked prefill"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "feature"),
+    [
+        ({"long_prefill_token_threshold": 64}, "long_prefill_token_threshold"),
+        ({"enable_chunked_prefill": False}, "chunked prefill"),
+    ],
+)
 def test_unsupported_scheduler_features_are_refused_by_name(model_dir, kwargs, feature):
     with pytest.raises(ValueError, match=feature):
-        vllm_cpu.make_scheduler(StepPlannerScheduler, model_dir, max_num_seqs=4,
-                                max_num_batched_tokens=1024, num_blocks=100, **kwargs)
+        vllm_cpu.make_scheduler(
+            StepPlannerScheduler,
+            model_dir,
+            max_num_seqs=4,
+            max_num_batched_tokens=1024,
+            num_blocks=100,
+            **kwargs,
+        )
 
 
 def test_unsupported_config_features_are_refused_by_name(model_dir):
@@ -596,9 +749,11 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     config.parallel_config.pipeline_parallel_size = 2
     assert any("pipeline parallel" in f for f in sp_vllm._unsupported_features(config))
     config.parallel_config.pipeline_parallel_size = 1
-    for attr, feature in [("speculative_config", "speculative decoding"),
-                          ("kv_transfer_config", "KV connectors"),
-                          ("lora_config", "LoRA")]:
+    for attr, feature in [
+        ("speculative_config", "speculative decoding"),
+        ("kv_transfer_config", "KV connectors"),
+        ("lora_config", "LoRA"),
+    ]:
         setattr(config, attr, object())
         assert any(feature in f for f in sp_vllm._unsupported_features(config)), feature
         setattr(config, attr, None)
@@ -608,8 +763,13 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
 def test_structured_output_request_finishes_with_an_error(model_dir, overlap):
     sched = make(model_dir, overlap=overlap)
     params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a+"))
-    req = Request(request_id="so", prompt_token_ids=[1, 2, 3], sampling_params=params,
-                  pooling_params=None, arrival_time=1.0)
+    req = Request(
+        request_id="so",
+        prompt_token_ids=[1, 2, 3],
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=1.0,
+    )
     sched.add_request(req)
     out = sched.schedule()
     assert out.total_num_scheduled_tokens == 0
@@ -653,12 +813,19 @@ def test_the_readme_serve_line_builds_the_scheduler_with_async_scheduling(model_
     block = config.cache_config.block_size
     assert block == P
     kv = vllm_cpu.kv_cache_config(64, block)
-    sched = StepPlannerScheduler(vllm_config=config, kv_cache_config=kv,
-                                 structured_output_manager=StructuredOutputManager(config),
-                                 block_size=block)
+    sched = StepPlannerScheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block,
+    )
     pol = sched.stepplanner_policy
-    assert (pol.scheduling_policy.name, pol.preemption.name, pol.max_pause_steps,
-            pol.priority_reserved_slots) == ("PRIORITY", "PAUSE", 8, 4)
+    assert (
+        pol.scheduling_policy.name,
+        pol.preemption.name,
+        pol.max_pause_steps,
+        pol.priority_reserved_slots,
+    ) == ("PRIORITY", "PAUSE", 8, 4)
     arrivals = stream(24, seed=6, max_prompt=120, max_tokens=12)
     run_checked(sched, arrivals)  # asserts rows were planned ahead of their tokens' return
     assert_completed(sched, arrivals, 64)
@@ -669,8 +836,13 @@ def test_any_other_vllm_version_is_an_import_error_naming_the_supported_one(tmp_
     fake.mkdir()
     (fake / "__init__.py").write_text('__version__ = "0.32.1"\n')
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", "import stepplanner.integrations.vllm"],
-                            env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", "import stepplanner.integrations.vllm"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode != 0
     assert "ImportError" in result.stderr
     assert "vllm==0.33.0 only" in result.stderr and "found vllm 0.32.1" in result.stderr

@@ -30,7 +30,8 @@ def _batch_sizes(text: str) -> list[int]:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--batch-sizes must be comma-separated integers, got {text!r}") from None
+            f"--batch-sizes must be comma-separated integers, got {text!r}"
+        ) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"--batch-sizes must be integers >= 1, got {text!r}")
     return sizes
@@ -40,20 +41,42 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Time plan() (array and list paths) against the kernel in a C loop and the "
-                    "pure-Python reference, and check the performance targets.")
-    parser.add_argument("--batch-sizes", type=_batch_sizes, default=list(BATCH_SIZES),
-                        metavar="B[,B...]", help="batch sizes (default: 8,64,256,1024)")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="priority_pause",
-                        help="scheduling scenario (default: priority_pause)")
+        "pure-Python reference, and check the performance targets.",
+    )
+    parser.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        default=list(BATCH_SIZES),
+        metavar="B[,B...]",
+        help="batch sizes (default: 8,64,256,1024)",
+    )
+    parser.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="priority_pause",
+        help="scheduling scenario (default: priority_pause)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--loop", choices=("on", "off", "only"), default="on",
-                        help="also time the whole host step of a serving loop (ledger.step) "
-                             "against plan() at B=64,256,1024 (default: on)")
-    parser.add_argument("--deadline-cost", action="store_true",
-                        help="only time the deadline-aware host step against the static-priority "
-                             "one (interleaved rounds, B=256 and 1024) and print the ratio")
-    parser.add_argument("--reference-max-batch", type=int, default=max(BATCH_SIZES),
-                        metavar="B", help="time the pure-Python reference up to this B")
+    parser.add_argument(
+        "--loop",
+        choices=("on", "off", "only"),
+        default="on",
+        help="also time the whole host step of a serving loop (ledger.step) "
+        "against plan() at B=64,256,1024 (default: on)",
+    )
+    parser.add_argument(
+        "--deadline-cost",
+        action="store_true",
+        help="only time the deadline-aware host step against the static-priority "
+        "one (interleaved rounds, B=256 and 1024) and print the ratio",
+    )
+    parser.add_argument(
+        "--reference-max-batch",
+        type=int,
+        default=max(BATCH_SIZES),
+        metavar="B",
+        help="time the pure-Python reference up to this B",
+    )
     return parser
 
 
@@ -63,30 +86,40 @@ def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench
     args = _parser(prog).parse_args(argv)
     if args.deadline_cost:
         costs = host_loop.measure_deadline_cost()
-        print(json.dumps([asdict(c) | {"ratio": c.ratio} for c in costs], indent=2) if args.json
-              else host_loop.render_deadline_cost(costs))
+        print(
+            json.dumps([asdict(c) | {"ratio": c.ratio} for c in costs], indent=2)
+            if args.json
+            else host_loop.render_deadline_cost(costs)
+        )
         return 0
     loop = host_loop.measure_loop() if args.loop != "off" else []
     if args.loop == "only":
-        print(json.dumps([asdict(t) for t in loop], indent=2) if args.json
-              else host_loop.render_loop(loop))
+        print(
+            json.dumps([asdict(t) for t in loop], indent=2)
+            if args.json
+            else host_loop.render_loop(loop)
+        )
         return 0
     timings = measure_all(args.scenario, args.batch_sizes, args.reference_max_batch)
     results = checks(timings)
     if args.json:
-        print(json.dumps({
-            "scenario": args.scenario,
-            "max_input_length": MAX_INPUT_LENGTH,
-            "kv_page_size": KV_PAGE_SIZE,
-            "machine": machine(),
-            "timings": [asdict(t) for t in timings],
-            "targets": [asdict(c) for c in results],
-            "loop": [asdict(t) for t in loop],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "scenario": args.scenario,
+                    "max_input_length": MAX_INPUT_LENGTH,
+                    "kv_page_size": KV_PAGE_SIZE,
+                    "machine": machine(),
+                    "timings": [asdict(t) for t in timings],
+                    "targets": [asdict(c) for c in results],
+                    "loop": [asdict(t) for t in loop],
+                },
+                indent=2,
+            )
+        )
     else:
         print(render(args.scenario, timings, results))
         if loop:
             print()
             print(host_loop.render_loop(loop))
     return 0
-

@@ -41,9 +41,18 @@ from ..planner._slo import SLO
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from .planner import BATCH_SECONDS, interleaved_medians
 
-__all__ = ["DEADLINE_BATCH_SIZES", "LOOP_BATCH_SIZES", "DeadlineCost", "LoopTiming", "Stream",
-           "loop_allocated_bytes", "measure_deadline_cost", "measure_loop", "render_deadline_cost",
-           "render_loop"]
+__all__ = [
+    "DEADLINE_BATCH_SIZES",
+    "LOOP_BATCH_SIZES",
+    "DeadlineCost",
+    "LoopTiming",
+    "Stream",
+    "loop_allocated_bytes",
+    "measure_deadline_cost",
+    "measure_loop",
+    "render_deadline_cost",
+    "render_loop",
+]
 
 LOOP_BATCH_SIZES = (64, 256, 1024)
 MAX_INPUT_LENGTH = 8192
@@ -61,22 +70,28 @@ SLO_CLASSES = {0: SLO(0.25, 0.05), 1: SLO(1.0, 0.1), 2: SLO(5.0, 0.3)}
 STEP_TIME = (2.4e-3, 1.45e-5)  # the simulator's default latency model's a and b
 POLICIES = {
     "mixed": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED),
-    "priority": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-                                  scheduling_policy=SchedulingPolicy.PRIORITY,
-                                  preemption=PreemptionMode.PAUSE, max_pause_steps=8),
-    "priority-nopause": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-                                          scheduling_policy=SchedulingPolicy.PRIORITY),
-    "deadline": SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED,
-                                  scheduling_policy=SchedulingPolicy.DEADLINE,
-                                  preemption=PreemptionMode.PAUSE, max_pause_steps=8),
+    "priority": SchedulingOptions(
+        ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+        scheduling_policy=SchedulingPolicy.PRIORITY,
+        preemption=PreemptionMode.PAUSE,
+        max_pause_steps=8,
+    ),
+    "priority-nopause": SchedulingOptions(
+        ifb_scheduling_mode=IfbSchedulingMode.MIXED, scheduling_policy=SchedulingPolicy.PRIORITY
+    ),
+    "deadline": SchedulingOptions(
+        ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+        scheduling_policy=SchedulingPolicy.DEADLINE,
+        preemption=PreemptionMode.PAUSE,
+        max_pause_steps=8,
+    ),
 }
 
 
 class Stream:
     """A seeded stream of requests and sampler masks for one ledger of B slots."""
 
-    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed",
-                 classes: int = 3) -> None:
+    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed", classes: int = 3) -> None:
         self.limits = StepPlannerLimits(batch, MAX_INPUT_LENGTH, KV_PAGE_SIZE)
         self.policy = resolve_scheduling_policy(POLICIES[policy], self.limits)
         self.deadlines = policy == "deadline"
@@ -105,16 +120,27 @@ class Stream:
         priorities = self.rng.integers(0, self.classes, short)
         arrival = self.now if self.deadlines else None
         for k in range(short):
-            ledger.submit(self.next_id, int(prompts[k]), int(priorities[k]),
-                          max_new_tokens=int(outputs[k]), arrival_time=arrival)
+            ledger.submit(
+                self.next_id,
+                int(prompts[k]),
+                int(priorities[k]),
+                max_new_tokens=int(outputs[k]),
+                arrival_time=arrival,
+            )
             self.next_id += 1
 
     def ledger(self, page_table: Any = None) -> Any:
         """A compiled ledger for this stream (objectives per class under ``deadline``)."""
-        extra: dict[str, Any] = ({"slo_classes": SLO_CLASSES, "step_time": STEP_TIME}
-                                 if self.deadlines else {})
-        return _ledger.Ledger(self.limits, self.policy, max_waiting=8 * self.limits.max_batch_size,
-                              page_table=page_table, **extra)
+        extra: dict[str, Any] = (
+            {"slo_classes": SLO_CLASSES, "step_time": STEP_TIME} if self.deadlines else {}
+        )
+        return _ledger.Ledger(
+            self.limits,
+            self.policy,
+            max_waiting=8 * self.limits.max_batch_size,
+            page_table=page_table,
+            **extra,
+        )
 
     def clock(self, steps: int) -> list[float] | list[None]:
         """The ``now`` of each of the next ``steps`` steps (made before any timing, so the
@@ -139,13 +165,17 @@ WARM_STEPS = 600  # about twice the mean output: every slot has turned over
 PAGED_ROW_PAGES = -(-(2048 + 512) // KV_PAGE_SIZE)
 
 
-def _steady(batch: int, seed: int = 0, paged: bool = False, policy: str = "mixed",
-            classes: int = 3) -> tuple[Stream, Any, Any, Any]:
+def _steady(
+    batch: int, seed: int = 0, paged: bool = False, policy: str = "mixed", classes: int = 3
+) -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
     stream = Stream(batch, seed, policy, classes)
     planner = _planner.StepPlanner(stream.policy, stream.limits)
-    table = (_kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
-             if paged else None)
+    table = (
+        _kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
+        if paged
+        else None
+    )
     ledger = stream.ledger(table)
     stream.top_up(ledger, 4 * batch)
     plan = ledger.step(planner, now=stream.clock(1)[0])
@@ -158,8 +188,9 @@ def _steady(batch: int, seed: int = 0, paged: bool = False, policy: str = "mixed
 # --- timed batches ---------------------------------------------------------------------------
 
 
-def fused_batch(batch: int, calls: int, paged: bool = False, policy: str = "mixed",
-                classes: int = 3) -> Callable[[], float]:
+def fused_batch(
+    batch: int, calls: int, paged: bool = False, policy: str = "mixed", classes: int = 3
+) -> Callable[[], float]:
     """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)`` (with the
     runtime's ``now`` under ``deadline``); ns per step."""
     stream, planner, ledger, plan = _steady(batch, paged=paged, policy=policy, classes=classes)
@@ -227,8 +258,9 @@ def plan_in_loop_batch(batch: int, calls: int) -> Callable[[], float]:
     return run
 
 
-def loop_allocated_bytes(batch: int, steps: int = 200, policy: str = "mixed",
-                         masks: bool = True) -> int:
+def loop_allocated_bytes(
+    batch: int, steps: int = 200, policy: str = "mixed", masks: bool = True
+) -> int:
     """Python bytes allocated (tracemalloc peak) over ``steps`` fused steps in steady state.
 
     ``masks=False`` passes no sampler mask: picking one reads the plan's row counts, and a count
@@ -280,7 +312,7 @@ def stage_medians(batch: int, steps: int, compiled: bool) -> dict[str, float | N
         first = stream.next_id
         stream.top_up(ledger, 4 * batch)
         if not compiled:  # the old loop kept max_new_tokens itself
-            limit[first:stream.next_id] = stream.rng.integers(16, 513, stream.next_id - first)
+            limit[first : stream.next_id] = stream.rng.integers(16, 513, stream.next_id - first)
         t0 = clock()
         ledger.admit()
         t1 = clock()
@@ -320,8 +352,8 @@ class LoopTiming:
     """Median ns per step at one B."""
 
     batch: int
-    plan_ns: float            # plan() over a snapshot of the steady ledger, unchanged
-    plan_in_loop_ns: float    # plan() inside the loop, over ledgers that change every step
+    plan_ns: float  # plan() over a snapshot of the steady ledger, unchanged
+    plan_in_loop_ns: float  # plan() inside the loop, over ledgers that change every step
     fused_ns: float
     stages_compiled: dict[str, float | None]
     stages_python: dict[str, float | None]
@@ -336,9 +368,11 @@ class LoopTiming:
         return self.fused_ns / self.plan_in_loop_ns
 
 
-def measure_loop(batch_sizes: Sequence[int] = LOOP_BATCH_SIZES, stage_steps: int = 400,
-                 interleave: Callable[[dict[Any, Callable[[], float]]], dict[Any, float]]
-                 | None = None) -> list[LoopTiming]:
+def measure_loop(
+    batch_sizes: Sequence[int] = LOOP_BATCH_SIZES,
+    stage_steps: int = 400,
+    interleave: Callable[[dict[Any, Callable[[], float]]], dict[Any, float]] | None = None,
+) -> list[LoopTiming]:
     """One LoopTiming per B; the fused step and plan() alone take turns in one run."""
     interleave = interleave or interleaved_medians
     batches: dict[Any, Callable[[], float]] = {}
@@ -348,10 +382,18 @@ def measure_loop(batch_sizes: Sequence[int] = LOOP_BATCH_SIZES, stage_steps: int
         batches[b, "plan_in_loop"] = plan_in_loop_batch(b, calls)
         batches[b, "fused"] = fused_batch(b, calls)
     ns = interleave(batches)
-    return [LoopTiming(b, ns[b, "plan"], ns[b, "plan_in_loop"], ns[b, "fused"],
-                       stage_medians(b, stage_steps, True), stage_medians(b, stage_steps, False),
-                       loop_allocated_bytes(b))
-            for b in sorted(set(batch_sizes))]
+    return [
+        LoopTiming(
+            b,
+            ns[b, "plan"],
+            ns[b, "plan_in_loop"],
+            ns[b, "fused"],
+            stage_medians(b, stage_steps, True),
+            stage_medians(b, stage_steps, False),
+            loop_allocated_bytes(b),
+        )
+        for b in sorted(set(batch_sizes))
+    ]
 
 
 def _cell(value: float | None) -> str:
@@ -359,25 +401,34 @@ def _cell(value: float | None) -> str:
 
 
 def render_loop(timings: Sequence[LoopTiming]) -> str:
-    lines = [f"whole host step: steady stream, MIXED, S_in={MAX_INPUT_LENGTH} P={KV_PAGE_SIZE} "
-             "(median ns per step)",
-             f"{'B':>6}{'plan()':>10}{'in loop':>10}{'fused step':>12}{'step/plan':>11}"
-             f"{'step/in loop':>14}{'alloc B':>9}",
-             f"  (plan(): over an unchanging snapshot; in loop: plan() over the loop's changing "
-             f"ledgers; target step/plan <= {TARGET_FUSED_OVER_PLAN:g} at B=256, alloc 0)"]
+    lines = [
+        f"whole host step: steady stream, MIXED, S_in={MAX_INPUT_LENGTH} P={KV_PAGE_SIZE} "
+        "(median ns per step)",
+        f"{'B':>6}{'plan()':>10}{'in loop':>10}{'fused step':>12}{'step/plan':>11}"
+        f"{'step/in loop':>14}{'alloc B':>9}",
+        f"  (plan(): over an unchanging snapshot; in loop: plan() over the loop's changing "
+        f"ledgers; target step/plan <= {TARGET_FUSED_OVER_PLAN:g} at B=256, alloc 0)",
+    ]
     for t in timings:
-        lines.append(f"{t.batch:>6}{t.plan_ns:>10,.0f}{t.plan_in_loop_ns:>10,.0f}"
-                     f"{t.fused_ns:>12,.0f}{t.fused_over_plan:>11.2f}"
-                     f"{t.fused_over_plan_in_loop:>14.2f}{t.alloc_bytes:>9}")
+        lines.append(
+            f"{t.batch:>6}{t.plan_ns:>10,.0f}{t.plan_in_loop_ns:>10,.0f}"
+            f"{t.fused_ns:>12,.0f}{t.fused_over_plan:>11.2f}"
+            f"{t.fused_over_plan_in_loop:>14.2f}{t.alloc_bytes:>9}"
+        )
     lines.append("")
-    lines.append("the same loop taken apart (median ns per stage; python = pure-Python ledger "
-                 "with NumPy accounting, as a runtime wrote it before)")
+    lines.append(
+        "the same loop taken apart (median ns per stage; python = pure-Python ledger "
+        "with NumPy accounting, as a runtime wrote it before)"
+    )
     lines.append(f"{'B':>6}{'ledger':>10}" + "".join(f"{s:>12}" for s in STAGES) + f"{'sum':>10}")
     for t in timings:
         for name, stages in (("compiled", t.stages_compiled), ("python", t.stages_python)):
             total = sum(v for v in stages.values() if v is not None)
-            lines.append(f"{t.batch:>6}{name:>10}" + "".join(f"{_cell(stages[s]):>12}"
-                                                           for s in STAGES) + f"{total:>10,.0f}")
+            lines.append(
+                f"{t.batch:>6}{name:>10}"
+                + "".join(f"{_cell(stages[s]):>12}" for s in STAGES)
+                + f"{total:>10,.0f}"
+            )
     return "\n".join(lines)
 
 
@@ -398,10 +449,10 @@ class DeadlineCost:
         return self.deadline_ns / self.priority_ns
 
 
-def measure_deadline_cost(batch_sizes: Sequence[int] = DEADLINE_BATCH_SIZES,
-                          interleave: Callable[[dict[Any, Callable[[], float]]],
-                                               dict[Any, float]] | None = None
-                          ) -> list[DeadlineCost]:
+def measure_deadline_cost(
+    batch_sizes: Sequence[int] = DEADLINE_BATCH_SIZES,
+    interleave: Callable[[dict[Any, Callable[[], float]]], dict[Any, float]] | None = None,
+) -> list[DeadlineCost]:
     """The two policies' fused steps taking turns in one run, per B."""
     interleave = interleave or interleaved_medians
     batches: dict[Any, Callable[[], float]] = {}
@@ -410,19 +461,27 @@ def measure_deadline_cost(batch_sizes: Sequence[int] = DEADLINE_BATCH_SIZES,
         for name in ("priority", "deadline"):
             batches[b, name] = fused_batch(b, calls, policy=name)
     ns = interleave(batches)
-    return [DeadlineCost(b, ns[b, "priority"], ns[b, "deadline"],
-                         loop_allocated_bytes(b, policy="deadline", masks=False))
-            for b in sorted(set(batch_sizes))]
+    return [
+        DeadlineCost(
+            b,
+            ns[b, "priority"],
+            ns[b, "deadline"],
+            loop_allocated_bytes(b, policy="deadline", masks=False),
+        )
+        for b in sorted(set(batch_sizes))
+    ]
 
 
 def render_deadline_cost(costs: Sequence[DeadlineCost]) -> str:
-    lines = ["deadline-aware host step: the steady stream under PRIORITY+PAUSE and DEADLINE+PAUSE "
-             "(median ns per fused step)",
-             f"{'B':>6}{'priority':>11}{'deadline':>11}{'ratio':>8}{'alloc B':>9}",
-             f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g} at B=256 and B=1024, "
-             "alloc 0)"]
+    lines = [
+        "deadline-aware host step: the steady stream under PRIORITY+PAUSE and DEADLINE+PAUSE "
+        "(median ns per fused step)",
+        f"{'B':>6}{'priority':>11}{'deadline':>11}{'ratio':>8}{'alloc B':>9}",
+        f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g} at B=256 and B=1024, alloc 0)",
+    ]
     for c in costs:
-        lines.append(f"{c.batch:>6}{c.priority_ns:>11,.0f}{c.deadline_ns:>11,.0f}"
-                     f"{c.ratio:>8.2f}{c.alloc_bytes:>9}")
+        lines.append(
+            f"{c.batch:>6}{c.priority_ns:>11,.0f}{c.deadline_ns:>11,.0f}"
+            f"{c.ratio:>8.2f}{c.alloc_bytes:>9}"
+        )
     return "\n".join(lines)
-

@@ -94,6 +94,7 @@ SHUFFLED_VARIANTS = 16
 # The workload
 # --------------------------------------------------------------------------------------------
 
+
 def steady_ledger(batch: int, seed: int = 0) -> list[Row]:
     """A steady-state ledger of ``batch`` residents, as ``ResidentState`` field tuples.
 
@@ -118,8 +119,9 @@ def steady_ledger(batch: int, seed: int = 0) -> list[Row]:
     return rows
 
 
-def shuffled_ledgers(rows: Sequence[Row], variants: int = SHUFFLED_VARIANTS,
-                     seed: int = 1) -> list[np.ndarray]:
+def shuffled_ledgers(
+    rows: Sequence[Row], variants: int = SHUFFLED_VARIANTS, seed: int = 1
+) -> list[np.ndarray]:
     """``variants`` arrays holding the rows in different orders; consecutive ones differ."""
     rng = np.random.default_rng(seed)
     base = as_resident_array(rows)
@@ -135,6 +137,7 @@ def make_planner(impl: ModuleType, scenario: str, batch: int) -> Any:
 # --------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------
+
 
 def _calls_per_batch(plan: Callable[[Any], Any], argument: Any) -> int:
     t0 = time.perf_counter_ns()
@@ -165,8 +168,9 @@ def c_loop_batch(planner: Any, ledger: np.ndarray) -> Callable[[], float]:
     return lambda: float(_planner.time_kernel_loop(planner, ledger, iterations=iterations))
 
 
-def interleaved_medians(batches: dict[Any, Callable[[], float]],
-                        repeats: int = REPEATS) -> dict[Any, float]:
+def interleaved_medians(
+    batches: dict[Any, Callable[[], float]], repeats: int = REPEATS
+) -> dict[Any, float]:
     """Median ns per call of each batch, the batches taking turns.
 
     Taking turns spreads a slow spell of a shared machine over all of them, so their ratios
@@ -202,6 +206,7 @@ def allocated_bytes(plan: Callable[[Any], Any], argument: Any, calls: int = 200)
 # --------------------------------------------------------------------------------------------
 # One run
 # --------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Timing:
@@ -243,28 +248,42 @@ def _batches(scenario: str, batch: int, reference: bool) -> dict[str, Callable[[
 def _allocations(scenario: str, batch: int) -> tuple[int, int]:
     rows = steady_ledger(batch)
     planner = make_planner(_planner, scenario, batch)
-    return (allocated_bytes(planner.plan, as_resident_array(rows)),
-            allocated_bytes(planner.plan, [_planner.ResidentState(*r) for r in rows]))
+    return (
+        allocated_bytes(planner.plan, as_resident_array(rows)),
+        allocated_bytes(planner.plan, [_planner.ResidentState(*r) for r in rows]),
+    )
 
 
-def measure_all(scenario: str, batch_sizes: Sequence[int],
-                reference_max_batch: int) -> list[Timing]:
+def measure_all(
+    scenario: str, batch_sizes: Sequence[int], reference_max_batch: int
+) -> list[Timing]:
     """One Timing per B, every variant at every B taking turns in one loop.
 
     Interleaving across B too keeps the growth ratios (B=1024 over B=256) honest when the
     machine has a slow spell: it then slows every B alike instead of the one being measured.
     """
     sizes = sorted(set(batch_sizes))
-    batches = {(b, name): run
-               for b in sizes
-               for name, run in _batches(scenario, b, b <= reference_max_batch).items()}
+    batches = {
+        (b, name): run
+        for b in sizes
+        for name, run in _batches(scenario, b, b <= reference_max_batch).items()
+    }
     ns = interleaved_medians(batches)
     timings = []
     for b in sizes:
         array_alloc, list_alloc = _allocations(scenario, b)
-        timings.append(Timing(b, ns[b, "array"], ns[b, "list"], ns[b, "c_loop"],
-                              ns[b, "shuffled"], ns.get((b, "reference")), array_alloc,
-                              list_alloc))
+        timings.append(
+            Timing(
+                b,
+                ns[b, "array"],
+                ns[b, "list"],
+                ns[b, "c_loop"],
+                ns[b, "shuffled"],
+                ns.get((b, "reference")),
+                array_alloc,
+                list_alloc,
+            )
+        )
     return timings
 
 
@@ -299,28 +318,48 @@ def checks(timings: Sequence[Timing]) -> list[Check]:
 
     b, g = TARGET_BATCH, GROWTH_TO
     out = [
-        _at_most(f"array / c_loop at B={b}", _ratio(get(at, "array_ns"), get(at, "c_loop_ns")),
-                 TARGET_ARRAY_OVER_C_LOOP),
-        _at_most(f"list / c_loop at B={b}", _ratio(get(at, "list_ns"), get(at, "c_loop_ns")),
-                 TARGET_LIST_OVER_C_LOOP),
-        _at_least(f"reference / array at B={b}",
-                  _ratio(get(at, "reference_ns"), get(at, "array_ns")),
-                  TARGET_REFERENCE_OVER_ARRAY),
-        _at_most(f"array B={g} / B={b}", _ratio(get(big, "array_ns"), get(at, "array_ns")),
-                 TARGET_STEADY_GROWTH),
-        _at_most(f"shuffled B={g} / B={b}",
-                 _ratio(get(big, "shuffled_ns"), get(at, "shuffled_ns")),
-                 TARGET_SHUFFLED_GROWTH),
+        _at_most(
+            f"array / c_loop at B={b}",
+            _ratio(get(at, "array_ns"), get(at, "c_loop_ns")),
+            TARGET_ARRAY_OVER_C_LOOP,
+        ),
+        _at_most(
+            f"list / c_loop at B={b}",
+            _ratio(get(at, "list_ns"), get(at, "c_loop_ns")),
+            TARGET_LIST_OVER_C_LOOP,
+        ),
+        _at_least(
+            f"reference / array at B={b}",
+            _ratio(get(at, "reference_ns"), get(at, "array_ns")),
+            TARGET_REFERENCE_OVER_ARRAY,
+        ),
+        _at_most(
+            f"array B={g} / B={b}",
+            _ratio(get(big, "array_ns"), get(at, "array_ns")),
+            TARGET_STEADY_GROWTH,
+        ),
+        _at_most(
+            f"shuffled B={g} / B={b}",
+            _ratio(get(big, "shuffled_ns"), get(at, "shuffled_ns")),
+            TARGET_SHUFFLED_GROWTH,
+        ),
     ]
     allocs = [t.array_alloc_bytes + t.list_alloc_bytes for t in timings]
-    out.append(Check("Python bytes allocated per call", max(allocs) if allocs else None, "== 0",
-                     None if not allocs else max(allocs) == 0))
+    out.append(
+        Check(
+            "Python bytes allocated per call",
+            max(allocs) if allocs else None,
+            "== 0",
+            None if not allocs else max(allocs) == 0,
+        )
+    )
     return out
 
 
 # --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
+
 
 def machine() -> dict[str, Any]:
     return {
@@ -349,18 +388,34 @@ def _ns(value: float | None) -> str:
 
 
 def render(scenario: str, timings: Sequence[Timing], results: Sequence[Check]) -> str:
-    head = ("B", "array", "list", "c_loop", "shuffled", "reference", "array/c", "list/c",
-            "ref/array")
+    head = (
+        "B",
+        "array",
+        "list",
+        "c_loop",
+        "shuffled",
+        "reference",
+        "array/c",
+        "list/c",
+        "ref/array",
+    )
     lines = [
         f"stepplanner.bench  scenario={scenario}  S_in={MAX_INPUT_LENGTH} P={KV_PAGE_SIZE}  "
         f"(median ns per plan)",
         "".join(f"{h:>12}" for h in head),
     ]
     for t in timings:
-        cells = (str(t.batch), _ns(t.array_ns), _ns(t.list_ns), _ns(t.c_loop_ns),
-                 _ns(t.shuffled_ns), _ns(t.reference_ns),
-                 f"{t.array_ns / t.c_loop_ns:.2f}", f"{t.list_ns / t.c_loop_ns:.2f}",
-                 "-" if t.reference_ns is None else f"{t.reference_ns / t.array_ns:.0f}")
+        cells = (
+            str(t.batch),
+            _ns(t.array_ns),
+            _ns(t.list_ns),
+            _ns(t.c_loop_ns),
+            _ns(t.shuffled_ns),
+            _ns(t.reference_ns),
+            f"{t.array_ns / t.c_loop_ns:.2f}",
+            f"{t.list_ns / t.c_loop_ns:.2f}",
+            "-" if t.reference_ns is None else f"{t.reference_ns / t.array_ns:.0f}",
+        )
         lines.append("".join(f"{c:>12}" for c in cells))
     lines.append("")
     lines.append("targets:")

@@ -26,8 +26,10 @@ try:
     import click
     import rich  # noqa: F401  (checked here so a missing extra is one message, not a traceback)
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise SystemExit(f"the stepplanner command needs click and rich ({exc}); "
-                     "install them with: pip install 'stepplanner[cli]'") from None
+    raise SystemExit(
+        f"the stepplanner command needs click and rich ({exc}); "
+        "install them with: pip install 'stepplanner[cli]'"
+    ) from None
 
 from .bench import bench_command
 from .calibrate import calibrate_command
@@ -51,7 +53,17 @@ def main() -> None:
     """Plan in-flight-batching steps and simulate what a scheduling policy does."""
 
 
-for _command in (simulate_command, compare_command, explain_command, record_command,
-                 replay_command, bench_command, sweep_command, capacity_command,
-                 calibrate_command, serve_trace_command, fidelity_command):
+for _command in (
+    simulate_command,
+    compare_command,
+    explain_command,
+    record_command,
+    replay_command,
+    bench_command,
+    sweep_command,
+    capacity_command,
+    calibrate_command,
+    serve_trace_command,
+    fidelity_command,
+):
     main.add_command(_command)

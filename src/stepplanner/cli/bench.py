@@ -8,8 +8,14 @@ import sys
 import click
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True,
-                                          "allow_extra_args": True, "help_option_names": []})
+@click.command(
+    "bench",
+    context_settings={
+        "ignore_unknown_options": True,
+        "allow_extra_args": True,
+        "help_option_names": [],
+    },
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_command(args: tuple[str, ...]) -> None:
     """Planner micro-benchmarks: every argument goes to stepplanner.bench (try: bench --help)."""
@@ -20,5 +26,6 @@ def bench_command(args: tuple[str, ...]) -> None:
             raise
         raise click.ClickException(
             "stepplanner bench is not available: the module stepplanner.bench is missing from "
-            "this installation (reinstall stepplanner)") from None
+            "this installation (reinstall stepplanner)"
+        ) from None
     sys.exit(bench.main(list(args), prog="stepplanner bench"))

@@ -8,18 +8,25 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
+from ..cli import tuning_extras
 from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from ..sim.load import at_load, saturation_throughput
 from ..sim.workloads import Workload
-from ..cli import tuning_extras
 from ..tuning.metrics import parse_number_list
 from .compare_plot import plot_compare
 from .config import canonical_key, parse_config, parse_config_text
 from .errors import InputError, library_errors
 from .files import check_files, read_json
 from .notices import warn_no_op_options, warn_refused
-from .options import (format_options, limit_options, limits_from, output_format, run_options,
-                      workload_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    output_format,
+    run_options,
+    workload_from,
+    workload_options,
+)
 from .plot import check_plot_path, require_matplotlib
 from .render import Line, comparison_blocks, emit, with_page_columns
 from .running import ProgressBar, check_num_pages, run, run_paged
@@ -27,8 +34,11 @@ from .slo_render import attainment_comparison
 from .tuning_options import latency_of
 from .tuning_render import write_json
 
-DEFAULT_COMPARE = ("name=fcfs,policy=fcfs", "name=priority,policy=priority",
-                   "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64")
+DEFAULT_COMPARE = (
+    "name=fcfs,policy=fcfs",
+    "name=priority,policy=priority",
+    "name=priority+pause,policy=priority,preemption=pause,max_pause_steps=64",
+)
 # When requests carry objectives: the baselines of a deadline policy, side by side (FCFS, static
 # priority with pause, plain earliest-deadline-first with pause, and the deadline-aware policy).
 DEFAULT_SLO_COMPARE = (
@@ -41,8 +51,9 @@ DEFAULT_SLO_COMPARE = (
 
 def parse_loads(text: str) -> tuple[float, ...]:
     """``"0.6,0.8,1.0"`` -> (0.6, 0.8, 1.0): multiples of saturation, each finite and > 0."""
-    return parse_number_list(text, "load", lambda v: v > 0, "multiples of saturation > 0",
-                             "0.8,1.0,1.2")
+    return parse_number_list(
+        text, "load", lambda v: v > 0, "multiples of saturation > 0", "0.8,1.0,1.2"
+    )
 
 
 def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
@@ -58,44 +69,73 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
 @workload_options
 @limit_options
 @run_options
-@click.option("--config", "configs", multiple=True,
-              help="One configuration as KEY=VALUE,... e.g. 'policy=priority,preemption=pause,"
-                   "max_num_tokens=1024' (repeat for each; keys are SchedulingOptions and "
-                   "limits fields, aliases mode/policy/reserved, name, and num_pages: a pool "
-                   "of KV pages, as simulate --num-pages). Default: fcfs, priority, "
-                   "priority+pause; when requests carry objectives, fcfs, priority+pause, "
-                   "edf+pause and deadline+pause.")
-@click.option("--config-file", type=click.File("r"),
-              help="A JSON list of configuration objects (same keys as --config).")
-@click.option("--load", "loads", default=None, callback=_loads,
-              help="Multiples of the engine's saturation throughput, e.g. 0.6,0.8,1.0,1.2: "
-                   "the workload's arrival times are scaled so that it is offered at each "
-                   "(same requests, only the gaps change) and every configuration runs at "
-                   "each. Saturation = requests completed per second with every request at "
-                   "t=0 under FCFS on these limits.")
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    help="One configuration as KEY=VALUE,... e.g. 'policy=priority,preemption=pause,"
+    "max_num_tokens=1024' (repeat for each; keys are SchedulingOptions and "
+    "limits fields, aliases mode/policy/reserved, name, and num_pages: a pool "
+    "of KV pages, as simulate --num-pages). Default: fcfs, priority, "
+    "priority+pause; when requests carry objectives, fcfs, priority+pause, "
+    "edf+pause and deadline+pause.",
+)
+@click.option(
+    "--config-file",
+    type=click.File("r"),
+    help="A JSON list of configuration objects (same keys as --config).",
+)
+@click.option(
+    "--load",
+    "loads",
+    default=None,
+    callback=_loads,
+    help="Multiples of the engine's saturation throughput, e.g. 0.6,0.8,1.0,1.2: "
+    "the workload's arrival times are scaled so that it is offered at each "
+    "(same requests, only the gaps change) and every configuration runs at "
+    "each. Saturation = requests completed per second with every request at "
+    "t=0 under FCFS on these limits.",
+)
 @format_options
-@click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write an image (.png, .svg, .pdf, ...): per configuration the TTFT CDF of "
-                   "each priority class, and the classes' TTFT p99 side by side (needs "
-                   "matplotlib).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write an image (.png, .svg, .pdf, ...): per configuration the TTFT CDF of "
+    "each priority class, and the classes' TTFT p99 side by side (needs "
+    "matplotlib).",
+)
 @tuning_extras.compare_options
 @library_errors
-def compare_command(latency_text: str, max_steps: int | None, progress: bool,
-                    configs: Sequence[str], config_file: Any, loads: tuple[float, ...] | None,
-                    fmt: str, as_json: bool, plot: str | None, slos: Any, latency_model: Any,
-                    **kw: Any) -> None:
+def compare_command(
+    latency_text: str,
+    max_steps: int | None,
+    progress: bool,
+    configs: Sequence[str],
+    config_file: Any,
+    loads: tuple[float, ...] | None,
+    fmt: str,
+    as_json: bool,
+    plot: str | None,
+    slos: Any,
+    latency_model: Any,
+    **kw: Any,
+) -> None:
     """Run several configurations on one workload and show them side by side."""
     if plot:
         require_matplotlib()
-        check_files({"--plot": plot}, {"--trace": kw["trace"],
-                                       "--config-file": config_file and config_file.name})
+        check_files(
+            {"--plot": plot},
+            {"--trace": kw["trace"], "--config-file": config_file and config_file.name},
+        )
         check_plot_path(plot)
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
     if loads is not None and not workload.has_objectives:
-        raise InputError("--load reports SLO attainment per load, and no request carries "
-                         "objectives (--no-slo, or a trace without ttft_slo_ms); give "
-                         "--slo-class PRIORITY=ttft:VALUE[,tpot:VALUE]")
+        raise InputError(
+            "--load reports SLO attainment per load, and no request carries "
+            "objectives (--no-slo, or a trace without ttft_slo_ms); give "
+            "--slo-class PRIORITY=ttft:VALUE[,tpot:VALUE]"
+        )
     items: list[dict[str, Any]] = [parse_config_text(text) for text in configs]
     if config_file is not None:
         items.extend(_config_file(config_file))
@@ -103,8 +143,10 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
         defaults = DEFAULT_SLO_COMPARE if workload.has_objectives else DEFAULT_COMPARE
         items = [parse_config_text(text) for text in defaults]
     pools = [_take_num_pages(item) for item in items]
-    runs = [parse_config(rest, limits, SchedulingOptions(), _label(item))
-            for item, (rest, _) in zip(items, pools)]
+    runs = [
+        parse_config(rest, limits, SchedulingOptions(), _label(item))
+        for item, (rest, _) in zip(items, pools)
+    ]
     # Every configuration is resolved (and so checked) before the first one runs.
     policies = [resolve_scheduling_policy(r.options, r.limits) for r in runs]
     for config, policy, (_, pool) in zip(runs, policies, pools):
@@ -117,8 +159,9 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     saturation = None
     if loads is not None:
         with ProgressBar(len(workload), show, "saturation") as bar:
-            saturation = saturation_throughput(workload, limits, latency, max_steps=max_steps,
-                                               progress=bar)
+            saturation = saturation_throughput(
+                workload, limits, latency, max_steps=max_steps, progress=bar
+            )
         offered = [(load, load * saturation) for load in loads]
         workloads = [at_load(workload, load, saturation) for load in loads]
     reports, results = [], []
@@ -128,20 +171,28 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
             label = f"{where}{k}/{len(runs)} {config.name}"
             pages = {}
             if pool:
-                result, occupancy = run_paged(w, config.limits, policy, latency, max_steps,
-                                              show, label, pool)
+                result, occupancy = run_paged(
+                    w, config.limits, policy, latency, max_steps, show, label, pool
+                )
                 pages = {"pages": occupancy.report()}
             else:
                 result = run(w, config.limits, policy, latency, max_steps, show, label)
             warn_refused(result, config.name)
             if plot and load == offered[0]:  # with --load, the figure is of the first load
                 results.append((config.name, result))
-            reports.append({"name": config.name, **result.report(), **pages,
-                            **tuning_extras.section(result, slos)})
+            reports.append(
+                {
+                    "name": config.name,
+                    **result.report(),
+                    **pages,
+                    **tuning_extras.section(result, slos),
+                }
+            )
     if plot:
         where = "" if offered[0] is None else f" at {offered[0][0]:g}x saturation"
-        plot_compare(results, plot,
-                     f"TTFT by priority class: {workload.source}{where}; {latency.name}")
+        plot_compare(
+            results, plot, f"TTFT by priority class: {workload.source}{where}; {latency.name}"
+        )
     names = [config.name for config in runs]
     if loads is not None:
         assert saturation is not None
@@ -149,28 +200,56 @@ def compare_command(latency_text: str, max_steps: int | None, progress: bool,
     elif fmt == "json":
         click.echo(write_json(None, reports))
     else:
-        emit([*with_page_columns(comparison_blocks(reports), reports),
-              *attainment_comparison(reports, names),
-              *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
+        emit(
+            [
+                *with_page_columns(comparison_blocks(reports), reports),
+                *attainment_comparison(reports, names),
+                *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"])),
+            ],
+            fmt,
+        )
     if plot:
         click.echo(f"plot written to {plot}", err=True)
 
 
-def _emit_loads(workload: Workload, reports: list[dict[str, Any]], names: list[str],
-                offered: list[Any], saturation: float, fmt: str) -> None:
+def _emit_loads(
+    workload: Workload,
+    reports: list[dict[str, Any]],
+    names: list[str],
+    offered: list[Any],
+    saturation: float,
+    fmt: str,
+) -> None:
     """``compare --load``: the saturation, then per load every configuration's SLO metrics
     (JSON: every report, grouped by load)."""
-    told = (f"{saturation:.2f} req/s: all {len(workload):,} requests of {workload.source} at "
-            "t=0 under FCFS, completed / simulated span")
+    told = (
+        f"{saturation:.2f} req/s: all {len(workload):,} requests of {workload.source} at "
+        "t=0 under FCFS, completed / simulated span"
+    )
     if fmt == "json":
         per = len(names)
-        click.echo(write_json(None, {
-            "saturation_rps": saturation, "saturation": told,
-            "loads": [{"load": load, "rate": rate, "reports": reports[k * per:(k + 1) * per]}
-                      for k, (load, rate) in enumerate(offered)]}))
+        click.echo(
+            write_json(
+                None,
+                {
+                    "saturation_rps": saturation,
+                    "saturation": told,
+                    "loads": [
+                        {"load": load, "rate": rate, "reports": reports[k * per : (k + 1) * per]}
+                        for k, (load, rate) in enumerate(offered)
+                    ],
+                },
+            )
+        )
         return
-    emit([Line("saturation", told), *attainment_comparison(reports, names, offered, main=True),
-          *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"]))], fmt)
+    emit(
+        [
+            Line("saturation", told),
+            *attainment_comparison(reports, names, offered, main=True),
+            *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"])),
+        ],
+        fmt,
+    )
 
 
 def _config_file(handle: Any) -> list[dict[str, Any]]:
@@ -191,7 +270,7 @@ def _take_num_pages(item: dict[str, Any]) -> tuple[dict[str, Any], int]:
         return rest, 0
     value = values[-1]
     try:
-        return rest, int(str(value).strip())   # str first: a JSON true or 2.5 is no integer
+        return rest, int(str(value).strip())  # str first: a JSON true or 2.5 is no integer
     except ValueError:
         raise StepPlannerValueError(f"num_pages={value!r} is not an integer") from None
 

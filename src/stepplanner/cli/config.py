@@ -23,8 +23,12 @@ class Config:
     options: SchedulingOptions
 
 
-def parse_config(items: dict[str, Any], base_limits: StepPlannerLimits,
-                 base_options: SchedulingOptions, name: str | None = None) -> Config:
+def parse_config(
+    items: dict[str, Any],
+    base_limits: StepPlannerLimits,
+    base_options: SchedulingOptions,
+    name: str | None = None,
+) -> Config:
     """``{"policy": "priority", "max_num_tokens": 1024, ...}`` on top of the bases.
 
     Keys: those of ``--grid`` (``stepplanner.planner._config_keys``: the SchedulingOptions and

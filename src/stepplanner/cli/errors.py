@@ -38,6 +38,7 @@ class InputError(click.ClickException):
 
 def library_errors(f: Callable[..., Any]) -> Callable[..., Any]:
     """Turn the library's own validation errors into one-line CLI errors (see the module)."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return f(*args, **kwargs)
@@ -48,5 +49,6 @@ def library_errors(f: Callable[..., Any]) -> Callable[..., Any]:
             raise InputError(f"an input file is not UTF-8 text ({exc})") from None
         except _INPUT_ERRORS as exc:
             raise InputError(str(exc)) from None
+
     wrapper.__name__, wrapper.__doc__ = f.__name__, f.__doc__
     return wrapper

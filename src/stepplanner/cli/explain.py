@@ -42,19 +42,22 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
     data = read_json(ledger_file)
     if not isinstance(data, dict) or not isinstance(data.get("residents"), list):
         raise StepPlannerValueError(
-            f'{ledger_file.name}: expected an object with a "residents" list')
+            f'{ledger_file.name}: expected an object with a "residents" list'
+        )
     unknown = set(data) - {"limits", "options", "residents"}
     if unknown:
         raise StepPlannerValueError(
             f"{ledger_file.name}: unknown key(s) {sorted(unknown)}; allowed: "
-            "limits, options, residents")
+            "limits, options, residents"
+        )
     for key in ("limits", "options"):
         if not isinstance(data.get(key, {}), dict):
             raise StepPlannerValueError(
-                f'{ledger_file.name}: "{key}" must be an object, got '
-                f"{type(data[key]).__name__}")
-    config = parse_config({**data.get("options", {}), **data.get("limits", {})},
-                          DEFAULT_LIMITS, SchedulingOptions())
+                f'{ledger_file.name}: "{key}" must be an object, got {type(data[key]).__name__}'
+            )
+    config = parse_config(
+        {**data.get("options", {}), **data.get("limits", {})}, DEFAULT_LIMITS, SchedulingOptions()
+    )
     policy, rules = resolve_with_rules(config.options, config.limits)
     ledger = Ledger(config.limits, policy)
     ledger.load(data["residents"])
@@ -72,42 +75,53 @@ def explain_command(ledger_file: Any, fmt: str, as_json: bool) -> None:
         emit(explanation_blocks(explanation), fmt)
 
 
-def explain_policy(options: SchedulingOptions, policy: ResolvedSchedulingPolicy,
-                   rules: dict[str, str]) -> list[dict[str, Any]]:
+def explain_policy(
+    options: SchedulingOptions, policy: ResolvedSchedulingPolicy, rules: dict[str, str]
+) -> list[dict[str, Any]]:
     """Each field of ``policy`` with the SPEC §2 rule behind it (``rules`` from
     ``resolve_with_rules``, which set the budgets; the other fields are given or default)."""
     defaults = SchedulingOptions()
-    rows = [("mode", policy.mode.name, rules["mode"]),
-            ("max_num_tokens", policy.max_num_tokens, rules["max_num_tokens"]),
-            ("max_chunk_tokens", policy.max_chunk_tokens, rules["max_chunk_tokens"])]
-    for name in ("scheduling_policy", "preemption", "priority_reserved_slots",
-                 "max_pause_steps"):
+    rows = [
+        ("mode", policy.mode.name, rules["mode"]),
+        ("max_num_tokens", policy.max_num_tokens, rules["max_num_tokens"]),
+        ("max_chunk_tokens", policy.max_chunk_tokens, rules["max_chunk_tokens"]),
+    ]
+    for name in ("scheduling_policy", "preemption", "priority_reserved_slots", "max_pause_steps"):
         value = getattr(policy, name)
         given = value != getattr(defaults, name)
-        rows.append((name, getattr(value, "name", value),
-                     "given (rule 1 range)" if given else "default"))
+        rows.append(
+            (name, getattr(value, "name", value), "given (rule 1 range)" if given else "default")
+        )
     return [{"field": f, "value": v, "rule": r} for f, v, r in rows]
 
 
-def step_budget(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits,
-                plan: Any) -> dict[str, Any]:
+def step_budget(
+    policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, plan: Any
+) -> dict[str, Any]:
     """The token budget the planned step had (SPEC §3 steps 3-4): ``max_num_tokens`` only for
     a MIXED step with decode rows; a step without them may take T_max."""
     t_max = f"T_max = {t_max_text(limits)}"
     if policy.mode == IfbSchedulingMode.MIXED and plan.num_decode:
-        return {"tokens": policy.max_num_tokens,
-                "rule": f"max_num_tokens: a MIXED step with decode rows ({plan.num_decode}), "
-                        f"leaving {policy.max_num_tokens - plan.num_decode} for prompt chunks "
-                        "(SPEC §3 step 3)"}
+        return {
+            "tokens": policy.max_num_tokens,
+            "rule": f"max_num_tokens: a MIXED step with decode rows ({plan.num_decode}), "
+            f"leaving {policy.max_num_tokens - plan.num_decode} for prompt chunks "
+            "(SPEC §3 step 3)",
+        }
     if policy.mode == IfbSchedulingMode.MIXED:
-        return {"tokens": limits.t_max,
-                "rule": f"{t_max}: a MIXED step without decode rows (SPEC §3 step 3)"}
+        return {
+            "tokens": limits.t_max,
+            "rule": f"{t_max}: a MIXED step without decode rows (SPEC §3 step 3)",
+        }
     if plan.num_prefill or not plan.num_decode:
-        return {"tokens": limits.t_max,
-                "rule": f"{t_max}: a PREFILL_FIRST prefill step (SPEC §3 step 4)"}
-    return {"tokens": plan.num_decode,
-            "rule": "no prompt pending: a PREFILL_FIRST step decodes every resident "
-                    "(SPEC §3 step 4)"}
+        return {
+            "tokens": limits.t_max,
+            "rule": f"{t_max}: a PREFILL_FIRST prefill step (SPEC §3 step 4)",
+        }
+    return {
+        "tokens": plan.num_decode,
+        "rule": "no prompt pending: a PREFILL_FIRST step decodes every resident (SPEC §3 step 4)",
+    }
 
 
 def _resident_reasons(ledger: Ledger, plan: Any, reasons: Any) -> list[dict[str, Any]]:
@@ -116,12 +130,19 @@ def _resident_reasons(ledger: Ledger, plan: Any, reasons: Any) -> list[dict[str,
     for i, (record, code) in enumerate(zip(ledger.to_records(), reasons.tolist())):
         outcome, released = split_reason(code) if code else (None, False)
         row = planned.get(i)
-        out.append({
-            "index": i, **record,
-            "reason": outcome.name if outcome else None,
-            "released_from_pause": released,
-            "planned": None if row is None else {"work": row.work.name,
-                                                 "past_length": row.past_length,
-                                                 "query_length": row.query_length},
-        })
+        out.append(
+            {
+                "index": i,
+                **record,
+                "reason": outcome.name if outcome else None,
+                "released_from_pause": released,
+                "planned": None
+                if row is None
+                else {
+                    "work": row.work.name,
+                    "past_length": row.past_length,
+                    "query_length": row.query_length,
+                },
+            }
+        )
     return out

@@ -22,8 +22,8 @@ def read_text(handle: IO[str]) -> str:
         return handle.read()
     except UnicodeDecodeError as exc:
         raise StepPlannerValueError(
-            f"{handle.name}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
-            from None
+            f"{handle.name}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
 
 
 def read_json(handle: IO[str]) -> Any:
@@ -40,27 +40,35 @@ def read_json(handle: IO[str]) -> Any:
 STDOUT = ("-", "<stdout>")
 
 
-def check_files(outputs: Mapping[str, str | None],
-                inputs: Mapping[str, str | None] | None = None) -> None:
+def check_files(
+    outputs: Mapping[str, str | None], inputs: Mapping[str, str | None] | None = None
+) -> None:
     """Before the run, for every output given (``{"--json": path}``; None: not asked, ``-``:
     stdout): its directory exists and is writable, it is none of ``inputs`` (the files the
     command reads, by the names its messages use) and no other output. Paths are compared by
     the file they name, so a symlink, a hard link or ``./x`` for ``x`` is caught: a command
     never overwrites what it reads, and two outputs never leave only the last one written."""
-    given = [(option, path) for option, path in outputs.items()
-             if path is not None and path not in STDOUT]
+    given = [
+        (option, path)
+        for option, path in outputs.items()
+        if path is not None and path not in STDOUT
+    ]
     for option, path in given:
         check_output_path(option, path)
     read = [(option, path) for option, path in (inputs or {}).items() if path is not None]
     for k, (option, path) in enumerate(given):
         for input_option, input_path in read:
             if same_file(path, input_path):
-                raise InputError(f"{option} {path}: is an input of this command "
-                                 f"({input_option} {input_path}); allowed: another file")
+                raise InputError(
+                    f"{option} {path}: is an input of this command "
+                    f"({input_option} {input_path}); allowed: another file"
+                )
         for other_option, other_path in given[:k]:
             if same_file(path, other_path):
-                raise InputError(f"{option} {path}: is also the file of {other_option} "
-                                 f"{other_path}; allowed: a file of its own for each output")
+                raise InputError(
+                    f"{option} {path}: is also the file of {other_option} "
+                    f"{other_path}; allowed: a file of its own for each output"
+                )
 
 
 def same_file(a: str, b: str) -> bool:

@@ -13,8 +13,7 @@ from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.simulator import DEFAULT_LIMITS
 from ..sim.traces import read_trace
-from ..sim.workloads import (DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload,
-                             synthetic)
+from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload, synthetic
 from ..tuning.slo import parse_slo_classes
 from .render import FORMATS
 
@@ -22,71 +21,127 @@ from .render import FORMATS
 def compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """One decorator that applies ``decorators`` as if stacked in this order: flag groups that
     several commands share."""
+
     def apply(f: Any) -> Any:
         for decorator in reversed(decorators):
             f = decorator(f)
         return f
+
     return apply
 
 
 def trace_options(default: str) -> Callable[[Any], Any]:
     """``--trace`` and ``--columns``; ``default`` says what a command runs without a trace."""
     return compose(
-        click.option("--trace", type=click.Path(exists=True, dir_okay=False),
-                     help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
-                          f"columns (recognised), or any with --columns; default: {default}."),
-        click.option("--columns", default=None,
-                     help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
-                          "[,priority=COL][,unit=s|ms|us|datetime]'."),
+        click.option(
+            "--trace",
+            type=click.Path(exists=True, dir_okay=False),
+            help="CSV or JSONL trace: stepplanner, Azure, BurstGPT, Mooncake or Vidur "
+            f"columns (recognised), or any with --columns; default: {default}.",
+        ),
+        click.option(
+            "--columns",
+            default=None,
+            help="Which trace columns hold what: 'arrival=COL,prompt=COL,output=COL"
+            "[,priority=COL][,unit=s|ms|us|datetime]'.",
+        ),
     )
 
 
 objective_options = compose(
-    click.option("--slo-class", "slo_classes", multiple=True,
-                 help="A priority class's objectives, PRIORITY=ttft:VALUE[,tpot:VALUE] with "
-                      "VALUE in ms, s or us (repeatable; e.g. 0=ttft:250ms,tpot:100ms): token i "
-                      "of its requests is due ttft + i * tpot after arrival. A trace's "
-                      "ttft_slo_ms/tpot_slo_ms columns override it per request. Default: the "
-                      "embedded workload's three classes (docs/simulator.md, 'SLOs and "
-                      "goodput'), a trace's none."),
-    click.option("--no-slo", is_flag=True, default=False,
-                 help="No objectives at all: neither the embedded workload's default classes "
-                      "nor a trace's columns."),
+    click.option(
+        "--slo-class",
+        "slo_classes",
+        multiple=True,
+        help="A priority class's objectives, PRIORITY=ttft:VALUE[,tpot:VALUE] with "
+        "VALUE in ms, s or us (repeatable; e.g. 0=ttft:250ms,tpot:100ms): token i "
+        "of its requests is due ttft + i * tpot after arrival. A trace's "
+        "ttft_slo_ms/tpot_slo_ms columns override it per request. Default: the "
+        "embedded workload's three classes (docs/simulator.md, 'SLOs and "
+        "goodput'), a trace's none.",
+    ),
+    click.option(
+        "--no-slo",
+        is_flag=True,
+        default=False,
+        help="No objectives at all: neither the embedded workload's default classes "
+        "nor a trace's columns.",
+    ),
 )
 
 workload_options = compose(
     trace_options("the embedded synthetic workload"),
     # Second names: the flags users bring from vLLM (docs/tuning.md says what differs).
-    click.option("--requests", "--num-prompts", "requests", type=click.IntRange(min=1),
-                 default=DEFAULT_REQUESTS, show_default=True,
-                 help="Synthetic workload: number of requests."),
-    click.option("--rate", "--request-rate", "rate", type=click.FloatRange(min=0, min_open=True),
-                 default=DEFAULT_RATE, show_default=True,
-                 help="Synthetic workload: Poisson arrivals per second."),
-    click.option("--seed", type=int, default=0, show_default=True,
-                 help="Synthetic workload: random seed."),
-    click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0,
-                 show_default=True,
-                 help="Synthetic workload: gaps between arrivals are gamma-distributed with "
-                      "this shape, as vLLM's --burstiness (1: Poisson; < 1 burstier; inf: "
-                      "constant gaps); the same requests at every value."),
+    click.option(
+        "--requests",
+        "--num-prompts",
+        "requests",
+        type=click.IntRange(min=1),
+        default=DEFAULT_REQUESTS,
+        show_default=True,
+        help="Synthetic workload: number of requests.",
+    ),
+    click.option(
+        "--rate",
+        "--request-rate",
+        "rate",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_RATE,
+        show_default=True,
+        help="Synthetic workload: Poisson arrivals per second.",
+    ),
+    click.option(
+        "--seed", type=int, default=0, show_default=True, help="Synthetic workload: random seed."
+    ),
+    click.option(
+        "--burstiness",
+        type=click.FloatRange(min=0, min_open=True),
+        default=1.0,
+        show_default=True,
+        help="Synthetic workload: gaps between arrivals are gamma-distributed with "
+        "this shape, as vLLM's --burstiness (1: Poisson; < 1 burstier; inf: "
+        "constant gaps); the same requests at every value.",
+    ),
     objective_options,
 )
 
 limit_options = compose(
-    click.option("--max-batch-size", "-B", "--max-num-seqs", "max_batch_size", type=int,
-                 default=DEFAULT_LIMITS.max_batch_size,
-                 show_default=True, help="B: resident slots."),
-    click.option("--max-input-length", type=int, default=DEFAULT_LIMITS.max_input_length,
-                 show_default=True, help="S_in: longest prompt; longer ones are refused."),
-    click.option("--kv-page-size", "--block-size", "kv_page_size", type=int,
-                 default=DEFAULT_LIMITS.kv_page_size,
-                 show_default=True, help="P: non-final chunks end on a multiple of P."),
-    click.option("--max-step-tokens", "--max-num-batched-tokens", "max_step_tokens", type=int,
-                 default=DEFAULT_LIMITS.max_step_tokens,
-                 show_default=True,
-                 help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
-                      "of a step without decode rows (0 = B*S_in)."),
+    click.option(
+        "--max-batch-size",
+        "-B",
+        "--max-num-seqs",
+        "max_batch_size",
+        type=int,
+        default=DEFAULT_LIMITS.max_batch_size,
+        show_default=True,
+        help="B: resident slots.",
+    ),
+    click.option(
+        "--max-input-length",
+        type=int,
+        default=DEFAULT_LIMITS.max_input_length,
+        show_default=True,
+        help="S_in: longest prompt; longer ones are refused.",
+    ),
+    click.option(
+        "--kv-page-size",
+        "--block-size",
+        "kv_page_size",
+        type=int,
+        default=DEFAULT_LIMITS.kv_page_size,
+        show_default=True,
+        help="P: non-final chunks end on a multiple of P.",
+    ),
+    click.option(
+        "--max-step-tokens",
+        "--max-num-batched-tokens",
+        "max_step_tokens",
+        type=int,
+        default=DEFAULT_LIMITS.max_step_tokens,
+        show_default=True,
+        help="The runtime's tokens per step (its step buffer); caps T_max, the budget "
+        "of a step without decode rows (0 = B*S_in).",
+    ),
 )
 
 
@@ -95,37 +150,84 @@ def _choice(enum: Any) -> click.Choice[str]:
 
 
 scheduling_options = compose(
-    click.option("--mode", type=_choice(IfbSchedulingMode), default="auto", show_default=True,
-                 help="ifb_scheduling_mode."),
-    click.option("--max-num-tokens", type=int, default=0, show_default=True,
-                 help="Token budget of a MIXED step that has decode rows (0 = SPEC §2 "
-                      "default). A step without decode rows may take T_max = B*S_in, or "
-                      "--max-step-tokens when given: cap every step with that."),
-    click.option("--max-chunk-tokens", type=int, default=0, show_default=True,
-                 help="Largest prompt chunk (0 = SPEC §2 default)."),
-    click.option("--policy", "scheduling_policy", type=_choice(SchedulingPolicy),
-                 default="fcfs", show_default=True, help="scheduling_policy."),
-    click.option("--preemption", type=_choice(PreemptionMode), default="none",
-                 show_default=True, help="PAUSE withholds worse priorities (MIXED+PRIORITY)."),
-    click.option("--priority-reserved-slots", type=int, default=0, show_default=True,
-                 help="Slots only urgent (priority < 0) requests may take."),
-    click.option("--max-pause-steps", type=int, default=0, show_default=True,
-                 help="Release a resident paused this many steps in a row (0 = never)."),
+    click.option(
+        "--mode",
+        type=_choice(IfbSchedulingMode),
+        default="auto",
+        show_default=True,
+        help="ifb_scheduling_mode.",
+    ),
+    click.option(
+        "--max-num-tokens",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Token budget of a MIXED step that has decode rows (0 = SPEC §2 "
+        "default). A step without decode rows may take T_max = B*S_in, or "
+        "--max-step-tokens when given: cap every step with that.",
+    ),
+    click.option(
+        "--max-chunk-tokens",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Largest prompt chunk (0 = SPEC §2 default).",
+    ),
+    click.option(
+        "--policy",
+        "scheduling_policy",
+        type=_choice(SchedulingPolicy),
+        default="fcfs",
+        show_default=True,
+        help="scheduling_policy.",
+    ),
+    click.option(
+        "--preemption",
+        type=_choice(PreemptionMode),
+        default="none",
+        show_default=True,
+        help="PAUSE withholds worse priorities (MIXED+PRIORITY).",
+    ),
+    click.option(
+        "--priority-reserved-slots",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Slots only urgent (priority < 0) requests may take.",
+    ),
+    click.option(
+        "--max-pause-steps",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Release a resident paused this many steps in a row (0 = never).",
+    ),
 )
+
 
 def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:
     """The run flags, with ``max_steps`` as the default of ``--max-steps`` (None: no limit)."""
     return compose(
-        click.option("--latency", "latency_text", default="",
-                     help="Override the step-latency model: "
-                          "'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'."),
-        click.option("--max-steps", type=click.IntRange(min=1), default=max_steps,
-                     show_default=max_steps is not None,
-                     help="Stop after this many steps" + (
-                         "." if max_steps is None else " (a warning says when the default "
-                         "stopped the run).")),
-        click.option("--progress/--no-progress", default=True, show_default=True,
-                     help="Progress bar on stderr for runs over a second."),
+        click.option(
+            "--latency",
+            "latency_text",
+            default="",
+            help="Override the step-latency model: 'a=SECONDS,b=PER_TOKEN,c=PER_CONTEXT'.",
+        ),
+        click.option(
+            "--max-steps",
+            type=click.IntRange(min=1),
+            default=max_steps,
+            show_default=max_steps is not None,
+            help="Stop after this many steps"
+            + ("." if max_steps is None else " (a warning says when the default stopped the run)."),
+        ),
+        click.option(
+            "--progress/--no-progress",
+            default=True,
+            show_default=True,
+            help="Progress bar on stderr for runs over a second.",
+        ),
     )
 
 
@@ -133,15 +235,24 @@ run_options = run_options_stopping_at(None)
 
 
 num_pages_option = click.option(
-    "--num-pages", type=int, default=0, show_default=True,
+    "--num-pages",
+    type=int,
+    default=0,
+    show_default=True,
     help="A pool of this many KV pages (of --kv-page-size tokens): admission reserves each "
-         "request's worst case (prompt + output tokens) and the report adds page occupancy "
-         "(0 = unlimited pages).")
+    "request's worst case (prompt + output tokens) and the report adds page occupancy "
+    "(0 = unlimited pages).",
+)
 
 format_option = click.option(
-    "--format", "fmt", type=click.Choice([*FORMATS, "json"]), default="table", show_default=True,
+    "--format",
+    "fmt",
+    type=click.Choice([*FORMATS, "json"]),
+    default="table",
+    show_default=True,
     help="table: for a terminal (rows printed vertically when the table is wider than it); md: "
-         "Markdown; csv: the main table only; json: the full report.")
+    "Markdown; csv: the main table only; json: the full report.",
+)
 
 format_options = compose(
     format_option,
@@ -156,29 +267,39 @@ def output_format(fmt: str, as_json: bool) -> str:
 
 def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:
     """Pop the ``limit_options`` values out of a command's keyword arguments."""
-    return StepPlannerLimits(kw.pop("max_batch_size"), kw.pop("max_input_length"),
-                             kw.pop("kv_page_size"), kw.pop("max_step_tokens"))
+    return StepPlannerLimits(
+        kw.pop("max_batch_size"),
+        kw.pop("max_input_length"),
+        kw.pop("kv_page_size"),
+        kw.pop("max_step_tokens"),
+    )
 
 
 def options_from(kw: dict[str, Any]) -> SchedulingOptions:
     """Pop the ``scheduling_options`` values out of a command's keyword arguments."""
     return SchedulingOptions(
         ifb_scheduling_mode=IfbSchedulingMode[kw.pop("mode").upper()],
-        max_num_tokens=kw.pop("max_num_tokens"), max_chunk_tokens=kw.pop("max_chunk_tokens"),
+        max_num_tokens=kw.pop("max_num_tokens"),
+        max_chunk_tokens=kw.pop("max_chunk_tokens"),
         scheduling_policy=SchedulingPolicy[kw.pop("scheduling_policy").upper()],
         preemption=PreemptionMode[kw.pop("preemption").upper()],
         priority_reserved_slots=kw.pop("priority_reserved_slots"),
-        max_pause_steps=kw.pop("max_pause_steps"))
+        max_pause_steps=kw.pop("max_pause_steps"),
+    )
 
 
 def workload_from(kw: dict[str, Any]) -> Workload:
     """Pop the ``workload_options`` values and load or generate the workload, with the
     objectives ``objective_options`` ask for."""
     trace = trace_from(kw)
-    requests, rate, seed, burstiness = (kw.pop(k) for k in ("requests", "rate", "seed",
-                                                            "burstiness"))
-    workload = (trace if trace is not None else
-                synthetic(requests=requests, rate=rate, seed=seed, burstiness=burstiness))
+    requests, rate, seed, burstiness = (
+        kw.pop(k) for k in ("requests", "rate", "seed", "burstiness")
+    )
+    workload = (
+        trace
+        if trace is not None
+        else synthetic(requests=requests, rate=rate, seed=seed, burstiness=burstiness)
+    )
     return with_objectives_from(kw, workload, embedded=trace is None)
 
 
@@ -189,8 +310,9 @@ def with_objectives_from(kw: dict[str, Any], workload: Workload, embedded: bool)
     # Parsed here, not in a click callback: a bad objective is a one-line error (exit 2).
     classes, none = parse_slo_classes(kw.pop("slo_classes")), kw.pop("no_slo")
     if none and classes:
-        raise click.UsageError("--no-slo drops every objective and --slo-class gives some; "
-                               "give one of them")
+        raise click.UsageError(
+            "--no-slo drops every objective and --slo-class gives some; give one of them"
+        )
     if none:
         return workload.with_objectives(None, own=False)
     if classes:
@@ -198,8 +320,9 @@ def with_objectives_from(kw: dict[str, Any], workload: Workload, embedded: bool)
     if not embedded:
         return workload
     # A small embedded workload may lack a class: the defaults of the classes it has.
-    return workload.with_objectives({p: slo for p, slo in DEFAULT_SLO_CLASSES.items()
-                                     if p in workload.classes})
+    return workload.with_objectives(
+        {p: slo for p, slo in DEFAULT_SLO_CLASSES.items() if p in workload.classes}
+    )
 
 
 def trace_from(kw: dict[str, Any]) -> Workload | None:
@@ -208,8 +331,9 @@ def trace_from(kw: dict[str, Any]) -> Workload | None:
     trace, columns = kw.pop("trace"), kw.pop("columns")
     if trace:
         if kw.get("burstiness", 1.0) != 1.0:
-            raise StepPlannerValueError("--burstiness shapes the synthetic workload's arrivals; "
-                                        "a --trace has its own")
+            raise StepPlannerValueError(
+                "--burstiness shapes the synthetic workload's arrivals; a --trace has its own"
+            )
         return read_trace(trace, columns)
     if columns:
         raise StepPlannerValueError("--columns describes a --trace file, and none was given")

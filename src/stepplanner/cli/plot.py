@@ -30,7 +30,8 @@ def require_matplotlib() -> None:
     except ImportError:
         raise click.ClickException(
             "--plot needs matplotlib, which is not installed; install it with: "
-            "pip install 'stepplanner[plot]'") from None
+            "pip install 'stepplanner[plot]'"
+        ) from None
 
 
 def check_plot_path(path: str) -> None:
@@ -41,12 +42,15 @@ def check_plot_path(path: str) -> None:
     formats = sorted(figure.canvas.get_supported_filetypes())
     suffix = pathlib.Path(path).suffix.lower().lstrip(".")
     if suffix not in formats:
-        raise InputError(f"--plot {path}: {'.' + suffix if suffix else 'no suffix'} is not an "
-                         f"image format matplotlib writes; allowed: {', '.join(formats)}")
+        raise InputError(
+            f"--plot {path}: {'.' + suffix if suffix else 'no suffix'} is not an "
+            f"image format matplotlib writes; allowed: {', '.join(formats)}"
+        )
 
 
-def bin_in_time(seconds: np.ndarray, series: dict[str, np.ndarray], bins: int,
-                start: float = 0.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def bin_in_time(
+    seconds: np.ndarray, series: dict[str, np.ndarray], bins: int, start: float = 0.0
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Each series averaged over ``bins`` equal spans of simulated time, weighted by how long
     each step lasted (a long prefill step counts for its length): (span middles, means).
     Spans no step ended in are left out. Fewer steps than bins come back unchanged."""
@@ -58,8 +62,10 @@ def bin_in_time(seconds: np.ndarray, series: dict[str, np.ndarray], bins: int,
     weight = np.bincount(span, weights=seconds, minlength=bins)
     kept = weight > 0
     middles = ((edges[:-1] + edges[1:]) / 2)[kept]
-    means = {name: np.bincount(span, weights=values * seconds, minlength=bins)[kept]
-             / weight[kept] for name, values in series.items()}
+    means = {
+        name: np.bincount(span, weights=values * seconds, minlength=bins)[kept] / weight[kept]
+        for name, values in series.items()
+    }
     return middles, means
 
 
@@ -125,18 +131,23 @@ def result_figure(result: SimulationResult) -> Any:
     ax_cdf.legend()
     st = result.steps
     start = float(st["end_time"][0] - st["seconds"][0]) if len(st["seconds"]) else 0.0
-    t, mean = bin_in_time(np.asarray(st["seconds"], dtype=np.float64),
-                          {k: np.asarray(st[k], dtype=np.float64)
-                           for k in ("residents", "waiting", "num_paused")},
-                          TIMELINE_BINS, start)
+    t, mean = bin_in_time(
+        np.asarray(st["seconds"], dtype=np.float64),
+        {k: np.asarray(st[k], dtype=np.float64) for k in ("residents", "waiting", "num_paused")},
+        TIMELINE_BINS,
+        start,
+    )
     # Paused underneath as an area, so it never hides the lines it is part of.
     ax_time.fill_between(t, mean["num_paused"], step="mid", alpha=0.35, lw=0, label="paused")
     ax_time.plot(t, mean["residents"], label="residents", lw=1.0, drawstyle="steps-mid")
     ax_time.plot(t, mean["waiting"], label="waiting", lw=1.0, drawstyle="steps-mid")
     span = (t[-1] - start) / len(t) if len(t) else 0.0
-    ax_time.set(xlabel="simulated time (s)", ylabel="requests (time-weighted mean)",
-                title=f"batch timeline ({len(st['seconds']):,} steps"
-                      + (f", {span:.2g} s bins)" if len(t) < len(st["seconds"]) else ")"))
+    ax_time.set(
+        xlabel="simulated time (s)",
+        ylabel="requests (time-weighted mean)",
+        title=f"batch timeline ({len(st['seconds']):,} steps"
+        + (f", {span:.2g} s bins)" if len(t) < len(st["seconds"]) else ")"),
+    )
     ax_time.legend()
     return fig
 
@@ -145,17 +156,19 @@ def plot_result(result: SimulationResult, path: str) -> None:
     save(result_figure(result), path)
 
 
-def fidelity_figure(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray],
-                    title: str) -> Any:
+def fidelity_figure(
+    real: dict[str, np.ndarray], simulated: dict[str, np.ndarray], title: str
+) -> Any:
     """``fidelity --plot``: the real and the simulated CDF of TTFT, TPOT and E2E (per-request
     seconds by metric), one panel each."""
     names = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
     fig = new_figure(figsize=(15, 4.5), layout="tight")
     axes = fig.subplots(1, len(names))
     for ax, (metric, name) in zip(axes, names.items()):
-        shown = [cdf(ax, side[metric], style, label=label, drawstyle="steps-post")
-                 for label, side, style in (("real", real, "-"),
-                                            ("simulated", simulated, "--"))]
+        shown = [
+            cdf(ax, side[metric], style, label=label, drawstyle="steps-post")
+            for label, side, style in (("real", real, "-"), ("simulated", simulated, "--"))
+        ]
         latency_axis(ax, np.concatenate(shown), f"{name} (ms)")
         ax.set(ylabel="fraction of requests", title=f"{name} CDF")
         ax.legend()
@@ -163,6 +176,7 @@ def fidelity_figure(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray
     return fig
 
 
-def plot_fidelity(real: dict[str, np.ndarray], simulated: dict[str, np.ndarray], path: str,
-                  title: str) -> None:
+def plot_fidelity(
+    real: dict[str, np.ndarray], simulated: dict[str, np.ndarray], path: str, title: str
+) -> None:
     save(fidelity_figure(real, simulated, title), path)

@@ -35,19 +35,31 @@ DEFAULT_RECORD_STEPS = 2000  # about 10 MB of JSON Lines at the default B=256
 @scheduling_options
 @run_options_stopping_at(DEFAULT_RECORD_STEPS)
 @library_errors
-def record_command(out: Any, latency_text: str, max_steps: int | None, progress: bool,
-                   **kw: Any) -> None:
+def record_command(
+    out: Any, latency_text: str, max_steps: int | None, progress: bool, **kw: Any
+) -> None:
     """Simulate and write every step's ledger and plan to OUT (JSON Lines)."""
     check_files({"OUT": out.name}, {"--trace": kw["trace"]})  # OUT is opened on first write
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     recorder = StepRecorder(out, limits, policy)
-    result = run(workload, limits, policy, LatencyModel.parse(latency_text), max_steps, progress,
-                 "recording", on_step=recorder)
+    result = run(
+        workload,
+        limits,
+        policy,
+        LatencyModel.parse(latency_text),
+        max_steps,
+        progress,
+        "recording",
+        on_step=recorder,
+    )
     warn_refused(result)
-    warn_default_step_limit(result, DEFAULT_RECORD_STEPS, given(click.get_current_context(),
-                                                                 "max_steps"))
+    warn_default_step_limit(
+        result, DEFAULT_RECORD_STEPS, given(click.get_current_context(), "max_steps")
+    )
     completed = int((~np.isnan(result.finish_time)).sum())
-    click.echo(f"recorded {recorder.steps} steps ({completed} requests completed) to {out.name}",
-               err=out.name == "<stdout>")
+    click.echo(
+        f"recorded {recorder.steps} steps ({completed} requests completed) to {out.name}",
+        err=out.name == "<stdout>",
+    )

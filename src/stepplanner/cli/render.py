@@ -132,8 +132,9 @@ def to_markdown(blocks: Sequence[Block]) -> str:
 _BOX = 3  # per column: one rule and a space of padding each side (rich's default box)
 
 
-def _widths(columns: Sequence[Column], texts: Sequence[Sequence[str]]) -> tuple[list[int],
-                                                                                list[int]]:
+def _widths(
+    columns: Sequence[Column], texts: Sequence[Sequence[str]]
+) -> tuple[list[int], list[int]]:
     """Each column's natural width and the least it can take with nothing cut: unwrappable
     columns (and every header line) whole, wrappable ones down to their longest word."""
     natural, least = [], []
@@ -151,8 +152,9 @@ def grid_width(columns: Sequence[Column], texts: Sequence[Sequence[str]]) -> int
     return sum(_widths(columns, texts)[1]) + _BOX * len(columns) + 1
 
 
-def fit_widths(columns: Sequence[Column], texts: Sequence[Sequence[str]],
-               width: int) -> list[int] | None:
+def fit_widths(
+    columns: Sequence[Column], texts: Sequence[Sequence[str]], width: int
+) -> list[int] | None:
     """Column widths that fit ``width`` with nothing cut, narrowing the widest wrappable column
     one cell at a time; ``None`` when even the least widths do not fit. Set explicitly, so that
     rich never shrinks a column on its own (its shrinking cuts with an ellipsis)."""
@@ -174,8 +176,13 @@ def print_table(console: Console, table: TableData) -> None:
     if widths is not None:
         grid = Table(title=escape(table.title) or None, title_justify="left")
         for column, w in zip(table.columns, widths):
-            grid.add_column(escape(column.header), justify="left" if column.left else "right",
-                            no_wrap=not column.wrap, width=w, overflow="fold")
+            grid.add_column(
+                escape(column.header),
+                justify="left" if column.left else "right",
+                no_wrap=not column.wrap,
+                width=w,
+                overflow="fold",
+            )
         for row in texts:
             grid.add_row(*(escape(text) for text in row))
         console.print(grid)
@@ -208,18 +215,29 @@ def configuration_lines(r: dict[str, Any]) -> list[Block]:
     """What a run simulated: workload, engine limits, policy and latency model."""
     w, pol, lim, lm = r["workload"], r["policy"], r["limits"], r["latency_model"]
     return [
-        Line("workload", f"{w['source']}: {w['requests']} requests over {w['duration_s']:.1f} s,"
-                         f" mean prompt {w['prompt_tokens_mean']:.0f} / output "
-                         f"{w['output_tokens_mean']:.0f} tokens"),
-        Line("engine", f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
-                       f"P={lim['kv_page_size']}"),
-        Line("policy", f"{pol['mode']} max_num_tokens={pol['max_num_tokens']} "
-                       f"max_chunk_tokens={pol['max_chunk_tokens']} {pol['scheduling_policy']} "
-                       f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
-                       f"max_pause_steps={pol['max_pause_steps']}"),
-        Line("latency model", f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
-                              f"c={lm['c']:g} s/context" + "".join(
-                                  f" + {k}={lm[k]:g}{TERMS[k]}" for k in "def" if lm.get(k))),
+        Line(
+            "workload",
+            f"{w['source']}: {w['requests']} requests over {w['duration_s']:.1f} s,"
+            f" mean prompt {w['prompt_tokens_mean']:.0f} / output "
+            f"{w['output_tokens_mean']:.0f} tokens",
+        ),
+        Line(
+            "engine",
+            f"B={lim['max_batch_size']} S_in={lim['max_input_length']} P={lim['kv_page_size']}",
+        ),
+        Line(
+            "policy",
+            f"{pol['mode']} max_num_tokens={pol['max_num_tokens']} "
+            f"max_chunk_tokens={pol['max_chunk_tokens']} {pol['scheduling_policy']} "
+            f"preemption={pol['preemption']} reserved={pol['priority_reserved_slots']} "
+            f"max_pause_steps={pol['max_pause_steps']}",
+        ),
+        Line(
+            "latency model",
+            f"{lm['name']}: a={lm['a']:g} s + b={lm['b']:g} s/token + "
+            f"c={lm['c']:g} s/context"
+            + "".join(f" + {k}={lm[k]:g}{TERMS[k]}" for k in "def" if lm.get(k)),
+        ),
     ]
 
 
@@ -230,34 +248,70 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     if s["truncated_by_max_steps"]:
         refused += ", run cut by --max-steps"
     columns = [Column("class", left=True)] + [
-        Column(name, _MS) for name in ("queue p50", "queue p99", "TTFT p50", "TTFT p90",
-                                       "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "E2E p99",
-                                       "ITL p99", "max ITL p99")]
-    rows = [[class_name(key), _ms(lat["queue"]["p50"]), _ms(lat["queue"]["p99"]),
-             _ms(lat["ttft"]["p50"]), _ms(lat["ttft"]["p90"]), _ms(lat["ttft"]["p99"]),
-             _ms(lat["tpot"]["p50"]), _ms(lat["tpot"]["p99"]), _ms(lat["e2e"]["p50"]),
-             _ms(lat["e2e"]["p99"]), _ms(lat["itl"]["p99"]), _ms(lat["max_itl"]["p99"])]
-            for key, lat in r["latency_s"].items()]
+        Column(name, _MS)
+        for name in (
+            "queue p50",
+            "queue p99",
+            "TTFT p50",
+            "TTFT p90",
+            "TTFT p99",
+            "TPOT p50",
+            "TPOT p99",
+            "E2E p50",
+            "E2E p99",
+            "ITL p99",
+            "max ITL p99",
+        )
+    ]
+    rows = [
+        [
+            class_name(key),
+            _ms(lat["queue"]["p50"]),
+            _ms(lat["queue"]["p99"]),
+            _ms(lat["ttft"]["p50"]),
+            _ms(lat["ttft"]["p90"]),
+            _ms(lat["ttft"]["p99"]),
+            _ms(lat["tpot"]["p50"]),
+            _ms(lat["tpot"]["p99"]),
+            _ms(lat["e2e"]["p50"]),
+            _ms(lat["e2e"]["p99"]),
+            _ms(lat["itl"]["p99"]),
+            _ms(lat["max_itl"]["p99"]),
+        ]
+        for key, lat in r["latency_s"].items()
+    ]
     reasons = ", ".join(f"{k} {v:,}" for k, v in r["reasons"].items() if v)
     return [
         *configuration_lines(r),
         Line("requests", f"{req['completed']}/{req['submitted']} completed, {refused}"),
-        Line("throughput", f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
-                           f"output tok/s, {t['tokens_per_s']:,.0f} tok/s over "
-                           f"{t['simulated_seconds']:.1f} simulated s"),
-        Line("steps", f"{s['count']:,}: mean {s['mean_tokens']:.0f} tokens, "
-                      f"{s['mean_prefill_rows']:.2f} chunks + {s['mean_decode_rows']:.1f} decodes,"
-                      f" {s['mean_residents']:.0f} residents, {s['mean_step_ms']:.2f} ms"),
-        Line("pauses", f"{p['paused_resident_steps']:,} paused resident-steps, "
-                       f"{p['requests_paused']} requests paused, longest "
-                       f"{p['max_consecutive_paused_steps']} steps in a row, "
-                       f"{p['released_by_max_pause_steps']:,} releases by max_pause_steps"),
+        Line(
+            "throughput",
+            f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
+            f"output tok/s, {t['tokens_per_s']:,.0f} tok/s over "
+            f"{t['simulated_seconds']:.1f} simulated s",
+        ),
+        Line(
+            "steps",
+            f"{s['count']:,}: mean {s['mean_tokens']:.0f} tokens, "
+            f"{s['mean_prefill_rows']:.2f} chunks + {s['mean_decode_rows']:.1f} decodes,"
+            f" {s['mean_residents']:.0f} residents, {s['mean_step_ms']:.2f} ms",
+        ),
+        Line(
+            "pauses",
+            f"{p['paused_resident_steps']:,} paused resident-steps, "
+            f"{p['requests_paused']} requests paused, longest "
+            f"{p['max_consecutive_paused_steps']} steps in a row, "
+            f"{p['released_by_max_pause_steps']:,} releases by max_pause_steps",
+        ),
         TableData("latency by priority class (ms)", columns, rows, main=True),
         Line("reasons", f"(resident-steps) {reasons}"),
-        Line("host step", f"ledger.step (apply, retire, admit, plan) {pl['mean_step_us']:.2f} "
-                          f"us/step mean, p50 {pl['p50_step_us']:.2f}, p99 "
-                          f"{pl['p99_step_us']:.2f}; {s['count']:,} steps in "
-                          f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s"),
+        Line(
+            "host step",
+            f"ledger.step (apply, retire, admit, plan) {pl['mean_step_us']:.2f} "
+            f"us/step mean, p50 {pl['p50_step_us']:.2f}, p99 "
+            f"{pl['p99_step_us']:.2f}; {s['count']:,} steps in "
+            f"{pl['wall_seconds']:.2f} s = {pl['steps_per_s'] or 0:,.0f} steps/s",
+        ),
     ]
 
 
@@ -273,27 +327,51 @@ def fidelity_blocks(r: dict[str, Any]) -> list[Block]:
     for key, metrics in r["metrics"].items():
         for metric, name in _FIDELITY_NAMES.items():
             for p, v in metrics[metric].items():
-                rows.append([class_name(key), f"{name} {p} (ms)", _ms(v["real"]),
-                             _ms(v["simulated"]), v["error"]])
+                rows.append(
+                    [
+                        class_name(key),
+                        f"{name} {p} (ms)",
+                        _ms(v["real"]),
+                        _ms(v["simulated"]),
+                        v["error"],
+                    ]
+                )
         for metric, v in metrics.get("throughput", {}).items():
-            rows.append([class_name(key), _THROUGHPUT_NAMES[metric], v["real"], v["simulated"],
-                         v["error"]])
-    columns = [Column("class", left=True), Column("metric", left=True), Column("real", ",.2f"),
-               Column("simulated", ",.2f"), Column("error", "+.1%")]
+            rows.append(
+                [class_name(key), _THROUGHPUT_NAMES[metric], v["real"], v["simulated"], v["error"]]
+            )
+    columns = [
+        Column("class", left=True),
+        Column("metric", left=True),
+        Column("real", ",.2f"),
+        Column("simulated", ",.2f"),
+        Column("error", "+.1%"),
+    ]
     scheduler = f", scheduler {res['scheduler']}" if res["scheduler"] else ""
-    merit = [Line("figure of merit" + (f" [{class_name(key)}]" if key != "all" else ""),
-                  _merit_text(s) + (" over p50 and p90 of TTFT, TPOT and E2E" if key == "all"
-                                    else "")) for key, s in r["summary"].items()]
+    merit = [
+        Line(
+            "figure of merit" + (f" [{class_name(key)}]" if key != "all" else ""),
+            _merit_text(s) + (" over p50 and p90 of TTFT, TPOT and E2E" if key == "all" else ""),
+        )
+        for key, s in r["summary"].items()
+    ]
     return [
-        Line("real run", f"{res['file']} ({res['layout']} layout{scheduler}): "
-                         f"{res['requests']} requests, {res['failed']} failed, "
-                         f"{res['compared']} compared"),
+        Line(
+            "real run",
+            f"{res['file']} ({res['layout']} layout{scheduler}): "
+            f"{res['requests']} requests, {res['failed']} failed, "
+            f"{res['compared']} compared",
+        ),
         *configuration_lines(r),
-        Line("simulation", f"{sim['completed']} completed, {sim['refused']} refused, "
-                           f"{sim['steps']:,} steps"
-                           + (", cut by --max-steps" if sim["truncated_by_max_steps"] else "")),
-        TableData("real vs simulated (error = (simulated - real) / real)", columns, rows,
-                  main=True),
+        Line(
+            "simulation",
+            f"{sim['completed']} completed, {sim['refused']} refused, "
+            f"{sim['steps']:,} steps"
+            + (", cut by --max-steps" if sim["truncated_by_max_steps"] else ""),
+        ),
+        TableData(
+            "real vs simulated (error = (simulated - real) / real)", columns, rows, main=True
+        ),
         *merit,
     ]
 
@@ -303,26 +381,44 @@ def _merit_text(s: dict[str, Any]) -> str:
         return "no figure has both sides"
     metric, p = s["worst"].split()
     missing = len(s["figures"]) - s["known"]
-    return (f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} "
-            f"({_FIDELITY_NAMES[metric]} {p})"
-            + (f", {missing} figure(s) without both sides" if missing else ""))
+    return (
+        f"median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%} "
+        f"({_FIDELITY_NAMES[metric]} {p})"
+        + (f", {missing} figure(s) without both sides" if missing else "")
+    )
 
 
 def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
     """``simulate --num-pages``: page occupancy per step and the requests that waited for it."""
     n, held = pages["num_pages"], pages["steps_with_requests_held_for_pages"]
     refused = pages["refused_for_pages"]
-    columns = [Column("per step", left=True), Column("mean", ",.1f"), Column("p50", ",.0f"),
-               Column("p99", ",.0f"), Column("max", ",.0f"), Column("max/pool", ".1%")]
-    rows = [[label, *(pages[key][stat] for stat in ("mean", "p50", "p99", "max")),
-             pages[key]["max"] / n if pool else None]
-            for label, key, pool in (("reserved pages", "reserved", True),
-                                     ("pages in use", "in_use", True),
-                                     ("requests held back", "held_back", False))]
+    columns = [
+        Column("per step", left=True),
+        Column("mean", ",.1f"),
+        Column("p50", ",.0f"),
+        Column("p99", ",.0f"),
+        Column("max", ",.0f"),
+        Column("max/pool", ".1%"),
+    ]
+    rows = [
+        [
+            label,
+            *(pages[key][stat] for stat in ("mean", "p50", "p99", "max")),
+            pages[key]["max"] / n if pool else None,
+        ]
+        for label, key, pool in (
+            ("reserved pages", "reserved", True),
+            ("pages in use", "in_use", True),
+            ("requests held back", "held_back", False),
+        )
+    ]
     return [
         TableData(f"KV pages (pool of {n:,}; worst cases reserved)", columns, rows),
-        Line("held back", f"requests waited for pages in {held:,} of {steps:,} steps"
-                          + (f"; {refused:,} refused (worst case > pool)" if refused else "")),
+        Line(
+            "held back",
+            f"requests waited for pages in {held:,} of {steps:,} steps"
+            + (f"; {refused:,} refused (worst case > pool)" if refused else ""),
+        ),
     ]
 
 
@@ -331,31 +427,54 @@ def comparison_blocks(reports: list[dict[str, Any]]) -> list[Block]:
     first = reports[0]
     w, lim = first["workload"], first["limits"]
     classes = [k for k in first["latency_s"] if k != "all"]
-    columns = [Column("configuration", left=True), Column("budget/\nchunk"),
-               Column("req/s", ".2f"), Column("out\ntok/s", ",.0f"), Column("tok/\nstep", ".0f"),
-               Column("TTFT\np50", _MS), Column("TTFT\np99", _MS),
-               *(Column(f"TTFT p99\n[{c}]", _MS) for c in classes),
-               Column("TPOT\np99", _MS), Column("max ITL\np99", _MS), Column("E2E\np99", _MS),
-               Column("paused\nsteps", ","), Column("step\nus", ".2f")]
+    columns = [
+        Column("configuration", left=True),
+        Column("budget/\nchunk"),
+        Column("req/s", ".2f"),
+        Column("out\ntok/s", ",.0f"),
+        Column("tok/\nstep", ".0f"),
+        Column("TTFT\np50", _MS),
+        Column("TTFT\np99", _MS),
+        *(Column(f"TTFT p99\n[{c}]", _MS) for c in classes),
+        Column("TPOT\np99", _MS),
+        Column("max ITL\np99", _MS),
+        Column("E2E\np99", _MS),
+        Column("paused\nsteps", ","),
+        Column("step\nus", ".2f"),
+    ]
     rows = []
     for r in reports:
         lat, pol = r["latency_s"], r["policy"]
-        rows.append([
-            r["name"], f"{pol['max_num_tokens']}/{pol['max_chunk_tokens']}",
-            r["throughput"]["requests_per_s"], r["throughput"]["output_tokens_per_s"],
-            r["steps"]["mean_tokens"], _ms(lat["all"]["ttft"]["p50"]),
-            _ms(lat["all"]["ttft"]["p99"]),
-            *(_ms(lat[c]["ttft"]["p99"]) if c in lat else None for c in classes),
-            _ms(lat["all"]["tpot"]["p99"]), _ms(lat["all"]["max_itl"]["p99"]),
-            _ms(lat["all"]["e2e"]["p99"]), r["pauses"]["paused_resident_steps"],
-            r["planner"]["mean_step_us"]])
+        rows.append(
+            [
+                r["name"],
+                f"{pol['max_num_tokens']}/{pol['max_chunk_tokens']}",
+                r["throughput"]["requests_per_s"],
+                r["throughput"]["output_tokens_per_s"],
+                r["steps"]["mean_tokens"],
+                _ms(lat["all"]["ttft"]["p50"]),
+                _ms(lat["all"]["ttft"]["p99"]),
+                *(_ms(lat[c]["ttft"]["p99"]) if c in lat else None for c in classes),
+                _ms(lat["all"]["tpot"]["p99"]),
+                _ms(lat["all"]["max_itl"]["p99"]),
+                _ms(lat["all"]["e2e"]["p99"]),
+                r["pauses"]["paused_resident_steps"],
+                r["planner"]["mean_step_us"],
+            ]
+        )
     return [
-        Line("workload", f"{w['source']}: {w['requests']} requests; engine "
-                         f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
-                         f"P={lim['kv_page_size']}; {first['latency_model']['name']}"),
+        Line(
+            "workload",
+            f"{w['source']}: {w['requests']} requests; engine "
+            f"B={lim['max_batch_size']} S_in={lim['max_input_length']} "
+            f"P={lim['kv_page_size']}; {first['latency_model']['name']}",
+        ),
         TableData("", columns, rows, main=True),
-        Line("units", "latencies in ms of simulated time; step us = measured microseconds "
-                      "of the host step (ledger.step) on this machine"),
+        Line(
+            "units",
+            "latencies in ms of simulated time; step us = measured microseconds "
+            "of the host step (ledger.step) on this machine",
+        ),
     ]
 
 
@@ -365,50 +484,101 @@ def with_page_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> lis
     configurations with unlimited pages)."""
     if not any("pages" in r for r in reports):
         return blocks
-    extra = [Column("KV\npages", ","), Column("reserved\nmax", ",.0f"),
-             Column("in use\nmax", ",.0f"), Column("steps\nheld", ",")]
+    extra = [
+        Column("KV\npages", ","),
+        Column("reserved\nmax", ",.0f"),
+        Column("in use\nmax", ",.0f"),
+        Column("steps\nheld", ","),
+    ]
 
     def values(r: dict[str, Any]) -> list[Any]:
         pages = r.get("pages")
         if pages is None:
             return [None] * len(extra)
-        return [pages["num_pages"], pages["reserved"]["max"], pages["in_use"]["max"],
-                pages["steps_with_requests_held_for_pages"]]
+        return [
+            pages["num_pages"],
+            pages["reserved"]["max"],
+            pages["in_use"]["max"],
+            pages["steps_with_requests_held_for_pages"],
+        ]
 
-    return [dataclasses.replace(b, columns=[*b.columns, *extra],
-                                rows=[[*row, *values(r)] for row, r in zip(b.rows, reports)])
-            if isinstance(b, TableData) and b.main else b for b in blocks]
+    return [
+        dataclasses.replace(
+            b,
+            columns=[*b.columns, *extra],
+            rows=[[*row, *values(r)] for row, r in zip(b.rows, reports)],
+        )
+        if isinstance(b, TableData) and b.main
+        else b
+        for b in blocks
+    ]
 
 
 def explanation_blocks(e: dict[str, Any]) -> list[Block]:
     """``explain``: the resolved policy with its rules, then every resident's outcome."""
-    policy = TableData("resolved policy (SPEC §2)",
-                       [Column("field", left=True), Column("value", left=True),
-                        Column("rule", left=True, wrap=True)],
-                       [[row["field"], row["value"], row["rule"]] for row in e["policy"]])
+    policy = TableData(
+        "resolved policy (SPEC §2)",
+        [
+            Column("field", left=True),
+            Column("value", left=True),
+            Column("rule", left=True, wrap=True),
+        ],
+        [[row["field"], row["value"], row["rule"]] for row in e["policy"]],
+    )
     rows = []
     for r in e["residents"]:
-        reason = (r["reason"] or "-") + (" (released from pause)" if r["released_from_pause"]
-                                         else "")
+        reason = (r["reason"] or "-") + (
+            " (released from pause)" if r["released_from_pause"] else ""
+        )
         planned = r["planned"]
-        what = "-" if planned is None else (f"{planned['work']} past={planned['past_length']} "
-                                            f"q={planned['query_length']}")
-        rows.append([r["index"], r["request_id"], r["priority"], r["arrival"],
-                     r["prompt_length"], r["committed"],
-                     "yes" if r["context_committed"] else "no",
-                     r["consecutive_paused_steps"], reason, what])
+        what = (
+            "-"
+            if planned is None
+            else (f"{planned['work']} past={planned['past_length']} q={planned['query_length']}")
+        )
+        rows.append(
+            [
+                r["index"],
+                r["request_id"],
+                r["priority"],
+                r["arrival"],
+                r["prompt_length"],
+                r["committed"],
+                "yes" if r["context_committed"] else "no",
+                r["consecutive_paused_steps"],
+                reason,
+                what,
+            ]
+        )
     residents = TableData(
         "residents",
-        [Column("#"), Column("request"), Column("prio"), Column("arrival"), Column("prompt"),
-         Column("committed"), Column("ctx done"), Column("paused"),
-         Column("reason", left=True, wrap=True), Column("planned", left=True, wrap=True)],
-        rows, main=True)
+        [
+            Column("#"),
+            Column("request"),
+            Column("prio"),
+            Column("arrival"),
+            Column("prompt"),
+            Column("committed"),
+            Column("ctx done"),
+            Column("paused"),
+            Column("reason", left=True, wrap=True),
+            Column("planned", left=True, wrap=True),
+        ],
+        rows,
+        main=True,
+    )
     p, budget = e["plan"], e["step_budget"]
-    return [policy, residents,
-            Line("step budget", f"{budget['tokens']} tokens: {budget['rule']}"),
-            Line("plan", f"{p['num_prefill']} chunks ({p['prefill_tokens']} tokens) + "
-                         f"{p['num_decode']} decodes = {p['total_tokens']} tokens; paused "
-                         f"{p['paused']}")]
+    return [
+        policy,
+        residents,
+        Line("step budget", f"{budget['tokens']} tokens: {budget['rule']}"),
+        Line(
+            "plan",
+            f"{p['num_prefill']} chunks ({p['prefill_tokens']} tokens) + "
+            f"{p['num_decode']} decodes = {p['total_tokens']} tokens; paused "
+            f"{p['paused']}",
+        ),
+    ]
 
 
 def print_replay(console: Console, result: Any, show: int) -> None:

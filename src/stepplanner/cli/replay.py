@@ -20,13 +20,22 @@ from .render import print_replay, stdout_console
 
 @click.command("replay")
 @click.argument("record_file", type=click.File("r"))
-@click.option("--config", "config_text", default="",
-              help="Re-plan with these fields changed, e.g. 'policy=priority,preemption=pause'; "
-                   "every field not named keeps its recorded value (naming max_num_tokens "
-                   "re-derives an unnamed max_chunk_tokens, naming mode both budgets; give "
-                   "a budget as 0 for its SPEC §2 default).")
-@click.option("--show", type=click.IntRange(min=0), default=5, show_default=True,
-              help="How many differing steps to print.")
+@click.option(
+    "--config",
+    "config_text",
+    default="",
+    help="Re-plan with these fields changed, e.g. 'policy=priority,preemption=pause'; "
+    "every field not named keeps its recorded value (naming max_num_tokens "
+    "re-derives an unnamed max_chunk_tokens, naming mode both budgets; give "
+    "a budget as 0 for its SPEC §2 default).",
+)
+@click.option(
+    "--show",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="How many differing steps to print.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @library_errors
 def replay_command(record_file: Any, config_text: str, show: int, as_json: bool) -> None:
@@ -43,9 +52,17 @@ def replay_command(record_file: Any, config_text: str, show: int, as_json: bool)
         warn_no_op_options(config.options, policy)
     result = replay(lines, policy, limits)
     if as_json:
-        click.echo(json.dumps({"steps": result.steps, "policy": policy_to_dict(result.policy),
-                               "differing_steps": len(result.diffs), "diffs": result.diffs},
-                              indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "steps": result.steps,
+                    "policy": policy_to_dict(result.policy),
+                    "differing_steps": len(result.diffs),
+                    "diffs": result.diffs,
+                },
+                indent=2,
+            )
+        )
     else:
         print_replay(stdout_console(), result, show)
     if result.diffs:
@@ -65,7 +82,11 @@ def recorded_options(recorded: ResolvedSchedulingPolicy, named: set[str]) -> Sch
     budget = recorded.max_num_tokens if mixed else 0
     chunk = recorded.max_chunk_tokens if mixed and "max_num_tokens" not in named else 0
     return SchedulingOptions(
-        ifb_scheduling_mode=recorded.mode, max_num_tokens=budget, max_chunk_tokens=chunk,
-        scheduling_policy=recorded.scheduling_policy, preemption=recorded.preemption,
+        ifb_scheduling_mode=recorded.mode,
+        max_num_tokens=budget,
+        max_chunk_tokens=chunk,
+        scheduling_policy=recorded.scheduling_policy,
+        preemption=recorded.preemption,
         priority_reserved_slots=recorded.priority_reserved_slots,
-        max_pause_steps=recorded.max_pause_steps)
+        max_pause_steps=recorded.max_pause_steps,
+    )

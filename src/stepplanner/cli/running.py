@@ -35,10 +35,16 @@ class ProgressBar:
                 TextColumn,
                 TimeElapsedColumn,
             )
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TextColumn("{task.fields[steps]} steps"),
-                                TimeElapsedColumn(), console=Console(stderr=True),
-                                transient=True)
+
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[steps]} steps"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=self.total, steps=0)
         self.bar.update(self.task, completed=completed, steps=steps)
@@ -54,41 +60,78 @@ class ProgressBar:
             self.bar.stop()
 
 
-def run(workload: Workload, limits: StepPlannerLimits, options: Any,
-        latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-        on_step: Any = None, pace: EnginePace | None = None,
-        detailed: bool = False) -> SimulationResult:
+def run(
+    workload: Workload,
+    limits: StepPlannerLimits,
+    options: Any,
+    latency: LatencyModel,
+    max_steps: int | None,
+    progress: bool,
+    label: str,
+    on_step: Any = None,
+    pace: EnginePace | None = None,
+    detailed: bool = False,
+) -> SimulationResult:
     """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on."""
     bar = ProgressBar(len(workload), progress, label)
     try:
-        return simulate(workload, limits, options, latency, max_steps=max_steps,
-                        on_step=on_step, progress=bar, progress_every=1024, pace=pace,
-                        detailed=detailed)
+        return simulate(
+            workload,
+            limits,
+            options,
+            latency,
+            max_steps=max_steps,
+            on_step=on_step,
+            progress=bar,
+            progress_every=1024,
+            pace=pace,
+            detailed=detailed,
+        )
     finally:
         bar.close()
 
 
-def run_paged(workload: Workload, limits: StepPlannerLimits, options: Any,
-              latency: LatencyModel, max_steps: int | None, progress: bool, label: str,
-              num_pages: int, pace: EnginePace | None = None, detailed: bool = False
-              ) -> tuple[SimulationResult, PageOccupancy]:
+def run_paged(
+    workload: Workload,
+    limits: StepPlannerLimits,
+    options: Any,
+    latency: LatencyModel,
+    max_steps: int | None,
+    progress: bool,
+    label: str,
+    num_pages: int,
+    pace: EnginePace | None = None,
+    detailed: bool = False,
+) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
     with ProgressBar(len(workload), progress, label) as bar:
-        return simulate_paged(workload, limits, options, latency, num_pages=num_pages,
-                              max_steps=max_steps, progress=bar, progress_every=1024,
-                              pace=pace, detailed=detailed)
+        return simulate_paged(
+            workload,
+            limits,
+            options,
+            latency,
+            num_pages=num_pages,
+            max_steps=max_steps,
+            progress=bar,
+            progress_every=1024,
+            pace=pace,
+            detailed=detailed,
+        )
 
 
-def check_num_pages(num_pages: int, workload: Workload, limits: StepPlannerLimits,
-                    option: str = "--num-pages") -> None:
+def check_num_pages(
+    num_pages: int, workload: Workload, limits: StepPlannerLimits, option: str = "--num-pages"
+) -> None:
     """``option``: 0 (unlimited) or a pool that holds the workload's largest request, the way a
     serving engine refuses to start with a KV cache too small for one longest sequence."""
     if num_pages < 0:
-        raise InputError(f"{option}={num_pages} is negative; allowed: 0 (unlimited pages) or "
-                         "a pool size >= 1")
+        raise InputError(
+            f"{option}={num_pages} is negative; allowed: 0 (unlimited pages) or a pool size >= 1"
+        )
     need = row_pages(workload, limits) if num_pages else 0
     if num_pages < need:
         raise InputError(
             f"{option}={num_pages} cannot hold the workload's largest request: its prompt "
             f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
-            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}")
+            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}"
+        )

@@ -6,19 +6,28 @@ from typing import Any
 
 import click
 
-from ..planner._policy import resolve_scheduling_policy
 from ..cli import tuning_extras
 from ..fidelity.simulated import results_document
+from ..planner._policy import resolve_scheduling_policy
 from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options, warn_refused
-from .options import (format_options, limit_options, limits_from, num_pages_option,
-                      options_from, output_format, run_options, scheduling_options,
-                      workload_from, workload_options)
+from .options import (
+    format_options,
+    limit_options,
+    limits_from,
+    num_pages_option,
+    options_from,
+    output_format,
+    run_options,
+    scheduling_options,
+    workload_from,
+    workload_options,
+)
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
-from .slo_render import attainment_blocks
 from .running import check_num_pages, run, run_paged
+from .slo_render import attainment_blocks
 from .tuning_options import latency_model_file, latency_of
 from .tuning_render import write_json
 
@@ -30,24 +39,42 @@ from .tuning_render import write_json
 @run_options
 @format_options
 @num_pages_option
-@click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
-                   "the batch timeline (needs matplotlib).")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Write an image (.png, .svg, .pdf, ...): the TTFT CDF per priority class and "
+    "the batch timeline (needs matplotlib).",
+)
 @tuning_extras.simulate_options
 @library_errors
-def simulate_command(latency_text: str, max_steps: int | None, progress: bool, fmt: str,
-                     as_json: bool, plot: str | None, slos: Any, latency_model: Any,
-                     metric_percentiles: Any, save_result: str | None, save_detailed: bool,
-                     num_pages: int, **kw: Any) -> None:
+def simulate_command(
+    latency_text: str,
+    max_steps: int | None,
+    progress: bool,
+    fmt: str,
+    as_json: bool,
+    plot: str | None,
+    slos: Any,
+    latency_model: Any,
+    metric_percentiles: Any,
+    save_result: str | None,
+    save_detailed: bool,
+    num_pages: int,
+    **kw: Any,
+) -> None:
     """Simulate one configuration (the embedded workload when no --trace is given)."""
     if plot:
         require_matplotlib()
         check_plot_path(plot)
     if save_detailed and save_result is None:
-        raise InputError("--save-detailed adds the per-request results to --save-result FILE; "
-                         "give --save-result too")
-    check_files({"--save-result": save_result, "--plot": plot},
-                {"--trace": kw["trace"], "--latency-model": latency_model_file()})
+        raise InputError(
+            "--save-detailed adds the per-request results to --save-result FILE; "
+            "give --save-result too"
+        )
+    check_files(
+        {"--save-result": save_result, "--plot": plot},
+        {"--trace": kw["trace"], "--latency-model": latency_model_file()},
+    )
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
@@ -56,26 +83,48 @@ def simulate_command(latency_text: str, max_steps: int | None, progress: bool, f
     show_progress = progress and fmt == "table"
     check_num_pages(num_pages, workload, limits)
     if num_pages:
-        result, occupancy = run_paged(workload, limits, policy, latency, max_steps,
-                                      show_progress, "simulating", num_pages,
-                                      detailed=save_detailed)
+        result, occupancy = run_paged(
+            workload,
+            limits,
+            policy,
+            latency,
+            max_steps,
+            show_progress,
+            "simulating",
+            num_pages,
+            detailed=save_detailed,
+        )
     else:
-        result = run(workload, limits, policy, latency, max_steps, show_progress, "simulating",
-                     detailed=save_detailed)
+        result = run(
+            workload,
+            limits,
+            policy,
+            latency,
+            max_steps,
+            show_progress,
+            "simulating",
+            detailed=save_detailed,
+        )
     warn_refused(result)
     report = result.report()
     if num_pages:
         report["pages"] = occupancy.report()
     report.update(tuning_extras.section(result, slos, metric_percentiles))
-    tuning_extras.save(save_result, report,
-                       results_document(result) if save_detailed else None)
+    tuning_extras.save(save_result, report, results_document(result) if save_detailed else None)
     if plot:
         plot_result(result, plot)
     if fmt == "json":
         click.echo(write_json(None, report))
     else:
         pages = page_blocks(report["pages"], result.num_steps) if num_pages else []
-        emit([*report_blocks(report), *pages, *attainment_blocks(report),
-              *tuning_extras.vllm_blocks(report, metric_percentiles)], fmt)
+        emit(
+            [
+                *report_blocks(report),
+                *pages,
+                *attainment_blocks(report),
+                *tuning_extras.vllm_blocks(report, metric_percentiles),
+            ],
+            fmt,
+        )
     if plot:
         click.echo(f"plot written to {plot}", err=True)

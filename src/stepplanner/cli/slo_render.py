@@ -11,10 +11,12 @@ from typing import Any
 from .render import Block, Column, Line, TableData, class_name
 
 DEFINITIONS = Line(
-    "SLO attainment", "over every arrival with objectives (refused, unfinished and relegated "
+    "SLO attainment",
+    "over every arrival with objectives (refused, unfinished and relegated "
     "requests miss): attained = every token by its deadline (arrival + ttft + i * tpot); vLLM "
     "good = TTFT and mean TPOT within the objectives (benchmark_serving --goodput); goodput = "
-    "such requests per simulated second; ITL p99 beside it")
+    "such requests per simulated second; ITL p99 beside it",
+)
 
 
 def _pct(share: float | None) -> str | None:
@@ -37,16 +39,35 @@ def attainment_blocks(report: dict[str, Any]) -> list[Block]:
     att = report.get("slo_attainment")
     if att is None:
         return []
-    columns = [Column("class", left=True), Column("TTFT / TPOT\nSLO ms"),
-               Column("with\nSLO", ","), Column("attained"), Column("vLLM\ngood"),
-               Column("goodput\nreq/s", ".2f"), Column("vLLM goodput\nreq/s", ".2f"),
-               Column("ITL\np99 ms"), Column("late\ntokens"), Column("relegated", ","),
-               Column("refused /\nunfinished")]
-    rows = [[class_name(key), _objective(c), c["with_slo"], _pct(c["attainment"]),
-             _pct(c["vllm_attainment"]), c["goodput_rps"], c["vllm_goodput_rps"],
-             _ms(c["p99_itl_ms"]), _pct(c["late_token_share"]), c["relegated"],
-             f"{c['missed']['refused']} / {c['missed']['unfinished']}"]
-            for key, c in att["classes"].items()]
+    columns = [
+        Column("class", left=True),
+        Column("TTFT / TPOT\nSLO ms"),
+        Column("with\nSLO", ","),
+        Column("attained"),
+        Column("vLLM\ngood"),
+        Column("goodput\nreq/s", ".2f"),
+        Column("vLLM goodput\nreq/s", ".2f"),
+        Column("ITL\np99 ms"),
+        Column("late\ntokens"),
+        Column("relegated", ","),
+        Column("refused /\nunfinished"),
+    ]
+    rows = [
+        [
+            class_name(key),
+            _objective(c),
+            c["with_slo"],
+            _pct(c["attainment"]),
+            _pct(c["vllm_attainment"]),
+            c["goodput_rps"],
+            c["vllm_goodput_rps"],
+            _ms(c["p99_itl_ms"]),
+            _pct(c["late_token_share"]),
+            c["relegated"],
+            f"{c['missed']['refused']} / {c['missed']['unfinished']}",
+        ]
+        for key, c in att["classes"].items()
+    ]
     return [TableData("SLO attainment by priority class", columns, rows), DEFINITIONS]
 
 
@@ -61,9 +82,12 @@ _COMPARED: tuple[tuple[str, str, Any, bool], ...] = (
 )
 
 
-def attainment_comparison(reports: Sequence[dict[str, Any]], names: Sequence[str],
-                          loads: Sequence[tuple[float, float] | None] = (None,),
-                          main: bool = False) -> list[Block]:
+def attainment_comparison(
+    reports: Sequence[dict[str, Any]],
+    names: Sequence[str],
+    loads: Sequence[tuple[float, float] | None] = (None,),
+    main: bool = False,
+) -> list[Block]:
     """``compare``: the SLO metrics as rows and a column per configuration. ``reports`` run
     load by load, ``len(names)`` per load; ``loads`` gives each load's (multiple of saturation,
     rate) or None for the workload as given."""
@@ -71,24 +95,42 @@ def attainment_comparison(reports: Sequence[dict[str, Any]], names: Sequence[str
         return []
     per_load = len(names)
     columns = ([Column("load", left=True)] if loads != (None,) else []) + [
-        Column("metric", left=True), *(Column(name) for name in names)]
+        Column("metric", left=True),
+        *(Column(name) for name in names),
+    ]
     rows: list[list[str | None]] = []
     for k, load in enumerate(loads):
-        group = reports[k * per_load:(k + 1) * per_load]
+        group = reports[k * per_load : (k + 1) * per_load]
         classes = list(group[0]["slo_attainment"]["classes"])
         lead: list[str | None] = [] if load is None else [f"{load[0]:g}x ({load[1]:.2f}/s)"]
-        rows.append([*lead, "completed req/s",
-                     *(f"{r['throughput']['requests_per_s']:.2f}" for r in group)])
+        rows.append(
+            [*lead, "completed req/s", *(f"{r['throughput']['requests_per_s']:.2f}" for r in group)]
+        )
         lead = [] if load is None else [""]  # the load once, on its group's first row
         for label, key, fmt, by_class in _COMPARED:
             for c in classes if by_class else ["all"]:
                 where = "" if c == "all" else f" [{class_name(c)}]"
-                rows.append([*lead, label + where,
-                             *(fmt(r["slo_attainment"]["classes"][c][key])
-                               if r["slo_attainment"]["classes"][c][key] is not None else None
-                               for r in group)])
-    return [TableData("SLO attainment" + (" by load (x saturation)" if loads != (None,) else ""),
-                      columns, rows, main=main), DEFINITIONS]
+                rows.append(
+                    [
+                        *lead,
+                        label + where,
+                        *(
+                            fmt(r["slo_attainment"]["classes"][c][key])
+                            if r["slo_attainment"]["classes"][c][key] is not None
+                            else None
+                            for r in group
+                        ),
+                    ]
+                )
+    return [
+        TableData(
+            "SLO attainment" + (" by load (x saturation)" if loads != (None,) else ""),
+            columns,
+            rows,
+            main=main,
+        ),
+        DEFINITIONS,
+    ]
 
 
 def sweep_attainment(record: dict[str, Any]) -> list[Any]:
@@ -110,5 +152,7 @@ def capacity_attainment(record: dict[str, Any], max_rate: float) -> list[Any]:
     return [f"≥ {max_rate:.2f}" if c["unbounded"] else c["capacity"] for c in found.values()]
 
 
-CAPACITY_COLUMNS = [Column("capacity at\n≥ 90% attained", ".2f"),
-                    Column("capacity at\n≥ 99% attained", ".2f")]
+CAPACITY_COLUMNS = [
+    Column("capacity at\n≥ 90% attained", ".2f"),
+    Column("capacity at\n≥ 99% attained", ".2f"),
+]

@@ -20,8 +20,14 @@ class ConfigProgress:
 
     def __init__(self, total: int, enabled: bool, label: str) -> None:
         self.enabled = enabled
-        self.bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.bar = Progress(
+            TextColumn(label),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self.task = self.bar.add_task(label, total=total)
 
     def __enter__(self) -> ConfigProgress:
@@ -39,5 +45,8 @@ class ConfigProgress:
 
 def report_interrupt(outcome: Any, total: int) -> None:
     if outcome.interrupted:
-        click.echo(f"interrupted: {len(outcome.finished)} of {total} configurations finished; "
-                   "showing those", err=True)
+        click.echo(
+            f"interrupted: {len(outcome.finished)} of {total} configurations finished; "
+            "showing those",
+            err=True,
+        )

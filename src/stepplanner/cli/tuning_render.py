@@ -13,8 +13,13 @@ from typing import Any
 
 from ..tuning.slo import SloTarget
 from .render import Block, Column, Line, TableData
-from .slo_render import (CAPACITY_COLUMNS, DEFINITIONS, SWEEP_COLUMNS, capacity_attainment,
-                         sweep_attainment)
+from .slo_render import (
+    CAPACITY_COLUMNS,
+    DEFINITIONS,
+    SWEEP_COLUMNS,
+    capacity_attainment,
+    sweep_attainment,
+)
 
 _MS = ",.1f"
 
@@ -40,37 +45,70 @@ def _check_ms(row: dict[str, Any] | None) -> str | None:
 
 
 def _errors(records: Sequence[dict[str, Any]]) -> list[Block]:
-    return [Line("did not resolve", f"{r['label']}: {r['error']}")
-            for r in records if r.get("error") is not None]
+    return [
+        Line("did not resolve", f"{r['label']}: {r['error']}")
+        for r in records
+        if r.get("error") is not None
+    ]
 
 
-def sweep_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
-                 header: str) -> list[Block]:
+def sweep_blocks(
+    records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], header: str
+) -> list[Block]:
     """Configurations by goodput, the Pareto front marked, then those that did not resolve."""
-    columns = [Column("#"), Column("configuration", left=True),
-               Column("mode budget/\nchunk", left=True), Column("goodput", ".2f"),
-               Column("req/s", ".2f"), Column("TTFT\np99", _MS), Column("TPOT\np99", _MS),
-               Column("ITL\np99", _MS), Column("E2E\np99", _MS),
-               *(Column(f"{s.key}\n≤ {s.seconds * 1e3:g} ms") for s in slos),
-               Column("SLOs", left=True), Column("front", left=True)]
+    columns = [
+        Column("#"),
+        Column("configuration", left=True),
+        Column("mode budget/\nchunk", left=True),
+        Column("goodput", ".2f"),
+        Column("req/s", ".2f"),
+        Column("TTFT\np99", _MS),
+        Column("TPOT\np99", _MS),
+        Column("ITL\np99", _MS),
+        Column("E2E\np99", _MS),
+        *(Column(f"{s.key}\n≤ {s.seconds * 1e3:g} ms") for s in slos),
+        Column("SLOs", left=True),
+        Column("front", left=True),
+    ]
     deadlines = any(r.get("attainment") for r in records)
     if deadlines:
         columns[4:4] = SWEEP_COLUMNS
     rows = []
     for rank, r in enumerate((r for r in records if r.get("error") is None), start=1):
         m = r["metrics"]
-        rows.append([rank, r["label"], _budget(r), r["goodput"],
-                     *(sweep_attainment(r) if deadlines else []), r["throughput"],
-                     m["p99_ttft_ms"], m["p99_tpot_ms"], m["p99_itl_ms"], m["p99_e2el_ms"],
-                     *(_observed_ms(r, s) for s in slos),
-                     "met" if r["meets_slo"] else "missed", "*" if r["pareto"] else ""])
-    return [Line("sweep", header),
-            TableData("configurations by goodput (* = Pareto front on TTFT p99, TPOT p99, "
-                      "throughput)", columns, rows, main=True),
-            *_errors(records),
-            Line("units", "latencies in ms of simulated time; goodput = requests/s within every "
-                          "SLO (✗ = an SLO missed)"),
-            *([DEFINITIONS] if deadlines else [])]
+        rows.append(
+            [
+                rank,
+                r["label"],
+                _budget(r),
+                r["goodput"],
+                *(sweep_attainment(r) if deadlines else []),
+                r["throughput"],
+                m["p99_ttft_ms"],
+                m["p99_tpot_ms"],
+                m["p99_itl_ms"],
+                m["p99_e2el_ms"],
+                *(_observed_ms(r, s) for s in slos),
+                "met" if r["meets_slo"] else "missed",
+                "*" if r["pareto"] else "",
+            ]
+        )
+    return [
+        Line("sweep", header),
+        TableData(
+            "configurations by goodput (* = Pareto front on TTFT p99, TPOT p99, throughput)",
+            columns,
+            rows,
+            main=True,
+        ),
+        *_errors(records),
+        Line(
+            "units",
+            "latencies in ms of simulated time; goodput = requests/s within every "
+            "SLO (✗ = an SLO missed)",
+        ),
+        *([DEFINITIONS] if deadlines else []),
+    ]
 
 
 def conditions(slos: Sequence[SloTarget], stability: SloTarget | None) -> str:
@@ -81,14 +119,27 @@ def conditions(slos: Sequence[SloTarget], stability: SloTarget | None) -> str:
     return f"{text}; stability {stability} (queueing delay, arrival to admission)"
 
 
-def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
-                    stability: SloTarget | None, max_rate: float, header: str) -> list[Block]:
-    columns = [Column("configuration", left=True), Column("mode budget/\nchunk", left=True),
-               Column("capacity\nreq/s", ".2f"), Column("fails at\nreq/s", ".2f"),
-               Column("probes"), Column("TTFT p99\nat capacity", _MS),
-               Column("TPOT p99\nat capacity", _MS),
-               *([] if stability is None else
-                 [Column(f"{stability.key}\n≤ {stability.seconds * 1e3:g} ms")])]
+def capacity_blocks(
+    records: Sequence[dict[str, Any]],
+    slos: Sequence[SloTarget],
+    stability: SloTarget | None,
+    max_rate: float,
+    header: str,
+) -> list[Block]:
+    columns = [
+        Column("configuration", left=True),
+        Column("mode budget/\nchunk", left=True),
+        Column("capacity\nreq/s", ".2f"),
+        Column("fails at\nreq/s", ".2f"),
+        Column("probes"),
+        Column("TTFT p99\nat capacity", _MS),
+        Column("TPOT p99\nat capacity", _MS),
+        *(
+            []
+            if stability is None
+            else [Column(f"{stability.key}\n≤ {stability.seconds * 1e3:g} ms")]
+        ),
+    ]
     deadlines = any(r.get("attainment_capacity") for r in records)
     if deadlines:
         columns[4:4] = CAPACITY_COLUMNS
@@ -99,35 +150,74 @@ def capacity_blocks(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget]
         at = r["at_capacity"] or {}
         # Unbounded: met everything at the search's ceiling, which is a bound, not a capacity.
         found = f"≥ {max_rate:.2f}" if r["unbounded"] else r["capacity"]
-        rows.append([r["label"], _budget(r), found, r["upper"],
-                     *(capacity_attainment(r, max_rate) if deadlines else []), len(r["probes"]),
-                     at.get("p99_ttft_ms"), at.get("p99_tpot_ms"),
-                     *([] if stability is None else [_check_ms(at.get("stability"))])])
-    return [Line("capacity", header),
-            TableData(f"highest arrival rate meeting every SLO"
-                      f"{'' if stability is None else ' and the stability condition'}",
-                      columns, rows, main=True),
-            *_errors(records),
-            Line("units", "'fails at' is the lowest probed rate that missed a condition; a "
-                          "capacity '≥ R' met every condition at --max-rate R (no capacity was "
-                          "found below it); latencies in ms of simulated time"),
-            *([Line("capacity at attainment", "the highest rate at which that share of all "
+        rows.append(
+            [
+                r["label"],
+                _budget(r),
+                found,
+                r["upper"],
+                *(capacity_attainment(r, max_rate) if deadlines else []),
+                len(r["probes"]),
+                at.get("p99_ttft_ms"),
+                at.get("p99_tpot_ms"),
+                *([] if stability is None else [_check_ms(at.get("stability"))]),
+            ]
+        )
+    return [
+        Line("capacity", header),
+        TableData(
+            f"highest arrival rate meeting every SLO"
+            f"{'' if stability is None else ' and the stability condition'}",
+            columns,
+            rows,
+            main=True,
+        ),
+        *_errors(records),
+        Line(
+            "units",
+            "'fails at' is the lowest probed rate that missed a condition; a "
+            "capacity '≥ R' met every condition at --max-rate R (no capacity was "
+            "found below it); latencies in ms of simulated time",
+        ),
+        *(
+            [
+                Line(
+                    "capacity at attainment",
+                    "the highest rate at which that share of all "
                     "arrivals attains every deadline (DistServe), under the stability "
-                    "condition")] if deadlines else [])]
+                    "condition",
+                )
+            ]
+            if deadlines
+            else []
+        ),
+    ]
 
 
 # --- files ---------------------------------------------------------------------------------------
 
 
-def document(workload: dict[str, Any], latency: Any, slos: Sequence[SloTarget],
-             grid: dict[str, list[str]], outcome: Any, records: list[dict[str, Any]],
-             **extra: Any) -> dict[str, Any]:
+def document(
+    workload: dict[str, Any],
+    latency: Any,
+    slos: Sequence[SloTarget],
+    grid: dict[str, list[str]],
+    outcome: Any,
+    records: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
     """The --json document of a command over configurations."""
-    return {"workload": workload,
-            "latency_model": {"name": latency.name, **latency.coefficients()},
-            "slos": [str(s) for s in slos], "grid": grid, **extra,
-            "backend": outcome.backend, "workers": outcome.workers,
-            "interrupted": outcome.interrupted, "results": records}
+    return {
+        "workload": workload,
+        "latency_model": {"name": latency.name, **latency.coefficients()},
+        "slos": [str(s) for s in slos],
+        "grid": grid,
+        **extra,
+        "backend": outcome.backend,
+        "workers": outcome.workers,
+        "interrupted": outcome.interrupted,
+        "results": records,
+    }
 
 
 def save(doc: dict[str, Any], json_path: str | None, csv_path: str | None) -> str:
@@ -143,8 +233,16 @@ def flat(record: dict[str, Any]) -> dict[str, Any]:
     row.update({f"option.{k}": v for k, v in record["options"].items()})
     for key in ("mode", "max_num_tokens", "max_chunk_tokens"):
         row[key] = (record.get("policy") or {}).get(key)
-    for key in ("goodput", "throughput", "meets_slo", "pareto", "capacity", "unbounded", "upper",
-                "error"):
+    for key in (
+        "goodput",
+        "throughput",
+        "meets_slo",
+        "pareto",
+        "capacity",
+        "unbounded",
+        "upper",
+        "error",
+    ):
         if key in record:
             row[key] = record[key]
     overall = ((record.get("attainment") or {}).get("classes") or {}).get("all")
@@ -154,8 +252,9 @@ def flat(record: dict[str, Any]) -> dict[str, Any]:
     for target, found in (record.get("attainment_capacity") or {}).items():
         row[f"capacity_attainment_{target}"] = found["capacity"]
     for check in record.get("slo", []):
-        row[f"{check['slo']}_ms"] = (None if check["observed_s"] is None
-                                     else check["observed_s"] * 1e3)
+        row[f"{check['slo']}_ms"] = (
+            None if check["observed_s"] is None else check["observed_s"] * 1e3
+        )
     row.update(record.get("metrics", {}))
     return row
 
@@ -192,18 +291,24 @@ def _finite(value: Any) -> Any:
 # --- the plot ------------------------------------------------------------------------------------
 
 
-def plot_front(path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloTarget],
-               title: str) -> None:
+def plot_front(
+    path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], title: str
+) -> None:
     """TTFT p99 against TPOT p99, coloured by throughput; the front ringed and labelled; the
     TTFT/TPOT p99 objectives drawn as the corner of the region that meets them."""
     importlib.import_module("matplotlib").use("Agg")
     plt = importlib.import_module("matplotlib.pyplot")
     ok = [r for r in records if r.get("error") is None]
     fig, ax = plt.subplots(figsize=(9, 6))
-    sc = ax.scatter([r["metrics"]["p99_tpot_ms"] for r in ok],
-                    [r["metrics"]["p99_ttft_ms"] for r in ok],
-                    c=[r["throughput"] for r in ok], cmap="viridis", s=36,
-                    edgecolors=["red" if r["pareto"] else "none" for r in ok], linewidths=1.2)
+    sc = ax.scatter(
+        [r["metrics"]["p99_tpot_ms"] for r in ok],
+        [r["metrics"]["p99_ttft_ms"] for r in ok],
+        c=[r["throughput"] for r in ok],
+        cmap="viridis",
+        s=36,
+        edgecolors=["red" if r["pareto"] else "none" for r in ok],
+        linewidths=1.2,
+    )
     fig.colorbar(sc, ax=ax, label="throughput (req/s)")
     labelled: set[tuple[float, float]] = set()
     for r in ok:
@@ -215,8 +320,12 @@ def plot_front(path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloT
         if slo.priority is None and slo.percentile == 99 and slo.metric in ("tpot", "ttft"):
             draw = ax.axvline if slo.metric == "tpot" else ax.axhline
             draw(slo.seconds * 1e3, color="grey", ls="--", lw=1)
-    ax.set(xlabel="TPOT p99 (ms, simulated)", ylabel="TTFT p99 (ms, simulated)", yscale="log",
-           title=f"{title}: {len(ok)} configurations")
+    ax.set(
+        xlabel="TPOT p99 (ms, simulated)",
+        ylabel="TTFT p99 (ms, simulated)",
+        yscale="log",
+        title=f"{title}: {len(ok)} configurations",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -34,9 +34,20 @@ from ..sim.workloads import Workload
 from ..tuning.metrics import percentile_word, series_stats, simulated_span, weighted_series_stats
 from .results import RunResults
 
-__all__ = ["FIGURES", "METRICS", "PERCENTILES", "Fidelity", "Sample", "check_fidelity",
-           "compare_samples", "fidelity_report", "real_samples", "relative_error",
-           "simulated_samples", "summarize"]
+__all__ = [
+    "FIGURES",
+    "METRICS",
+    "PERCENTILES",
+    "Fidelity",
+    "Sample",
+    "check_fidelity",
+    "compare_samples",
+    "fidelity_report",
+    "real_samples",
+    "relative_error",
+    "simulated_samples",
+    "summarize",
+]
 
 PERCENTILES = (50.0, 90.0, 99.0)
 METRICS = ("ttft", "tpot", "itl", "e2e")
@@ -67,14 +78,20 @@ class Sample:
             series = getattr(self, metric)
             empty = series.size == 0
             stats = series_stats(metric, series, PERCENTILES)
-        return {f"p{percentile_word(p)}": None if empty
-                else stats[f"p{percentile_word(p)}_{metric}_ms"] / 1e3 for p in PERCENTILES}
+        return {
+            f"p{percentile_word(p)}": None
+            if empty
+            else stats[f"p{percentile_word(p)}_{metric}_ms"] / 1e3
+            for p in PERCENTILES
+        }
 
     def throughput(self) -> dict[str, float | None]:
         if not self.seconds:
             return dict.fromkeys(THROUGHPUT)
-        return {"requests_per_s": self.requests / self.seconds,
-                "output_tokens_per_s": self.output_tokens / self.seconds}
+        return {
+            "requests_per_s": self.requests / self.seconds,
+            "output_tokens_per_s": self.output_tokens / self.seconds,
+        }
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,7 +122,8 @@ def real_samples(results: RunResults) -> dict[str, Sample]:
     """The real run's samples by class (``results`` matched to its workload)."""
     if results.priority is None:
         raise StepPlannerValueError(
-            f"{results.where}: not matched to a workload; use served_workload first")
+            f"{results.where}: not matched to a workload; use served_workload first"
+        )
     ok = ~results.failed
     out_lens = results.output_lens
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -119,14 +137,20 @@ def real_samples(results: RunResults) -> dict[str, Sample]:
         gaps = [results.itls[i] for i in np.flatnonzero(rows)]
         values = np.concatenate(gaps) if gaps else np.zeros(0)
         samples[key] = Sample(
-            ttft=results.ttft[rows], tpot=tpot[rows & (out_lens > 1)], e2e=results.e2e[rows],
-            itl=(values, np.ones(values.size, dtype=np.int64)), requests=int(rows.sum()),
-            output_tokens=int(out_lens[rows].sum()), seconds=seconds)
+            ttft=results.ttft[rows],
+            tpot=tpot[rows & (out_lens > 1)],
+            e2e=results.e2e[rows],
+            itl=(values, np.ones(values.size, dtype=np.int64)),
+            requests=int(rows.sum()),
+            output_tokens=int(out_lens[rows].sum()),
+            seconds=seconds,
+        )
     return samples
 
 
-def simulated_samples(result: SimulationResult, counted: np.ndarray | None = None
-                      ) -> dict[str, Sample]:
+def simulated_samples(
+    result: SimulationResult, counted: np.ndarray | None = None
+) -> dict[str, Sample]:
     """The simulation's samples by class, over the completed requests among ``counted`` (a mask
     over the workload's rows; None: all)."""
     w = result.workload
@@ -140,50 +164,72 @@ def simulated_samples(result: SimulationResult, counted: np.ndarray | None = Non
     for key, members in _class_keys(w.priority):
         rows = done & members
         tpot = lat["tpot"][rows]
-        itl = (pooled_itl(result.itl) if key == "all"
-               else result.itl[classes.index(int(key))])
+        itl = pooled_itl(result.itl) if key == "all" else result.itl[classes.index(int(key))]
         samples[key] = Sample(
-            ttft=lat["ttft"][rows], tpot=tpot[~np.isnan(tpot)], e2e=lat["e2e"][rows], itl=itl,
-            requests=int(rows.sum()), output_tokens=int(result.generated[rows].sum()),
-            seconds=seconds)
+            ttft=lat["ttft"][rows],
+            tpot=tpot[~np.isnan(tpot)],
+            e2e=lat["e2e"][rows],
+            itl=itl,
+            requests=int(rows.sum()),
+            output_tokens=int(result.generated[rows].sum()),
+            seconds=seconds,
+        )
     return samples
 
 
-def _side_by_side(real: dict[str, float | None],
-                  simulated: dict[str, float | None]) -> dict[str, dict[str, float | None]]:
-    return {key: {"real": real[key], "simulated": simulated[key],
-                  "error": relative_error(real[key], simulated[key])} for key in real}
+def _side_by_side(
+    real: dict[str, float | None], simulated: dict[str, float | None]
+) -> dict[str, dict[str, float | None]]:
+    return {
+        key: {
+            "real": real[key],
+            "simulated": simulated[key],
+            "error": relative_error(real[key], simulated[key]),
+        }
+        for key in real
+    }
 
 
-def compare_samples(real: dict[str, Sample],
-                    simulated: dict[str, Sample]) -> dict[str, dict[str, Any]]:
+def compare_samples(
+    real: dict[str, Sample], simulated: dict[str, Sample]
+) -> dict[str, dict[str, Any]]:
     """Per class: each metric's percentiles real, simulated and the relative error; and for
     ``"all"`` the throughput the same way."""
     if list(real) != list(simulated):
         raise StepPlannerValueError(
             f"the real run has classes {list(real)} and the simulation {list(simulated)}; "
-            "allowed: the same trace on both sides")
+            "allowed: the same trace on both sides"
+        )
     out: dict[str, dict[str, Any]] = {}
     for key in real:
-        out[key] = {metric: _side_by_side(real[key].percentiles(metric),
-                                          simulated[key].percentiles(metric))
-                    for metric in METRICS}
+        out[key] = {
+            metric: _side_by_side(real[key].percentiles(metric), simulated[key].percentiles(metric))
+            for metric in METRICS
+        }
         if key == "all":
-            out[key]["throughput"] = _side_by_side(real[key].throughput(),
-                                                   simulated[key].throughput())
+            out[key]["throughput"] = _side_by_side(
+                real[key].throughput(), simulated[key].throughput()
+            )
     return out
 
 
-def summarize(metrics: dict[str, Any],
-              figures: Sequence[tuple[str, float]] = FIGURES) -> dict[str, Any]:
+def summarize(
+    metrics: dict[str, Any], figures: Sequence[tuple[str, float]] = FIGURES
+) -> dict[str, Any]:
     """Median and largest |relative error| over ``figures`` (those with both sides known)."""
-    errors = {f"{metric} p{percentile_word(p)}":
-              metrics[metric][f"p{percentile_word(p)}"]["error"] for metric, p in figures}
+    errors = {
+        f"{metric} p{percentile_word(p)}": metrics[metric][f"p{percentile_word(p)}"]["error"]
+        for metric, p in figures
+    }
     known = {name: abs(e) for name, e in errors.items() if e is not None}
     worst = max(known, key=known.__getitem__) if known else None
-    return {"figures": list(errors), "known": len(known),
-            "median_abs_error": float(np.median(list(known.values()))) if known else None,
-            "max_abs_error": known[worst] if worst else None, "worst": worst}
+    return {
+        "figures": list(errors),
+        "known": len(known),
+        "median_abs_error": float(np.median(list(known.values()))) if known else None,
+        "max_abs_error": known[worst] if worst else None,
+        "worst": worst,
+    }
 
 
 def fidelity_report(results: RunResults, result: SimulationResult) -> Fidelity:
@@ -193,24 +239,32 @@ def fidelity_report(results: RunResults, result: SimulationResult) -> Fidelity:
         raise StepPlannerValueError(
             f"{results.where}: {len(results)} requests, but the simulation ran "
             f"{len(result.workload)}; allowed: the simulation of the workload served_workload "
-            "gave")
+            "gave"
+        )
     real = real_samples(results)
     simulated = simulated_samples(result, ~results.failed)
     metrics = compare_samples(real, simulated)
     _check_finite(results.where, metrics)
     done = ~np.isnan(result.finish_time)
     report = {
-        "results": {"file": results.where.removeprefix("results "), "layout": results.layout,
-                    "scheduler": results.scheduler, "requests": len(results) + (
-                        results.num_failed - int(results.failed.sum())),
-                    "failed": results.num_failed, "compared": int((~results.failed).sum())},
+        "results": {
+            "file": results.where.removeprefix("results "),
+            "layout": results.layout,
+            "scheduler": results.scheduler,
+            "requests": len(results) + (results.num_failed - int(results.failed.sum())),
+            "failed": results.num_failed,
+            "compared": int((~results.failed).sum()),
+        },
         "workload": result.workload.summary(),
         "limits": dataclasses.asdict(result.limits),
         "policy": policy_to_dict(result.policy),
         "latency_model": dataclasses.asdict(result.latency),
-        "simulation": {"completed": int(done.sum()), "refused": int(result.refused.sum()),
-                       "steps": result.num_steps,
-                       "truncated_by_max_steps": result.truncated},
+        "simulation": {
+            "completed": int(done.sum()),
+            "refused": int(result.refused.sum()),
+            "steps": result.num_steps,
+            "truncated_by_max_steps": result.truncated,
+        },
         "metrics": metrics,
         "summary": {key: summarize(values) for key, values in metrics.items()},
     }
@@ -231,13 +285,21 @@ def _check_finite(where: str, metrics: dict[str, dict[str, Any]]) -> None:
                     raise StepPlannerValueError(
                         f"{where}: the {what} of class {key}, {metric} {name} is not a finite "
                         f"number (real {row['real']!r} s, simulated {row['simulated']!r} s); "
-                        f"allowed: figures whose {what} is a number")
+                        f"allowed: figures whose {what} is a number"
+                    )
 
 
-def check_fidelity(results: RunResults, workload: Workload, limits: StepPlannerLimits,
-                   options: SchedulingOptions | ResolvedSchedulingPolicy | None,
-                   latency: LatencyModel, *, max_steps: int | None = None) -> Fidelity:
+def check_fidelity(
+    results: RunResults,
+    workload: Workload,
+    limits: StepPlannerLimits,
+    options: SchedulingOptions | ResolvedSchedulingPolicy | None,
+    latency: LatencyModel,
+    *,
+    max_steps: int | None = None,
+) -> Fidelity:
     """Simulate ``workload`` (the trace ``results`` served, as ``served_workload`` gave it) and
     compare: one load of the fidelity check."""
-    return fidelity_report(results, simulate(workload, limits, options, latency,
-                                             max_steps=max_steps))
+    return fidelity_report(
+        results, simulate(workload, limits, options, latency, max_steps=max_steps)
+    )

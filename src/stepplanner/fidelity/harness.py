@@ -55,24 +55,43 @@ try:
     import transformers
     from transformers import ContinuousBatchingConfig, GenerationConfig
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(f"stepplanner.fidelity.harness needs torch and transformers ({exc}); "
-                      'pip install "stepplanner[transformers]" (on a CPU-only machine install '
-                      "torch==2.13.0 first)") from exc
+    raise ImportError(
+        f"stepplanner.fidelity.harness needs torch and transformers ({exc}); "
+        'pip install "stepplanner[transformers]" (on a CPU-only machine install '
+        "torch==2.13.0 first)"
+    ) from exc
 
-__all__ = ["EXTRA_STEP_COLUMNS", "RESULTS_FORMAT", "EngineSpec", "ModelSpec", "ServedRun",
-           "StepTimer", "profile_engine", "serve_trace", "write_timings"]
+__all__ = [
+    "EXTRA_STEP_COLUMNS",
+    "RESULTS_FORMAT",
+    "EngineSpec",
+    "ModelSpec",
+    "ServedRun",
+    "StepTimer",
+    "profile_engine",
+    "serve_trace",
+    "write_timings",
+]
 
 # Beside the contract: where in the run the step started, how its time splits, and the queue.
-EXTRA_STEP_COLUMNS = ("step", "start", "schedule_seconds", "forward_seconds", "update_seconds",
-                      "waiting", "active")
+EXTRA_STEP_COLUMNS = (
+    "step",
+    "start",
+    "schedule_seconds",
+    "forward_seconds",
+    "update_seconds",
+    "waiting",
+    "active",
+)
 # Token ids of the random prompts start above the ids models reserve (pad, bos, eos).
 _FIRST_TOKEN_ID = 3
 
 
 def _positive_int(owner: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StepPlannerTypeError(f"{owner}.{name} must be an int, got "
-                                   f"{type(value).__name__} {value!r}")
+        raise StepPlannerTypeError(
+            f"{owner}.{name} must be an int, got {type(value).__name__} {value!r}"
+        )
     if value < 1:
         raise StepPlannerValueError(f"{owner}.{name}={value!r} is out of range; allowed: >= 1")
 
@@ -93,20 +112,30 @@ class ModelSpec:
     path: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "vocab_size",
+        ):
             _positive_int("ModelSpec", name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise StepPlannerValueError(
                 f"ModelSpec.hidden_size={self.hidden_size} is not a multiple of "
-                f"num_attention_heads={self.num_attention_heads}; allowed: a multiple")
+                f"num_attention_heads={self.num_attention_heads}; allowed: a multiple"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise StepPlannerValueError(
                 f"ModelSpec.num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}; allowed: a multiple")
+                f"num_key_value_heads={self.num_key_value_heads}; allowed: a multiple"
+            )
         if self.vocab_size <= _FIRST_TOKEN_ID:
-            raise StepPlannerValueError(f"ModelSpec.vocab_size={self.vocab_size} is out of "
-                                        f"range; allowed: > {_FIRST_TOKEN_ID}")
+            raise StepPlannerValueError(
+                f"ModelSpec.vocab_size={self.vocab_size} is out of "
+                f"range; allowed: > {_FIRST_TOKEN_ID}"
+            )
         check_seed("ModelSpec.seed", self.seed)
         check_attn_implementation("ModelSpec.attn_implementation", self.attn_implementation)
         if self.path is not None:
@@ -118,19 +147,27 @@ class ModelSpec:
             from transformers import AutoModelForCausalLM
 
             model = AutoModelForCausalLM.from_pretrained(
-                self.path, local_files_only=True, torch_dtype=torch.float32,
-                attn_implementation=self.attn_implementation)
+                self.path,
+                local_files_only=True,
+                torch_dtype=torch.float32,
+                attn_implementation=self.attn_implementation,
+            )
         else:
             from transformers import LlamaConfig, LlamaForCausalLM
 
             torch.manual_seed(self.seed)
             config = LlamaConfig(
-                vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                vocab_size=self.vocab_size,
+                hidden_size=self.hidden_size,
                 intermediate_size=self.intermediate_size,
                 num_hidden_layers=self.num_hidden_layers,
                 num_attention_heads=self.num_attention_heads,
-                num_key_value_heads=self.num_key_value_heads, max_position_embeddings=8192,
-                eos_token_id=None, bos_token_id=None, pad_token_id=None)
+                num_key_value_heads=self.num_key_value_heads,
+                max_position_embeddings=8192,
+                eos_token_id=None,
+                bos_token_id=None,
+                pad_token_id=None,
+            )
             config._attn_implementation = self.attn_implementation
             model = LlamaForCausalLM(config).to(torch.float32)
         model = model.eval()
@@ -160,17 +197,26 @@ class EngineSpec:
         self.limits()  # the planner's own checks, named by its fields
 
     def limits(self) -> StepPlannerLimits:
-        return StepPlannerLimits(self.max_batch_size, self.max_input_length, self.kv_page_size,
-                                 max_step_tokens=self.max_step_tokens)
+        return StepPlannerLimits(
+            self.max_batch_size,
+            self.max_input_length,
+            self.kv_page_size,
+            max_step_tokens=self.max_step_tokens,
+        )
 
     def config(self, scheduler_type: str) -> Any:
         # Synchronous batching, no graphs, no prefix sharing: one step at a time, each timed
         # whole, and every prompt computed (a shared prefix would be work the simulator skips).
         return ContinuousBatchingConfig(
-            scheduler_type=scheduler_type, page_size=self.kv_page_size,
-            num_blocks=self.num_blocks, max_batch_tokens=self.max_step_tokens,
-            max_requests_per_batch=self.max_batch_size, allow_block_sharing=False,
-            use_async_batching=False, use_cuda_graph=False)
+            scheduler_type=scheduler_type,
+            page_size=self.kv_page_size,
+            num_blocks=self.num_blocks,
+            max_batch_tokens=self.max_step_tokens,
+            max_requests_per_batch=self.max_batch_size,
+            allow_block_sharing=False,
+            use_async_batching=False,
+            use_cuda_graph=False,
+        )
 
     def check_workload(self, workload: Workload) -> None:
         """Refuse, naming the row, a request the engine could never serve whole."""
@@ -179,21 +225,25 @@ class EngineSpec:
             raise StepPlannerValueError(
                 f"trace row {longest}: prompt_tokens={int(workload.prompt_tokens[longest])} "
                 f"exceeds max_input_length={self.max_input_length}; allowed: <= it (raise "
-                "--max-input-length)")
+                "--max-input-length)"
+            )
         total = workload.prompt_tokens + workload.output_tokens
         biggest = int(np.argmax(total))
         if total[biggest] > self.num_blocks * self.kv_page_size:
             raise StepPlannerValueError(
                 f"trace row {biggest}: prompt + output = {int(total[biggest])} tokens exceeds "
                 f"the KV cache of num_blocks x kv_page_size = "
-                f"{self.num_blocks * self.kv_page_size}; allowed: <= it (raise --num-blocks)")
+                f"{self.num_blocks * self.kv_page_size}; allowed: <= it (raise --num-blocks)"
+            )
 
 
 def _manager(model: Any, engine: EngineSpec, scheduler_type: str) -> Any:
-    generation = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0,
-                                  max_new_tokens=1)
-    return model.init_continuous_batching(generation_config=generation,
-                                          continuous_batching_config=engine.config(scheduler_type))
+    generation = GenerationConfig(
+        do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=1
+    )
+    return model.init_continuous_batching(
+        generation_config=generation, continuous_batching_config=engine.config(scheduler_type)
+    )
 
 
 # --- per-step timings ------------------------------------------------------------------------
@@ -224,8 +274,11 @@ class StepTimer:
         manager._create_batch_processor = create_and_time
 
     def _wrap(self, processor: Any) -> None:
-        prepare, forward, update = (processor.prepare_next_batch, processor._generation_step,
-                                    processor.update_batch)
+        prepare, forward, update = (
+            processor.prepare_next_batch,
+            processor._generation_step,
+            processor.update_batch,
+        )
         io = processor.inputs_and_outputs
         prepare_tensors = io.prepare_batch_tensors
         current = self._current
@@ -234,8 +287,10 @@ class StepTimer:
         def read_batch(requests_in_batch: Any, *args: Any, **kwargs: Any) -> Any:
             # Before the runtime advances position_offset: the past of each row. A row decodes
             # when its request has output already (the chunk completing a prompt has none).
-            current["batch"] = [(f.state.position_offset, f.query_length,
-                                 len(f.state.generated_tokens) > 0) for f in requests_in_batch]
+            current["batch"] = [
+                (f.state.position_offset, f.query_length, len(f.state.generated_tokens) > 0)
+                for f in requests_in_batch
+            ]
             return prepare_tensors(requests_in_batch, *args, **kwargs)
 
         def timed_prepare() -> bool:
@@ -268,8 +323,10 @@ class StepTimer:
         chunks = [(past, query) for past, query, decode in batch if not decode]
         tokens = sum(query for _, query, _ in batch)
         row = {
-            "seconds": end - c["start"], "tokens": tokens,
-            "context": sum(past + query for past, query, _ in batch), "rows": len(batch),
+            "seconds": end - c["start"],
+            "tokens": tokens,
+            "context": sum(past + query for past, query, _ in batch),
+            "rows": len(batch),
             "decode_rows": len(batch) - len(chunks),
             "prefill_tokens": sum(query for _, query in chunks),
             "prefill_context": sum(past + query for past, query in chunks),
@@ -277,14 +334,14 @@ class StepTimer:
             "schedule_seconds": c["prepared"] - c["start"],
             "forward_seconds": c["forwarded"] - c["forward"],
             "update_seconds": end - c["forwarded"],
-            "waiting": c["waiting"], "active": c["active"],
+            "waiting": c["waiting"],
+            "active": c["active"],
         }
         with self._lock:
             # A step that began before restart() (the warm-up's last one: its outputs let the
             # caller restart while this thread still finishes it) is not part of the run.
             if c["start"] >= self.origin:
-                self.rows.append({**row, "step": len(self.rows),
-                                  "start": c["start"] - self.origin})
+                self.rows.append({**row, "step": len(self.rows), "start": c["start"] - self.origin})
 
     def restart(self, origin: float) -> None:
         """Forget the steps so far (a warm-up); ``start`` is counted from ``origin`` on."""
@@ -339,21 +396,29 @@ class ServedRun:
                 itls.append([])
                 latencies.append(0.0)
                 output_lens.append(0)
-                errors.append(out.error or f"{len(stamps)} token stamps for "
-                                           f"{len(out.generated_tokens)} tokens")
+                errors.append(
+                    out.error
+                    or f"{len(stamps)} token stamps for {len(out.generated_tokens)} tokens"
+                )
         duration = max(last - self.origin, 1e-12)
         completed = sum(not e for e in errors)
         ok = [i for i, e in enumerate(errors) if not e]
-        tpots = [(latencies[i] - ttfts[i]) / (output_lens[i] - 1) for i in ok
-                 if output_lens[i] > 1]
+        tpots = [(latencies[i] - ttfts[i]) / (output_lens[i] - 1) for i in ok if output_lens[i] > 1]
         span = float(w.arrival_time[-1] - w.arrival_time[0])
         data: dict[str, Any] = {
             "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-            "endpoint_type": "transformers-cb", "backend": "transformers-cb", "label": None,
-            "model_id": self.run["model"].get("path", "random-llama"), "tokenizer_id": None,
-            "num_prompts": len(w), "request_rate": len(w) / span if span > 0 else "inf",
-            "burstiness": None, "max_concurrency": None,
-            "duration": duration, "completed": completed, "failed": len(w) - completed,
+            "endpoint_type": "transformers-cb",
+            "backend": "transformers-cb",
+            "label": None,
+            "model_id": self.run["model"].get("path", "random-llama"),
+            "tokenizer_id": None,
+            "num_prompts": len(w),
+            "request_rate": len(w) / span if span > 0 else "inf",
+            "burstiness": None,
+            "max_concurrency": None,
+            "duration": duration,
+            "completed": completed,
+            "failed": len(w) - completed,
             "total_input_tokens": int(w.prompt_tokens.sum()),
             "total_output_tokens": int(sum(output_lens)),
             "request_throughput": completed / duration,
@@ -361,19 +426,29 @@ class ServedRun:
             "total_token_throughput": (int(w.prompt_tokens[ok].sum()) + sum(output_lens))
             / duration,
             "max_concurrent_requests": max((s["active"] for s in self.steps), default=0),
-            "input_lens": [int(x) for x in w.prompt_tokens], "output_lens": output_lens,
-            "ttfts": ttfts, "itls": itls, "latencies": latencies,
+            "input_lens": [int(x) for x in w.prompt_tokens],
+            "output_lens": output_lens,
+            "ttfts": ttfts,
+            "itls": itls,
+            "latencies": latencies,
             "start_times": [out.created_time for out in self.outputs],
-            "errors": errors, "generated_texts": [""] * len(w),
-            "request_ids": self.request_ids, "arrival_times": arrivals,
-            "priorities": [int(p) for p in w.priority], "e2els": latencies,
+            "errors": errors,
+            "generated_texts": [""] * len(w),
+            "request_ids": self.request_ids,
+            "arrival_times": arrivals,
+            "priorities": [int(p) for p in w.priority],
+            "e2els": latencies,
             **objective_lists(w),
         }
-        for metric, values in (("ttft", [ttfts[i] for i in ok]), ("tpot", tpots),
-                               ("itl", [g for i in ok for g in itls[i]]),
-                               ("e2el", [latencies[i] for i in ok])):
-            data.update(series_stats(metric, np.asarray(values, dtype=np.float64),
-                                     (50.0, 90.0, 99.0)))
+        for metric, values in (
+            ("ttft", [ttfts[i] for i in ok]),
+            ("tpot", tpots),
+            ("itl", [g for i in ok for g in itls[i]]),
+            ("e2el", [latencies[i] for i in ok]),
+        ):
+            data.update(
+                series_stats(metric, np.asarray(values, dtype=np.float64), (50.0, 90.0, 99.0))
+            )
         data["stepplanner"] = self.run
         return data
 
@@ -387,8 +462,10 @@ class ServedRun:
 def prompts_for(workload: Workload, vocab_size: int, seed: int) -> list[list[int]]:
     """One prompt of random token ids per request, of the trace's length (seeded)."""
     rng = random.Random(seed)
-    return [[rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(int(n))]
-            for n in workload.prompt_tokens]
+    return [
+        [rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(int(n))]
+        for n in workload.prompt_tokens
+    ]
 
 
 class _Collector:
@@ -429,7 +506,8 @@ class _Collector:
                     raise RuntimeError(
                         f"{len(missing)} request(s) never came back from the runtime within "
                         f"{timeout:g} s (first: {missing[:5]}); the generation loop stopped or "
-                        "is far slower than the trace")
+                        "is far slower than the trace"
+                    )
                 self.arrived.wait(min(left, 0.5))
             return [self.outputs[i] for i in ids]
 
@@ -438,15 +516,29 @@ class _Collector:
         self.thread.join(timeout=5)
 
 
-def _run_description(workload: Workload, model: ModelSpec, engine: EngineSpec,
-                     scheduler_type: str, policy: dict[str, Any] | None,
-                     trace: str | None, timings: str | None, threads: int) -> dict[str, Any]:
+def _run_description(
+    workload: Workload,
+    model: ModelSpec,
+    engine: EngineSpec,
+    scheduler_type: str,
+    policy: dict[str, Any] | None,
+    trace: str | None,
+    timings: str | None,
+    threads: int,
+) -> dict[str, Any]:
     return {
-        "format": RESULTS_FORMAT, "trace": trace, "source": workload.source,
-        "scheduler": scheduler_type, "options": policy,
-        "limits": dataclasses.asdict(engine.limits()), "num_blocks": engine.num_blocks,
-        "model": model.describe(), "threads": threads, "torch": torch.__version__,
-        "transformers": transformers.__version__, "timings": timings,
+        "format": RESULTS_FORMAT,
+        "trace": trace,
+        "source": workload.source,
+        "scheduler": scheduler_type,
+        "options": policy,
+        "limits": dataclasses.asdict(engine.limits()),
+        "num_blocks": engine.num_blocks,
+        "model": model.describe(),
+        "threads": threads,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "timings": timings,
         "loadavg_before": list(os.getloadavg()),
     }
 
@@ -456,18 +548,32 @@ def _warm_up(manager: Any, collector: _Collector, engine: EngineSpec, vocab: int
     ids = []
     for k, length in enumerate((16, engine.max_step_tokens, 1 + engine.max_step_tokens // 2)):
         rid = f"warmup_{k}"
-        manager.add_request([_FIRST_TOKEN_ID + k % (vocab - _FIRST_TOKEN_ID)] *
-                            min(length, engine.max_input_length),
-                            request_id=rid, max_new_tokens=4, eos_token_id=-1)
+        manager.add_request(
+            [_FIRST_TOKEN_ID + k % (vocab - _FIRST_TOKEN_ID)]
+            * min(length, engine.max_input_length),
+            request_id=rid,
+            max_new_tokens=4,
+            eos_token_id=-1,
+        )
         ids.append(rid)
     collector.wait(ids, 600)
 
 
-def serve_trace(workload: Workload, model: ModelSpec, engine: EngineSpec, scheduler_type: str,
-                *, policy: dict[str, Any] | None = None, request_ids: Sequence[str] | None = None,
-                seed: int = 0, threads: int = 1, trace: str | None = None,
-                timings: str | None = None, timeout: float | None = None,
-                progress: Callable[[int, int], None] | None = None) -> ServedRun:
+def serve_trace(
+    workload: Workload,
+    model: ModelSpec,
+    engine: EngineSpec,
+    scheduler_type: str,
+    *,
+    policy: dict[str, Any] | None = None,
+    request_ids: Sequence[str] | None = None,
+    seed: int = 0,
+    threads: int = 1,
+    trace: str | None = None,
+    timings: str | None = None,
+    timeout: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ServedRun:
     """Serve ``workload`` at its own arrival times and return what the runtime timed.
 
     ``scheduler_type``: a name in transformers' scheduler table (register a stepplanner one first
@@ -483,23 +589,32 @@ def serve_trace(workload: Workload, model: ModelSpec, engine: EngineSpec, schedu
         raise StepPlannerTypeError(f"workload must be a Workload, got {type(workload).__name__}")
     _positive_int("serve_trace", "threads", threads)
     engine.check_workload(workload)
-    ids = list(request_ids) if request_ids is not None else [f"req_{i}"
-                                                            for i in range(len(workload))]
+    ids = (
+        list(request_ids) if request_ids is not None else [f"req_{i}" for i in range(len(workload))]
+    )
     if len(ids) != len(workload) or len(set(ids)) != len(ids):
-        raise StepPlannerValueError(f"request_ids: {len(ids)} ids ({len(set(ids))} distinct) for "
-                                    f"{len(workload)} requests; allowed: one distinct id each")
+        raise StepPlannerValueError(
+            f"request_ids: {len(ids)} ids ({len(set(ids))} distinct) for "
+            f"{len(workload)} requests; allowed: one distinct id each"
+        )
     with _running(model, engine, scheduler_type, threads) as live:
         prompts = prompts_for(workload, live.vocab, seed)
-        run = _run_description(workload, model, engine, scheduler_type, policy, trace, timings,
-                               threads)
+        run = _run_description(
+            workload, model, engine, scheduler_type, policy, trace, timings, threads
+        )
         arrivals = workload.arrival_time - workload.arrival_time[0]
         origin = time.perf_counter()
         live.timer.restart(origin)
         outputs = [int(n) for n in workload.output_tokens]
         for i, at in enumerate(arrivals.tolist()):
             _sleep_until(origin + at)
-            live.manager.add_request(prompts[i], request_id=ids[i], max_new_tokens=outputs[i],
-                                     record_timestamps=True, eos_token_id=-1)
+            live.manager.add_request(
+                prompts[i],
+                request_id=ids[i],
+                max_new_tokens=outputs[i],
+                record_timestamps=True,
+                eos_token_id=-1,
+            )
             if progress is not None:
                 progress(i + 1, len(ids))
         span = float(arrivals[-1])
@@ -521,8 +636,9 @@ class _Live:
 
 
 @contextlib.contextmanager
-def _running(model: ModelSpec, engine: EngineSpec, scheduler_type: str,
-             threads: int) -> Iterator[_Live]:
+def _running(
+    model: ModelSpec, engine: EngineSpec, scheduler_type: str, threads: int
+) -> Iterator[_Live]:
     """The model built and served by a started, warmed-up manager, with ``threads`` torch
     threads; on exit the manager stops (at once, if requests were left behind) and torch's
     thread count is restored."""
@@ -562,11 +678,19 @@ def _sleep_until(deadline: float) -> None:
 # --- profiling -------------------------------------------------------------------------------
 
 
-def profile_engine(model: ModelSpec, engine: EngineSpec, scheduler_type: str, *,
-                   batches: Sequence[int] = (1, 2, 4, 8), contexts: Sequence[int] = (16, 64, 160,
-                                                                                     320, 480),
-                   chunks: Sequence[int] = (16, 48, 96, 160, 240), decode_steps: int = 24,
-                   repeats: int = 1, seed: int = 0, threads: int = 1) -> list[dict[str, Any]]:
+def profile_engine(
+    model: ModelSpec,
+    engine: EngineSpec,
+    scheduler_type: str,
+    *,
+    batches: Sequence[int] = (1, 2, 4, 8),
+    contexts: Sequence[int] = (16, 64, 160, 320, 480),
+    chunks: Sequence[int] = (16, 48, 96, 160, 240),
+    decode_steps: int = 24,
+    repeats: int = 1,
+    seed: int = 0,
+    threads: int = 1,
+) -> list[dict[str, Any]]:
     """Closed-loop scenarios over the operating range; returns the timed steps.
 
     * decode-only: ``k`` requests (``batches``, capped at B) with prompts of each of
@@ -579,8 +703,7 @@ def profile_engine(model: ModelSpec, engine: EngineSpec, scheduler_type: str, *,
     Use a stepplanner scheduler with a MIXED policy: the runtime's own schedulers do not
     interleave a chunk with decode rows the same way.
     """
-    for name, value in (("decode_steps", decode_steps), ("repeats", repeats),
-                        ("threads", threads)):
+    for name, value in (("decode_steps", decode_steps), ("repeats", repeats), ("threads", threads)):
         _positive_int("profile_engine", name, value)
     b, s_in, budget = engine.max_batch_size, engine.max_input_length, engine.max_step_tokens
     rng = random.Random(seed)
@@ -590,9 +713,12 @@ def profile_engine(model: ModelSpec, engine: EngineSpec, scheduler_type: str, *,
 
         def submit(length: int, out: int) -> str:
             rid = f"profile_{next(counter)}"
-            manager.add_request([rng.randrange(_FIRST_TOKEN_ID, live.vocab)
-                                 for _ in range(length)],
-                                request_id=rid, max_new_tokens=out, eos_token_id=-1)
+            manager.add_request(
+                [rng.randrange(_FIRST_TOKEN_ID, live.vocab) for _ in range(length)],
+                request_id=rid,
+                max_new_tokens=out,
+                eos_token_id=-1,
+            )
             return rid
 
         def served(specs: Sequence[tuple[int, int]]) -> None:

@@ -17,19 +17,27 @@ import numpy as np
 
 from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
 from ..sim.latency import DEFAULT_LATENCY, EnginePace, LatencyModel
-from ..sim.simulator import (DEFAULT_LIMITS, SimulationResult, policy_to_dict,
-                             resolve_options, simulate)
+from ..sim.simulator import (
+    DEFAULT_LIMITS,
+    SimulationResult,
+    policy_to_dict,
+    resolve_options,
+    simulate,
+)
 from ..sim.workloads import Workload
 from .results import RESULTS_FORMAT, objective_lists
 
 __all__ = ["results_document", "simulated_results"]
 
 
-def simulated_results(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
-                      options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
-                      latency: LatencyModel = DEFAULT_LATENCY,
-                      trace: str | None = None, pace: EnginePace | None = None
-                      ) -> dict[str, Any]:
+def simulated_results(
+    workload: Workload,
+    limits: StepPlannerLimits = DEFAULT_LIMITS,
+    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
+    latency: LatencyModel = DEFAULT_LATENCY,
+    trace: str | None = None,
+    pace: EnginePace | None = None,
+) -> dict[str, Any]:
     """Simulate ``workload`` and return its results document (rows in the workload's order;
     ``trace`` is the path recorded in the ``"stepplanner"`` object; ``pace`` as ``simulate``
     takes it: an engine whose speed changed during the run)."""
@@ -58,27 +66,39 @@ def results_document(result: SimulationResult, trace: str | None = None) -> dict
     completed = sum(done)
     return {
         "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
-        "backend": "stepplanner-simulator", "model_id": latency.name,
-        "num_prompts": len(workload), "duration": duration,
-        "completed": completed, "failed": len(done) - completed,
+        "backend": "stepplanner-simulator",
+        "model_id": latency.name,
+        "num_prompts": len(workload),
+        "duration": duration,
+        "completed": completed,
+        "failed": len(done) - completed,
         "total_input_tokens": int(workload.prompt_tokens[done].sum()),
         "total_output_tokens": sum(output_lens),
         "request_throughput": completed / duration,
         "output_throughput": sum(output_lens) / duration,
-        "input_lens": workload.prompt_tokens.tolist(), "output_lens": output_lens,
-        "ttfts": ttfts, "itls": [np.diff(t).tolist() if d else [] for t, d in zip(times, done)],
-        "latencies": latencies, "e2els": latencies,
+        "input_lens": workload.prompt_tokens.tolist(),
+        "output_lens": output_lens,
+        "ttfts": ttfts,
+        "itls": [np.diff(t).tolist() if d else [] for t, d in zip(times, done)],
+        "latencies": latencies,
+        "e2els": latencies,
         "start_times": arrivals,
         "errors": ["" if d else _failure(result, i) for i, d in enumerate(done)],
         "generated_texts": [""] * len(workload),
         "request_ids": [f"req_{i}" for i in range(len(workload))],
         "arrival_times": (workload.arrival_time - workload.arrival_time[0]).tolist(),
         "priorities": workload.priority.tolist(),
-        **objective_lists(workload), "relegated": result.relegated.tolist(),
+        **objective_lists(workload),
+        "relegated": result.relegated.tolist(),
         "stepplanner": {
-            "format": RESULTS_FORMAT, "trace": trace, "scheduler": "stepplanner",
-            "options": policy_to_dict(result.policy), "limits": dataclasses.asdict(result.limits),
-            "num_blocks": None, "model": None, "timings": None,
+            "format": RESULTS_FORMAT,
+            "trace": trace,
+            "scheduler": "stepplanner",
+            "options": policy_to_dict(result.policy),
+            "limits": dataclasses.asdict(result.limits),
+            "num_blocks": None,
+            "model": None,
+            "timings": None,
             "latency_model": dataclasses.asdict(latency),
         },
     }
@@ -88,4 +108,3 @@ def _failure(result: SimulationResult, i: int) -> str:
     if result.refused[i]:
         return "refused at submission: prompt longer than max_input_length"
     return "not completed in the simulation"
-

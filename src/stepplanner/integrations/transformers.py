@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import math
 import time
-from itertools import repeat
 from collections.abc import Callable, Mapping
+from itertools import repeat
 from typing import Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
@@ -62,8 +62,10 @@ SUPPORTED_TRANSFORMERS = ">=5.18,<5.25"
 # request), so the adapter's default is deep enough for minutes of traffic, not 16 x B.
 DEFAULT_MAX_WAITING = 65536
 _LOWEST, _BEYOND = (5, 18), (5, 25)
-_INSTALL_HINT = ('pip install "stepplanner[transformers]" (on a CPU-only machine install '
-                 "torch==2.13.0 first, so pip does not pull a CUDA build)")
+_INSTALL_HINT = (
+    'pip install "stepplanner[transformers]" (on a CPU-only machine install '
+    "torch==2.13.0 first, so pip does not pull a CUDA build)"
+)
 
 try:
     import transformers
@@ -74,8 +76,10 @@ try:
         RequestStatus,
     )
 except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(f"stepplanner.integrations.transformers needs transformers"
-                      f"{SUPPORTED_TRANSFORMERS} with torch: {exc}. {_INSTALL_HINT}") from exc
+    raise ImportError(
+        f"stepplanner.integrations.transformers needs transformers"
+        f"{SUPPORTED_TRANSFORMERS} with torch: {exc}. {_INSTALL_HINT}"
+    ) from exc
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -91,7 +95,8 @@ if not _LOWEST <= _release(transformers.__version__) < _BEYOND:
         f"transformers {transformers.__version__} is installed, but "
         f"stepplanner.integrations.transformers supports transformers{SUPPORTED_TRANSFORMERS} "
         "only: the continuous-batching scheduler interface it plugs into is private and changes "
-        f"between releases. {_INSTALL_HINT}")
+        f"between releases. {_INSTALL_HINT}"
+    )
 
 _DECODING = RequestStatus.DECODING
 # The core's as_array() views the plan's one buffer, so column views made from it stay valid
@@ -123,15 +128,17 @@ class StepPlannerScheduler(_runtime.Scheduler):
     # (RequestState.created_time) with time.perf_counter, and the two must be one clock.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
-    def __init__(self, cache: Any, safety_margin: float | None,
-                 max_requests_per_batch: int) -> None:
+    def __init__(
+        self, cache: Any, safety_margin: float | None, max_requests_per_batch: int
+    ) -> None:
         # Settings are checked before the runtime's own init, so a bad one fails the start with
         # a message that names it (the runtime fails every request with that message).
         self._configure(cache, max_requests_per_batch, cache.max_batch_tokens)
         # The runtime's safety margin throttles prefill admission, which is the planner's job
         # here; it is accepted for the constructor's contract and otherwise unused.
-        super().__init__(cache, 0.0 if safety_margin is None else safety_margin,
-                         max_requests_per_batch)
+        super().__init__(
+            cache, 0.0 if safety_margin is None else safety_margin, max_requests_per_batch
+        )
 
     # --- settings -----------------------------------------------------------------------------
 
@@ -153,14 +160,16 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 f"{step_tokens}: a non-final prompt chunk must end on a page boundary, so one "
                 "step must hold at least one page (SPEC §2: max_step_tokens >= kv_page_size); "
                 f"lower page_size to at most {step_tokens} or raise max_batch_tokens to at least "
-                f"{page}")
+                f"{page}"
+            )
         if batch > step_tokens:  # the runtime clamps this itself today; say which if it ever won't
             raise StepPlannerValueError(
                 f"ContinuousBatchingConfig.max_requests_per_batch={batch} exceeds "
                 f"max_batch_tokens={step_tokens}: a step where every resident decodes holds one "
                 f"token per request (SPEC §2: max_step_tokens >= max_batch_size); lower "
                 f"max_requests_per_batch to at most {step_tokens} or raise max_batch_tokens to "
-                f"at least {batch}")
+                f"at least {batch}"
+            )
         s_in = self.max_input_length
         if s_in is None:
             s_in = cache.num_blocks * page  # what the whole cache holds for one request
@@ -172,7 +181,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         if source is None:
             return 0
         if callable(source):
-            return source(request_id)  # type: ignore[no-any-return]
+            return source(request_id)
         return source.get(request_id, 0)
 
     def _objectives(self, state: RequestState, priority: int) -> tuple[float | None, SLO | None]:
@@ -181,8 +190,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         emitted tokens already; the ledger's token 0 is then its next one."""
         rid = state.request_id
         source = self.slo_of
-        own = None if source is None else (
-            source(rid) if callable(source) else source.get(rid))
+        own = None if source is None else (source(rid) if callable(source) else source.get(rid))
         slo = own if own is not None else self.slo_classes.get(priority)
         if slo is None:
             return None, None
@@ -234,7 +242,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
             self._retire([departed])
 
     def clear_cancelled_requests(self) -> list[RequestState]:
-        cancelled = super().clear_cancelled_requests()
+        cancelled: list[RequestState] = super().clear_cancelled_requests()
         departed = []
         for state in cancelled:
             self._arrivals.pop(state.request_id, None)
@@ -271,19 +279,27 @@ class StepPlannerScheduler(_runtime.Scheduler):
         if state.num_children > 0:
             raise StepPlannerValueError(
                 f"request {rid}: num_return_sequences > 1 (parallel sampling) is not supported by "
-                "the stepplanner scheduler; allowed: 1")
-        length = (len(state.initial_tokens) if state.generated_tokens
-                  else state.position_offset + len(state.remaining_prefill_tokens))
+                "the stepplanner scheduler; allowed: 1"
+            )
+        length = (
+            len(state.initial_tokens)
+            if state.generated_tokens
+            else state.position_offset + len(state.remaining_prefill_tokens)
+        )
         s_in = self.limits.max_input_length
         if length > s_in:
             raise StepPlannerValueError(
                 f"request {rid}: prompt of {length} tokens exceeds max_input_length (S_in)={s_in}; "
                 "it is refused, never truncated (raise max_input_length, or the KV cache, to "
-                "admit it)")
+                "admit it)"
+            )
         try:
             priority = self._priority(rid)
-            arrival, slo = (None, None) if self.slo_of is None and not self.slo_classes else (
-                self._objectives(state, priority))
+            arrival, slo = (
+                (None, None)
+                if self.slo_of is None and not self.slo_classes
+                else (self._objectives(state, priority))
+            )
             self.ledger.submit(self._next_id, length, priority, arrival_time=arrival, slo=slo)
         except (TypeError, ValueError, OverflowError, QueueFullError) as exc:
             self._arrivals.pop(rid, None)
@@ -293,8 +309,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._next_id += 1
         super().add_waiting_request(state)
 
-    def schedule_batch(self, token_budget: int, cache_budget: int
-                       ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
+    def schedule_batch(
+        self, token_budget: int, cache_budget: int
+    ) -> tuple[list[FutureRequestState] | None, bool, int, int]:
         if token_budget != self._step_tokens:
             self._configure(self.cache, self.max_requests_per_batch, token_budget)
         if self._departed:
@@ -332,12 +349,16 @@ class StepPlannerScheduler(_runtime.Scheduler):
             plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
         if not batch and full:
             return None, False, 0, 0  # the runtime's "cache full": it offloads and retries
-        fast = self.cache.max_blocks_per_request > 0 and plan.num_prefill == 0 and all(
-            f.state.position_offset < self.cache.max_decode_fast_path_length for f in batch)
+        fast = (
+            self.cache.max_blocks_per_request > 0
+            and plan.num_prefill == 0
+            and all(f.state.position_offset < self.cache.max_decode_fast_path_length for f in batch)
+        )
         return batch, fast, tokens, reads
 
-    def on_step(self, residents: Any, states: list[RequestState], plan: Any,
-                batch: list[FutureRequestState]) -> None:
+    def on_step(
+        self, residents: Any, states: list[RequestState], plan: Any, batch: list[FutureRequestState]
+    ) -> None:
         """Called once per step with the ledger rows planned from, the runtime's state of each
         row, the plan and the batch handed back (before the runtime runs it; ``plan`` and
         ``residents`` are overwritten by the next step)."""
@@ -401,11 +422,13 @@ class StepPlannerScheduler(_runtime.Scheduler):
         context = [s._status is _DECODING or len(s.generated_tokens) > 0 for s in states]
         rows["context_committed"] = context
         if not all(context):
-            rows["prompt_length"] = [s.position_offset + len(s.remaining_prefill_tokens)
-                                     for s in states]
+            rows["prompt_length"] = [
+                s.position_offset + len(s.remaining_prefill_tokens) for s in states
+            ]
 
-    def _hand_back(self, plan: Any, states: list[RequestState], cache_budget: int
-                   ) -> tuple[list[FutureRequestState], bool, int, int]:
+    def _hand_back(
+        self, plan: Any, states: list[RequestState], cache_budget: int
+    ) -> tuple[list[FutureRequestState], bool, int, int]:
         cache = self.cache
         read_limit = cache.read_cache_limit
         # A decode-only batch on the runtime's fast path reads through a block table, not the
@@ -457,24 +480,37 @@ class StepPlannerScheduler(_runtime.Scheduler):
             if k < chunks or state._status is not _DECODING:
                 self._schedule_request(state, state.remaining_prefill_tokens, length, unused)
                 if len(state.tokens_to_process) != length:
-                    raise RuntimeError(f"request {state.request_id}: the runtime took "
-                                       f"{len(state.tokens_to_process)} tokens for a planned "
-                                       f"row of {length}")
+                    raise RuntimeError(
+                        f"request {state.request_id}: the runtime took "
+                        f"{len(state.tokens_to_process)} tokens for a planned "
+                        f"row of {length}"
+                    )
             cache_budget -= need
             reads += need
             tokens += length
-            append(FutureRequestState(
-                state, last, cache.count_new_complete_blocks(state, length) if sharing else {},
-                length))
+            append(
+                FutureRequestState(
+                    state,
+                    last,
+                    cache.count_new_complete_blocks(state, length) if sharing else {},
+                    length,
+                )
+            )
         # The runtime offloads from the end of this list: the resident last in plan order first.
         self.starved_requests = starved
         return batch, full, tokens, reads
 
 
-def register(options: SchedulingOptions, *, name: str = "stepplanner",
-             priority: PriorityOf = None, max_input_length: int | None = None,
-             max_waiting: int = DEFAULT_MAX_WAITING, slo: SloOf = None,
-             slo_classes: Mapping[int, SLO] | None = None) -> str:
+def register(
+    options: SchedulingOptions,
+    *,
+    name: str = "stepplanner",
+    priority: PriorityOf = None,
+    max_input_length: int | None = None,
+    max_waiting: int = DEFAULT_MAX_WAITING,
+    slo: SloOf = None,
+    slo_classes: Mapping[int, SLO] | None = None,
+) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
     ``options``: the :class:`SchedulingOptions` every step is planned with (checked against the
@@ -491,31 +527,49 @@ def register(options: SchedulingOptions, *, name: str = "stepplanner",
     Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
-        raise StepPlannerTypeError(f"options must be a SchedulingOptions, got {type(options).__name__}")
+        raise StepPlannerTypeError(
+            f"options must be a SchedulingOptions, got {type(options).__name__}"
+        )
     if not isinstance(name, str) or not name:
-        raise StepPlannerValueError(f"name={name!r} is not a scheduler name; allowed: a non-empty str")
+        raise StepPlannerValueError(
+            f"name={name!r} is not a scheduler name; allowed: a non-empty str"
+        )
     if priority is not None and not (callable(priority) or isinstance(priority, Mapping)):
-        raise StepPlannerTypeError("priority must be a mapping or a callable request_id -> int, got "
-                        f"{type(priority).__name__}")
-    if max_input_length is not None and (isinstance(max_input_length, bool)
-                                         or not isinstance(max_input_length, int)
-                                         or max_input_length < 1):
-        raise StepPlannerValueError(f"max_input_length={max_input_length!r} is out of range; allowed: an "
-                         "int >= 1, or None for what the KV cache holds")
+        raise StepPlannerTypeError(
+            "priority must be a mapping or a callable request_id -> int, got "
+            f"{type(priority).__name__}"
+        )
+    if max_input_length is not None and (
+        isinstance(max_input_length, bool)
+        or not isinstance(max_input_length, int)
+        or max_input_length < 1
+    ):
+        raise StepPlannerValueError(
+            f"max_input_length={max_input_length!r} is out of range; allowed: an "
+            "int >= 1, or None for what the KV cache holds"
+        )
     if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
-        raise StepPlannerValueError(f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1")
+        raise StepPlannerValueError(
+            f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1"
+        )
     if slo is not None and not (callable(slo) or isinstance(slo, Mapping)):
-        raise StepPlannerTypeError("slo must be a mapping or a callable request_id -> SLO | None, "
-                                   f"got {type(slo).__name__}")
+        raise StepPlannerTypeError(
+            "slo must be a mapping or a callable request_id -> SLO | None, "
+            f"got {type(slo).__name__}"
+        )
     classes = check_slo_classes(slo_classes)
-    bound = type(f"StepPlannerScheduler_{name}", (StepPlannerScheduler,), {
-        "options": options,
-        "priority_of": staticmethod(priority) if callable(priority) else priority,
-        "slo_of": staticmethod(slo) if callable(slo) else slo,
-        "slo_classes": classes,
-        "max_input_length": max_input_length,
-        "max_waiting": max_waiting,
-        "__module__": __name__,
-    })
+    bound = type(
+        f"StepPlannerScheduler_{name}",
+        (StepPlannerScheduler,),
+        {
+            "options": options,
+            "priority_of": staticmethod(priority) if callable(priority) else priority,
+            "slo_of": staticmethod(slo) if callable(slo) else slo,
+            "slo_classes": classes,
+            "max_input_length": max_input_length,
+            "max_waiting": max_waiting,
+            "__module__": __name__,
+        },
+    )
     _runtime.SCHEDULER_MAPPING[name] = bound
     return name

@@ -53,6 +53,7 @@ if _found != SUPPORTED_VLLM_VERSION:
         'Install the tested version with pip install "stepplanner[vllm]"'
     )
 
+import numpy as np  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
 from vllm.outputs import RequestError  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
@@ -62,8 +63,6 @@ from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
-
-import numpy as np  # noqa: E402
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
 from ..core import (  # noqa: E402
@@ -83,15 +82,26 @@ from ..planner._fields import enum_from_text  # noqa: E402
 from ..planner._slo import check_slo_classes  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
-__all__ = ["SUPPORTED_VLLM_VERSION", "StepPlannerScheduler", "StepPlannerStats", "StepRecord",
-           "limits_from_config", "options_from_config", "request_slo", "slo_classes_from_config"]
+__all__ = [
+    "SUPPORTED_VLLM_VERSION",
+    "StepPlannerScheduler",
+    "StepPlannerStats",
+    "StepRecord",
+    "limits_from_config",
+    "options_from_config",
+    "request_slo",
+    "slo_classes_from_config",
+]
 
 CONFIG_KEY = "stepplanner"
-SLO_CLASSES_KEY = "slo_classes"       # in additional_config["stepplanner"]
-SLO_ARGS = ("ttft_slo", "tpot_slo")   # in SamplingParams.extra_args, seconds
+SLO_CLASSES_KEY = "slo_classes"  # in additional_config["stepplanner"]
+SLO_ARGS = ("ttft_slo", "tpot_slo")  # in SamplingParams.extra_args, seconds
 _RANKED = (SchedulingPolicy.EDF, SchedulingPolicy.DEADLINE)
-_ENUM_FIELDS = {"ifb_scheduling_mode": IfbSchedulingMode, "scheduling_policy": SchedulingPolicy,
-                "preemption": PreemptionMode}
+_ENUM_FIELDS = {
+    "ifb_scheduling_mode": IfbSchedulingMode,
+    "scheduling_policy": SchedulingPolicy,
+    "preemption": PreemptionMode,
+}
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
 _INT32_MAX = 2**31 - 1
 _NS = 1_000_000_000
@@ -111,11 +121,16 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
         if key == SLO_CLASSES_KEY:
             continue  # slo_classes_from_config
         if key not in _OPTION_FIELDS:
-            raise StepPlannerValueError(f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                             f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY,))}")
+            raise StepPlannerValueError(
+                f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
+                f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY,))}"
+            )
         with _named_in_config():
-            values[key] = (enum_from_text(key, value, _ENUM_FIELDS[key]) if key in _ENUM_FIELDS
-                           else _strict_int(key, value))
+            values[key] = (
+                enum_from_text(key, value, _ENUM_FIELDS[key])
+                if key in _ENUM_FIELDS
+                else _strict_int(key, value)
+            )
     vllm_policy = SchedulingPolicy[str(vllm_config.scheduler_config.policy).upper()]
     given = values.setdefault("scheduling_policy", vllm_policy)
     if given != vllm_policy and given not in _RANKED:
@@ -123,7 +138,8 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
             f'additional_config["{CONFIG_KEY}"]: scheduling_policy={given.name.lower()!r} differs '
             f"from vLLM's --scheduling-policy {vllm_policy.name.lower()!r}; allowed: the same "
             "policy (vLLM orders its waiting queue by it, and admission follows that queue), "
-            "'edf' or 'deadline' (they admit in first-token-deadline order)")
+            "'edf' or 'deadline' (they admit in first-token-deadline order)"
+        )
     with _named_in_config():
         return SchedulingOptions(**values)
 
@@ -131,8 +147,10 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
 def _stepplanner_config(vllm_config: VllmConfig) -> Mapping[str, Any]:
     raw = (vllm_config.additional_config or {}).get(CONFIG_KEY, {})
     if not isinstance(raw, Mapping):
-        raise StepPlannerTypeError(f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
-                        f"fields, got {type(raw).__name__} {raw!r}")
+        raise StepPlannerTypeError(
+            f'additional_config["{CONFIG_KEY}"] must be an object of SchedulingOptions '
+            f"fields, got {type(raw).__name__} {raw!r}"
+        )
     return raw
 
 
@@ -145,22 +163,28 @@ def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        raise StepPlannerTypeError(f'{where} must be an object {{"<priority>": {{"ttft": seconds, '
-                                   f'"tpot": seconds}}}}, got {type(raw).__name__} {raw!r}')
+        raise StepPlannerTypeError(
+            f'{where} must be an object {{"<priority>": {{"ttft": seconds, '
+            f'"tpot": seconds}}}}, got {type(raw).__name__} {raw!r}'
+        )
     classes: dict[Any, SLO] = {}
     for key, value in raw.items():
         priority = int(key) if isinstance(key, str) and re.fullmatch(r"[+-]?[0-9]+", key) else key
         if priority in classes:
             raise StepPlannerValueError(f"{where}: priority {priority} is given twice")
         if not isinstance(value, Mapping):
-            raise StepPlannerTypeError(f'{where}["{key}"] must be an object {{"ttft": seconds, '
-                                       f'"tpot": seconds}}, got {type(value).__name__} {value!r}')
+            raise StepPlannerTypeError(
+                f'{where}["{key}"] must be an object {{"ttft": seconds, '
+                f'"tpot": seconds}}, got {type(value).__name__} {value!r}'
+            )
         unknown = sorted(set(value) - {"ttft", "tpot"}, key=str)
         if unknown or "ttft" not in value:
             raise StepPlannerValueError(
-                f'{where}["{key}"]: ' + (f"key {unknown[0]!r} is not known" if unknown else
-                                         '"ttft" is missing') + '; allowed: "ttft" (seconds to '
-                'the first token, required) and "tpot" (seconds per token after it)')
+                f'{where}["{key}"]: '
+                + (f"key {unknown[0]!r} is not known" if unknown else '"ttft" is missing')
+                + '; allowed: "ttft" (seconds to '
+                'the first token, required) and "tpot" (seconds per token after it)'
+            )
         try:
             classes[priority] = SLO(value["ttft"], value.get("tpot"))
         except (TypeError, ValueError) as exc:
@@ -182,12 +206,14 @@ def request_slo(request: Request) -> SLO | None:
     if "ttft_slo" not in args:
         raise StepPlannerValueError(
             f"SamplingParams.extra_args {given}: tpot_slo needs ttft_slo (token i is due ttft_slo "
-            "+ i * tpot_slo after arrival); allowed: ttft_slo > 0 seconds, optionally tpot_slo > 0")
+            "+ i * tpot_slo after arrival); allowed: ttft_slo > 0 seconds, optionally tpot_slo > 0"
+        )
     try:
         return SLO(args["ttft_slo"], args.get("tpot_slo"))
     except (TypeError, ValueError) as exc:
-        raise type(exc)(f"SamplingParams.extra_args {given}: {exc} (ttft as ttft_slo, tpot as "
-                        "tpot_slo)") from None
+        raise type(exc)(
+            f"SamplingParams.extra_args {given}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -202,7 +228,9 @@ def _named_in_config() -> Iterator[None]:
 
 def _strict_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise StepPlannerTypeError(f"{key} must be an integer, got {type(value).__name__} {value!r}")
+        raise StepPlannerTypeError(
+            f"{key} must be an integer, got {type(value).__name__} {value!r}"
+        )
     return value
 
 
@@ -213,15 +241,19 @@ def limits_from_config(vllm_config: VllmConfig, block_size: int) -> StepPlannerL
     if sched.max_num_scheduled_tokens is not None:
         step_tokens = min(step_tokens, sched.max_num_scheduled_tokens)
     try:
-        return StepPlannerLimits(max_batch_size=sched.max_num_seqs,
-                                 max_input_length=vllm_config.model_config.max_model_len,
-                                 kv_page_size=block_size, max_step_tokens=step_tokens)
+        return StepPlannerLimits(
+            max_batch_size=sched.max_num_seqs,
+            max_input_length=vllm_config.model_config.max_model_len,
+            kv_page_size=block_size,
+            max_step_tokens=step_tokens,
+        )
     except (TypeError, ValueError, OverflowError) as exc:
         raise type(exc)(
             f"vLLM's max_num_seqs={sched.max_num_seqs}, max_model_len="
             f"{vllm_config.model_config.max_model_len}, block_size={block_size} and "
             f"max_num_batched_tokens={step_tokens} are stepplanner's max_batch_size, "
-            f"max_input_length, kv_page_size and max_step_tokens: {exc}") from None
+            f"max_input_length, kv_page_size and max_step_tokens: {exc}"
+        ) from None
 
 
 def _with_vllm_budget(options: SchedulingOptions, limits: StepPlannerLimits) -> SchedulingOptions:
@@ -237,25 +269,40 @@ def _with_vllm_budget(options: SchedulingOptions, limits: StepPlannerLimits) -> 
 
 def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
     """Features whose per-step work the planner does not model, by the name a user knows."""
-    model, sched, par = (vllm_config.model_config, vllm_config.scheduler_config,
-                         vllm_config.parallel_config)
+    model, sched, par = (
+        vllm_config.model_config,
+        vllm_config.scheduler_config,
+        vllm_config.parallel_config,
+    )
     checks = [
         (vllm_config.speculative_config is not None, "speculative decoding (speculative_config)"),
         (vllm_config.kv_transfer_config is not None, "KV connectors (kv_transfer_config)"),
-        (vllm_config.ec_transfer_config is not None,
-         "encoder-cache connectors (ec_transfer_config)"),
+        (
+            vllm_config.ec_transfer_config is not None,
+            "encoder-cache connectors (ec_transfer_config)",
+        ),
         (par.pipeline_parallel_size > 1, "pipeline parallel (pipeline_parallel_size > 1)"),
-        (par.decode_context_parallel_size > 1 or par.prefill_context_parallel_size > 1,
-         "context parallel (decode/prefill_context_parallel_size > 1)"),
-        (model.supports_multimodal_inputs or model.is_encoder_decoder,
-         "multimodal encoder budgets (a multimodal or encoder-decoder model)"),
-        (model.runner_type == "pooling" or model.is_diffusion,
-         "pooling and diffusion models (no sampled token per step)"),
+        (
+            par.decode_context_parallel_size > 1 or par.prefill_context_parallel_size > 1,
+            "context parallel (decode/prefill_context_parallel_size > 1)",
+        ),
+        (
+            model.supports_multimodal_inputs or model.is_encoder_decoder,
+            "multimodal encoder budgets (a multimodal or encoder-decoder model)",
+        ),
+        (
+            model.runner_type == "pooling" or model.is_diffusion,
+            "pooling and diffusion models (no sampled token per step)",
+        ),
         (vllm_config.lora_config is not None, "LoRA adapters (max_loras admission)"),
-        (not sched.enable_chunked_prefill,
-         "disabled chunked prefill (the planner chunks prompts; keep --enable-chunked-prefill)"),
-        (sched.long_prefill_token_threshold > 0,
-         "long_prefill_token_threshold (use the stepplanner option max_chunk_tokens)"),
+        (
+            not sched.enable_chunked_prefill,
+            "disabled chunked prefill (the planner chunks prompts; keep --enable-chunked-prefill)",
+        ),
+        (
+            sched.long_prefill_token_threshold > 0,
+            "long_prefill_token_threshold (use the stepplanner option max_chunk_tokens)",
+        ),
         (sched.prefill_schedule_interval > 1, "prefill_schedule_interval > 1 (prefill cadence)"),
         (model.is_hybrid, "hybrid Mamba/attention models (state-cache alignment)"),
     ]
@@ -269,11 +316,11 @@ class StepPlannerStats:
     steps: int = 0
     planned_rows: int = 0
     scheduled_rows: int = 0
-    withheld_rows: int = 0          # a planned row whose KV blocks could not be allocated
-    stale_prefix_rows: int = 0      # an admission whose cached prefix was evicted before allocation
+    withheld_rows: int = 0  # a planned row whose KV blocks could not be allocated
+    stale_prefix_rows: int = 0  # an admission whose cached prefix was evicted before allocation
     paused_rows: int = 0
     recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
-    relegated: int = 0              # DEADLINE: requests that can no longer meet their objectives
+    relegated: int = 0  # DEADLINE: requests that can no longer meet their objectives
 
 
 @dataclasses.dataclass
@@ -281,7 +328,7 @@ class StepRecord:
     """What the last ``schedule()`` decided, by request id (for tests and debugging)."""
 
     planned: dict[str, int]
-    paused: list[str]      # running requests the plan paused (they stay running, unscheduled)
+    paused: list[str]  # running requests the plan paused (they stay running, unscheduled)
     withheld: list[str]
     preempted: list[str]
     admitted: list[str]
@@ -295,9 +342,9 @@ class _Deadlines:
 
     def __init__(self, first_due: float, gap: float, stamp: int) -> None:
         self.first_due = first_due  # arrival + ttft; inf: no objectives
-        self.gap = gap              # tpot; 0: none
-        self.stamp = stamp          # arrival order key, as the rows' arrival under FCFS/PRIORITY
-        self.relegated = False      # DEADLINE: sticky
+        self.gap = gap  # tpot; 0: none
+        self.stamp = stamp  # arrival order key, as the rows' arrival under FCFS/PRIORITY
+        self.relegated = False  # DEADLINE: sticky
 
     def due(self, token: int) -> float:
         """When the request's token ``token`` (0 = the first) is due (its SLO's definition)."""
@@ -320,28 +367,45 @@ class StepPlannerScheduler(AsyncScheduler):
     # and deadlines count from it.
     clock: Callable[[], float] = staticmethod(time.time)
 
-    def __init__(self, vllm_config: VllmConfig, kv_cache_config: Any,
-                 structured_output_manager: Any, block_size: int, *args: Any,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_config: Any,
+        structured_output_manager: Any,
+        block_size: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         unsupported = _unsupported_features(vllm_config)
         if unsupported:
-            raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(unsupported)
-                             + ": the planner does not model their per-step work")
+            raise StepPlannerValueError(
+                "StepPlannerScheduler does not support "
+                + "; ".join(unsupported)
+                + ": the planner does not model their per-step work"
+            )
         options = options_from_config(vllm_config)
         slo_classes = slo_classes_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with _named_in_config():
             policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
-        super().__init__(vllm_config, kv_cache_config, structured_output_manager, block_size,
-                         *args, **kwargs)
-        late = [name for bad, name in (
-            (self.has_mamba_layers, "Mamba state caching (a hybrid KV cache config)"),
-            (self.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
-            (self.num_prefill_lookahead > 0, "multi-module MTP prefill lookahead"),
-        ) if bad]
+        super().__init__(
+            vllm_config, kv_cache_config, structured_output_manager, block_size, *args, **kwargs
+        )
+        late = [
+            name
+            for bad, name in (
+                (self.has_mamba_layers, "Mamba state caching (a hybrid KV cache config)"),
+                (self.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
+                (self.num_prefill_lookahead > 0, "multi-module MTP prefill lookahead"),
+            )
+            if bad
+        ]
         if late:
-            raise StepPlannerValueError("StepPlannerScheduler does not support " + "; ".join(late)
-                             + ": the planner does not model their per-step work")
+            raise StepPlannerValueError(
+                "StepPlannerScheduler does not support "
+                + "; ".join(late)
+                + ": the planner does not model their per-step work"
+            )
         self.stepplanner_limits = limits
         self.stepplanner_policy = policy
         self.planner = StepPlanner(policy, limits)
@@ -363,9 +427,14 @@ class StepPlannerScheduler(AsyncScheduler):
             self._ranker = Ranker(limits, policy)
             b = limits.max_batch_size
             self._rank_rows = np.zeros(b, dtype=RESIDENT_DTYPE)
-            self._rank_columns = (np.zeros(b), np.zeros(b), np.zeros(b, dtype=np.int64),
-                                  np.zeros(b, dtype=np.uint64), np.zeros(b, dtype=np.uint8),
-                                  np.zeros(b, dtype=np.int32))
+            self._rank_columns = (
+                np.zeros(b),
+                np.zeros(b),
+                np.zeros(b, dtype=np.int64),
+                np.zeros(b, dtype=np.uint64),
+                np.zeros(b, dtype=np.uint8),
+                np.zeros(b, dtype=np.int32),
+            )
             self._by_class = policy.scheduling_policy == SchedulingPolicy.DEADLINE
             self._deadlines: dict[str, _Deadlines] = {}
             # Waiting requests in first-token-deadline order, as the ledger queues them: urgent
@@ -389,18 +458,25 @@ class StepPlannerScheduler(AsyncScheduler):
             try:
                 slo = request_slo(request) or self.slo_classes.get(request.priority)
             except (TypeError, ValueError) as exc:
-                message = (f"StepPlannerScheduler: request {request.request_id}: {exc}; it is "
-                           "refused, never served without its objectives")
+                message = (
+                    f"StepPlannerScheduler: request {request.request_id}: {exc}; it is "
+                    "refused, never served without its objectives"
+                )
         super().add_request(request)
         if message is not None:
             # A per-request error (not an engine crash): update_from_output finishes it.
             self.grammar_compile_error_reqs[request.request_id] = RequestError(
-                code="validation_error", message=message)
+                code="validation_error", message=message
+            )
         elif self._ranked and request.request_id not in self._deadlines:
-            first_due, gap = (math.inf, 0.0) if slo is None else (
-                request.arrival_time + slo.ttft, slo.tpot or 0.0)
+            first_due, gap = (
+                (math.inf, 0.0)
+                if slo is None
+                else (request.arrival_time + slo.ttft, slo.tpot or 0.0)
+            )
             self._deadlines[request.request_id] = _Deadlines(
-                first_due, gap, int(request.arrival_time * _NS))
+                first_due, gap, int(request.arrival_time * _NS)
+            )
             self._enqueue(request)
 
     @staticmethod
@@ -419,8 +495,9 @@ class StepPlannerScheduler(AsyncScheduler):
             self._deadlines.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
 
-    def _preempt_request(self, request: Request, timestamp: float,
-                         drop_stale_output: bool = False) -> None:
+    def _preempt_request(
+        self, request: Request, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
         super()._preempt_request(request, timestamp, drop_stale_output)
         if self._ranked:  # back in the waiting queue: a re-prefill, due by its next token
             self._enqueue(request)
@@ -488,7 +565,8 @@ class StepPlannerScheduler(AsyncScheduler):
                 if request.status != RequestStatus.RUNNING:
                     continue  # preempted earlier in this step
                 blocks = self.kv_cache_manager.allocate_slots(
-                    request, n, num_lookahead_tokens=self.num_lookahead_tokens)
+                    request, n, num_lookahead_tokens=self.num_lookahead_tokens
+                )
                 if blocks is None:
                     withheld_resident = True
                     continue
@@ -524,9 +602,14 @@ class StepPlannerScheduler(AsyncScheduler):
         withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
         stats.scheduled_rows += len(num_scheduled)
         stats.withheld_rows += len(withheld)
-        self.last_step = StepRecord(planned, [requests[i].request_id for i in paused
-                                              if i < n_running], withheld, preempted_ids,
-                                    [r.request_id for r in admitted], relegated)
+        self.last_step = StepRecord(
+            planned,
+            [requests[i].request_id for i in paused if i < n_running],
+            withheld,
+            preempted_ids,
+            [r.request_id for r in admitted],
+            relegated,
+        )
         new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
@@ -550,8 +633,10 @@ class StepPlannerScheduler(AsyncScheduler):
         out = []
         for request in self.running:
             ahead = request.num_output_placeholders
-            if ahead and (request.num_output_tokens + ahead >= request.max_tokens
-                          or request.num_tokens + ahead >= max_len):
+            if ahead and (
+                request.num_output_tokens + ahead >= request.max_tokens
+                or request.num_tokens + ahead >= max_len
+            ):
                 continue
             out.append(request)
         return out
@@ -575,8 +660,7 @@ class StepPlannerScheduler(AsyncScheduler):
             if row is not None:
                 return row.priority, row.arrival
             return _INT32_MAX, int(request.arrival_time * _NS)
-        return (request.priority if self._priority_order else 0,
-                int(request.arrival_time * _NS))
+        return (request.priority if self._priority_order else 0, int(request.arrival_time * _NS))
 
     # --- deadlines (EDF, DEADLINE): translated into the ranker's columns ------------------------
 
@@ -592,12 +676,16 @@ class StepPlannerScheduler(AsyncScheduler):
             # The ledger's queue keys: DEADLINE by class, then deadline; EDF by deadline.
             due = record.due(request.num_output_tokens)
             key = (request.priority, due) if self._by_class else (0, due)
-            heapq.heappush(self._urgent if request.priority < 0 else self._normal,
-                           (key, record.stamp, self._seq, request))
+            heapq.heappush(
+                self._urgent if request.priority < 0 else self._normal,
+                (key, record.stamp, self._seq, request),
+            )
 
     def _waits(self, request: Request) -> bool:
-        return (self.requests.get(request.request_id) is request
-                and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+        return self.requests.get(request.request_id) is request and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        )
 
     def _next_waiting(self, room: int) -> tuple[tuple[int, float], int, int, Request] | None:
         """The next waiting request in the ledger's queue order, off its heap, with ``room``
@@ -616,8 +704,9 @@ class StepPlannerScheduler(AsyncScheduler):
             return heapq.heappop(urgent) if urgent else None
         return heapq.heappop(head)
 
-    def _deadline_order(self, free: int, out: list[Any], now: float,
-                        relegated: list[str]) -> Iterator[Request]:
+    def _deadline_order(
+        self, free: int, out: list[Any], now: float, relegated: list[str]
+    ) -> Iterator[Request]:
         """Waiting requests in first-token-deadline order, taken off the heaps one at a time
         (``out``: the candidates so far). Under DEADLINE a prompt the ranker says cannot make its
         first token even if served at once is relegated: it goes behind every request that
@@ -651,8 +740,13 @@ class StepPlannerScheduler(AsyncScheduler):
             heap[:] = [entry for entry in heap if self._waits(entry[3])]
             heapq.heapify(heap)
 
-    def _rank(self, residents: list[ResidentState], requests: list[Request], now: float,
-              relegated: list[str]) -> None:
+    def _rank(
+        self,
+        residents: list[ResidentState],
+        requests: list[Request],
+        now: float,
+        relegated: list[str],
+    ) -> None:
         """Write the rows' priority and arrival from the requests' deadlines at ``now``,
         through the ranker (the ledger's own rank pass): the state translated, no policy here."""
         n = len(residents)
@@ -668,24 +762,28 @@ class StepPlannerScheduler(AsyncScheduler):
         emitted = [r.num_output_tokens + r.num_output_placeholders for r in requests]
         # A decode row's next token is due by first_due and the tokens emitted; a prefill's
         # (a recompute preemption's re-prefill included) by the token it ends with.
-        first_due[:] = [d.first_due if decode else d.due(k)
-                        for d, decode, k in zip(records, decoding, emitted)]
+        first_due[:] = [
+            d.first_due if decode else d.due(k) for d, decode, k in zip(records, decoding, emitted)
+        ]
         gap[:] = [d.gap for d in records]
         generated[:] = emitted
         stamp[:] = [d.stamp for d in records]
         lost[:] = [d.relegated for d in records]
         classes[:] = [r.priority for r in requests]
-        for i in self._ranker.rank(rows, first_due, gap, generated, stamp, lost, now,
-                                   classes=classes).tolist():
+        for i in self._ranker.rank(
+            rows, first_due, gap, generated, stamp, lost, now, classes=classes
+        ).tolist():
             records[i].relegated = True
             relegated.append(requests[i].request_id)
-        for row, priority, arrival in zip(residents, rows["priority"].tolist(),
-                                          rows["arrival"].tolist()):
+        for row, priority, arrival in zip(
+            residents, rows["priority"].tolist(), rows["arrival"].tolist()
+        ):
             row.priority = priority
             row.arrival = arrival
 
-    def _admission_candidates(self, now: float | None = None, relegated: list[str] | None = None
-                              ) -> list[tuple[Request, KVCacheBlocks, int]]:
+    def _admission_candidates(
+        self, now: float | None = None, relegated: list[str] | None = None
+    ) -> list[tuple[Request, KVCacheBlocks, int]]:
         """Waiting requests the free slots admit (SPEC §6), with their prefix-cache hits
         (committed before planning, so a first chunk ends on a block): in vLLM's queue order, or
         with ``now`` (EDF, DEADLINE) in first-token-deadline order."""
@@ -695,8 +793,11 @@ class StepPlannerScheduler(AsyncScheduler):
         budget = self.stepplanner_policy.max_num_tokens
         wanted = 0
         out: list[tuple[Request, KVCacheBlocks, int]] = []
-        order = (self._queue_order(free, out) if now is None or relegated is None
-                 else self._deadline_order(free, out, now, relegated))
+        order = (
+            self._queue_order(free, out)
+            if now is None or relegated is None
+            else self._deadline_order(free, out, now, relegated)
+        )
         for request in order:  # lazily: the next one is taken only while there is room
             blocks, hit = self._prefix_hit(request)
             out.append((request, blocks, hit))
@@ -713,8 +814,10 @@ class StepPlannerScheduler(AsyncScheduler):
                 if self._priority_order:
                     return  # urgent requests sort first: none follows
                 continue
-            if (self._is_blocked_waiting_status(request.status)
-                    or request.request_id in self.grammar_compile_error_reqs):
+            if (
+                self._is_blocked_waiting_status(request.status)
+                or request.request_id in self.grammar_compile_error_reqs
+            ):
                 continue  # refused at add_request: update_from_output finishes it
             yield request
 
@@ -722,16 +825,17 @@ class StepPlannerScheduler(AsyncScheduler):
         blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
         return blocks, hit
 
-    def _resident_rows(self, running: list[Request],
-                       candidates: list[tuple[Request, KVCacheBlocks, int]]
-                       ) -> list[ResidentState]:
+    def _resident_rows(
+        self, running: list[Request], candidates: list[tuple[Request, KVCacheBlocks, int]]
+    ) -> list[ResidentState]:
         rows = self._rows
         out: list[ResidentState] = []
         for request in running:
             row = rows.get(request.request_id)
             if row is None:
                 row = rows[request.request_id] = ResidentState(
-                    priority=request.priority, arrival=int(request.arrival_time * _NS))
+                    priority=request.priority, arrival=int(request.arrival_time * _NS)
+                )
             # Under async scheduling num_computed_tokens already counts the tokens of the step in
             # flight, and a token that step samples is a placeholder: committed is the KV length
             # once the dispatched steps have run, and a decoding request's one token left may be
@@ -749,15 +853,22 @@ class StepPlannerScheduler(AsyncScheduler):
             row = rows.get(request.request_id)
             if row is None:
                 row = rows[request.request_id] = ResidentState(
-                    priority=request.priority, arrival=int(request.arrival_time * _NS))
+                    priority=request.priority, arrival=int(request.arrival_time * _NS)
+                )
             row.committed = hit
             row.context_committed = False
             row.prompt_length = request.num_tokens
             out.append(row)
         return out
 
-    def _admit(self, request: Request, hit: int, n: int, new_blocks: dict[str, KVCacheBlocks],
-               timestamp: float) -> bool:
+    def _admit(
+        self,
+        request: Request,
+        hit: int,
+        n: int,
+        new_blocks: dict[str, KVCacheBlocks],
+        timestamp: float,
+    ) -> bool:
         """Allocate an admission's first chunk on top of its cached prefix; False withholds it."""
         blocks = self.kv_cache_manager.empty_kv_cache_blocks
         if hit:
@@ -768,16 +879,23 @@ class StepPlannerScheduler(AsyncScheduler):
                 self.stepplanner_stats.stale_prefix_rows += 1
                 return False
         allocated = self.kv_cache_manager.allocate_slots(
-            request, n, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+            request,
+            n,
+            num_new_computed_tokens=hit,
+            new_computed_blocks=blocks,
             num_lookahead_tokens=self.num_lookahead_tokens,
             full_sequence_must_fit=self.scheduler_reserve_full_isl,
-            has_scheduled_reqs=bool(self.running))
+            has_scheduled_reqs=bool(self.running),
+        )
         if allocated is None:
             return False
         self.kv_cache_manager.record_prefix_cache_stats(request, hit)
         if request.prefill_stats and request.num_preemptions <= 0:
-            request.prefill_stats.set(num_prompt_tokens=request.num_prompt_tokens,
-                                      num_local_cached_tokens=hit, num_external_cached_tokens=0)
+            request.prefill_stats.set(
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_local_cached_tokens=hit,
+                num_external_cached_tokens=0,
+            )
         self.running.append(request)
         request.num_computed_tokens = hit
         if self.log_stats:
@@ -787,9 +905,14 @@ class StepPlannerScheduler(AsyncScheduler):
         new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(request.request_id)
         return True
 
-    def _make_output(self, num_scheduled: dict[str, int], new_blocks: dict[str, KVCacheBlocks],
-                     scheduled_running: list[Request], new_reqs: list[Request],
-                     resumed: list[Request]) -> SchedulerOutput:
+    def _make_output(
+        self,
+        num_scheduled: dict[str, int],
+        new_blocks: dict[str, KVCacheBlocks],
+        scheduled_running: list[Request],
+        new_reqs: list[Request],
+        resumed: list[Request],
+    ) -> SchedulerOutput:
         """vLLM's SchedulerOutput for these decisions (the tail of vLLM's own schedule())."""
         total = sum(num_scheduled.values())
         if total > 0:
@@ -799,12 +922,16 @@ class StepPlannerScheduler(AsyncScheduler):
             resumed = []
         new_reqs_data = [
             NewRequestData.from_request(
-                r, new_blocks[r.request_id].get_block_ids(),
+                r,
+                new_blocks[r.request_id].get_block_ids(),
                 *((r._all_token_ids,) if self.use_v2_model_runner else ()),
-                uses_mrope=self.model_uses_mrope)
-            for r in new_reqs]
-        cached = self._make_cached_request_data(scheduled_running, resumed, num_scheduled, {},
-                                                new_blocks)
+                uses_mrope=self.model_uses_mrope,
+            )
+            for r in new_reqs
+        ]
+        cached = self._make_cached_request_data(
+            scheduled_running, resumed, num_scheduled, {}, new_blocks
+        )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.clear()
             self.prev_step_scheduled_req_ids.update(num_scheduled)
@@ -822,8 +949,7 @@ class StepPlannerScheduler(AsyncScheduler):
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
-            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_reqs_data,
-                                                                  {}),
+            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_reqs_data, {}),
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             kv_cache_block_copies=copies or None,
             num_spec_tokens_to_schedule=self.num_spec_tokens,

@@ -45,10 +45,17 @@ from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs 
 
 SAMPLED_TOKEN = 7
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-    "num_hidden_layers": 1, "vocab_size": 1000, "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 1000,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
 }
 
 
@@ -60,57 +67,102 @@ def write_model_dir(path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def make_scheduler(scheduler_cls: type[Scheduler], model_dir: str | os.PathLike[str], *,
-                   max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
-                   block_size: int = 16, max_model_len: int = 1024,
-                   enable_prefix_caching: bool = False, policy: str = "fcfs",
-                   stepplanner: dict[str, Any] | None = None, log_stats: bool = False,
-                   async_scheduling: bool = False, **scheduler_kwargs: Any) -> Scheduler:
+def make_scheduler(
+    scheduler_cls: type[Scheduler],
+    model_dir: str | os.PathLike[str],
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_blocks: int,
+    block_size: int = 16,
+    max_model_len: int = 1024,
+    enable_prefix_caching: bool = False,
+    policy: str = "fcfs",
+    stepplanner: dict[str, Any] | None = None,
+    log_stats: bool = False,
+    async_scheduling: bool = False,
+    **scheduler_kwargs: Any,
+) -> Scheduler:
     """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
 
     ``async_scheduling`` is set on the finished config, as a GPU engine runs it: vLLM's CPU
     platform turns it off while the config is built (it has no device work to overlap)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
-                        max_model_len=max_model_len, dtype="float32")
-    sched = SchedulerConfig(max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_num_batched_tokens,
-                            max_model_len=max_model_len, is_encoder_decoder=False,
-                            policy=policy, async_scheduling=False, **scheduler_kwargs)
+    model = ModelConfig(
+        model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
+    )
+    sched = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        policy=policy,
+        async_scheduling=False,
+        **scheduler_kwargs,
+    )
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     additional = {} if stepplanner is None else {"stepplanner": stepplanner}
-    config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                        device_config=DeviceConfig(device="cpu"), additional_config=additional)
+    config = VllmConfig(
+        model_config=model,
+        scheduler_config=sched,
+        cache_config=cache,
+        device_config=DeviceConfig(device="cpu"),
+        additional_config=additional,
+    )
     cache.num_gpu_blocks = num_blocks
     sched.async_scheduling = async_scheduling
-    return scheduler_cls(vllm_config=config,
-                         kv_cache_config=kv_cache_config(num_blocks, block_size),
-                         structured_output_manager=StructuredOutputManager(config),
-                         block_size=block_size, log_stats=log_stats)
+    return scheduler_cls(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config(num_blocks, block_size),
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=block_size,
+        log_stats=log_stats,
+    )
 
 
 def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
     """One full-attention group of exactly ``num_blocks`` blocks (no tensors: nothing runs)."""
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1,
-                                                      head_size=1, dtype=torch.float32))])
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(
+                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
+    )
 
 
 _hasher: dict[int, Callable[[Request], Any]] = {}
 
 
-def make_request(request_id: str, prompt: list[int], max_tokens: int, *, priority: int = 0,
-                 arrival_time: float, block_size: int = 16) -> Request:
+def make_request(
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    priority: int = 0,
+    arrival_time: float,
+    block_size: int = 16,
+) -> Request:
     """A request that samples exactly ``max_tokens`` tokens (EOS ignored)."""
     if not _hasher:
         init_none_hash(sha256)
     hasher = _hasher.get(block_size)
     if hasher is None:
         hasher = _hasher[block_size] = get_request_block_hasher(block_size, sha256)
-    return Request(request_id=request_id, prompt_token_ids=list(prompt),
-                   sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                   pooling_params=None, priority=priority, arrival_time=arrival_time,
-                   block_hasher=hasher)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt),
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        priority=priority,
+        arrival_time=arrival_time,
+        block_hasher=hasher,
+    )
 
 
 def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
@@ -125,8 +177,9 @@ def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOut
         request = requests.get(rid)
         samples = request is not None and not request.is_prefill_chunk
         sampled.append([SAMPLED_TOKEN] if samples else [])
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=sampled)
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
+    )
 
 
 class EngineStep(NamedTuple):
@@ -139,12 +192,15 @@ class EngineStep(NamedTuple):
     update_ns: int
 
 
-def engine_steps(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *,
-                 max_steps: int = 100_000,
-                 after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
-                 before_step: Callable[[int], None] | None = None,
-                 before_update: Callable[[int, SchedulerOutput], None] | None = None,
-                 ) -> Iterator[EngineStep]:
+def engine_steps(
+    scheduler: Scheduler,
+    arrivals: dict[int, Iterable[Request]],
+    *,
+    max_steps: int = 100_000,
+    after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
+    before_step: Callable[[int], None] | None = None,
+    before_update: Callable[[int, SchedulerOutput], None] | None = None,
+) -> Iterator[EngineStep]:
     """Step until every request has finished, yielding after each engine step.
 
     One engine step is ``EngineCore.step_with_batch_queue`` with a queue as deep as the config's
@@ -163,8 +219,10 @@ def engine_steps(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *
     last_arrival = max(arrivals, default=-1)
     while step <= last_arrival or scheduler.has_requests() or queue:
         if step >= max_steps:
-            raise RuntimeError(f"not finished after {max_steps} steps: "
-                               f"{scheduler.get_request_counts()} running/waiting")
+            raise RuntimeError(
+                f"not finished after {max_steps} steps: "
+                f"{scheduler.get_request_counts()} running/waiting"
+            )
         for request in arrivals.get(step, ()):
             scheduler.add_request(request)
         if before_step is not None:
@@ -179,8 +237,9 @@ def engine_steps(scheduler: Scheduler, arrivals: dict[int, Iterable[Request]], *
             if after_schedule is not None:
                 after_schedule(step, output)
             queue.appendleft((output, fake_output(scheduler, output)))
-            wait = len(queue) == depth or not (output.total_num_scheduled_tokens > 0
-                                               or scheduler.has_requests())
+            wait = len(queue) == depth or not (
+                output.total_num_scheduled_tokens > 0 or scheduler.has_requests()
+            )
         if wait and queue:
             output, model_output = queue.pop()
             if before_update is not None:

@@ -21,5 +21,10 @@ else:
     KVPageTable = _impl.KVPageTable
     StepInputs = _impl.StepInputs
 
-__all__ = ["KVPageTable", "PageTableInvariantError", "StepInputs", "release_rows",
-           "worst_case_pages"]
+__all__ = [
+    "KVPageTable",
+    "PageTableInvariantError",
+    "StepInputs",
+    "release_rows",
+    "worst_case_pages",
+]

@@ -11,8 +11,17 @@ import numpy as np
 
 from .. import _errors
 
-__all__ = ["LAYOUTS", "PADDED", "block_table_rows", "check_layout", "family_of", "input_buffers",
-           "layout_arrays", "read_only", "view_of"]
+__all__ = [
+    "LAYOUTS",
+    "PADDED",
+    "block_table_rows",
+    "check_layout",
+    "family_of",
+    "input_buffers",
+    "layout_arrays",
+    "read_only",
+    "view_of",
+]
 
 # Every layout fills these: the token and row arrays every kernel family shares.
 SHARED = ("positions", "cu_seqlens_q", "seq_lens_k", "slot_mapping", "logits_indices")
@@ -23,7 +32,10 @@ FAMILY = {
     "flashinfer": ("kv_indptr", "kv_indices", "kv_last_page_len"),
 }
 LAYOUTS: tuple[Literal["all", "flash_attn", "flashinfer"], ...] = (
-    "all", "flash_attn", "flashinfer")
+    "all",
+    "flash_attn",
+    "flashinfer",
+)
 # Buffers whose unused entries are -1 (the rest start at 0).
 PADDED = ("block_table",)
 
@@ -54,8 +66,13 @@ def family_of(name: str) -> str:
     return next(layout for layout, names in FAMILY.items() if name in names)
 
 
-def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int, layout: str,
-                  memory: Callable[[int], Any] = bytearray) -> dict[str, np.ndarray]:
+def input_buffers(
+    max_batch_size: int,
+    max_pages: int,
+    max_tokens: int,
+    layout: str,
+    memory: Callable[[int], Any] = bytearray,
+) -> dict[str, np.ndarray]:
     """The arrays ``prepare`` fills for ``layout``, by name, at their largest size (B rows,
     T tokens), each over its own zeroed ``memory(nbytes)``; the other family's arrays are not
     allocated at all. ``memory`` is a writable ``bytearray`` by default; the compiled module
@@ -73,9 +90,13 @@ def input_buffers(max_batch_size: int, max_pages: int, max_tokens: int, layout: 
         "kv_last_page_len": ((b,), np.int32),
     }
     try:
-        return {name: np.frombuffer(memory(int(np.prod(shape)) * np.dtype(dtype).itemsize),
-                                    dtype=dtype).reshape(shape)
-                for name, (shape, dtype) in shapes.items() if name in layout_arrays(layout)}
+        return {
+            name: np.frombuffer(
+                memory(int(np.prod(shape)) * np.dtype(dtype).itemsize), dtype=dtype
+            ).reshape(shape)
+            for name, (shape, dtype) in shapes.items()
+            if name in layout_arrays(layout)
+        }
     except MemoryError:
         raise _errors.kv_inputs_memory(b, t, m) from None
 
@@ -88,11 +109,12 @@ def read_only(array: np.ndarray) -> np.ndarray:
     return view.reshape(array.shape)
 
 
-def view_of(buffers: dict[str, np.ndarray], name: str, length: int,
-            layout: str, start: int = 0) -> np.ndarray:
+def view_of(
+    buffers: dict[str, np.ndarray], name: str, length: int, layout: str, start: int = 0
+) -> np.ndarray:
     """Entries ``start .. start + length`` of buffer ``name`` (the valid part: a prefix for every
     buffer but ``block_table``), or the AttributeError saying the layout skips it."""
     buf = buffers.get(name)
     if buf is None:
         raise _errors.kv_array_not_filled(name, layout, family_of(name))
-    return buf[start:start + length]
+    return buf[start : start + length]

@@ -17,8 +17,12 @@ from ..planner._policy import StepPlannerLimits
 from ._buffers import check_layout
 
 __all__ = [
-    "Geometry", "PageTableInvariantError", "check_page_table", "check_table_fits",
-    "inputs_arguments", "table_arguments",
+    "Geometry",
+    "PageTableInvariantError",
+    "check_page_table",
+    "check_table_fits",
+    "inputs_arguments",
+    "table_arguments",
 ]
 
 
@@ -42,21 +46,30 @@ def _positive(field: str, value: object) -> int:
     return v
 
 
-def table_arguments(max_batch_size: object, max_pages_per_sequence: object, num_pages: object,
-                    kv_page_size: object) -> tuple[int, int, int, int]:
+def table_arguments(
+    max_batch_size: object, max_pages_per_sequence: object, num_pages: object, kv_page_size: object
+) -> tuple[int, int, int, int]:
     """``KVPageTable``'s arguments as ints (b, m, n, p), or the error naming the first bad one."""
     b = _positive("max_batch_size", max_batch_size)
     m = _positive("max_pages_per_sequence", max_pages_per_sequence)
     n = _positive("num_pages", num_pages)
     p = _positive("kv_page_size", kv_page_size)
     if b * m > _errors.INT32_MAX:
-        raise _errors.out_of_range("max_batch_size * max_pages_per_sequence", b * m,
-                                   f"<= {_errors.INT32_MAX}, so that page indices fit int32")
+        raise _errors.out_of_range(
+            "max_batch_size * max_pages_per_sequence",
+            b * m,
+            f"<= {_errors.INT32_MAX}, so that page indices fit int32",
+        )
     return b, m, n, p
 
 
-def inputs_arguments(limits: object, page_table: Any, table_class: type, layout: object,
-                     geometry: Callable[[Any], Geometry]) -> tuple[str, Geometry]:
+def inputs_arguments(
+    limits: object,
+    page_table: Any,
+    table_class: type,
+    layout: object,
+    geometry: Callable[[Any], Geometry],
+) -> tuple[str, Geometry]:
     """``StepInputs``' arguments checked (``table_class``: the implementation's own
     ``KVPageTable``, ``geometry`` its reader of a table's storage); returns the layout and the
     table's geometry."""
@@ -65,7 +78,8 @@ def inputs_arguments(limits: object, page_table: Any, table_class: type, layout:
     if not isinstance(page_table, table_class):
         raise _errors.StepPlannerTypeError(
             f"page_table must be a {table_class.__module__}.{table_class.__name__}, got "
-            f"{type(page_table).__module__}.{type(page_table).__name__}")
+            f"{type(page_table).__module__}.{type(page_table).__name__}"
+        )
     layout = check_layout(layout)
     sizes = geometry(page_table)
     check_table_fits(sizes, limits)
@@ -85,8 +99,9 @@ class PageTableInvariantError(AssertionError):
     """A page table breaks an invariant; the message says which and where."""
 
 
-def check_page_table(rows: np.ndarray, counts: np.ndarray, free: np.ndarray,
-                     num_pages: int) -> None:
+def check_page_table(
+    rows: np.ndarray, counts: np.ndarray, free: np.ndarray, num_pages: int
+) -> None:
     """``rows`` [slots, max_pages], ``counts`` [slots], ``free``: the free pool's page ids."""
     fail = PageTableInvariantError
     width = rows.shape[1]
@@ -98,19 +113,23 @@ def check_page_table(rows: np.ndarray, counts: np.ndarray, free: np.ndarray,
         live, tail = row[:n], row[n:]
         if (tail != -1).any():
             k = n + int(np.flatnonzero(tail != -1)[0])
-            raise fail(f"slot {slot} has page {int(row[k])} at {k}, after its last live page "
-                       f"({n} live); allowed: -1")
+            raise fail(
+                f"slot {slot} has page {int(row[k])} at {k}, after its last live page "
+                f"({n} live); allowed: -1"
+            )
         bad = (live < 0) | (live >= num_pages)
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
-            raise fail(f"slot {slot} holds page id {int(live[k])} at {k}; allowed: "
-                       f"0..{num_pages - 1}")
-    used = np.concatenate([rows[s, :int(counts[s])] for s in range(rows.shape[0])]
-                          + [np.zeros(0, dtype=rows.dtype)])
+            raise fail(
+                f"slot {slot} holds page id {int(live[k])} at {k}; allowed: 0..{num_pages - 1}"
+            )
+    used = np.concatenate(
+        [rows[s, : int(counts[s])] for s in range(rows.shape[0])] + [np.zeros(0, dtype=rows.dtype)]
+    )
     ids, seen = np.unique(used, return_counts=True)
     if (seen > 1).any():
         page = int(ids[np.flatnonzero(seen > 1)[0]])
-        holders = [s for s in range(rows.shape[0]) if page in rows[s, :int(counts[s])]]
+        holders = [s for s in range(rows.shape[0]) if page in rows[s, : int(counts[s])]]
         raise fail(f"page {page} is held twice (slots {holders})")
     if ((free < 0) | (free >= num_pages)).any():
         raise fail(f"the free pool holds an id outside 0..{num_pages - 1}")

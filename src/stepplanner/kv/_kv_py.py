@@ -28,12 +28,14 @@ def _pages_for(num_tokens: int, page_size: int) -> int:
 class KVPageTable:
     """Per resident slot a list of KV page ids over one pool (see the compiled twin)."""
 
-    def __init__(self, max_batch_size: int, max_pages_per_sequence: int, num_pages: int,
-                 kv_page_size: int) -> None:
+    def __init__(
+        self, max_batch_size: int, max_pages_per_sequence: int, num_pages: int, kv_page_size: int
+    ) -> None:
         if hasattr(self, "_rows"):
             raise _errors.already_initialised("KVPageTable")
-        b, m, n, p = table_arguments(max_batch_size, max_pages_per_sequence, num_pages,
-                                     kv_page_size)
+        b, m, n, p = table_arguments(
+            max_batch_size, max_pages_per_sequence, num_pages, kv_page_size
+        )
         try:
             self._rows = np.full((b, m), -1, dtype=np.int32)
             self._counts = np.zeros(b, dtype=np.int32)
@@ -137,13 +139,16 @@ class KVPageTable:
         self._next_stamp += 2
 
     def check(self) -> None:
-        check_page_table(self._rows, self._counts, np.array(self._free, dtype=np.int32),
-                         self._num_pages)
+        check_page_table(
+            self._rows, self._counts, np.array(self._free, dtype=np.int32), self._num_pages
+        )
 
     def __repr__(self) -> str:
         b, m, n, p, free = geometry(self)
-        return (f"KVPageTable(max_batch_size={b}, max_pages_per_sequence={m}, num_pages={n}, "
-                f"kv_page_size={p}, num_free_pages={free})")
+        return (
+            f"KVPageTable(max_batch_size={b}, max_pages_per_sequence={m}, num_pages={n}, "
+            f"kv_page_size={p}, num_free_pages={free})"
+        )
 
 
 def geometry(table: KVPageTable) -> Geometry:
@@ -162,13 +167,14 @@ def counts(table: KVPageTable) -> np.ndarray:
 class StepInputs:
     """The arrays attention kernels take for one step (see the compiled twin)."""
 
-    def __init__(self, limits: StepPlannerLimits, page_table: KVPageTable,
-                 layout: str = "all") -> None:
+    def __init__(
+        self, limits: StepPlannerLimits, page_table: KVPageTable, layout: str = "all"
+    ) -> None:
         if hasattr(self, "_out"):
             raise _errors.already_initialised("StepInputs")
         layout, sizes = inputs_arguments(limits, page_table, KVPageTable, layout, geometry)
         b, m, t = limits.max_batch_size, sizes.max_pages_per_sequence, limits.t_max
-        self._out = input_buffers(b, m, t, layout)   # prepare writes these; users see _bufs
+        self._out = input_buffers(b, m, t, layout)  # prepare writes these; users see _bufs
         for name in PADDED:
             if name in self._out:
                 self._out[name][...] = -1
@@ -254,10 +260,10 @@ class StepInputs:
                 out["block_table"][row] = -1
                 out["block_table"][row, :used] = pages[:used]
                 if self._block_stamps[row] != table._stamps[resident]:  # where the compiled
-                    self._block_stamps[row] = table._stamps[resident]   # twin copies pages
+                    self._block_stamps[row] = table._stamps[resident]  # twin copies pages
                     self._slot_rows[resident] = row
             if page_list:
-                out["kv_indices"][kv:kv + used] = pages[:used]
+                out["kv_indices"][kv : kv + used] = pages[:used]
                 kv += used
                 out["kv_indptr"][i + 1] = kv
                 out["kv_last_page_len"][i] = end - (used - 1) * p
@@ -304,8 +310,9 @@ class StepInputs:
 
     @property
     def block_table(self) -> np.ndarray:
-        return view_of(self._bufs, "block_table", self._sizes["rows"], self._layout,
-                       max(self._block_start, 0))
+        return view_of(
+            self._bufs, "block_table", self._sizes["rows"], self._layout, max(self._block_start, 0)
+        )
 
     @property
     def block_table_start(self) -> int:
@@ -321,11 +328,15 @@ class StepInputs:
         stamps, held = self._table._stamps, self._block_stamps
         cap, count = len(held), len(residents)
         last = self._block_start
-        if (count and 0 <= last <= cap - count and held[last] == stamps[residents[0]]
-                and held[last + count - 1] == stamps[residents[-1]]):
+        if (
+            count
+            and 0 <= last <= cap - count
+            and held[last] == stamps[residents[0]]
+            and held[last + count - 1] == stamps[residents[-1]]
+        ):
             return last
         candidates = [last]
-        for i in ((0, count // 2, count - 1) if count else ()):
+        for i in (0, count // 2, count - 1) if count else ():
             r = residents[i]
             row = self._slot_rows[r]
             if row >= 0 and held[row] == stamps[r] and row - i not in candidates:
@@ -367,9 +378,11 @@ class StepInputs:
         self._block_wipe = True
 
     def __repr__(self) -> str:
-        return (f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
-                f"layout={self._layout!r}, num_rows={self.num_rows}, "
-                f"num_tokens={self.num_tokens})")
+        return (
+            f"StepInputs(limits={self.limits!r}, page_table={self.page_table!r}, "
+            f"layout={self._layout!r}, num_rows={self.num_rows}, "
+            f"num_tokens={self.num_tokens})"
+        )
 
 
 def _plan_rows(plan: Any) -> np.ndarray:

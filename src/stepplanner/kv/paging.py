@@ -35,8 +35,11 @@ def worst_case_pages(prompt_length: int, max_new_tokens: int, kv_page_size: int)
         raise _errors.out_of_range("kv_page_size", page, ">= 1")
     total = prompt + new
     if total > _errors.INT32_MAX:
-        raise _errors.out_of_range("prompt_length + max_new_tokens", total,
-                                   f"<= {_errors.INT32_MAX}, so that token counts fit int32")
+        raise _errors.out_of_range(
+            "prompt_length + max_new_tokens",
+            total,
+            f"<= {_errors.INT32_MAX}, so that token counts fit int32",
+        )
     return -(-total // page)
 
 
@@ -56,7 +59,8 @@ def release_rows(page_table: Any, rows: Sequence[int], count: int) -> None:
             raise _errors.out_of_range("rows", row, f"0..{n - 1} (a row below count)")
     if len(set(listed)) != len(listed):
         raise _errors.StepPlannerValueError(
-            f"rows {listed} repeat a row; allowed: each at most once")
+            f"rows {listed} repeat a row; allowed: each at most once"
+        )
     last = n - 1
     for row in sorted(listed, reverse=True):  # the ledger's order: highest row first
         page_table.release(row)

@@ -5,8 +5,8 @@ what a ledger is and the decisions behind it; the checks both share are in ``_sh
 
 from __future__ import annotations
 
-import heapq
 import functools
+import heapq
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,38 +19,38 @@ from ..planner._fields import as_int
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._slo import check_slo_classes
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
-
 from ._shared import (
+    CLASS_SPAN,
+    EDF_SPAN,
     KEY_NONE,
     KEY_SPAN,
     KEY_ZERO,
-    EDF_SPAN,
     LEVEL_AT_RISK,
     LEVEL_DUE,
     LEVEL_RELEGATED,
     LEVEL_SLACK,
     LEVEL_STRIDE,
-    CLASS_SPAN,
     RANK_DEADLINE,
     RANK_EDF,
     RANK_NONE,
     STEP_TIME_WEIGHT,
+    UINT64_MAX,
     as_request_id,
     as_time,
     check_deadline_args,
     check_ledger_args,
-    check_rank_arrays,
     check_page_table,
     check_pending,
+    check_rank_arrays,
     check_rows,
     check_waiting,
     check_worst_case,
     finished_mask,
+    optional_now,
     pages_in_use,
     parse_records,
     plan_classes,
     plan_rows_in_range,
-    optional_now,
     plan_version,
     read_only,
     records_of,
@@ -58,7 +58,6 @@ from ._shared import (
     rows_argument,
     step_reasons_error,
     submission,
-    UINT64_MAX,
 )
 
 __all__ = ["Ledger", "RESIDENT_FIELDS", "Ranker"]
@@ -72,6 +71,7 @@ def _kv_modules() -> tuple[Any, ...]:
     """The KV modules whose page tables the twin drives: the compiled one when built, and the
     pure-Python one (``stepplanner.KVPageTable`` is either, as the install decides)."""
     from ..kv import _kv_py as reference
+
     try:
         from ..kv import _kv as compiled
     except ImportError:  # a pure-Python install
@@ -90,7 +90,7 @@ def _kv_of(table: Any) -> Any:
 # How a call takes the ledger's lock: as the compiled ledger's CALL_GUEST/QUIET/BUSY.
 _GUEST = 0  # submit, cancel: from any thread; waits for the call running
 _QUIET = 1  # runs no caller code: waits for a call on another thread
-_BUSY = 2   # runs caller code: a call from another thread meanwhile is refused
+_BUSY = 2  # runs caller code: a call from another thread meanwhile is refused
 
 
 def _exclusive(kind: int) -> Callable[[_Method], _Method]:
@@ -99,6 +99,7 @@ def _exclusive(kind: int) -> Callable[[_Method], _Method]:
     ledger runs (``__array__``, ``__index__``, a Mapping's ``__getitem__``, a planner) and is
     refused; held by another thread, ``submit``/``cancel`` wait, and the loop's calls wait unless
     the running call runs caller code (then they are refused, as before)."""
+
     def wrap(method: _Method) -> _Method:
         @functools.wraps(method)
         def call(self: Ledger, *args: Any, **kwargs: Any) -> Any:
@@ -114,9 +115,10 @@ def _exclusive(kind: int) -> Callable[[_Method], _Method]:
             finally:
                 self._holder, self._busy = 0, False
                 lock.release()
-        return call  # type: ignore[return-value]
-    return wrap
 
+        return call  # type: ignore[return-value]
+
+    return wrap
 
 
 class Ledger:
@@ -127,23 +129,34 @@ class Ledger:
 
     _initialised = False
 
-    def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None = None,
-                 *, max_waiting: int | None = None, page_table: Any = None,
-                 slo_classes: Mapping[int, Any] | None = None,
-                 step_time: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        limits: StepPlannerLimits,
+        policy: ResolvedSchedulingPolicy | None = None,
+        *,
+        max_waiting: int | None = None,
+        page_table: Any = None,
+        slo_classes: Mapping[int, Any] | None = None,
+        step_time: tuple[float, float] | None = None,
+    ) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
-            limits, policy, max_waiting)
+            limits, policy, max_waiting
+        )
         self._d = _Deadlines(limits, policy, step_time)
         self._ranking = self._d.ranking
         self._classes = check_slo_classes(slo_classes)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         self._kv: Any = None
         if page_table is not None:
-            check_page_table(page_table, limits, tuple(m.KVPageTable for m in _kv_modules()),
-                             "a stepplanner KVPageTable (kv._kv_py or kv._kv)",
-                             lambda table: _kv_of(table).geometry(table))
+            check_page_table(
+                page_table,
+                limits,
+                tuple(m.KVPageTable for m in _kv_modules()),
+                "a stepplanner KVPageTable (kv._kv_py or kv._kv)",
+                lambda table: _kv_of(table).geometry(table),
+            )
             self._kv = _kv_of(page_table)
         self._table = page_table
         self.limits = limits
@@ -176,15 +189,15 @@ class Ledger:
         # a cancelled entry stays in its heap, marked dead, until it reaches the top.
         self._urgent: list[list[Any]] = []
         self._normal: list[list[Any]] = []
-        self._losing: list[list[Any]] = []   # DEADLINE: relegated at admission, by stamp
+        self._losing: list[list[Any]] = []  # DEADLINE: relegated at admission, by stamp
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
-        self._row_of: dict[int, int] = {}         # resident id -> row
-        self._pending: Any = None                 # the plan of step() not yet applied
-        self._pending_version: int | None = 0     # its version when step() returned it
-        self._cancelled: set[int] = set()         # rows cancelled while a plan was pending
-        self._lock = threading.Lock()             # held by every call (see _exclusive)
-        self._holder = 0                          # the thread holding it (0: none)
-        self._busy = False                        # the holder runs caller code
+        self._row_of: dict[int, int] = {}  # resident id -> row
+        self._pending: Any = None  # the plan of step() not yet applied
+        self._pending_version: int | None = 0  # its version when step() returned it
+        self._cancelled: set[int] = set()  # rows cancelled while a plan was pending
+        self._lock = threading.Lock()  # held by every call (see _exclusive)
+        self._holder = 0  # the thread holding it (0: none)
+        self._busy = False  # the holder runs caller code
         self._initialised = True
 
     # --- views ------------------------------------------------------------------------------
@@ -211,19 +224,19 @@ class Ledger:
 
     @property
     def request_ids(self) -> np.ndarray:
-        return read_only(self._ids[:self._count])
+        return read_only(self._ids[: self._count])
 
     @property
     def output_tokens(self) -> np.ndarray:
-        return read_only(self._generated[:self._count])
+        return read_only(self._generated[: self._count])
 
     @property
     def finished_ids(self) -> np.ndarray:
-        return read_only(self._finished[:self._num_finished])
+        return read_only(self._finished[: self._num_finished])
 
     @property
     def admitted_ids(self) -> np.ndarray:
-        return read_only(self._admitted[:self._num_admitted])
+        return read_only(self._admitted[: self._num_admitted])
 
     @property
     def relegated_ids(self) -> np.ndarray:
@@ -256,12 +269,14 @@ class Ledger:
         return 0 if heap is None or self._fits(heap[0]) else len(self._waiting)
 
     def kv_pages_in_use(self) -> int:
-        return pages_in_use(self._rows["committed"][:self._count], self.limits.kv_page_size)
+        return pages_in_use(self._rows["committed"][: self._count], self.limits.kv_page_size)
 
     def __repr__(self) -> str:
-        return (f"Ledger(count={self._count}, capacity={self.capacity}, waiting={self.waiting}, "
-                f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
-                f"order={self._order_name()})")
+        return (
+            f"Ledger(count={self._count}, capacity={self.capacity}, waiting={self.waiting}, "
+            f"max_waiting={self.max_waiting}, reserved_slots={self.reserved_slots}, "
+            f"order={self._order_name()})"
+        )
 
     def _order_name(self) -> str:
         if self._ranking != RANK_NONE:
@@ -271,11 +286,19 @@ class Ledger:
     # --- admission ----------------------------------------------------------------------------
 
     @_exclusive(_GUEST)
-    def submit(self, request_id: int, prompt_length: int, priority: int = 0,
-               max_new_tokens: int | None = None, *, arrival_time: float | None = None,
-               slo: Any = None) -> int:
-        rid, length, prio, limit = submission(request_id, prompt_length, priority,
-                                              max_new_tokens, self.limits.max_input_length)
+    def submit(
+        self,
+        request_id: int,
+        prompt_length: int,
+        priority: int = 0,
+        max_new_tokens: int | None = None,
+        *,
+        arrival_time: float | None = None,
+        slo: Any = None,
+    ) -> int:
+        rid, length, prio, limit = submission(
+            request_id, prompt_length, priority, max_new_tokens, self.limits.max_input_length
+        )
         due, gap = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self._table is not None:
             check_worst_case(rid, length, limit, self._kv.geometry(self._table))
@@ -334,8 +357,12 @@ class Ledger:
             if heap is None:
                 break
             head = heap[0]
-            if (now is not None and self._ranking == RANK_DEADLINE and heap is not self._losing
-                    and now + self._d.prompt_seconds(head[2], self._d.chunk) > head[7]):
+            if (
+                now is not None
+                and self._ranking == RANK_DEADLINE
+                and heap is not self._losing
+                and now + self._d.prompt_seconds(head[2], self._d.chunk) > head[7]
+            ):
                 # It cannot make its first token in time even if served at once: behind every
                 # request that still can (never dropped: it waits in the relegated heap).
                 heapq.heappop(heap)
@@ -395,14 +422,19 @@ class Ledger:
     @_exclusive(_QUIET)
     def waiting_ids(self) -> list[int]:
         """Waiting request ids in queue order (for reports; O(n log n))."""
-        return [entry[1] for entry in sorted(self._waiting.values(),
-                                             key=lambda e: (e[9], e[0]))]
+        return [entry[1] for entry in sorted(self._waiting.values(), key=lambda e: (e[9], e[0]))]
 
     # --- the step -----------------------------------------------------------------------------
 
     @_exclusive(_BUSY)
-    def apply(self, plan: Any, finished: np.ndarray | None = None, *,
-              retire: bool = False, now: float | None = None) -> np.ndarray:
+    def apply(
+        self,
+        plan: Any,
+        finished: np.ndarray | None = None,
+        *,
+        retire: bool = False,
+        now: float | None = None,
+    ) -> np.ndarray:
         when = optional_now("apply", now, self._ranking, RANK_DEADLINE)
         seq, mask = self._check_apply(plan, finished)
         self._relegated_ids = []
@@ -439,11 +471,18 @@ class Ledger:
         if over.size:
             k = int(over[0])
             row = int(rows[k])
-            raise _errors.ledger_pages_exceeded(k, row, int(self._ids[row]), int(tokens[k]),
-                                                int(held[k]))
+            raise _errors.ledger_pages_exceeded(
+                k, row, int(self._ids[row]), int(tokens[k]), int(held[k])
+            )
 
-    def _apply(self, plan: Any, seq: np.ndarray, mask: np.ndarray | None, retire: bool,
-               now: float | None = None) -> None:
+    def _apply(
+        self,
+        plan: Any,
+        seq: np.ndarray,
+        mask: np.ndarray | None,
+        retire: bool,
+        now: float | None = None,
+    ) -> None:
         plan.apply_to(self.residents)  # checks overflow before it writes anything
         self._pending = None
         emitting = seq["select_last_token_logits"]
@@ -462,7 +501,7 @@ class Ledger:
         newly = rows[done]
         self._done[newly] = True
         self._num_finished = len(newly)
-        self._finished[:len(newly)] = self._ids[newly]
+        self._finished[: len(newly)] = self._ids[newly]
         if retire:
             self._retire_done()
         elif self._cancelled:  # they left with the plan they were pending in
@@ -474,11 +513,17 @@ class Ledger:
         self._retire_done()
 
     def _retire_done(self) -> None:
-        self._remove(np.flatnonzero(self._done[:self._count]).tolist())
+        self._remove(np.flatnonzero(self._done[: self._count]).tolist())
 
     @_exclusive(_BUSY)
-    def step(self, planner: Any, finished: np.ndarray | None = None, *,
-             reasons: np.ndarray | None = None, now: float | None = None) -> Any:
+    def step(
+        self,
+        planner: Any,
+        finished: np.ndarray | None = None,
+        *,
+        reasons: np.ndarray | None = None,
+        now: float | None = None,
+    ) -> Any:
         if getattr(planner, "limits", None) != self.limits:
             raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
         when = optional_now("step", now, self._ranking, RANK_EDF)
@@ -496,8 +541,9 @@ class Ledger:
             _check_reasons(reasons, self.capacity)
         self._relegated_ids = []
         if when is not None:
-            self._d.measure(when, pending is not None
-                            and pending.num_prefill + pending.num_decode > 0)
+            self._d.measure(
+                when, pending is not None and pending.num_prefill + pending.num_decode > 0
+            )
         if pending is not None:
             self._apply(pending, seq, mask, True, when)
         self._admit(when)
@@ -525,8 +571,17 @@ class Ledger:
         self._d.measure(as_time("now", now), bool(ran))
 
     def _rank(self, now: float) -> None:
-        lost = rank_rows(self._d, self._rows[:self._count], self._first_due, self._gap,
-                         self._generated, self._stamp, self._relegated, now, self._klass)
+        lost = rank_rows(
+            self._d,
+            self._rows[: self._count],
+            self._first_due,
+            self._gap,
+            self._generated,
+            self._stamp,
+            self._relegated,
+            now,
+            self._klass,
+        )
         self._relegated_ids.extend(int(self._ids[r]) for r in lost)
 
     @_exclusive(_BUSY)
@@ -565,15 +620,24 @@ class Ledger:
                 if row != last:
                     self._kv.KVPageTable.move(table, last, row)
             if row != last:
-                for column in (self._rows, self._ids, self._generated, self._max_new, self._done,
-                               self._first_due, self._gap, self._stamp, self._klass,
-                               self._relegated):
+                for column in (
+                    self._rows,
+                    self._ids,
+                    self._generated,
+                    self._max_new,
+                    self._done,
+                    self._first_due,
+                    self._gap,
+                    self._stamp,
+                    self._klass,
+                    self._relegated,
+                ):
                     column[row] = column[last]
                 self._row_of[int(self._ids[row])] = row
             last -= 1
         old, self._count = self._count, last + 1
-        self._rows[self._count:old] = 0
-        self._ids[self._count:old] = -1
+        self._rows[self._count : old] = 0
+        self._ids[self._count : old] = -1
 
     # --- snapshots (explain, record/replay) ---------------------------------------------------
 
@@ -606,7 +670,7 @@ class Ledger:
 
     @_exclusive(_QUIET)
     def to_records(self) -> list[dict[str, Any]]:
-        return records_of(self._rows[:self._count], self._ids[:self._count])
+        return records_of(self._rows[: self._count], self._ids[: self._count])
 
 
 # --- deadlines: the rank pass (docs/scheduling.md), as the compiled ledger's C ---------------
@@ -615,14 +679,22 @@ class Ledger:
 class _Deadlines:
     """The rank pass's policy and step-time estimate (the compiled ledger's ``DeadlineC``)."""
 
-    def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None,
-                 step_time: object) -> None:
-        (self.ranking, _, self.base, self.per_token, self.measured, self.step_tokens,
-         self.chunk) = check_deadline_args(policy, limits, None, step_time)
+    def __init__(
+        self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None, step_time: object
+    ) -> None:
+        (
+            self.ranking,
+            _,
+            self.base,
+            self.per_token,
+            self.measured,
+            self.step_tokens,
+            self.chunk,
+        ) = check_deadline_args(policy, limits, None, step_time)
         self.page_size = limits.kv_page_size
-        self.estimate = 0.0           # the measured step time (step_time=None)
-        self.sampled = False          # whether it has been measured yet
-        self.last_now = math.nan      # the now of the previous step
+        self.estimate = 0.0  # the measured step time (step_time=None)
+        self.sampled = False  # whether it has been measured yet
+        self.last_now = math.nan  # the now of the previous step
 
     def estimate_seconds(self) -> float:
         if self.measured:
@@ -658,9 +730,17 @@ def next_due(first_due: np.ndarray, gap: np.ndarray, generated: np.ndarray, row:
     return due + tokens * step if step > 0 else math.inf
 
 
-def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
-              generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
-              now: float, classes: np.ndarray | None = None) -> list[int]:
+def rank_rows(
+    d: _Deadlines,
+    rows: np.ndarray,
+    first_due: np.ndarray,
+    gap: np.ndarray,
+    generated: np.ndarray,
+    stamp: np.ndarray,
+    relegated: np.ndarray,
+    now: float,
+    classes: np.ndarray | None = None,
+) -> list[int]:
     """Write each row's priority and arrival from its deadlines at ``now``; returns the rows
     it relegated (the compiled ``rank_rows``)."""
     lost: list[int] = []
@@ -673,8 +753,11 @@ def rank_rows(d: _Deadlines, rows: np.ndarray, first_due: np.ndarray, gap: np.nd
         due = next_due(first_due, gap, generated, r) if committed else float(first_due[r])
         key = int(stamp[r])
         if d.ranking == RANK_EDF:
-            prio = (2**31 - 1 if due == math.inf
-                    else int(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN)))
+            prio = (
+                2**31 - 1
+                if due == math.inf
+                else int(max(min((due - now) * 1000.0, EDF_SPAN), -EDF_SPAN))
+            )
             rows["priority"][r], rows["arrival"][r] = prio, key
             continue
         klass = 0 if classes is None else max(min(int(classes[r]), CLASS_SPAN), -CLASS_SPAN)
@@ -703,8 +786,13 @@ class Ranker:
     """The ledger's rank pass over rows a runtime keeps itself (the vLLM scheduler keeps no
     ``Ledger``): the same C as the ledger's, so an adapter keeps no copy of the policy."""
 
-    def __init__(self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy, *,
-                 step_time: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        limits: StepPlannerLimits,
+        policy: ResolvedSchedulingPolicy,
+        *,
+        step_time: tuple[float, float] | None = None,
+    ) -> None:
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
@@ -729,20 +817,29 @@ class Ranker:
             return True
         return not when + self._d.prompt_seconds(tokens, self._d.chunk) > due
 
-    def rank(self, rows: np.ndarray, first_due: np.ndarray, gap: np.ndarray,
-             generated: np.ndarray, stamp: np.ndarray, relegated: np.ndarray,
-             now: float, *, classes: np.ndarray | None = None) -> np.ndarray:
+    def rank(
+        self,
+        rows: np.ndarray,
+        first_due: np.ndarray,
+        gap: np.ndarray,
+        generated: np.ndarray,
+        stamp: np.ndarray,
+        relegated: np.ndarray,
+        now: float,
+        *,
+        classes: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
         positions it relegated (and sets them in ``relegated``). ``classes``: each row's own
         priority (int32; None: all 0), which orders rows within a DEADLINE level. A no-op under
         FCFS/PRIORITY."""
-        check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
-                          self.limits.max_batch_size, classes)
+        check_rank_arrays(
+            rows, (first_due, gap, generated, stamp, relegated), self.limits.max_batch_size, classes
+        )
         when = as_time("now", now)
         if self._d.ranking == RANK_NONE:
             return np.zeros(0, dtype=np.int64)
-        lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when,
-                         classes)
+        lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when, classes)
         return np.array(lost, dtype=np.int64)
 
 
@@ -752,7 +849,12 @@ def _slack_key(slack: float) -> int:
 
 
 def _check_reasons(reasons: object, capacity: int) -> None:
-    if (not isinstance(reasons, np.ndarray) or reasons.dtype != np.uint8 or reasons.ndim != 1
-            or not reasons.flags.writeable or not reasons.flags.c_contiguous
-            or len(reasons) < capacity):
+    if (
+        not isinstance(reasons, np.ndarray)
+        or reasons.dtype != np.uint8
+        or reasons.ndim != 1
+        or not reasons.flags.writeable
+        or not reasons.flags.c_contiguous
+        or len(reasons) < capacity
+    ):
         raise step_reasons_error(capacity)

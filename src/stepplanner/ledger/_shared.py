@@ -38,16 +38,16 @@ def as_request_id(value: object, field: str = "request_id") -> int:
     return rid
 
 
-def check_ledger_args(limits: object, policy: object,
-                      max_waiting: object) -> tuple[bool, int, int]:
+def check_ledger_args(limits: object, policy: object, max_waiting: object) -> tuple[bool, int, int]:
     """(by_priority, reserved_slots, max_waiting) of a new ledger, every argument checked."""
     if not isinstance(limits, StepPlannerLimits):
         raise _errors.StepPlannerTypeError(
-            f"limits must be a StepPlannerLimits, got {type(limits).__name__}")
+            f"limits must be a StepPlannerLimits, got {type(limits).__name__}"
+        )
     if policy is not None and not isinstance(policy, ResolvedSchedulingPolicy):
         raise _errors.StepPlannerTypeError(
-            "policy must be a ResolvedSchedulingPolicy or None, got "
-            f"{type(policy).__name__}")
+            f"policy must be a ResolvedSchedulingPolicy or None, got {type(policy).__name__}"
+        )
     reserved = policy.priority_reserved_slots if policy is not None else 0
     check_reserved_slots(reserved, limits)
     by_priority = policy is not None and policy.scheduling_policy == SchedulingPolicy.PRIORITY
@@ -56,13 +56,19 @@ def check_ledger_args(limits: object, policy: object,
     else:
         bound = as_int("max_waiting", max_waiting)
     if not 0 <= bound <= 2**31 - 1:
-        raise _errors.out_of_range("max_waiting", bound, f"0..{2**31 - 1} (or None: "
-                                   f"{WAITING_PER_SLOT} x max_batch_size)")
+        raise _errors.out_of_range(
+            "max_waiting", bound, f"0..{2**31 - 1} (or None: {WAITING_PER_SLOT} x max_batch_size)"
+        )
     return by_priority, reserved, bound
 
 
-def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[Any, ...],
-                     allowed: str, geometry: Callable[[Any], Geometry]) -> None:
+def check_page_table(
+    page_table: Any,
+    limits: StepPlannerLimits,
+    classes: tuple[Any, ...],
+    allowed: str,
+    geometry: Callable[[Any], Geometry],
+) -> None:
     """A page table a new ledger may own: one of ``classes``, a slot per row, the limits' page
     size, and every page free (slot ``i`` is row ``i`` from the start). ``geometry`` reads the
     table's own storage: the ledger's C indexes by it, whatever a subclass's properties say."""
@@ -72,7 +78,8 @@ def check_page_table(page_table: Any, limits: StepPlannerLimits, classes: tuple[
     check_table_fits(sizes, limits)
     if sizes.num_free_pages != sizes.num_pages:
         raise _errors.ledger_page_table_in_use(
-            sizes.num_pages - sizes.num_free_pages, sizes.num_pages)
+            sizes.num_pages - sizes.num_free_pages, sizes.num_pages
+        )
 
 
 def check_worst_case(rid: int, length: int, limit: int, sizes: Geometry) -> None:
@@ -91,8 +98,13 @@ def pages_in_use(committed: np.ndarray, page_size: int) -> int:
     return int(((committed.astype(np.int64) + page_size - 1) // page_size).sum())
 
 
-def submission(rid: object, prompt_length: object, priority: object, max_new_tokens: object,
-               max_input_length: int) -> tuple[int, int, int, int]:
+def submission(
+    rid: object,
+    prompt_length: object,
+    priority: object,
+    max_new_tokens: object,
+    max_input_length: int,
+) -> tuple[int, int, int, int]:
     """(request_id, prompt_length, priority, max_new or 0 for none), each field checked."""
     rid_ = as_request_id(rid)
     length = as_int32("prompt_length", prompt_length)
@@ -116,9 +128,9 @@ def submission(rid: object, prompt_length: object, priority: object, max_new_tok
 RANK_NONE, RANK_EDF, RANK_DEADLINE = 0, 1, 2
 # DEADLINE's levels, written into each row's priority (the planner pauses every row whose
 # priority is larger than the first pending prompt's: SPEC §3 step 2).
-LEVEL_DUE = 0        # a decode that cannot skip a step without missing its next deadline
-LEVEL_AT_RISK = 1    # a prompt that misses its first-token deadline at the normal pace
-LEVEL_SLACK = 2      # everything that can still meet its objectives and can wait a step
+LEVEL_DUE = 0  # a decode that cannot skip a step without missing its next deadline
+LEVEL_AT_RISK = 1  # a prompt that misses its first-token deadline at the normal pace
+LEVEL_SLACK = 2  # everything that can still meet its objectives and can wait a step
 LEVEL_RELEGATED = 3  # a request that can no longer meet them: served after the rest
 # Within a level, the request's own priority class decides (lower first): priority = level x
 # LEVEL_STRIDE + the class, clamped to +-CLASS_SPAN (classes beyond it tie with the bound).
@@ -129,6 +141,8 @@ CLASS_SPAN = 2**23 - 1
 def level_of(priority: int) -> int:
     """The DEADLINE level a row's ``priority`` holds (its class taken off)."""
     return (int(priority) + LEVEL_STRIDE // 2) // LEVEL_STRIDE
+
+
 # Keys written into ``arrival`` (uint64): a prompt's slack in microseconds around KEY_ZERO
 # (clamped to +-KEY_SPAN), rows without a deadline after every keyed row (KEY_NONE + stamp),
 # decodes and relegated rows by stamp. EDF writes the next deadline in milliseconds from now
@@ -136,14 +150,17 @@ def level_of(priority: int) -> int:
 KEY_ZERO = 2**51
 KEY_SPAN = 2**50
 KEY_NONE = 2**62
-EDF_SPAN = 2**31 - 2     # EDF's priority: +-EDF_SPAN ms; INT32_MAX is "no deadline"
+EDF_SPAN = 2**31 - 2  # EDF's priority: +-EDF_SPAN ms; INT32_MAX is "no deadline"
 # A measured step time: each step's duration moves the estimate this far towards it.
 STEP_TIME_WEIGHT = 0.25
 
 
-def check_deadline_args(policy: ResolvedSchedulingPolicy | None, limits: StepPlannerLimits,
-                        slo_classes: object, step_time: object
-                        ) -> tuple[int, dict[int, SLO], float, float, bool, int, int]:
+def check_deadline_args(
+    policy: ResolvedSchedulingPolicy | None,
+    limits: StepPlannerLimits,
+    slo_classes: object,
+    step_time: object,
+) -> tuple[int, dict[int, SLO], float, float, bool, int, int]:
     """(ranking, classes, base seconds, seconds per token, measured, step tokens, chunk) of a
     new ledger: what its rank pass needs, every argument checked.
 
@@ -153,39 +170,53 @@ def check_deadline_args(policy: ResolvedSchedulingPolicy | None, limits: StepPla
     most ``max_chunk_tokens`` a step."""
     classes = check_slo_classes(slo_classes)
     policy_id = policy.scheduling_policy if policy is not None else SchedulingPolicy.FCFS
-    ranking = {SchedulingPolicy.EDF: RANK_EDF,
-               SchedulingPolicy.DEADLINE: RANK_DEADLINE}.get(policy_id, RANK_NONE)
+    ranking = {SchedulingPolicy.EDF: RANK_EDF, SchedulingPolicy.DEADLINE: RANK_DEADLINE}.get(
+        policy_id, RANK_NONE
+    )
     measured = step_time is None
     base = per_token = 0.0
     if not measured:
-        if (not isinstance(step_time, tuple) or len(step_time) != 2
-                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in step_time)):
+        if (
+            not isinstance(step_time, tuple)
+            or len(step_time) != 2
+            or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in step_time)
+        ):
             raise _errors.StepPlannerTypeError(
                 "step_time must be a (base_seconds, seconds_per_token) pair of numbers, or None "
-                f"(measured from now), got {step_time!r}")
+                f"(measured from now), got {step_time!r}"
+            )
         base, per_token = (float(v) for v in step_time)
         for name, value in (("step_time base", base), ("step_time per_token", per_token)):
             if not (value >= 0 and value < float("inf")):
                 raise _errors.out_of_range(name, value, "a finite number of seconds >= 0")
     if policy is None:
         return ranking, classes, base, per_token, measured, limits.t_max, limits.max_input_length
-    return (ranking, classes, base, per_token, measured, policy.max_num_tokens,
-            policy.max_chunk_tokens)
+    return (
+        ranking,
+        classes,
+        base,
+        per_token,
+        measured,
+        policy.max_num_tokens,
+        policy.max_chunk_tokens,
+    )
 
 
 def as_time(field: str, value: object) -> float:
     """A time on the runtime's clock, or a duration: a finite float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _errors.StepPlannerTypeError(
-            f"{field} must be a number of seconds, got {type(value).__name__}")
+            f"{field} must be a number of seconds, got {type(value).__name__}"
+        )
     seconds = float(value)
     if seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise _errors.not_finite_time(field, value)
     return seconds
 
 
-def request_deadlines(rid: int, priority: int, arrival_time: object, slo: object,
-                      classes: dict[int, SLO]) -> tuple[float, float]:
+def request_deadlines(
+    rid: int, priority: int, arrival_time: object, slo: object, classes: dict[int, SLO]
+) -> tuple[float, float]:
     """(first token due, per-token gap) of a submitted request: its own ``slo``, else its
     priority class's, else none (``inf``, 0)."""
     own = check_slo("slo", slo)
@@ -211,50 +242,68 @@ def optional_now(call: str, now: object, ranking: int, needed: int) -> float | N
 
 
 # What Ranker.rank reads and writes: (argument, dtype, written).
-RANK_ARRAYS = (("first_due", np.dtype(np.float64), False), ("gap", np.dtype(np.float64), False),
-               ("generated", np.dtype(np.int64), False), ("stamp", np.dtype(np.uint64), False),
-               ("relegated", np.dtype(np.uint8), True))
+RANK_ARRAYS = (
+    ("first_due", np.dtype(np.float64), False),
+    ("gap", np.dtype(np.float64), False),
+    ("generated", np.dtype(np.int64), False),
+    ("stamp", np.dtype(np.uint64), False),
+    ("relegated", np.dtype(np.uint8), True),
+)
 
 
-def check_rank_arrays(rows: object, arrays: Sequence[object], capacity: int,
-                      classes: object = None) -> int:
+def check_rank_arrays(
+    rows: object, arrays: Sequence[object], capacity: int, classes: object = None
+) -> int:
     """``Ranker.rank``'s arguments: ``rows`` a writable C-contiguous 1-D RESIDENT_DTYPE array of
     at most ``capacity`` rows, and one C-contiguous 1-D array per row of each of RANK_ARRAYS
     (``relegated`` writable), and of ``classes`` (int32) unless it is None. Returns the row
     count."""
-    if (not isinstance(rows, np.ndarray) or rows.dtype != RESIDENT_DTYPE or rows.ndim != 1
-            or not rows.flags.c_contiguous or not rows.flags.writeable):
+    if (
+        not isinstance(rows, np.ndarray)
+        or rows.dtype != RESIDENT_DTYPE
+        or rows.ndim != 1
+        or not rows.flags.c_contiguous
+        or not rows.flags.writeable
+    ):
         raise _errors.StepPlannerTypeError(
             "rows must be a writable C-contiguous 1-D array of RESIDENT_DTYPE, got "
-            f"{type(rows).__name__}" + (f" of {rows.dtype}" if isinstance(rows, np.ndarray)
-                                        else ""))
+            f"{type(rows).__name__}" + (f" of {rows.dtype}" if isinstance(rows, np.ndarray) else "")
+        )
     n = len(rows)
     if n > capacity:
         raise _errors.out_of_range("len(rows)", n, f"0..{capacity} (max_batch_size)")
     extra = () if classes is None else ((("classes", np.dtype(np.int32), False), classes),)
     for (name, dtype, written), value in (*zip(RANK_ARRAYS, arrays), *extra):
-        if (not isinstance(value, np.ndarray) or value.dtype != dtype or value.ndim != 1
-                or not value.flags.c_contiguous or (written and not value.flags.writeable)):
+        if (
+            not isinstance(value, np.ndarray)
+            or value.dtype != dtype
+            or value.ndim != 1
+            or not value.flags.c_contiguous
+            or (written and not value.flags.writeable)
+        ):
             raise _errors.StepPlannerTypeError(
                 f"{name} must be a {'writable ' if written else ''}C-contiguous 1-D {dtype} "
                 f"array, got {type(value).__name__}"
-                + (f" of {value.dtype}" if isinstance(value, np.ndarray) else ""))
+                + (f" of {value.dtype}" if isinstance(value, np.ndarray) else "")
+            )
         if len(value) != n:
             raise _errors.StepPlannerValueError(
-                f"{name} has {len(value)} entries for {n} rows; allowed: one per row")
+                f"{name} has {len(value)} entries for {n} rows; allowed: one per row"
+            )
     return n
 
 
-def parse_records(residents: Sequence[Mapping[str, Any]],
-                  capacity: int) -> tuple[np.ndarray, np.ndarray]:
+def parse_records(
+    residents: Sequence[Mapping[str, Any]], capacity: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other.
 
     Every record is read here, before the ledger's own state is: the records' code (a Mapping's
     ``__getitem__``) runs before ``check_waiting`` sees the queue."""
     if len(residents) > capacity:
         raise _errors.StepPlannerValueError(
-            f"{len(residents)} residents exceed max_batch_size="
-            f"{capacity}; allowed: 0..{capacity}")
+            f"{len(residents)} residents exceed max_batch_size={capacity}; allowed: 0..{capacity}"
+        )
     table = np.zeros(len(residents), dtype=RESIDENT_DTYPE)
     ids = np.arange(len(residents), dtype=np.int64)
     for i, record in enumerate(residents):
@@ -264,7 +313,8 @@ def parse_records(residents: Sequence[Mapping[str, Any]],
     for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
         if np.unique(column).size != column.size:
             raise _errors.StepPlannerValueError(
-                f"two residents have the same {name}; allowed: unique values")
+                f"two residents have the same {name}; allowed: unique values"
+            )
     return table, ids
 
 
@@ -282,21 +332,24 @@ def check_waiting(table: np.ndarray, ids: np.ndarray, waiting: Mapping[int, int]
 def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
     if not isinstance(record, Mapping):
         raise _errors.StepPlannerTypeError(
-            f"residents[{index}] must be an object/dict, got "
-            f"{type(record).__name__}")
+            f"residents[{index}] must be an object/dict, got {type(record).__name__}"
+        )
     unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id"}
     if unknown:
         raise _errors.StepPlannerValueError(
             f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
-            f"{', '.join(RESIDENT_FIELDS)}, request_id")
+            f"{', '.join(RESIDENT_FIELDS)}, request_id"
+        )
     get = record.get
     where = f"residents[{index}]."
-    row = (as_int32(where + "priority", get("priority", 0)),
-           as_uint64(where + "arrival", get("arrival", index)),
-           as_int32(where + "prompt_length", get("prompt_length", 0)),
-           as_int32(where + "committed", get("committed", 0)),
-           as_bool(where + "context_committed", get("context_committed", False)),
-           as_int32(where + "consecutive_paused_steps", get("consecutive_paused_steps", 0)))
+    row = (
+        as_int32(where + "priority", get("priority", 0)),
+        as_uint64(where + "arrival", get("arrival", index)),
+        as_int32(where + "prompt_length", get("prompt_length", 0)),
+        as_int32(where + "committed", get("committed", 0)),
+        as_bool(where + "context_committed", get("context_committed", False)),
+        as_int32(where + "consecutive_paused_steps", get("consecutive_paused_steps", 0)),
+    )
     # Absent means the row index; present must be an id (a None is refused, like any field's).
     if "request_id" not in record:
         return row, None
@@ -310,7 +363,8 @@ def rows_argument(rows: object) -> list[int]:
         arr = np.asarray(rows)
     except ValueError:  # ragged nesting: numpy's message would not say which argument
         raise _errors.StepPlannerValueError(
-            f"rows={rows!r} is not a flat sequence of row indices") from None
+            f"rows={rows!r} is not a flat sequence of row indices"
+        ) from None
     if arr.size and arr.dtype.kind not in "iu":
         raise _errors.StepPlannerTypeError(f"rows must be integers, got dtype {arr.dtype}")
     listed: list[int] = arr.ravel().tolist()
@@ -322,10 +376,12 @@ def check_rows(listed: list[int], count: int) -> None:
     for row in listed:
         if not 0 <= row < count:
             raise _errors.StepPlannerValueError(
-                f"row {row} is out of range; allowed: 0..{count - 1}")
+                f"row {row} is out of range; allowed: 0..{count - 1}"
+            )
     if len(set(listed)) != len(listed):
         raise _errors.StepPlannerValueError(
-            f"rows {listed} repeat a row; allowed: each at most once")
+            f"rows {listed} repeat a row; allowed: each at most once"
+        )
 
 
 def plan_sizes(rows: int, paused: int, count: int) -> None:
@@ -376,7 +432,8 @@ def step_reasons_error(capacity: int) -> _errors.StepPlannerValueError:
     """The error for a ``reasons`` that ``step()`` refuses: it needs a code per slot (not per
     resident), since admission may fill every slot before the plan is made."""
     return _errors.reasons_array(
-        f"must hold a code per slot for step() (len >= capacity={capacity})")
+        f"must hold a code per slot for step() (len >= capacity={capacity})"
+    )
 
 
 _PLAN_CLASSES: tuple[type, ...] = ()
@@ -388,6 +445,7 @@ def plan_classes() -> tuple[Any, ...]:
     global _PLAN_CLASSES
     if not _PLAN_CLASSES:
         from .._core_py import StepPlan as ReferencePlan
+
         try:
             from .._core import StepPlan as CorePlan
         except ImportError:  # a pure-Python install

@@ -17,18 +17,31 @@ from .._errors import StepPlannerValueError
 from ._fields import enum_fields, enum_from_text
 from ._policy import SchedulingOptions, StepPlannerLimits
 
-__all__ = ["ALIASES", "LIMIT_FIELDS", "OPTION_FIELDS", "apply_fields", "canonical_key",
-           "field_name", "field_value"]
+__all__ = [
+    "ALIASES",
+    "LIMIT_FIELDS",
+    "OPTION_FIELDS",
+    "apply_fields",
+    "canonical_key",
+    "field_name",
+    "field_value",
+]
 
 ENUMS = enum_fields(SchedulingOptions)
 OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
 LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(StepPlannerLimits))
-ALIASES = {"mode": "ifb_scheduling_mode", "policy": "scheduling_policy",
-           "reserved": "priority_reserved_slots", "reserved_slots": "priority_reserved_slots",
-           "b": "max_batch_size", "max_num_seqs": "max_batch_size",
-           "p": "kv_page_size", "block_size": "kv_page_size",
-           "s_in": "max_input_length",
-           "max_num_batched_tokens": "max_step_tokens"}
+ALIASES = {
+    "mode": "ifb_scheduling_mode",
+    "policy": "scheduling_policy",
+    "reserved": "priority_reserved_slots",
+    "reserved_slots": "priority_reserved_slots",
+    "b": "max_batch_size",
+    "max_num_seqs": "max_batch_size",
+    "p": "kv_page_size",
+    "block_size": "kv_page_size",
+    "s_in": "max_input_length",
+    "max_num_batched_tokens": "max_step_tokens",
+}
 
 
 def canonical_key(raw: str) -> str:
@@ -44,8 +57,10 @@ def field_name(raw: str, what: str, extra: Iterable[str] = ()) -> str:
     if key in OPTION_FIELDS or key in LIMIT_FIELDS:
         return key
     allowed = sorted({*OPTION_FIELDS, *LIMIT_FIELDS, *ALIASES, *extra})
-    raise StepPlannerValueError(f"{what} {raw!r} is not known: not a SchedulingOptions or limits "
-                                f"field; allowed: {', '.join(allowed)}")
+    raise StepPlannerValueError(
+        f"{what} {raw!r} is not known: not a SchedulingOptions or limits "
+        f"field; allowed: {', '.join(allowed)}"
+    )
 
 
 def field_value(field: str, value: Any, what: str = "") -> Any:
@@ -61,9 +76,12 @@ def field_value(field: str, value: Any, what: str = "") -> Any:
         raise StepPlannerValueError(f"{what}{field}={value!r} is not an integer") from None
 
 
-def apply_fields(values: Mapping[str, Any], base_limits: StepPlannerLimits,
-                 base_options: SchedulingOptions, what: str = ""
-                 ) -> tuple[StepPlannerLimits, SchedulingOptions]:
+def apply_fields(
+    values: Mapping[str, Any],
+    base_limits: StepPlannerLimits,
+    base_options: SchedulingOptions,
+    what: str = "",
+) -> tuple[StepPlannerLimits, SchedulingOptions]:
     """The bases with ``values`` (field -> value, fields already checked) applied; the
     dataclasses check the ranges."""
     options = dataclasses.asdict(base_options)

@@ -96,5 +96,8 @@ def enum_fields(cls: Any) -> dict[str, type[IntEnum]]:
     """The enum-typed fields of a dataclass by name, read from its annotations: the one source
     for every place that writes those fields as text (JSON, config files, the command line)."""
     hints = get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], IntEnum)}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(cls)
+        if isinstance(hints[f.name], type) and issubclass(hints[f.name], IntEnum)
+    }

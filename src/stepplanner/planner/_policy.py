@@ -69,9 +69,11 @@ class StepPlannerLimits:
             # Below one page, a non-final chunk could never reach a page boundary (the first
             # prompt in order would stall); below B, a step of B decode rows would not fit.
             raise _errors.out_of_range(
-                "max_step_tokens", step,
+                "max_step_tokens",
+                step,
                 f"0 (= max_batch_size * max_input_length) or >= max(kv_page_size, "
-                f"max_batch_size) = {floor}")
+                f"max_batch_size) = {floor}",
+            )
         _set(self, "max_step_tokens", step)
         full = self._uncapped_t_max
         if step == 0 and full > _errors.INT32_MAX:
@@ -132,11 +134,18 @@ class ResolvedSchedulingPolicy:
 def _normalise(obj: SchedulingOptions | ResolvedSchedulingPolicy, mode_field: str) -> None:
     """Convert field types (TypeError/OverflowError) and check the ranges that need no limits."""
     _set(obj, mode_field, as_enum(mode_field, getattr(obj, mode_field), IfbSchedulingMode))
-    _set(obj, "scheduling_policy",
-         as_enum("scheduling_policy", obj.scheduling_policy, SchedulingPolicy))
+    _set(
+        obj,
+        "scheduling_policy",
+        as_enum("scheduling_policy", obj.scheduling_policy, SchedulingPolicy),
+    )
     _set(obj, "preemption", as_enum("preemption", obj.preemption, PreemptionMode))
-    for name in ("max_num_tokens", "max_chunk_tokens", "priority_reserved_slots",
-                 "max_pause_steps"):
+    for name in (
+        "max_num_tokens",
+        "max_chunk_tokens",
+        "priority_reserved_slots",
+        "max_pause_steps",
+    ):
         v = as_int32(name, getattr(obj, name))
         if v < 0:
             raise _errors.out_of_range(name, v, ">= 0")
@@ -187,13 +196,15 @@ def t_max_text(limits: StepPlannerLimits) -> str:
     """How T_max came about, for messages: ``B*S_in = 2400`` or ``min(B*S_in, ...) = 64``."""
     full = limits._uncapped_t_max
     if limits.max_step_tokens:
-        return (f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = "
-                f"{limits.t_max}")
+        return (
+            f"min(B*S_in, max_step_tokens) = min({full}, {limits.max_step_tokens}) = {limits.t_max}"
+        )
     return f"B*S_in = {full}"
 
 
-def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
-                     limits: StepPlannerLimits) -> tuple[int, int, str, str]:
+def _resolve_budgets(
+    max_num_tokens: int, max_chunk_tokens: int, limits: StepPlannerLimits
+) -> tuple[int, int, str, str]:
     """SPEC §2 rule 3: defaults, ranges and the per-chunk cap for a mixed step; with the rule
     that set each value, in words."""
     b, p, t_max = limits.max_batch_size, limits.kv_page_size, limits.t_max
@@ -206,11 +217,14 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
             )
         max_num_tokens = default_max_num_tokens(limits)
         target = default_target(limits)
-        mnt_rule = (f"rule 3: default min(ru({target}+B), rd(T_max)) = "
-                    f"min({ru(target + b, p)}, {rd(t_max, p)})")
+        mnt_rule = (
+            f"rule 3: default min(ru({target}+B), rd(T_max)) = "
+            f"min({ru(target + b, p)}, {rd(t_max, p)})"
+        )
     elif not b + p <= max_num_tokens <= t_max:
         raise _errors.out_of_range(
-            "max_num_tokens", max_num_tokens,
+            "max_num_tokens",
+            max_num_tokens,
             f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {t_max}]",
         )
     else:
@@ -220,7 +234,8 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
         mct_rule = f"rule 3: default max(P, rd(min(512, max_num_tokens-B))) = {max_chunk_tokens}"
     elif not (p <= max_chunk_tokens <= max_num_tokens - b and max_chunk_tokens % p == 0):
         raise _errors.out_of_range(
-            "max_chunk_tokens", max_chunk_tokens,
+            "max_chunk_tokens",
+            max_chunk_tokens,
             f"a multiple of kv_page_size={p} in [kv_page_size, max_num_tokens - max_batch_size]"
             f" = [{p}, {max_num_tokens - b}]",
         )
@@ -232,8 +247,9 @@ def _resolve_budgets(max_num_tokens: int, max_chunk_tokens: int,
     return max_num_tokens, min(max_chunk_tokens, cap), mnt_rule, mct_rule
 
 
-def resolve_scheduling_policy(options: SchedulingOptions,
-                              limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+def resolve_scheduling_policy(
+    options: SchedulingOptions, limits: StepPlannerLimits
+) -> ResolvedSchedulingPolicy:
     """Resolve ``options`` for an engine built with ``limits`` (SPEC §2).
 
     Raises ``ValueError`` naming the field, the value and the allowed range.
@@ -241,8 +257,9 @@ def resolve_scheduling_policy(options: SchedulingOptions,
     return resolve_with_rules(options, limits)[0]
 
 
-def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
-                       ) -> tuple[ResolvedSchedulingPolicy, dict[str, str]]:
+def resolve_with_rules(
+    options: SchedulingOptions, limits: StepPlannerLimits
+) -> tuple[ResolvedSchedulingPolicy, dict[str, str]]:
     """``resolve_scheduling_policy``, and for ``mode``, ``max_num_tokens`` and
     ``max_chunk_tokens`` the SPEC §2 rule that set each, in words (what ``stepplanner explain``
     prints): the one resolution, so the explanation cannot drift from what was resolved."""
@@ -258,23 +275,31 @@ def resolve_with_rules(options: SchedulingOptions, limits: StepPlannerLimits
     if mode == IfbSchedulingMode.AUTO:
         b, p = limits.max_batch_size, limits.kv_page_size
         feasible = mixed_feasible(limits)
-        mode = (IfbSchedulingMode.MIXED if feasible or options.max_num_tokens != 0
-                else IfbSchedulingMode.PREFILL_FIRST)
+        mode = (
+            IfbSchedulingMode.MIXED
+            if feasible or options.max_num_tokens != 0
+            else IfbSchedulingMode.PREFILL_FIRST
+        )
         relation = ">=" if feasible else "<"
-        rules["mode"] = (f"rule 2: AUTO -> {mode.name} because rd(T_max)="
-                         f"{rd(limits.t_max, p)} {relation} B+P={b + p}")
+        rules["mode"] = (
+            f"rule 2: AUTO -> {mode.name} because rd(T_max)="
+            f"{rd(limits.t_max, p)} {relation} B+P={b + p}"
+        )
         if not feasible and mode == IfbSchedulingMode.MIXED:
             rules["mode"] += " but max_num_tokens was given"
     if mode == IfbSchedulingMode.MIXED or given:
         max_num_tokens, max_chunk_tokens, rules["max_num_tokens"], rules["max_chunk_tokens"] = (
-            _resolve_budgets(options.max_num_tokens, options.max_chunk_tokens, limits))
+            _resolve_budgets(options.max_num_tokens, options.max_chunk_tokens, limits)
+        )
     if mode == IfbSchedulingMode.PREFILL_FIRST:
         max_num_tokens, max_chunk_tokens = limits.t_max, limits.max_input_length
         replaced = " (the given value passed rule 3, then was replaced)"
-        rules["max_num_tokens"] = (f"rule 4: PREFILL_FIRST uses T_max = {t_max_text(limits)}"
-                                   + (replaced if options.max_num_tokens else ""))
-        rules["max_chunk_tokens"] = (f"rule 4: PREFILL_FIRST uses S_in = {max_chunk_tokens}"
-                                     + (replaced if options.max_chunk_tokens else ""))
+        rules["max_num_tokens"] = f"rule 4: PREFILL_FIRST uses T_max = {t_max_text(limits)}" + (
+            replaced if options.max_num_tokens else ""
+        )
+        rules["max_chunk_tokens"] = f"rule 4: PREFILL_FIRST uses S_in = {max_chunk_tokens}" + (
+            replaced if options.max_chunk_tokens else ""
+        )
     policy = ResolvedSchedulingPolicy(
         mode=mode,
         max_num_tokens=max_num_tokens,
@@ -301,18 +326,24 @@ def check_policy(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) ->
         for name, want in zip(("max_num_tokens", "max_chunk_tokens"), expected):
             if getattr(policy, name) != want:
                 raise _errors.out_of_range(
-                    name, getattr(policy, name),
-                    f"{want} under PREFILL_FIRST (T_max and max_input_length)")
+                    name,
+                    getattr(policy, name),
+                    f"{want} under PREFILL_FIRST (T_max and max_input_length)",
+                )
         return
     b, p = limits.max_batch_size, limits.kv_page_size
     mnt, mct = policy.max_num_tokens, policy.max_chunk_tokens
     if not b + p <= mnt <= limits.t_max:
         raise _errors.out_of_range(
-            "max_num_tokens", mnt,
-            f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {limits.t_max}]")
+            "max_num_tokens",
+            mnt,
+            f"[max_batch_size + kv_page_size, T_max] = [{b + p}, {limits.t_max}]",
+        )
     top = min(mnt - b, chunk_cap(limits))
     if not (p <= mct <= top and mct % p == 0):
         raise _errors.out_of_range(
-            "max_chunk_tokens", mct,
+            "max_chunk_tokens",
+            mct,
             f"a multiple of kv_page_size={p} in [{p}, {top}] "
-            "(at most max_num_tokens - max_batch_size and max(P, rd(max_input_length)))")
+            "(at most max_num_tokens - max_batch_size and max(P, rd(max_input_length)))",
+        )

@@ -24,8 +24,7 @@ def _seconds(field: str, value: object, *, optional: bool) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         allowed = "a number of seconds > 0" + (" or None" if optional else "")
-        raise _errors.StepPlannerTypeError(
-            f"{field} must be {allowed}, got {type(value).__name__}")
+        raise _errors.StepPlannerTypeError(f"{field} must be {allowed}, got {type(value).__name__}")
     seconds = float(value)
     if not (math.isfinite(seconds) and seconds > 0):
         raise _errors.out_of_range(field, value, "a finite number of seconds > 0")
@@ -50,7 +49,9 @@ def check_slo(field: str, value: object) -> SLO | None:
     """``value`` as a request's objectives: an ``SLO`` or ``None``."""
     if value is None or isinstance(value, SLO):
         return value
-    raise _errors.StepPlannerTypeError(f"{field} must be an SLO or None, got {type(value).__name__}")
+    raise _errors.StepPlannerTypeError(
+        f"{field} must be an SLO or None, got {type(value).__name__}"
+    )
 
 
 def check_slo_classes(value: object) -> dict[int, SLO]:
@@ -60,15 +61,18 @@ def check_slo_classes(value: object) -> dict[int, SLO]:
     if not isinstance(value, Mapping):
         raise _errors.StepPlannerTypeError(
             f"slo_classes must be a mapping from priority to SLO, or None, got "
-            f"{type(value).__name__}")
+            f"{type(value).__name__}"
+        )
     out: dict[int, SLO] = {}
     for key, slo in value.items():
-        if isinstance(key, bool) or not isinstance(key, int) or not -2**31 <= key < 2**31:
+        if isinstance(key, bool) or not isinstance(key, int) or not -(2**31) <= key < 2**31:
             raise _errors.StepPlannerValueError(
-                f"slo_classes key {key!r} is not a priority; allowed: an int32")
+                f"slo_classes key {key!r} is not a priority; allowed: an int32"
+            )
         if not isinstance(slo, SLO):
             raise _errors.StepPlannerTypeError(
-                f"slo_classes[{key}] must be an SLO, got {type(slo).__name__}")
+                f"slo_classes[{key}] must be an SLO, got {type(slo).__name__}"
+            )
         out[key] = slo
     return out
 

@@ -138,8 +138,13 @@ RESIDENT_FIELDS: tuple[str, ...] = ResidentRow._fields
 
 # One ledger row; the compiled core reads arrays of it in place (its C struct has this layout).
 RESIDENT_DTYPE = np.dtype(
-    list(zip(RESIDENT_FIELDS,
-             (np.int32, np.uint64, np.int32, np.int32, np.bool_, np.int32), strict=True)),
+    list(
+        zip(
+            RESIDENT_FIELDS,
+            (np.int32, np.uint64, np.int32, np.int32, np.bool_, np.int32),
+            strict=True,
+        )
+    ),
     align=True,
 )
 
@@ -204,9 +209,11 @@ def plan_repr(plan: Any) -> str:
         f"{'T' if s.select_last_token_logits else 'F'})"
         for s in plan.sequences
     )
-    return (f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
-            f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
-            f"sequences=[{rows}], paused={list(plan.paused)})")
+    return (
+        f"StepPlan(num_prefill={plan.num_prefill}, num_decode={plan.num_decode}, "
+        f"prefill_tokens={plan.prefill_tokens}, total_tokens={plan.total_tokens}, "
+        f"sequences=[{rows}], paused={list(plan.paused)})"
+    )
 
 
 def first_repeat(resident: list[int], paused: list[int]) -> tuple[str, int, str] | None:

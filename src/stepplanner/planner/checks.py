@@ -32,8 +32,16 @@ def _rows(residents: Any, count: int) -> list[_Row]:
         if isinstance(r, tuple):
             out.append(_Row(*r))
         else:
-            out.append(_Row(r.priority, r.arrival, r.prompt_length, r.committed,
-                            bool(r.context_committed), r.consecutive_paused_steps))
+            out.append(
+                _Row(
+                    r.priority,
+                    r.arrival,
+                    r.prompt_length,
+                    r.committed,
+                    bool(r.context_committed),
+                    r.consecutive_paused_steps,
+                )
+            )
     return out
 
 
@@ -41,8 +49,9 @@ def _fail(message: str) -> None:
     raise PlanInvariantError(message)
 
 
-def check_plan(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, residents: Any,
-               plan: Any) -> None:
+def check_plan(
+    policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, residents: Any, plan: Any
+) -> None:
     """Raise :class:`PlanInvariantError` if ``plan`` breaks a guarantee for this input.
 
     ``residents``: the list of ``ResidentState`` (either implementation), ``RESIDENT_DTYPE``
@@ -114,8 +123,9 @@ def _check_layout(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: list
             _fail(f"rows are not in order: residents {[s.resident for s in part]}")
 
 
-def _check_chunks(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, rows: list[_Row],
-                  seqs: list[Any]) -> None:
+def _check_chunks(
+    policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, rows: list[_Row], seqs: list[Any]
+) -> None:
     has_decode = any(s.work == SequenceWork.DECODE for s in seqs)
     mixed_cap = policy.mode == IfbSchedulingMode.MIXED and has_decode
     cap = policy.max_chunk_tokens if mixed_cap else limits.max_input_length
@@ -133,15 +143,21 @@ def _check_chunks(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, r
         if not 1 <= s.query_length <= rem:
             _fail(f"{where} has query_length={s.query_length}; allowed 1..{rem} (remaining)")
         if s.query_length > min(cap, limits.max_input_length):
-            _fail(f"{where} has query_length={s.query_length} over the cap "
-                  f"{min(cap, limits.max_input_length)}")
+            _fail(
+                f"{where} has query_length={s.query_length} over the cap "
+                f"{min(cap, limits.max_input_length)}"
+            )
         final = s.query_length == rem
         if bool(s.select_last_token_logits) != final:
-            _fail(f"{where} has select_last_token_logits={bool(s.select_last_token_logits)} "
-                  f"but final={final}")
+            _fail(
+                f"{where} has select_last_token_logits={bool(s.select_last_token_logits)} "
+                f"but final={final}"
+            )
         if not final and (r.committed + s.query_length) % p:
-            _fail(f"{where} is non-final and ends at {r.committed + s.query_length}, "
-                  f"not a multiple of kv_page_size={p}")
+            _fail(
+                f"{where} is non-final and ends at {r.committed + s.query_length}, "
+                f"not a multiple of kv_page_size={p}"
+            )
 
 
 def _check_decodes(rows: list[_Row], seqs: list[Any]) -> None:
@@ -153,14 +169,17 @@ def _check_decodes(rows: list[_Row], seqs: list[Any]) -> None:
         if not r.context_committed:
             _fail(f"{where} is for a prompt-incomplete resident")
         if s.query_length != 1 or not s.select_last_token_logits:
-            _fail(f"{where} must have query_length=1 and select_last_token_logits=True, got "
-                  f"{s.query_length} and {bool(s.select_last_token_logits)}")
+            _fail(
+                f"{where} must have query_length=1 and select_last_token_logits=True, got "
+                f"{s.query_length} and {bool(s.select_last_token_logits)}"
+            )
         if s.past_length != r.committed:
             _fail(f"{where} has past_length={s.past_length} but committed={r.committed}")
 
 
-def _check_budget(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, plan: Any,
-                  seqs: list[Any]) -> None:
+def _check_budget(
+    policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, plan: Any, seqs: list[Any]
+) -> None:
     has_decode = any(s.work == SequenceWork.DECODE for s in seqs)
     if policy.mode == IfbSchedulingMode.MIXED and has_decode:
         budget, name = policy.max_num_tokens, "max_num_tokens"
@@ -171,9 +190,11 @@ def _check_budget(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, p
 
 
 def _check_pause(policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: list[int]) -> None:
-    pausing = (policy.mode == IfbSchedulingMode.MIXED
-               and orders_by_priority(policy.scheduling_policy)
-               and policy.preemption == PreemptionMode.PAUSE)
+    pausing = (
+        policy.mode == IfbSchedulingMode.MIXED
+        and orders_by_priority(policy.scheduling_policy)
+        and policy.preemption == PreemptionMode.PAUSE
+    )
     if not pausing:
         if paused:
             _fail(f"residents {paused} are paused, but only MIXED + PRIORITY + PAUSE pauses")
@@ -186,27 +207,36 @@ def _check_pause(policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: lis
         worse = limit is not None and r.priority > limit
         released = mps > 0 and r.consecutive_paused_steps >= mps
         if i in is_paused and not worse:
-            _fail(f"resident {i} (priority {r.priority}) is paused but the first pending prompt "
-                  f"has priority {limit}")
+            _fail(
+                f"resident {i} (priority {r.priority}) is paused but the first pending prompt "
+                f"has priority {limit}"
+            )
         if i in is_paused and released:
-            _fail(f"resident {i} is paused with consecutive_paused_steps="
-                  f"{r.consecutive_paused_steps} >= max_pause_steps={mps}")
+            _fail(
+                f"resident {i} is paused with consecutive_paused_steps="
+                f"{r.consecutive_paused_steps} >= max_pause_steps={mps}"
+            )
         if worse and not released and i not in is_paused:
-            _fail(f"resident {i} (priority {r.priority}) is worse than the first pending prompt "
-                  f"(priority {limit}) but is not paused")
+            _fail(
+                f"resident {i} (priority {r.priority}) is worse than the first pending prompt "
+                f"(priority {limit}) but is not paused"
+            )
 
 
-def _active_prompts(policy: ResolvedSchedulingPolicy, rows: list[_Row],
-                    paused: list[int]) -> list[int]:
+def _active_prompts(
+    policy: ResolvedSchedulingPolicy, rows: list[_Row], paused: list[int]
+) -> list[int]:
     """The active prompt-incomplete residents, in order (SPEC §3 steps 2-3)."""
     is_paused = set(paused)
-    return sorted((i for i in range(len(rows)) if i not in is_paused
-                   and not rows[i].context_committed),
-                  key=lambda i: _order_key(policy, rows, i))
+    return sorted(
+        (i for i in range(len(rows)) if i not in is_paused and not rows[i].context_committed),
+        key=lambda i: _order_key(policy, rows, i),
+    )
 
 
-def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: list[Any],
-                    paused: list[int]) -> None:
+def _check_coverage(
+    policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: list[Any], paused: list[int]
+) -> None:
     """Who must be planned: decode rows per mode, and the first eligible prompt always."""
     planned = {s.resident: s.work for s in seqs}
     is_paused = set(paused)
@@ -218,11 +248,15 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
         if any(w == SequenceWork.DECODE for w in planned.values()):
             _fail("PREFILL_FIRST planned decode rows while a prompt is pending")
         best = prompts[0]
-        for i, w in planned.items():
-            if (orders_by_priority(policy.scheduling_policy)
-                    and rows[i].priority != rows[best].priority):
-                _fail(f"PREFILL_FIRST + PRIORITY planned resident {i} (priority "
-                      f"{rows[i].priority}) while priority {rows[best].priority} is pending")
+        for i in planned:
+            if (
+                orders_by_priority(policy.scheduling_policy)
+                and rows[i].priority != rows[best].priority
+            ):
+                _fail(
+                    f"PREFILL_FIRST + PRIORITY planned resident {i} (priority "
+                    f"{rows[i].priority}) while priority {rows[best].priority} is pending"
+                )
     else:
         for i in decoding:
             if planned.get(i) != SequenceWork.DECODE:
@@ -231,8 +265,13 @@ def _check_coverage(policy: ResolvedSchedulingPolicy, rows: list[_Row], seqs: li
         _fail(f"the first active prompt in order (resident {prompts[0]}) was skipped")
 
 
-def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, rows: list[_Row],
-                 seqs: list[Any], paused: list[int]) -> None:
+def _check_skips(
+    policy: ResolvedSchedulingPolicy,
+    limits: StepPlannerLimits,
+    rows: list[_Row],
+    seqs: list[Any],
+    paused: list[int],
+) -> None:
     """A prompt the plan leaves out must be one that SPEC §3 step 5 trims to nothing.
 
     Prompts are filled in order, so the budget a prompt meets is the step's prefill budget less
@@ -240,10 +279,13 @@ def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, ro
     ``n = min(rem, cap, S_in, that budget)``, trimmed back to a page end when non-final, is 0.
     """
     prompts = _active_prompts(policy, rows, paused)
-    if policy.mode == IfbSchedulingMode.PREFILL_FIRST and prompts:
-        if orders_by_priority(policy.scheduling_policy):
-            best = min(rows[i].priority for i in prompts)
-            prompts = [i for i in prompts if rows[i].priority == best]
+    if (
+        policy.mode == IfbSchedulingMode.PREFILL_FIRST
+        and prompts
+        and orders_by_priority(policy.scheduling_policy)
+    ):
+        best = min(rows[i].priority for i in prompts)
+        prompts = [i for i in prompts if rows[i].priority == best]
     num_decode = sum(1 for s in seqs if s.work == SequenceWork.DECODE)
     if policy.mode == IfbSchedulingMode.MIXED and num_decode:
         budget, cap = policy.max_num_tokens - num_decode, policy.max_chunk_tokens
@@ -263,6 +305,8 @@ def _check_skips(policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, ro
         if n < rem:
             n = (r.committed + n) // p * p - r.committed
         if n > 0:
-            _fail(f"prompt resident {i} (remaining {rem}) was skipped, but {budget} of the "
-                  f"prefill budget ({source}) remained when its turn came: a chunk of {n} "
-                  f"tokens fits (cap {min(cap, s_in)}, kv_page_size={p})")
+            _fail(
+                f"prompt resident {i} (remaining {rem}) was skipped, but {budget} of the "
+                f"prefill budget ({source}) remained when its turn came: a chunk of {n} "
+                f"tokens fits (cap {min(cap, s_in)}, kv_page_size={p})"
+            )

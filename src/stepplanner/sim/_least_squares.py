@@ -19,7 +19,7 @@ def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndar
     """argmin ||matrix @ x - target|| over x >= 0 (ties go to the smaller support)."""
     columns = matrix.shape[1]
     best_x = np.zeros(columns)
-    best = float(np.sum(target ** 2))
+    best = float(np.sum(target**2))
     for size in range(1, columns + 1):
         for support in itertools.combinations(range(columns), size):
             sol, *_ = np.linalg.lstsq(matrix[:, support], target, rcond=None)

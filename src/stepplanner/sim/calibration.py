@@ -35,9 +35,20 @@ from .latency import TRTLLM_H100_LLAMA31_8B_FP8, LatencyModel
 from .simulator import SimulationResult, simulate
 from .workloads import Workload
 
-__all__ = ["A_FLOOR", "H100_LLAMA31_8B_FP8", "EngineMemory", "Residual", "fit",
-           "nonnegative_least_squares", "residual", "residuals", "saturated_run", "simulate_row",
-           "step_sums", "trtllm_bench_engine"]
+__all__ = [
+    "A_FLOOR",
+    "H100_LLAMA31_8B_FP8",
+    "EngineMemory",
+    "Residual",
+    "fit",
+    "nonnegative_least_squares",
+    "residual",
+    "residuals",
+    "saturated_run",
+    "simulate_row",
+    "step_sums",
+    "trtllm_bench_engine",
+]
 
 KV_PAGE = 32  # TensorRT-LLM's default tokens_per_block
 # No step is shorter than streaming the weights once: 8.03e9 FP8 parameters / 3.35 TB/s (H100
@@ -58,15 +69,22 @@ class EngineMemory:
 
     @property
     def kv_tokens(self) -> float:
-        return ((self.device_bytes - self.weight_bytes) * self.kv_cache_fraction
-                / self.kv_bytes_per_token)
+        return (
+            (self.device_bytes - self.weight_bytes)
+            * self.kv_cache_fraction
+            / self.kv_bytes_per_token
+        )
 
 
 # H100 SXM 80GB (81,559 MiB as the CUDA driver reports it); Llama-3.1-8B: 8.03e9 parameters in
 # FP8 (1 byte), FP8 KV cache of 2 (K, V) x 32 layers x 8 KV heads x 128 dims x 1 byte per token;
 # the perf overview runs with --kv_cache_free_gpu_mem_fraction 0.95.
-H100_LLAMA31_8B_FP8 = EngineMemory(device_bytes=81559 * 1024**2, weight_bytes=8_030_000_000,
-                                   kv_bytes_per_token=2 * 32 * 8 * 128, kv_cache_fraction=0.95)
+H100_LLAMA31_8B_FP8 = EngineMemory(
+    device_bytes=81559 * 1024**2,
+    weight_bytes=8_030_000_000,
+    kv_bytes_per_token=2 * 32 * 8 * 128,
+    kv_cache_fraction=0.95,
+)
 
 
 def _round_up(x: float, tiers: tuple[tuple[float, int], ...], least: int) -> int:
@@ -75,8 +93,9 @@ def _round_up(x: float, tiers: tuple[tuple[float, int], ...], least: int) -> int
     return max(least, step * math.ceil(x / step))
 
 
-def trtllm_bench_engine(isl: int, osl: int,
-                        memory: EngineMemory = H100_LLAMA31_8B_FP8) -> tuple[int, int]:
+def trtllm_bench_engine(
+    isl: int, osl: int, memory: EngineMemory = H100_LLAMA31_8B_FP8
+) -> tuple[int, int]:
     """(concurrent requests, max_num_tokens) of the engine ``trtllm-bench`` runs an ISL/OSL on.
 
     ``trtllm-bench`` sizes the engine from the KV cache: ``r = kv_tokens / (ISL + OSL)``
@@ -95,8 +114,9 @@ def trtllm_bench_engine(isl: int, osl: int,
     return min(max_batch, math.floor(fits)), max_tokens
 
 
-def saturated_run(isl: int, osl: int, requests: int) -> tuple[Workload, StepPlannerLimits,
-                                                                 ResolvedSchedulingPolicy]:
+def saturated_run(
+    isl: int, osl: int, requests: int
+) -> tuple[Workload, StepPlannerLimits, ResolvedSchedulingPolicy]:
     """One published row as a simulation: ``requests`` x (ISL, OSL) at t=0 on its engine.
 
     The engine: B = the benchmark's concurrency, S_in = ISL, P = 32, every step capped at the
@@ -105,12 +125,21 @@ def saturated_run(isl: int, osl: int, requests: int) -> tuple[Workload, StepPlan
     """
     batch, max_tokens = trtllm_bench_engine(isl, osl)
     limits = StepPlannerLimits(batch, isl, KV_PAGE, max_step_tokens=max_tokens)
-    policy = resolve_scheduling_policy(SchedulingOptions(
-        ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=max_tokens,
-        max_chunk_tokens=rd(max_tokens - batch, KV_PAGE)), limits)
-    workload = Workload(np.zeros(requests), np.full(requests, isl), np.full(requests, osl),
-                        np.zeros(requests, dtype=np.int32),
-                        source=f"saturated(ISL={isl}, OSL={osl}, requests={requests})")
+    policy = resolve_scheduling_policy(
+        SchedulingOptions(
+            ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+            max_num_tokens=max_tokens,
+            max_chunk_tokens=rd(max_tokens - batch, KV_PAGE),
+        ),
+        limits,
+    )
+    workload = Workload(
+        np.zeros(requests),
+        np.full(requests, isl),
+        np.full(requests, osl),
+        np.zeros(requests, dtype=np.int32),
+        source=f"saturated(ISL={isl}, OSL={osl}, requests={requests})",
+    )
     return workload, limits, policy
 
 
@@ -122,8 +151,12 @@ def simulate_row(isl: int, osl: int, requests: int, model: LatencyModel) -> Simu
 def step_sums(result: SimulationResult) -> tuple[int, int, int, int]:
     """(steps, tokens, context, output tokens) of a run, summed over its steps."""
     steps = result.steps
-    return (result.num_steps, int(steps["tokens"].sum()), int(steps["context"].sum()),
-            int(result.generated.sum()))
+    return (
+        result.num_steps,
+        int(steps["tokens"].sum()),
+        int(steps["context"].sum()),
+        int(result.generated.sum()),
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,15 +180,23 @@ class Residual:
 def residual(result: SimulationResult, published: float) -> Residual:
     """A saturated run's simulated output tokens/s against the published figure."""
     w = result.workload
-    return Residual(int(w.prompt_tokens[0]), int(w.output_tokens[0]), len(w),
-                    result.limits.max_batch_size, result.policy.max_num_tokens, published,
-                    result.report()["throughput"]["output_tokens_per_s"])
+    return Residual(
+        int(w.prompt_tokens[0]),
+        int(w.output_tokens[0]),
+        len(w),
+        result.limits.max_batch_size,
+        result.policy.max_num_tokens,
+        published,
+        result.report()["throughput"]["output_tokens_per_s"],
+    )
 
 
 def residuals(model: LatencyModel) -> list[Residual]:
     """Every published row's saturated run, simulated under ``model``."""
-    return [residual(simulate_row(isl, osl, requests, model), float(tok_s))
-            for isl, osl, tok_s, requests in TRTLLM_H100_LLAMA31_8B_FP8]
+    return [
+        residual(simulate_row(isl, osl, requests, model), float(tok_s))
+        for isl, osl, tok_s, requests in TRTLLM_H100_LLAMA31_8B_FP8
+    ]
 
 
 def _significant(x: float, digits: int = 3) -> float:
@@ -170,9 +211,12 @@ def fit(sums: Sequence[tuple[int, int, int, int]]) -> tuple[LatencyModel, np.nda
     the unbounded solution and the bounded one.
     """
     features = np.array([s[:3] for s in sums], dtype=np.float64)
-    spans = np.array([output / tok_s  # the published run's span, seconds
-                      for (*_, output), (_, _, tok_s, _) in zip(sums, TRTLLM_H100_LLAMA31_8B_FP8,
-                                                                 strict=True)])
+    spans = np.array(
+        [
+            output / tok_s  # the published run's span, seconds
+            for (*_, output), (_, _, tok_s, _) in zip(sums, TRTLLM_H100_LLAMA31_8B_FP8, strict=True)
+        ]
+    )
     features /= spans[:, None]
     unbounded, *_ = np.linalg.lstsq(features, np.ones(len(spans)), rcond=None)
     # a = A_FLOOR + a' with a' >= 0: the floor's share of each span moves to the target

@@ -51,9 +51,16 @@ class Outcomes:
     late_tokens: np.ndarray
 
 
-def request_outcomes(workload: Workload, first_token_time: np.ndarray, finish_time: np.ndarray,
-                     max_lateness: np.ndarray, late_tokens: np.ndarray, generated: np.ndarray,
-                     relegated: np.ndarray, refused: np.ndarray) -> Outcomes:
+def request_outcomes(
+    workload: Workload,
+    first_token_time: np.ndarray,
+    finish_time: np.ndarray,
+    max_lateness: np.ndarray,
+    late_tokens: np.ndarray,
+    generated: np.ndarray,
+    relegated: np.ndarray,
+    refused: np.ndarray,
+) -> Outcomes:
     """Each request's verdicts from a run's per-request times (simulated seconds, NaN: never)
     and its largest token lateness (``SimulationResult.max_lateness``)."""
     ttft_slo, tpot_slo = workload.objectives()
@@ -62,16 +69,30 @@ def request_outcomes(workload: Workload, first_token_time: np.ndarray, finish_ti
     counted = has & completed & ~relegated
     ttft = first_token_time - workload.arrival_time
     with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(workload.output_tokens > 1,
-                        (finish_time - first_token_time) / (workload.output_tokens - 1), 0.0)
+        tpot = np.where(
+            workload.output_tokens > 1,
+            (finish_time - first_token_time) / (workload.output_tokens - 1),
+            0.0,
+        )
         good = (ttft <= ttft_slo) & (np.isnan(tpot_slo) | (tpot <= tpot_slo))
-    return Outcomes(has_slo=has, completed=completed, attained=counted & (max_lateness <= 0),
-                    vllm_good=counted & good, relegated=relegated.copy(), refused=refused.copy(),
-                    generated=generated, late_tokens=late_tokens)
+    return Outcomes(
+        has_slo=has,
+        completed=completed,
+        attained=counted & (max_lateness <= 0),
+        vllm_good=counted & good,
+        relegated=relegated.copy(),
+        refused=refused.copy(),
+        generated=generated,
+        late_tokens=late_tokens,
+    )
 
 
-def attained_from_gaps(ttft: np.ndarray, itls: list[np.ndarray] | tuple[np.ndarray, ...],
-                       ttft_slo: np.ndarray, tpot_slo: np.ndarray) -> np.ndarray:
+def attained_from_gaps(
+    ttft: np.ndarray,
+    itls: list[np.ndarray] | tuple[np.ndarray, ...],
+    ttft_slo: np.ndarray,
+    tpot_slo: np.ndarray,
+) -> np.ndarray:
     """Per request, whether every token met its deadline, from a results file's own numbers:
     its TTFT and inter-token gaps (seconds, vLLM's ``ttfts`` and ``itls``) against its
     objectives (NaN: none; a request without a TTFT objective is never attained). Token ``i``
@@ -94,8 +115,9 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def attainment_report(workload: Workload, outcomes: Outcomes, span: float,
-                      p99_itl_s: Mapping[str, float | None]) -> dict[str, Any]:
+def attainment_report(
+    workload: Workload, outcomes: Outcomes, span: float, p99_itl_s: Mapping[str, float | None]
+) -> dict[str, Any]:
     """The report's ``slo_attainment`` section: per class (and ``"all"``) the counts, shares
     and rates of the module doc; ``p99_itl_s`` holds each class's P99 inter-token gap."""
     o = outcomes

@@ -41,20 +41,37 @@ from collections.abc import Sequence
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 
-__all__ = ["COEFFICIENTS", "DEFAULT_LATENCY", "EnginePace", "LatencyModel",
-           "TRTLLM_H100_LLAMA31_8B_FP8"]
+__all__ = [
+    "COEFFICIENTS",
+    "DEFAULT_LATENCY",
+    "EnginePace",
+    "LatencyModel",
+    "TRTLLM_H100_LLAMA31_8B_FP8",
+]
 
 COEFFICIENTS = ("a", "b", "c", "d", "e", "f")
 # How each coefficient is printed: the unit it multiplies.
-TERMS = {"a": " s", "b": " s/token", "c": " s/context position", "d": " s/(token x context)",
-         "e": " s/attention pair", "f": " s/row"}
+TERMS = {
+    "a": " s",
+    "b": " s/token",
+    "c": " s/context position",
+    "d": " s/(token x context)",
+    "e": " s/attention pair",
+    "f": " s/row",
+}
 
 # (ISL, OSL, total output tokens/s, requests in the benchmark's dataset): Llama 3.1 8B, H100 TP1
 # (FP8), TensorRT-LLM perf overview ("Throughput Measurements" and "$num_requests").
 TRTLLM_H100_LLAMA31_8B_FP8: tuple[tuple[int, int, int, int], ...] = (
-    (128, 128, 28312, 30000), (128, 2048, 22714, 3000), (128, 4096, 14325, 1500),
-    (500, 2000, 17660, 3000), (1000, 1000, 15220, 3000), (1000, 2000, 13899, 1500),
-    (2048, 128, 3450, 3000), (2048, 2048, 9305, 1500), (5000, 500, 3459, 1500),
+    (128, 128, 28312, 30000),
+    (128, 2048, 22714, 3000),
+    (128, 4096, 14325, 1500),
+    (500, 2000, 17660, 3000),
+    (1000, 1000, 15220, 3000),
+    (1000, 2000, 13899, 1500),
+    (2048, 128, 3450, 3000),
+    (2048, 2048, 9305, 1500),
+    (5000, 500, 3459, 1500),
     (20000, 2000, 1351, 1000),
 )
 
@@ -79,22 +96,29 @@ class LatencyModel:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise StepPlannerTypeError(
                     f"LatencyModel.{field} must be a number of seconds, "
-                    f"got {type(value).__name__} {value!r}")
+                    f"got {type(value).__name__} {value!r}"
+                )
             if not math.isfinite(value) or value < 0:
                 raise StepPlannerValueError(
-                    f"LatencyModel.{field}={value!r} is out of range; "
-                    "allowed: a finite number >= 0")
+                    f"LatencyModel.{field}={value!r} is out of range; allowed: a finite number >= 0"
+                )
         if self.a + self.b + self.c + self.d + self.e + self.f <= 0:
             raise StepPlannerValueError(
                 "LatencyModel coefficients are all 0; allowed: at least one > 0, "
-                "or simulated time never advances")
+                "or simulated time never advances"
+            )
 
-    def step_seconds(self, tokens: int, context: int, rows: int = 0,
-                     attention: int = 0) -> float:
+    def step_seconds(self, tokens: int, context: int, rows: int = 0, attention: int = 0) -> float:
         """A step's seconds; ``attention`` is read only when ``e`` is not 0 (the simulator
         computes it only then: it is the one term that needs a pass over the rows)."""
-        return (self.a + self.b * tokens + self.c * context + self.d * tokens * context
-                + self.e * attention + self.f * rows)
+        return (
+            self.a
+            + self.b * tokens
+            + self.c * context
+            + self.d * tokens * context
+            + self.e * attention
+            + self.f * rows
+        )
 
     def coefficients(self) -> dict[str, float]:
         """Every coefficient by its letter (what model files and reports hold)."""
@@ -102,8 +126,9 @@ class LatencyModel:
 
     def formula(self) -> str:
         """The model as text, with only the terms it has."""
-        return " + ".join(f"{k}={v:.6g}{TERMS[k]}" for k, v in self.coefficients().items()
-                          if v or k in "abc")
+        return " + ".join(
+            f"{k}={v:.6g}{TERMS[k]}" for k, v in self.coefficients().items() if v or k in "abc"
+        )
 
     @classmethod
     def parse(cls, text: str) -> LatencyModel:
@@ -125,12 +150,12 @@ def parse_coefficients(text: str) -> dict[str, float]:
             raise StepPlannerValueError(
                 f"latency item {item!r} is not known; allowed: a=SECONDS, "
                 "b=SECONDS_PER_TOKEN, c=SECONDS_PER_CONTEXT_POSITION, "
-                "d=SECONDS_PER_TOKEN_X_CONTEXT, e=SECONDS_PER_ATTENTION_PAIR, f=SECONDS_PER_ROW")
+                "d=SECONDS_PER_TOKEN_X_CONTEXT, e=SECONDS_PER_ATTENTION_PAIR, f=SECONDS_PER_ROW"
+            )
         try:
             values[key] = float(raw)
         except ValueError:
-            raise StepPlannerValueError(
-                f"latency {key}={raw.strip()!r} is not a number") from None
+            raise StepPlannerValueError(f"latency {key}={raw.strip()!r} is not a number") from None
     return values
 
 
@@ -154,26 +179,36 @@ class EnginePace:
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, (int, float)):
-            raise StepPlannerTypeError(f"EnginePace.window must be a number of seconds, got "
-                                       f"{type(self.window).__name__} {self.window!r}")
+            raise StepPlannerTypeError(
+                f"EnginePace.window must be a number of seconds, got "
+                f"{type(self.window).__name__} {self.window!r}"
+            )
         if not math.isfinite(self.window) or self.window <= 0:
-            raise StepPlannerValueError(f"EnginePace.window={self.window!r} is out of range; "
-                                        "allowed: a finite number of seconds > 0")
+            raise StepPlannerValueError(
+                f"EnginePace.window={self.window!r} is out of range; "
+                "allowed: a finite number of seconds > 0"
+            )
         given: object = self.factors  # checked as what a caller may pass, not as annotated
         if not isinstance(given, Sequence) or isinstance(given, (str, bytes)):
-            raise StepPlannerTypeError(f"EnginePace.factors must be a sequence of numbers, got "
-                                       f"{type(given).__name__}")
+            raise StepPlannerTypeError(
+                f"EnginePace.factors must be a sequence of numbers, got {type(given).__name__}"
+            )
         if not given:
-            raise StepPlannerValueError("EnginePace.factors is empty; allowed: one factor per "
-                                        "window, at least one")
+            raise StepPlannerValueError(
+                "EnginePace.factors is empty; allowed: one factor per window, at least one"
+            )
         factors: list[float] = []
         for k, value in enumerate(given):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise StepPlannerTypeError(f"EnginePace.factors[{k}] must be a number, got "
-                                           f"{type(value).__name__} {value!r}")
+                raise StepPlannerTypeError(
+                    f"EnginePace.factors[{k}] must be a number, got "
+                    f"{type(value).__name__} {value!r}"
+                )
             if not math.isfinite(value) or value <= 0:
-                raise StepPlannerValueError(f"EnginePace.factors[{k}]={value!r} is out of "
-                                            "range; allowed: a finite number > 0")
+                raise StepPlannerValueError(
+                    f"EnginePace.factors[{k}]={value!r} is out of "
+                    "range; allowed: a finite number > 0"
+                )
             factors.append(float(value))
         object.__setattr__(self, "factors", tuple(factors))
 

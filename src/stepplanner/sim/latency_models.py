@@ -43,17 +43,41 @@ from ._least_squares import nonnegative_least_squares
 from .latency import COEFFICIENTS, DEFAULT_LATENCY, EnginePace, LatencyModel
 from .traces import csv_records
 
-__all__ = ["FIT_LIMIT", "LATENCY_FORMAT", "MAX_PACE_WINDOWS", "PRESETS", "STEP_TIMING_COLUMNS",
-           "Accelerator", "Fit", "ModelShape", "PACE_WINDOW", "StepTimings", "fit_latency",
-           "fit_step_latency", "load_latency_model", "measured_pace", "read_step_timings",
-           "read_timings", "roofline", "save_latency_model"]
+__all__ = [
+    "FIT_LIMIT",
+    "LATENCY_FORMAT",
+    "MAX_PACE_WINDOWS",
+    "PRESETS",
+    "STEP_TIMING_COLUMNS",
+    "Accelerator",
+    "Fit",
+    "ModelShape",
+    "PACE_WINDOW",
+    "StepTimings",
+    "fit_latency",
+    "fit_step_latency",
+    "load_latency_model",
+    "measured_pace",
+    "read_step_timings",
+    "read_timings",
+    "roofline",
+    "save_latency_model",
+]
 
 LATENCY_FORMAT = "stepplanner-latency/1"
 TIMING_COLUMNS = ("tokens", "context", "seconds")  # what every timings file must have
 # The timings contract (docs/simulator.md, "The timings file"): what a runtime writes per step so
 # that calibrate can fit every term of the model; a harness that times a runtime writes them all.
-STEP_TIMING_COLUMNS = ("seconds", "tokens", "context", "rows", "decode_rows", "prefill_tokens",
-                       "prefill_context", "attention")
+STEP_TIMING_COLUMNS = (
+    "seconds",
+    "tokens",
+    "context",
+    "rows",
+    "decode_rows",
+    "prefill_tokens",
+    "prefill_context",
+    "attention",
+)
 # Read when present, for ``measured_pace`` only: when each step started, in seconds from the run's
 # first arrival (serve-trace writes it).
 PACE_COLUMNS = ("start",)
@@ -98,24 +122,38 @@ LLAMA31_70B = ModelShape("Llama-3.1-70B", 70.6e9, 80, 8, 128)
 LLAMA32_3B = ModelShape("Llama-3.2-3B", 3.21e9, 28, 8, 128)
 
 
-def _floors(model: ModelShape, weight_bytes: float, kv_bytes: float, device: Accelerator,
-            devices: int) -> tuple[float, float, float]:
+def _floors(
+    model: ModelShape, weight_bytes: float, kv_bytes: float, device: Accelerator, devices: int
+) -> tuple[float, float, float]:
     bandwidth, flops = device.bytes_per_s * devices, device.dense_flops * devices
-    return (model.params * weight_bytes / bandwidth, 2 * model.params / flops,
-            model.kv_bytes_per_position(kv_bytes) / bandwidth)
+    return (
+        model.params * weight_bytes / bandwidth,
+        2 * model.params / flops,
+        model.kv_bytes_per_position(kv_bytes) / bandwidth,
+    )
 
 
 # The reference point: the default model's floors on the device it was fitted for.
 _REFERENCE = _floors(LLAMA31_8B, 1.0, 1.0, H100_SXM_FP8, 1)
-_EFFICIENCY = tuple(floor / fitted for floor, fitted in
-                    zip(_REFERENCE, (DEFAULT_LATENCY.a, DEFAULT_LATENCY.b, DEFAULT_LATENCY.c)))
+_EFFICIENCY = tuple(
+    floor / fitted
+    for floor, fitted in zip(_REFERENCE, (DEFAULT_LATENCY.a, DEFAULT_LATENCY.b, DEFAULT_LATENCY.c))
+)
 
 
-def roofline(model: ModelShape, weight_bytes: float, kv_bytes: float, device: Accelerator,
-             devices: int = 1, precision: str = "") -> LatencyModel:
+def roofline(
+    model: ModelShape,
+    weight_bytes: float,
+    kv_bytes: float,
+    device: Accelerator,
+    devices: int = 1,
+    precision: str = "",
+) -> LatencyModel:
     """The floors of ``model`` on ``devices`` x ``device``, at the default fit's efficiency."""
-    a, b, c = (floor / eff for floor, eff in
-               zip(_floors(model, weight_bytes, kv_bytes, device, devices), _EFFICIENCY))
+    a, b, c = (
+        floor / eff
+        for floor, eff in zip(_floors(model, weight_bytes, kv_bytes, device, devices), _EFFICIENCY)
+    )
     where = device.name if devices == 1 else f"{devices}x {device.name} (tensor parallel)"
     label = f"{model.name} {precision} on {where} (roofline scaled from the default fit)"
     return LatencyModel(a, b, c, label)
@@ -127,8 +165,9 @@ PRESETS: dict[str, LatencyModel] = {
     "llama-3.1-8b-bf16-a100": roofline(LLAMA31_8B, 2.0, 2.0, A100_SXM_BF16, 1, "BF16"),
     "llama-3.1-70b-fp8-h100x4": roofline(LLAMA31_70B, 1.0, 1.0, H100_SXM_FP8, 4, "FP8"),
     # Edge: 4-bit weights (AWQ-style W4A16), FP16 activations and KV cache.
-    "llama-3.2-3b-int4-jetson-agx-orin": roofline(LLAMA32_3B, 0.5, 2.0, JETSON_AGX_ORIN_FP16, 1,
-                                                  "INT4 weights"),
+    "llama-3.2-3b-int4-jetson-agx-orin": roofline(
+        LLAMA32_3B, 0.5, 2.0, JETSON_AGX_ORIN_FP16, 1, "INT4 weights"
+    ),
 }
 
 
@@ -149,22 +188,25 @@ def load_latency_model(text: str) -> LatencyModel:
             f"latency model file {path}: cannot be read as JSON ({exc})"
         ) from None
     if not isinstance(data, dict) or data.get("format") != LATENCY_FORMAT:
-        raise StepPlannerValueError(f"latency model file {path}: expected an object with "
-                         f'"format": "{LATENCY_FORMAT}" and a, b, c (as calibrate writes)')
+        raise StepPlannerValueError(
+            f"latency model file {path}: expected an object with "
+            f'"format": "{LATENCY_FORMAT}" and a, b, c (as calibrate writes)'
+        )
     missing = [k for k in ("a", "b", "c") if k not in data]
     if missing:
         raise StepPlannerValueError(f"latency model file {path}: missing {', '.join(missing)}")
     try:  # d, e, f are optional: files written before they existed mean 0
-        return LatencyModel(name=str(data.get("name", path.stem)),
-                            **{k: data.get(k, 0.0) for k in COEFFICIENTS})
+        return LatencyModel(
+            name=str(data.get("name", path.stem)), **{k: data.get(k, 0.0) for k in COEFFICIENTS}
+        )
     except (TypeError, ValueError) as exc:
         raise StepPlannerValueError(f"latency model file {path}: {exc}") from None
 
 
-def save_latency_model(model: LatencyModel, path: str | pathlib.Path,
-                       fit: dict[str, Any] | None = None) -> None:
-    data: dict[str, Any] = {"format": LATENCY_FORMAT, "name": model.name,
-                            **model.coefficients()}
+def save_latency_model(
+    model: LatencyModel, path: str | pathlib.Path, fit: dict[str, Any] | None = None
+) -> None:
+    data: dict[str, Any] = {"format": LATENCY_FORMAT, "name": model.name, **model.coefficients()}
     if fit is not None:
         data["fit"] = fit
     pathlib.Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -199,15 +241,27 @@ class StepTimings:
         overflows is inf, which the fit refuses by name."""
         with np.errstate(over="ignore"):
             product = self.tokens * self.context
-        return {"a": np.ones(len(self.seconds)), "b": self.tokens, "c": self.context,
-                "d": product, "e": self.attention, "f": self.rows}
+        return {
+            "a": np.ones(len(self.seconds)),
+            "b": self.tokens,
+            "c": self.context,
+            "d": product,
+            "e": self.attention,
+            "f": self.rows,
+        }
 
 
 # The optional terms' columns: a model with the term needs the column in the timings file.
 _TERM_COLUMNS = {"e": "attention", "f": "rows"}
 # Each coefficient's column, by what it holds (the messages' words).
-_FEATURE_NAMES = {"a": "1", "b": "tokens", "c": "context", "d": "tokens x context",
-                  "e": "attention", "f": "rows"}
+_FEATURE_NAMES = {
+    "a": "1",
+    "b": "tokens",
+    "c": "context",
+    "d": "tokens x context",
+    "e": "attention",
+    "f": "rows",
+}
 # The largest value a fitted column may hold: least squares and R² sum squares, which overflow
 # float64 (1.8e308) beyond ~1e154; 1e150 leaves room for 1e8 rows. Real counts are below 1e20.
 FIT_LIMIT = 1e150
@@ -217,8 +271,13 @@ _EXACT = 1e-12
 
 # (column, must hold) pairs checked row by row: a file that breaks one was not written by a
 # runtime that counted what it ran.
-_CONSISTENT = (("decode_rows", "rows"), ("prefill_tokens", "tokens"),
-               ("prefill_context", "context"), ("tokens", "context"), ("tokens", "attention"))
+_CONSISTENT = (
+    ("decode_rows", "rows"),
+    ("prefill_tokens", "tokens"),
+    ("prefill_context", "context"),
+    ("tokens", "context"),
+    ("tokens", "attention"),
+)
 
 
 def read_step_timings(path: str | pathlib.Path) -> StepTimings:
@@ -243,7 +302,8 @@ def read_step_timings(path: str | pathlib.Path) -> StepTimings:
             if small in columns and large in columns and columns[small][-1] > columns[large][-1]:
                 raise StepPlannerValueError(
                     f"{where} line {line}: column {small!r}={row.get(small)!r} exceeds column "
-                    f"{large!r}={row.get(large)!r}; allowed: {small} <= {large}")
+                    f"{large!r}={row.get(large)!r}; allowed: {small} <= {large}"
+                )
     arrays = {c: np.array(columns.get(c, []), dtype=np.float64) for c in names}
     if not columns:  # a header and no rows: still the columns the header named, empty
         arrays = {c: np.zeros(0) for c in TIMING_COLUMNS}
@@ -255,13 +315,16 @@ def _cell(where: str, line: int, name: str, raw: Any) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise StepPlannerValueError(f"{where} line {line}: column {name!r}: "
-                                    f"{raw!r} is not a number") from None
+        raise StepPlannerValueError(
+            f"{where} line {line}: column {name!r}: {raw!r} is not a number"
+        ) from None
     low_ok = value > 0 if name == "seconds" else value >= 0
     if not math.isfinite(value) or not low_ok:
         allowed = "> 0" if name == "seconds" else ">= 0"
-        raise StepPlannerValueError(f"{where} line {line}: column {name!r}: "
-                                    f"{raw!r} is out of range; allowed: a finite number {allowed}")
+        raise StepPlannerValueError(
+            f"{where} line {line}: column {name!r}: "
+            f"{raw!r} is out of range; allowed: a finite number {allowed}"
+        )
     return value
 
 
@@ -282,22 +345,31 @@ class Fit:
     median_relative_error: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "r2": self.r2, "terms": self.terms,
-                "median_relative_error": self.median_relative_error,
-                "worst_relative_error": self.worst_relative_error, "worst_row": self.worst_row}
+        return {
+            "rows": self.rows,
+            "r2": self.r2,
+            "terms": self.terms,
+            "median_relative_error": self.median_relative_error,
+            "worst_relative_error": self.worst_relative_error,
+            "worst_row": self.worst_row,
+        }
 
 
-def fit_latency(tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray,
-                name: str = "calibrated") -> Fit:
+def fit_latency(
+    tokens: np.ndarray, context: np.ndarray, seconds: np.ndarray, name: str = "calibrated"
+) -> Fit:
     """Least-squares ``a, b, c >= 0`` for ``seconds ~ a + b * tokens + c * context``."""
-    timings = StepTimings(np.asarray(seconds, dtype=np.float64),
-                          np.asarray(tokens, dtype=np.float64),
-                          np.asarray(context, dtype=np.float64))
+    timings = StepTimings(
+        np.asarray(seconds, dtype=np.float64),
+        np.asarray(tokens, dtype=np.float64),
+        np.asarray(context, dtype=np.float64),
+    )
     return fit_step_latency(timings, name, terms="abc")
 
 
-def fit_step_latency(timings: StepTimings, name: str = "calibrated",
-                     terms: str | None = None) -> Fit:
+def fit_step_latency(
+    timings: StepTimings, name: str = "calibrated", terms: str | None = None
+) -> Fit:
     """Least-squares coefficients ``>= 0`` of the step model (``latency.LatencyModel``) for
     ``timings``, in seconds (not relative: the simulator adds step times up, and a relative fit
     of timings whose noise is all upward spikes comes out 10-30% short in their sum).
@@ -316,16 +388,19 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
         unknown = sorted(set(terms) - set(COEFFICIENTS))
         if unknown or not wanted:
             raise StepPlannerValueError(
-                f"terms={terms!r} is not known; allowed: letters of {''.join(COEFFICIENTS)}")
+                f"terms={terms!r} is not known; allowed: letters of {''.join(COEFFICIENTS)}"
+            )
         lacking = [k for k in wanted if k not in given]
         if lacking:
             raise StepPlannerValueError(
                 f"terms={terms!r} needs column(s) "
-                f"{', '.join(_TERM_COLUMNS[k] for k in lacking)}, which the timings lack")
+                f"{', '.join(_TERM_COLUMNS[k] for k in lacking)}, which the timings lack"
+            )
     y = np.asarray(timings.seconds, dtype=np.float64)
     if len(y) < 3:
-        raise StepPlannerValueError(f"timings have {len(y)} rows; allowed: at least 3 "
-                                    "(three coefficients)")
+        raise StepPlannerValueError(
+            f"timings have {len(y)} rows; allowed: at least 3 (three coefficients)"
+        )
     _check_magnitude("seconds", y)
     for k in wanted:
         _check_magnitude(f"{_FEATURE_NAMES[k]} (the column of {k})", given[k])
@@ -337,7 +412,8 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
         raise StepPlannerValueError(
             "timings do not vary tokens and context independently, so a, b and c "
             "cannot be told apart; allowed: steps with different token counts and "
-            "different contexts (not proportional to each other)")
+            "different contexts (not proportional to each other)"
+        )
     used = list(base)
     for k in wanted:
         if k in "abc":
@@ -357,13 +433,21 @@ def fit_step_latency(timings: StepTimings, name: str = "calibrated",
         raise StepPlannerValueError(
             f"timings data row {row + 1}: seconds={float(y[row])!r} is too small to divide by: "
             "the fit's relative error there is not a finite number; allowed: seconds a "
-            "measured step takes")
+            "measured step takes"
+        )
     worst = int(np.argmax(relative))
     values = dict.fromkeys(COEFFICIENTS, 0.0)
     values.update(zip(used, map(float, coef)))
     model = LatencyModel(name=name, **values)
-    return Fit(model, len(y), _r2(y, predicted, relative), float(relative[worst]), worst,
-               "".join(used), float(np.median(relative)))
+    return Fit(
+        model,
+        len(y),
+        _r2(y, predicted, relative),
+        float(relative[worst]),
+        worst,
+        "".join(used),
+        float(np.median(relative)),
+    )
 
 
 def _r2(y: np.ndarray, predicted: np.ndarray, relative: np.ndarray) -> float:
@@ -385,7 +469,8 @@ def _check_magnitude(name: str, column: np.ndarray) -> None:
         said = f"is {value:g}" if math.isfinite(value) else "overflows float64"
         raise StepPlannerValueError(
             f"timings data row {row + 1}: {name} {said}; allowed: at most {FIT_LIMIT:g} (the "
-            "least-squares fit squares every column)")
+            "least-squares fit squares every column)"
+        )
 
 
 def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -396,8 +481,9 @@ def _scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x / norms, norms
 
 
-def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PACE_WINDOW,
-                  where: str = "timings") -> EnginePace:
+def measured_pace(
+    timings: StepTimings, model: LatencyModel, window: float = PACE_WINDOW, where: str = "timings"
+) -> EnginePace:
     """The engine's speed over a run against ``model``: per ``window`` seconds (by each step's
     ``start``), the steps' measured seconds over ``model``'s seconds for the same steps. A window
     in which no step started (the engine was idle), or whose steps ``model`` prices at 0 s (no
@@ -408,9 +494,11 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
     changing speed put there (a diagnostic; see :class:`~stepplanner.sim.latency.EnginePace`).
     """
     if timings.start is None:
-        raise StepPlannerValueError(f"{where}: no 'start' column; allowed: a timings file with "
-                                    "each step's start in seconds from the first arrival (as "
-                                    "serve-trace writes)")
+        raise StepPlannerValueError(
+            f"{where}: no 'start' column; allowed: a timings file with "
+            "each step's start in seconds from the first arrival (as "
+            "serve-trace writes)"
+        )
     if len(timings) == 0:
         raise StepPlannerValueError(f"{where}: no steps; allowed: at least one timed step")
     EnginePace(window, (1.0,))  # the window checked before it is used
@@ -421,9 +509,11 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
             continue
         if column is None:
             name = _TERM_COLUMNS[coefficient]
-            raise StepPlannerValueError(f"{where}: no {name!r} column, and the model has "
-                                        f"{coefficient}={weight!r}; allowed: the column, or a "
-                                        f"model with {coefficient}=0")
+            raise StepPlannerValueError(
+                f"{where}: no {name!r} column, and the model has "
+                f"{coefficient}={weight!r}; allowed: the column, or a "
+                f"model with {coefficient}=0"
+            )
         modelled = modelled + weight * column
     last = float(timings.start.max())
     # Counted in floats before any array is sized: start // window overflows int64 (and
@@ -431,7 +521,8 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
     if not last / window < MAX_PACE_WINDOWS:
         raise StepPlannerValueError(
             f"{where}: steps start up to {last!r} s, more than {MAX_PACE_WINDOWS} windows of "
-            f"{window!r} s; allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)")
+            f"{window!r} s; allowed: at most {MAX_PACE_WINDOWS} windows (a longer window)"
+        )
     slot = (timings.start // window).astype(np.int64)
     with np.errstate(over="ignore", invalid="ignore"):
         measured = np.bincount(slot, weights=timings.seconds)
@@ -441,7 +532,8 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
             raise StepPlannerValueError(
                 f"{where}: the model prices every timed step at 0 s, so no window has a ratio "
                 "of measured to modelled seconds; allowed: a model that prices some step above "
-                "0 s (a > 0, or a term whose column these steps fill)")
+                "0 s (a > 0, or a term whose column these steps fill)"
+            )
         factors = np.zeros(len(priced))
         factors[busy] = measured[busy] / priced[busy]
     bad = np.flatnonzero(busy & ~(np.isfinite(factors) & (factors > 0)))
@@ -450,7 +542,8 @@ def measured_pace(timings: StepTimings, model: LatencyModel, window: float = PAC
         raise StepPlannerValueError(
             f"{where}: window {k} (steps starting from {k * window!r} s) has no factor: its "
             "measured seconds, its modelled seconds or their ratio is out of float64's range; "
-            "allowed: steps whose seconds, and the model's, sum to a finite ratio > 0")
+            "allowed: steps whose seconds, and the model's, sum to a finite ratio > 0"
+        )
     last = float(factors[np.argmax(busy)])  # idle windows keep the factor before them
     for k in range(len(factors)):
         if busy[k]:

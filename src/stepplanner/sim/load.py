@@ -27,28 +27,43 @@ from .workloads import Workload
 __all__ = ["at_load", "saturation_throughput"]
 
 
-def saturation_throughput(workload: Workload, limits: StepPlannerLimits,
-                          latency: LatencyModel, *, max_steps: int | None = None,
-                          progress: Any = None) -> float:
+def saturation_throughput(
+    workload: Workload,
+    limits: StepPlannerLimits,
+    latency: LatencyModel,
+    *,
+    max_steps: int | None = None,
+    progress: Any = None,
+) -> float:
     """Requests/s completed with every request of ``workload`` at t=0 under FCFS (the default
     ``SchedulingOptions``, so the SPEC §2 default budgets) on ``limits`` and ``latency``."""
     burst = workload.with_arrivals(np.zeros(len(workload)), f"{workload.source} at t=0")
-    result = simulate(burst, limits, SchedulingOptions(), latency, max_steps=max_steps,
-                      progress=progress, progress_every=1024)
+    result = simulate(
+        burst,
+        limits,
+        SchedulingOptions(),
+        latency,
+        max_steps=max_steps,
+        progress=progress,
+        progress_every=1024,
+    )
     completed = int((~np.isnan(result.finish_time)).sum())
     if completed == 0:
         raise StepPlannerValueError(
             f"saturation: no request of {workload.source} completed (every prompt exceeds "
-            "S_in?); allowed: a workload the engine can serve")
+            "S_in?); allowed: a workload the engine can serve"
+        )
     return completed / run_span(result)
 
 
 def at_load(workload: Workload, load: float, saturation: float) -> Workload:
     """``workload`` offered at ``load`` x ``saturation`` requests/s (``Workload.at_rate``)."""
     if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
-        raise StepPlannerValueError(f"load={load!r} is out of range; allowed: a multiple of "
-                                    "saturation > 0")
+        raise StepPlannerValueError(
+            f"load={load!r} is out of range; allowed: a multiple of saturation > 0"
+        )
     scaled = workload.at_rate(load * saturation)
-    return scaled.with_arrivals(scaled.arrival_time,
-                                f"{workload.source} at {load:g}x saturation "
-                                f"({load * saturation:.4g}/s)")
+    return scaled.with_arrivals(
+        scaled.arrival_time,
+        f"{workload.source} at {load:g}x saturation ({load * saturation:.4g}/s)",
+    )

@@ -39,11 +39,12 @@ class PageOccupancy:
     num_pages: int
     reserved: np.ndarray
     in_use: np.ndarray
-    held_back: np.ndarray     # requests waiting behind one whose worst case does not fit
+    held_back: np.ndarray  # requests waiting behind one whose worst case does not fit
     # Per request (workload order): refused at submission because its worst case exceeds what
     # one row or the whole pool can hold (a prompt over S_in is refused too, but not for pages).
     refused_for_pages: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.zeros(0, dtype=bool))
+        default_factory=lambda: np.zeros(0, dtype=bool)
+    )
 
     def report(self) -> dict[str, Any]:
         """Means and peaks as fractions of the pool, and per series (``reserved``, ``in_use``
@@ -67,25 +68,37 @@ class PageOccupancy:
 def _stats(per_step: np.ndarray) -> dict[str, float]:
     if per_step.size == 0:
         return {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-    return {"mean": float(per_step.mean()), "p50": float(np.percentile(per_step, 50)),
-            "p99": float(np.percentile(per_step, 99)), "max": float(per_step.max())}
+    return {
+        "mean": float(per_step.mean()),
+        "p50": float(np.percentile(per_step, 50)),
+        "p99": float(np.percentile(per_step, 99)),
+        "max": float(per_step.max()),
+    }
 
 
 def row_pages(workload: Workload, limits: StepPlannerLimits) -> int:
     """Pages of the workload's largest worst case (a prompt cut at S_in, since a longer one is
     refused before it needs pages): the page-table row width ``simulate_paged`` uses."""
-    longest = (np.minimum(workload.prompt_tokens, limits.max_input_length).astype(np.int64)
-               + np.maximum(workload.output_tokens, 1))
+    longest = np.minimum(workload.prompt_tokens, limits.max_input_length).astype(
+        np.int64
+    ) + np.maximum(workload.output_tokens, 1)
     p = limits.kv_page_size
     return max(int(-(-int(longest.max()) // p)), 1) if len(workload) else 1
 
 
-def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
-                   options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
-                   latency: LatencyModel = DEFAULT_LATENCY, *, num_pages: int,
-                   max_steps: int | None = None, progress: Progress | None = None,
-                   progress_every: int = 2048, pace: EnginePace | None = None,
-                   detailed: bool = False) -> tuple[SimulationResult, PageOccupancy]:
+def simulate_paged(
+    workload: Workload,
+    limits: StepPlannerLimits = DEFAULT_LIMITS,
+    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
+    latency: LatencyModel = DEFAULT_LATENCY,
+    *,
+    num_pages: int,
+    max_steps: int | None = None,
+    progress: Progress | None = None,
+    progress_every: int = 2048,
+    pace: EnginePace | None = None,
+    detailed: bool = False,
+) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
 
     A request whose worst case exceeds the whole pool (or whose prompt exceeds S_in) is refused
@@ -93,10 +106,12 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
     ``simulate`` (objectives and deadlines too: the run is ``SimulationRun``'s).
     """
     policy = check_run_args(workload, limits, options, latency, max_steps, pace)
-    table = KVPageTable(limits.max_batch_size, row_pages(workload, limits), num_pages,
-                        limits.kv_page_size)
-    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits), table,
-                        pace, detailed)
+    table = KVPageTable(
+        limits.max_batch_size, row_pages(workload, limits), num_pages, limits.kv_page_size
+    )
+    run = SimulationRun(
+        workload, limits, policy, latency, StepPlanner(policy, limits), table, pace, detailed
+    )
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []
@@ -110,7 +125,11 @@ def simulate_paged(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMIT
 
     result = run.run(max_steps, record, progress, progress_every)
     fits_s_in = (workload.prompt_tokens >= 1) & (workload.prompt_tokens <= limits.max_input_length)
-    occupancy = PageOccupancy(table.num_pages, np.array(reserved, dtype=np.int64),
-                              np.array(in_use, dtype=np.int64), np.array(held, dtype=np.int64),
-                              result.refused & fits_s_in)
+    occupancy = PageOccupancy(
+        table.num_pages,
+        np.array(reserved, dtype=np.int64),
+        np.array(in_use, dtype=np.int64),
+        np.array(held, dtype=np.int64),
+        result.refused & fits_s_in,
+    )
     return result, occupancy

@@ -49,12 +49,12 @@ from ..planner._policy import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from ..planner._slo import SLO
 from ..planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
     Reason,
 )
-from ..planner._slo import SLO
 from . import goodput
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .workloads import Workload, json_lines
@@ -79,8 +79,18 @@ __all__ = [
 DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
 RECORD_FORMAT = "stepplanner-steps/1"
 PERCENTILES = (50, 90, 99)
-STEP_FIELDS = ("end_time", "seconds", "tokens", "context", "num_prefill", "num_decode",
-               "num_paused", "residents", "waiting", "step_ns")
+STEP_FIELDS = (
+    "end_time",
+    "seconds",
+    "tokens",
+    "context",
+    "num_prefill",
+    "num_decode",
+    "num_paused",
+    "residents",
+    "waiting",
+    "step_ns",
+)
 
 # The per-token gap of a request without a per-token objective: its tokens after the first are
 # due after any simulated time.
@@ -120,8 +130,7 @@ class SimulationResult:
     max_lateness: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     """Per request, the largest (emission time - deadline) over its emitted tokens, in seconds
     (> 0: a deadline missed; -inf: no token emitted, or no deadlines)."""
-    late_tokens: np.ndarray = dataclasses.field(
-        default_factory=lambda: np.zeros(0, dtype=np.int64))
+    late_tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Per request, how many of its tokens came after their deadlines."""
     relegated: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     """Per request, whether the DEADLINE policy relegated it (ledger.relegated_ids)."""
@@ -150,31 +159,42 @@ class SimulationResult:
         ``sim.goodput``); None when no request has objectives."""
         if not self.workload.has_objectives:
             return None
-        p99_itl = {name: weighted_percentile(*sample, 99)
-                   for name, sample in self.itl_by_class().items()}
+        p99_itl = {
+            name: weighted_percentile(*sample, 99) for name, sample in self.itl_by_class().items()
+        }
         return goodput.attainment_report(self.workload, self.outcomes(), run_span(self), p99_itl)
 
     def itl_by_class(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The pooled ITL sample (seconds, count) of all requests (``"all"``) and of each class."""
         itl = {"all": pooled_itl(self.itl)}
-        itl.update({str(p): pooled_itl(self.itl[k:k + 1])
-                    for k, p in enumerate(self.workload.classes)})
+        itl.update(
+            {str(p): pooled_itl(self.itl[k : k + 1]) for k, p in enumerate(self.workload.classes)}
+        )
         return itl
 
     def outcomes(self) -> goodput.Outcomes:
         """Per request: objectives, attained, good by vLLM's definition (``sim.goodput``)."""
-        return goodput.request_outcomes(self.workload, self.first_token_time, self.finish_time,
-                                        self.max_lateness, self.late_tokens, self.generated,
-                                        self.relegated, self.refused)
+        return goodput.request_outcomes(
+            self.workload,
+            self.first_token_time,
+            self.finish_time,
+            self.max_lateness,
+            self.late_tokens,
+            self.generated,
+            self.relegated,
+            self.refused,
+        )
 
     def latencies(self) -> dict[str, np.ndarray]:
         """Per-request seconds: queueing, TTFT, TPOT (NaN for 1-token outputs), end-to-end,
         and the longest gap between two of its output tokens."""
         w = self.workload
         with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(w.output_tokens > 1,
-                            (self.finish_time - self.first_token_time) / (w.output_tokens - 1),
-                            np.nan)
+            tpot = np.where(
+                w.output_tokens > 1,
+                (self.finish_time - self.first_token_time) / (w.output_tokens - 1),
+                np.nan,
+            )
         return {
             "queue": self.admit_time - w.arrival_time,
             "ttft": self.first_token_time - w.arrival_time,
@@ -227,11 +247,13 @@ class SimulationResult:
                 "released_by_max_pause_steps": int(self.reason_counts[-1]),
             },
             "reasons": {r.name: int(self.reason_counts[r]) for r in Reason},
-            "latency_s": {name: {**{metric: _percentiles(values[mask])
-                                    for metric, values in lat.items()},
-                                 "itl": {f"p{q}": weighted_percentile(*itl[name], q)
-                                         for q in PERCENTILES}}
-                          for name, mask in classes.items()},
+            "latency_s": {
+                name: {
+                    **{metric: _percentiles(values[mask]) for metric, values in lat.items()},
+                    "itl": {f"p{q}": weighted_percentile(*itl[name], q) for q in PERCENTILES},
+                }
+                for name, mask in classes.items()
+            },
             "planner": {
                 "mean_step_us": _mean(step_us),
                 "p50_step_us": _pct(step_us, 50),
@@ -290,12 +312,19 @@ def weighted_percentile(values: np.ndarray, counts: np.ndarray, q: float) -> flo
 # --- the run -----------------------------------------------------------------------------------
 
 
-def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
-             options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
-             latency: LatencyModel = DEFAULT_LATENCY, *, max_steps: int | None = None,
-             on_step: OnStep | None = None, progress: Progress | None = None,
-             progress_every: int = 2048, pace: EnginePace | None = None,
-             detailed: bool = False) -> SimulationResult:
+def simulate(
+    workload: Workload,
+    limits: StepPlannerLimits = DEFAULT_LIMITS,
+    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None,
+    latency: LatencyModel = DEFAULT_LATENCY,
+    *,
+    max_steps: int | None = None,
+    on_step: OnStep | None = None,
+    progress: Progress | None = None,
+    progress_every: int = 2048,
+    pace: EnginePace | None = None,
+    detailed: bool = False,
+) -> SimulationResult:
     """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
 
     ``on_step(step, start_time, ledger, plan)`` runs after each plan, before it is applied
@@ -306,13 +335,20 @@ def simulate(workload: Workload, limits: StepPlannerLimits = DEFAULT_LIMITS,
     (``SimulationResult.token_times``).
     """
     policy = check_run_args(workload, limits, options, latency, max_steps, pace)
-    run = SimulationRun(workload, limits, policy, latency, StepPlanner(policy, limits),
-                        pace=pace, detailed=detailed)
+    run = SimulationRun(
+        workload, limits, policy, latency, StepPlanner(policy, limits), pace=pace, detailed=detailed
+    )
     return run.run(max_steps, on_step, progress, progress_every)
 
 
-def check_run_args(workload: Any, limits: StepPlannerLimits, options: Any, latency: Any,
-                   max_steps: Any, pace: Any = None) -> ResolvedSchedulingPolicy:
+def check_run_args(
+    workload: Any,
+    limits: StepPlannerLimits,
+    options: Any,
+    latency: Any,
+    max_steps: Any,
+    pace: Any = None,
+) -> ResolvedSchedulingPolicy:
     """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
     ``options`` resolve to under ``limits``."""
     if not isinstance(workload, Workload):
@@ -320,12 +356,13 @@ def check_run_args(workload: Any, limits: StepPlannerLimits, options: Any, laten
     if not isinstance(latency, LatencyModel):
         raise _errors.wrong_type("latency", "LatencyModel", latency)
     if pace is not None and not isinstance(pace, EnginePace):
-        raise StepPlannerTypeError(f"pace must be an EnginePace or None, got "
-                                   f"{type(pace).__name__}")
-    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
-                                  or max_steps < 1):
+        raise StepPlannerTypeError(f"pace must be an EnginePace or None, got {type(pace).__name__}")
+    if max_steps is not None and (
+        isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
+    ):
         raise StepPlannerValueError(
-            f"max_steps={max_steps!r} is out of range; allowed: None or >= 1")
+            f"max_steps={max_steps!r} is out of range; allowed: None or >= 1"
+        )
     return resolve_options(options, limits)
 
 
@@ -339,12 +376,14 @@ def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedScheduli
     if not isinstance(options, SchedulingOptions):
         raise StepPlannerTypeError(
             "options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
-            f"{type(options).__name__}")
+            f"{type(options).__name__}"
+        )
     return resolve_scheduling_policy(options, limits)
 
 
-def step_time_of(latency: LatencyModel, limits: StepPlannerLimits,
-                 workload: Workload) -> tuple[float, float]:
+def step_time_of(
+    latency: LatencyModel, limits: StepPlannerLimits, workload: Workload
+) -> tuple[float, float]:
     """The ledger's step-time estimate ``(base, per_token)`` for a run: ``latency`` at a full
     batch, B rows each at the workload's mean context over a request's life (its prompt, cut at
     S_in, and half its output), so that ``base + per_token * t`` is the model's step of ``t``
@@ -354,27 +393,44 @@ def step_time_of(latency: LatencyModel, limits: StepPlannerLimits,
     mean, which is what the deadline policy must plan for where it matters: at and past
     saturation."""
     rows = limits.max_batch_size
-    ctx = float((np.minimum(workload.prompt_tokens, limits.max_input_length)
-                 + workload.output_tokens / 2).mean())
-    return (latency.a + latency.c * rows * ctx + latency.f * rows,
-            latency.b + latency.d * rows * ctx + latency.e * ctx)
+    ctx = float(
+        (
+            np.minimum(workload.prompt_tokens, limits.max_input_length) + workload.output_tokens / 2
+        ).mean()
+    )
+    return (
+        latency.a + latency.c * rows * ctx + latency.f * rows,
+        latency.b + latency.d * rows * ctx + latency.e * ctx,
+    )
 
 
 class SimulationRun:
     """The mutable state of one simulation; request ids are workload row indices."""
 
-    def __init__(self, workload: Workload, limits: StepPlannerLimits,
-                 policy: ResolvedSchedulingPolicy, latency: LatencyModel, planner: Any,
-                 page_table: Any = None, pace: EnginePace | None = None,
-                 detailed: bool = False) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        limits: StepPlannerLimits,
+        policy: ResolvedSchedulingPolicy,
+        latency: LatencyModel,
+        planner: Any,
+        page_table: Any = None,
+        pace: EnginePace | None = None,
+        detailed: bool = False,
+    ) -> None:
         n = len(workload)
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.pace = pace  # its windows count from the first arrival
         self.planner = planner
         # Every request may wait: the workload is the whole demand, nothing is pushed back.
-        self.ledger = Ledger(limits, policy, max_waiting=max(n, 1), page_table=page_table,
-                             slo_classes=dict(workload.slo_classes or {}),
-                             step_time=step_time_of(latency, limits, workload))
+        self.ledger = Ledger(
+            limits,
+            policy,
+            max_waiting=max(n, 1),
+            page_table=page_table,
+            slo_classes=dict(workload.slo_classes or {}),
+            step_time=step_time_of(latency, limits, workload),
+        )
         # Deadlines: first token due at arrival + ttft (inf: none), then one every gap (inf:
         # no per-token objective). The requests' own SLOs go to submit, their classes' are the
         # ledger's.
@@ -386,9 +442,12 @@ class SimulationRun:
         self.gap = np.where(np.isnan(tpot), NO_GAP, tpot)
         assert workload.ttft_slo is not None and workload.tpot_slo is not None
         self.own_slo: dict[int, SLO] = {
-            i: SLO(float(workload.ttft_slo[i]),
-                   None if np.isnan(workload.tpot_slo[i]) else float(workload.tpot_slo[i]))
-            for i in np.flatnonzero(~np.isnan(workload.ttft_slo)).tolist()}
+            i: SLO(
+                float(workload.ttft_slo[i]),
+                None if np.isnan(workload.tpot_slo[i]) else float(workload.tpot_slo[i]),
+            )
+            for i in np.flatnonzero(~np.isnan(workload.ttft_slo)).tolist()
+        }
         self.max_lateness = np.full(n, -np.inf)
         self.late_tokens = np.zeros(n, dtype=np.int64)
         self.relegated = np.zeros(n, dtype=bool)
@@ -414,15 +473,25 @@ class SimulationRun:
         self.next_request = 0
         self.completed = 0
 
-    def run(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
-            progress_every: int) -> SimulationResult:
+    def run(
+        self,
+        max_steps: int | None,
+        on_step: OnStep | None,
+        progress: Progress | None,
+        progress_every: int,
+    ) -> SimulationResult:
         """The whole run (``loop``, timed by the wall clock) and its result."""
         t0 = time.perf_counter()
         truncated = self.loop(max_steps, on_step, progress, max(1, progress_every))
         return self.result(time.perf_counter() - t0, truncated)
 
-    def loop(self, max_steps: int | None, on_step: OnStep | None, progress: Progress | None,
-             progress_every: int) -> bool:
+    def loop(
+        self,
+        max_steps: int | None,
+        on_step: OnStep | None,
+        progress: Progress | None,
+        progress_every: int,
+    ) -> bool:
         n = len(self.w)
         while True:
             self._arrivals()
@@ -461,10 +530,14 @@ class SimulationRun:
         stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
         for i in range(self.next_request, stop):
             try:
-                ledger.submit(i, int(w.prompt_tokens[i]), int(w.priority[i]),
-                              max_new_tokens=max(1, int(w.output_tokens[i])),
-                              arrival_time=float(w.arrival_time[i]),
-                              slo=self.own_slo.get(i))
+                ledger.submit(
+                    i,
+                    int(w.prompt_tokens[i]),
+                    int(w.priority[i]),
+                    max_new_tokens=max(1, int(w.output_tokens[i])),
+                    arrival_time=float(w.arrival_time[i]),
+                    slo=self.own_slo.get(i),
+                )
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
@@ -519,41 +592,74 @@ class SimulationRun:
             self.paused_steps[ids[paused]] += 1
             self.max_consecutive_paused = max(
                 self.max_consecutive_paused,
-                int(ledger.residents["consecutive_paused_steps"][paused].max()) + 1)
+                int(ledger.residents["consecutive_paused_steps"][paused].max()) + 1,
+            )
         self.reason_counts += np.bincount(reasons[:count], minlength=len(self.reason_counts))
-        self.records.append((now, now - start, tokens, context, plan.num_prefill,
-                             plan.num_decode, paused.size, count, ledger.waiting, step_ns))
+        self.records.append(
+            (
+                now,
+                now - start,
+                tokens,
+                context,
+                plan.num_prefill,
+                plan.num_decode,
+                paused.size,
+                count,
+                ledger.waiting,
+                step_ns,
+            )
+        )
 
     def result(self, wall: float, truncated: bool) -> SimulationResult:
-        table = (np.array(self.records, dtype=np.float64) if self.records
-                 else np.zeros((0, len(STEP_FIELDS))))
+        table = (
+            np.array(self.records, dtype=np.float64)
+            if self.records
+            else np.zeros((0, len(STEP_FIELDS)))
+        )
         steps = {name: table[:, k] for k, name in enumerate(STEP_FIELDS)}
         counts = np.zeros(len(Reason) + 2, dtype=np.int64)
         codes = np.arange(len(self.reason_counts))
-        np.add.at(counts, np.minimum(codes & ~REASON_RELEASED_FROM_PAUSE, len(Reason)),
-                  self.reason_counts)
+        np.add.at(
+            counts, np.minimum(codes & ~REASON_RELEASED_FROM_PAUSE, len(Reason)), self.reason_counts
+        )
         counts[-1] = self.reason_counts[codes & REASON_RELEASED_FROM_PAUSE != 0].sum()
         return SimulationResult(
-            workload=self.w, limits=self.limits, policy=self.policy, latency=self.latency,
-            admit_time=self.admit_time, first_token_time=self.first_token_time,
-            finish_time=self.finish_time, generated=self.generated, max_gap=self.max_gap,
-            paused_steps=self.paused_steps, refused=self.refused, steps=steps,
-            reason_counts=counts, max_consecutive_paused=self.max_consecutive_paused,
-            wall_seconds=wall, truncated=truncated,
+            workload=self.w,
+            limits=self.limits,
+            policy=self.policy,
+            latency=self.latency,
+            admit_time=self.admit_time,
+            first_token_time=self.first_token_time,
+            finish_time=self.finish_time,
+            generated=self.generated,
+            max_gap=self.max_gap,
+            paused_steps=self.paused_steps,
+            refused=self.refused,
+            steps=steps,
+            reason_counts=counts,
+            max_consecutive_paused=self.max_consecutive_paused,
+            wall_seconds=wall,
+            truncated=truncated,
             itl=self._itl(steps["end_time"], steps["seconds"]),
-            max_lateness=self.max_lateness, late_tokens=self.late_tokens,
-            relegated=self.relegated, **self._tokens())
+            max_lateness=self.max_lateness,
+            late_tokens=self.late_tokens,
+            relegated=self.relegated,
+            **self._tokens(),
+        )
 
     def _tokens(self) -> dict[str, np.ndarray]:
         """``detailed``: every emitted token's request and step, in emission order."""
         if self.token_log is None:
             return {}
         log = self.token_log
-        return {"token_requests": np.concatenate(log or [np.zeros(0, dtype=np.int64)]),
-                "token_steps": np.repeat(np.arange(len(log)), [len(r) for r in log])}
+        return {
+            "token_requests": np.concatenate(log or [np.zeros(0, dtype=np.int64)]),
+            "token_steps": np.repeat(np.arange(len(log)), [len(r) for r in log]),
+        }
 
-    def _itl(self, end_time: np.ndarray,
-             seconds: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _itl(
+        self, end_time: np.ndarray, seconds: np.ndarray
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per class: (gap seconds, how many gaps had that length), the pooled ITL sample.
 
         A request's gaps end at the steps after its first token up to its last one. Those that
@@ -565,21 +671,31 @@ class SimulationRun:
         classes = np.searchsorted(w.classes, w.priority)
         spoke = np.flatnonzero(self.generated >= 2)
         covered = np.zeros((len(w.classes), n_steps + 1), dtype=np.int64)
-        np.add.at(covered, (classes[spoke],
-                            np.searchsorted(end_time, self.first_token_time[spoke]) + 1), 1)
-        np.add.at(covered, (classes[spoke],
-                            np.searchsorted(end_time, self.last_token_time[spoke]) + 1), -1)
+        np.add.at(
+            covered,
+            (classes[spoke], np.searchsorted(end_time, self.first_token_time[spoke]) + 1),
+            1,
+        )
+        np.add.at(
+            covered,
+            (classes[spoke], np.searchsorted(end_time, self.last_token_time[spoke]) + 1),
+            -1,
+        )
         ids = np.concatenate([r for r, _, _ in self.apart] or [np.zeros(0, dtype=np.int64)])
         before = np.concatenate([t for _, t, _ in self.apart] or [np.zeros(0)])
         after = np.concatenate([np.full(len(r), t) for r, _, t in self.apart] or [np.zeros(0)])
         np.add.at(covered, (classes[ids], np.searchsorted(end_time, before) + 1), -1)
         np.add.at(covered, (classes[ids], np.searchsorted(end_time, after) + 1), 1)
         back_to_back = np.cumsum(covered, axis=1)[:, :n_steps]
-        return [(np.concatenate([seconds, (after - before)[classes[ids] == k]]),
-                 np.concatenate([back_to_back[k], np.ones(int((classes[ids] == k).sum()),
-                                                          dtype=np.int64)]))
-                for k in range(len(w.classes))]
-
+        return [
+            (
+                np.concatenate([seconds, (after - before)[classes[ids] == k]]),
+                np.concatenate(
+                    [back_to_back[k], np.ones(int((classes[ids] == k).sum()), dtype=np.int64)]
+                ),
+            )
+            for k in range(len(w.classes))
+        ]
 
 
 # --- configuration as plain data ----------------------------------------------------------
@@ -604,8 +720,8 @@ def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
     unknown = set(data) - fields
     if unknown:
         raise StepPlannerValueError(
-            f"policy has unknown field(s) {sorted(unknown)}; allowed: "
-            f"{', '.join(sorted(fields))}")
+            f"policy has unknown field(s) {sorted(unknown)}; allowed: {', '.join(sorted(fields))}"
+        )
     values = dict(data)
     for key, enum in _ENUMS.items():
         if isinstance(values.get(key), str):
@@ -619,18 +735,25 @@ def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
 class StepRecorder:
     """An ``on_step`` hook writing one JSON line per step: the rows planned over and the plan."""
 
-    def __init__(self, out: IO[str], limits: StepPlannerLimits,
-                 policy: ResolvedSchedulingPolicy) -> None:
+    def __init__(
+        self, out: IO[str], limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy
+    ) -> None:
         self.out = out
-        header = {"type": "header", "format": RECORD_FORMAT,
-                  "limits": dataclasses.asdict(limits), "policy": policy_to_dict(policy)}
+        header = {
+            "type": "header",
+            "format": RECORD_FORMAT,
+            "limits": dataclasses.asdict(limits),
+            "policy": policy_to_dict(policy),
+        }
         out.write(json.dumps(header) + "\n")
         self.steps = 0
 
     def __call__(self, step: int, start_time: float, ledger: Ledger, plan: Any) -> None:
         residents = ledger.residents
         line = {
-            "type": "step", "step": step, "time": start_time,
+            "type": "step",
+            "step": step,
+            "time": start_time,
             "request_ids": ledger.request_ids.tolist(),
             "residents": {name: residents[name].tolist() for name in RESIDENT_FIELDS},
             "plan": plan.to_dict(),
@@ -647,30 +770,35 @@ class ReplayResult:
     diffs: list[dict[str, Any]]
 
 
-def read_record_header(lines: Iterable[str]) -> tuple[StepPlannerLimits,
-                                                        ResolvedSchedulingPolicy]:
+def read_record_header(lines: Iterable[str]) -> tuple[StepPlannerLimits, ResolvedSchedulingPolicy]:
     """The limits and policy a step record was made with (its first line)."""
     return _record_header(next(json_lines(lines, "record"), None))
 
 
-def _record_header(header: tuple[int, dict[str, Any]] | None) -> tuple[StepPlannerLimits,
-                                                                       ResolvedSchedulingPolicy]:
+def _record_header(
+    header: tuple[int, dict[str, Any]] | None,
+) -> tuple[StepPlannerLimits, ResolvedSchedulingPolicy]:
     if header is None or header[1].get("type") != "header":
         raise StepPlannerValueError(
             "record line 1: expected the header line "
-            f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}')
+            f'{{"type": "header", "format": "{RECORD_FORMAT}", ...}}'
+        )
     fmt = header[1].get("format")
     if fmt != RECORD_FORMAT:
         raise StepPlannerValueError(
-            f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}")
+            f"record line 1: format={fmt!r} is not known; allowed: {RECORD_FORMAT}"
+        )
     try:
         return StepPlannerLimits(**header[1]["limits"]), policy_from_dict(header[1]["policy"])
     except (KeyError, TypeError, ValueError) as exc:
         raise StepPlannerValueError(f"record line 1: bad limits/policy ({exc})") from None
 
 
-def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
-           limits: StepPlannerLimits | None = None) -> ReplayResult:
+def replay(
+    lines: Iterable[str],
+    policy: ResolvedSchedulingPolicy | None = None,
+    limits: StepPlannerLimits | None = None,
+) -> ReplayResult:
     """Re-plan every recorded step; ``diffs`` lists each step whose plan differs.
 
     ``policy``/``limits`` default to the recording's header: pass others to see what a
@@ -696,8 +824,15 @@ def replay(lines: Iterable[str], policy: ResolvedSchedulingPolicy | None = None,
             raise StepPlannerValueError(f"record line {line} (step {step}): {exc}") from None
         differences = plan_differences(expected, got)
         if differences:
-            diffs.append({"step": step, "line": line, "differences": differences,
-                          "recorded": expected, "replayed": got})
+            diffs.append(
+                {
+                    "step": step,
+                    "line": line,
+                    "differences": differences,
+                    "recorded": expected,
+                    "replayed": got,
+                }
+            )
         steps += 1
     return ReplayResult(steps=steps, limits=limits, policy=policy, diffs=diffs)
 
@@ -730,5 +865,7 @@ def plan_differences(expected: dict[str, Any], got: dict[str, Any]) -> list[str]
 def _row_text(row: dict[str, Any] | None) -> str:
     if row is None:
         return "(none)"
-    return (f"({row['resident']}, {row['work']}, past={row['past_length']}, "
-            f"q={row['query_length']}, last={row['select_last_token_logits']})")
+    return (
+        f"({row['resident']}, {row['work']}, past={row['past_length']}, "
+        f"q={row['query_length']}, last={row['select_last_token_logits']})"
+    )

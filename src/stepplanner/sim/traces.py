@@ -39,8 +39,17 @@ import numpy as np
 from .._errors import INT32_MAX, INT32_MIN, StepPlannerValueError
 from .workloads import SLO_COLUMNS, TRACE_COLUMNS, Workload, json_lines
 
-__all__ = ["LAYOUTS", "STEPPLANNER_LAYOUT", "Layout", "csv_records", "detect_layout", "load_trace",
-           "parse_columns", "read_trace", "sample_trace_path"]
+__all__ = [
+    "LAYOUTS",
+    "STEPPLANNER_LAYOUT",
+    "Layout",
+    "csv_records",
+    "detect_layout",
+    "load_trace",
+    "parse_columns",
+    "read_trace",
+    "sample_trace_path",
+]
 
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "datetime": None}
 # Date-times count from here, not from 1970, so that a double keeps ~15 ns of the 100 ns ticks
@@ -62,8 +71,9 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
-            raise StepPlannerValueError(f"trace columns: unit={self.unit!r} is not known; allowed: "
-                             f"{', '.join(UNITS)}")
+            raise StepPlannerValueError(
+                f"trace columns: unit={self.unit!r} is not known; allowed: {', '.join(UNITS)}"
+            )
 
     @property
     def required(self) -> tuple[str, str, str]:
@@ -97,10 +107,19 @@ def parse_columns(text: str) -> Layout:
         values[key] = value.strip()
     missing = [k for k in ("arrival", "prompt", "output") if k not in values]
     if missing:
-        raise StepPlannerValueError(f"trace columns {text!r} lack {', '.join(missing)}; required: "
-                         "arrival=COL,prompt=COL,output=COL")
-    return Layout("columns", values["arrival"], values["prompt"], values["output"],
-                  values.get("priority"), values.get("unit", "s"), public_log=False)
+        raise StepPlannerValueError(
+            f"trace columns {text!r} lack {', '.join(missing)}; required: "
+            "arrival=COL,prompt=COL,output=COL"
+        )
+    return Layout(
+        "columns",
+        values["arrival"],
+        values["prompt"],
+        values["output"],
+        values.get("priority"),
+        values.get("unit", "s"),
+        public_log=False,
+    )
 
 
 def detect_layout(names: Sequence[str], where: str) -> Layout:
@@ -148,30 +167,37 @@ def read_trace(path: str | pathlib.Path, columns: Layout | str | None = None) ->
     return _build(path, layout, _chain(first, records), where)
 
 
-def _chain(first: tuple[int, Mapping[str, Any], Sequence[str]],
-           rest: Iterator[tuple[int, Mapping[str, Any], Sequence[str]]]
-           ) -> Iterator[tuple[int, Mapping[str, Any]]]:
+def _chain(
+    first: tuple[int, Mapping[str, Any], Sequence[str]],
+    rest: Iterator[tuple[int, Mapping[str, Any], Sequence[str]]],
+) -> Iterator[tuple[int, Mapping[str, Any]]]:
     yield first[0], first[1]
     for line, record, _ in rest:
         yield line, record
 
 
-def csv_records(text: str, where: str, required: Sequence[str] = ()
-                ) -> Iterator[tuple[int, Mapping[str, Any], Sequence[str]]]:
+def csv_records(
+    text: str, where: str, required: Sequence[str] = ()
+) -> Iterator[tuple[int, Mapping[str, Any], Sequence[str]]]:
     """(line number, row, header) for each non-blank CSV row, cells stripped; a header that
     lacks a ``required`` column is an error naming them. Shared by traces and timings."""
     reader = csv.DictReader(text.splitlines())
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in required if c not in header]
     if missing:
-        raise StepPlannerValueError(f"{where} line 1: header {header} lacks column(s) "
-                         f"{', '.join(missing)}; required: {', '.join(required)}")
+        raise StepPlannerValueError(
+            f"{where} line 1: header {header} lacks column(s) "
+            f"{', '.join(missing)}; required: {', '.join(required)}"
+        )
     reader.fieldnames = header
     for row in reader:
         if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
             continue
-        yield reader.line_num, {k: (v.strip() if isinstance(v, str) else v)
-                                for k, v in row.items()}, header
+        yield (
+            reader.line_num,
+            {k: (v.strip() if isinstance(v, str) else v) for k, v in row.items()},
+            header,
+        )
 
 
 def _jsonl(text: str, where: str) -> Iterator[tuple[int, Mapping[str, Any], Sequence[str]]]:
@@ -179,8 +205,9 @@ def _jsonl(text: str, where: str) -> Iterator[tuple[int, Mapping[str, Any], Sequ
         yield line, record, list(record)
 
 
-def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapping[str, Any]]],
-           where: str) -> Workload:
+def _build(
+    path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapping[str, Any]]], where: str
+) -> Workload:
     arrival: list[float] = []
     prompt: list[int] = []
     output: list[int] = []
@@ -197,14 +224,17 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
         at = f"{where} line {line}: column {layout.arrival!r}"
         t = _arrival(at, record[layout.arrival], layout.unit)
         if t < 0 and not layout.public_log:
-            raise StepPlannerValueError(f"{at}: {record[layout.arrival]!r} is out of range; "
-                                        "allowed: a finite number of seconds >= 0")
+            raise StepPlannerValueError(
+                f"{at}: {record[layout.arrival]!r} is out of range; "
+                "allowed: a finite number of seconds >= 0"
+            )
         if p == 0 or o == 0:
             skipped += 1
             continue
         raw = record.get(layout.priority) if layout.priority else None
-        priority.append(0 if raw in (None, "") else
-                        _integer(path, line, str(layout.priority), raw, INT32_MIN))
+        priority.append(
+            0 if raw in (None, "") else _integer(path, line, str(layout.priority), raw, INT32_MIN)
+        )
         objectives.append(_objectives(where, line, record))
         arrival.append(t)
         prompt.append(p)
@@ -218,9 +248,15 @@ def _build(path: pathlib.Path, layout: Layout, records: Iterator[tuple[int, Mapp
     if skipped:
         source += f", {skipped} rows with 0 prompt or output tokens skipped"
     slo = np.array(objectives, dtype=np.float64).reshape(-1, 2)
-    return Workload(times, np.array(prompt, dtype=np.int32), np.array(output, dtype=np.int32),
-                    np.array(priority, dtype=np.int32), source=source, ttft_slo=slo[:, 0],
-                    tpot_slo=slo[:, 1])
+    return Workload(
+        times,
+        np.array(prompt, dtype=np.int32),
+        np.array(output, dtype=np.int32),
+        np.array(priority, dtype=np.int32),
+        source=source,
+        ttft_slo=slo[:, 0],
+        tpot_slo=slo[:, 1],
+    )
 
 
 def _objectives(where: str, line: int, record: Mapping[str, Any]) -> tuple[float, float]:
@@ -236,16 +272,21 @@ def _objectives(where: str, line: int, record: Mapping[str, Any]) -> tuple[float
         try:
             value = float(raw) if not isinstance(raw, bool) else math.nan
         except (TypeError, ValueError):
-            raise StepPlannerValueError(f"{at}: {raw!r} is not a number of milliseconds; "
-                                        "allowed: a number > 0, or empty for none") from None
+            raise StepPlannerValueError(
+                f"{at}: {raw!r} is not a number of milliseconds; "
+                "allowed: a number > 0, or empty for none"
+            ) from None
         if not (math.isfinite(value) and value > 0):
-            raise StepPlannerValueError(f"{at}: {raw!r} is out of range; allowed: a finite "
-                                        "number of milliseconds > 0, or empty for none")
+            raise StepPlannerValueError(
+                f"{at}: {raw!r} is out of range; allowed: a finite "
+                "number of milliseconds > 0, or empty for none"
+            )
         out.append(value / 1e3)
     if math.isnan(out[0]) and not math.isnan(out[1]):
         raise StepPlannerValueError(
             f"{where} line {line}: column {SLO_COLUMNS[1]!r} without {SLO_COLUMNS[0]!r}; "
-            "allowed: a per-token objective beside a TTFT one")
+            "allowed: a per-token objective beside a TTFT one"
+        )
     return out[0], out[1]
 
 
@@ -296,11 +337,13 @@ def _integer(path: pathlib.Path, line: int, column: str, raw: Any, low: int) -> 
             value = None
     if value is None:
         raise StepPlannerValueError(
-            f"trace {path} line {line}: column {column!r}: {raw!r} is not an integer")
+            f"trace {path} line {line}: column {column!r}: {raw!r} is not an integer"
+        )
     if not low <= value <= INT32_MAX:
         raise StepPlannerValueError(
             f"trace {path} line {line}: column {column!r}: {value} is out of range;"
-            f" allowed: {low}..{INT32_MAX}")
+            f" allowed: {low}..{INT32_MAX}"
+        )
     return value
 
 
@@ -314,5 +357,3 @@ def load_trace(path: str | pathlib.Path) -> Workload:
 
     The stepplanner layout of ``traces.read_trace``, which reads every layout."""
     return read_trace(path, STEPPLANNER_LAYOUT)
-
-

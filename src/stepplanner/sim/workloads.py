@@ -84,15 +84,24 @@ class Workload:
         lengths = {name: col.shape for name, col in cols.items()}
         if any(col.ndim != 1 for col in cols.values()) or len(set(lengths.values())) != 1:
             raise StepPlannerValueError(
-                f"workload columns must be 1-D and of one length; got shapes {lengths}")
+                f"workload columns must be 1-D and of one length; got shapes {lengths}"
+            )
         if cols["arrival_time"].size == 0:
             # A run needs a start time and a report needs a request to describe.
             raise StepPlannerValueError("workload has no requests; allowed: at least one request")
-        _check(cols["arrival_time"], "arrival_time", lambda a: np.isfinite(a) & (a >= 0),
-               "a finite number of seconds >= 0")
+        _check(
+            cols["arrival_time"],
+            "arrival_time",
+            lambda a: np.isfinite(a) & (a >= 0),
+            "a finite number of seconds >= 0",
+        )
         _check(cols["prompt_tokens"], "prompt_tokens", lambda a: a >= 1, ">= 1")
-        _check(cols["output_tokens"], "output_tokens", lambda a: a >= 1,
-               ">= 1 (the chunk completing the prompt yields the first output token)")
+        _check(
+            cols["output_tokens"],
+            "output_tokens",
+            lambda a: a >= 1,
+            ">= 1 (the chunk completing the prompt yields the first output token)",
+        )
         n = cols["arrival_time"].size
         cols["ttft_slo"] = _slo_column("ttft_slo", self.ttft_slo, n)
         cols["tpot_slo"] = _slo_column("tpot_slo", self.tpot_slo, n)
@@ -100,23 +109,27 @@ class Workload:
         if orphan.size:
             i = int(orphan[0])
             raise StepPlannerValueError(
-                f"workload request {i}: tpot_slo={cols['tpot_slo'][i].item()!r} without a ttft_slo; "
+                f"workload request {i}: tpot_slo={cols['tpot_slo'][i].item()!r} without a "
+                "ttft_slo; "
                 "allowed: a per-token objective with a TTFT one (token i is due ttft + i * tpot "
-                "after arrival)")
+                "after arrival)"
+            )
         classes = check_slo_classes(self.slo_classes)
         present = set(np.unique(cols["priority"]).tolist())
         missing = sorted(set(classes) - present)
         if missing:
             raise StepPlannerValueError(
                 f"slo_classes has class {missing[0]}, which no request of the workload is in; "
-                f"allowed: its classes {', '.join(map(str, sorted(present)))}")
+                f"allowed: its classes {', '.join(map(str, sorted(present)))}"
+            )
         order = np.argsort(cols["arrival_time"], kind="stable")
         for name, col in cols.items():
             col = np.ascontiguousarray(col[order])
             col.flags.writeable = False
             object.__setattr__(self, name, col)
-        object.__setattr__(self, "slo_classes",
-                           types.MappingProxyType(dict(sorted(classes.items()))))
+        object.__setattr__(
+            self, "slo_classes", types.MappingProxyType(dict(sorted(classes.items())))
+        )
 
     def __len__(self) -> int:
         return len(self.arrival_time)
@@ -124,15 +137,27 @@ class Workload:
     def __reduce__(self) -> tuple[Any, ...]:
         # The read-only mapping of slo_classes does not pickle; a plain dict does (workers of
         # the process and Ray backends receive workloads).
-        return (Workload, (self.arrival_time, self.prompt_tokens, self.output_tokens,
-                           self.priority, self.source, self.ttft_slo, self.tpot_slo,
-                           dict(self.slo_classes or {})))
+        return (
+            Workload,
+            (
+                self.arrival_time,
+                self.prompt_tokens,
+                self.output_tokens,
+                self.priority,
+                self.source,
+                self.ttft_slo,
+                self.tpot_slo,
+                dict(self.slo_classes or {}),
+            ),
+        )
 
     def __repr__(self) -> str:
         # The dataclass default would print every row of every column.
         s = self.summary()
-        return (f"Workload(source={self.source!r}, requests={s['requests']}, "
-                f"duration_s={s['duration_s']:.1f}, classes={s['classes']})")
+        return (
+            f"Workload(source={self.source!r}, requests={s['requests']}, "
+            f"duration_s={s['duration_s']:.1f}, classes={s['classes']})"
+        )
 
     @property
     def classes(self) -> list[int]:
@@ -163,13 +188,17 @@ class Workload:
             tpot[rows] = np.nan if slo.tpot is None else slo.tpot
         return ttft, tpot
 
-    def with_objectives(self, slo_classes: Mapping[int, SLO] | None = None, *,
-                        own: bool = True) -> Workload:
+    def with_objectives(
+        self, slo_classes: Mapping[int, SLO] | None = None, *, own: bool = True
+    ) -> Workload:
         """The same requests with ``slo_classes`` as their classes' objectives (None: none);
         ``own=False`` also drops the requests' own. Checked as the constructor checks them."""
         return dataclasses.replace(
-            self, slo_classes=slo_classes,
-            ttft_slo=self.ttft_slo if own else None, tpot_slo=self.tpot_slo if own else None)
+            self,
+            slo_classes=slo_classes,
+            ttft_slo=self.ttft_slo if own else None,
+            tpot_slo=self.tpot_slo if own else None,
+        )
 
     def with_arrivals(self, arrival_time: np.ndarray, source: str) -> Workload:
         """The same requests (objectives included) arriving at ``arrival_time`` instead, in the
@@ -179,7 +208,8 @@ class Workload:
         if arrival.shape != self.arrival_time.shape or np.any(np.diff(arrival) < 0):
             raise StepPlannerValueError(
                 f"with_arrivals: {arrival.shape} arrival times for {len(self)} requests; "
-                "allowed: one per request, in the workload's (arrival) order")
+                "allowed: one per request, in the workload's (arrival) order"
+            )
         return dataclasses.replace(self, arrival_time=arrival, source=source)
 
     @property
@@ -196,13 +226,16 @@ class Workload:
         offered rate is ``rate`` req/s (only the gaps change)."""
         own = self.rate
         if own is None:
-            raise StepPlannerValueError("a workload needs at least two requests at different "
-                                        "times to be scaled to a rate")
+            raise StepPlannerValueError(
+                "a workload needs at least two requests at different times to be scaled to a rate"
+            )
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise StepPlannerValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
         start = self.arrival_time[0]
-        return self.with_arrivals(start + (self.arrival_time - start) * (own / rate),
-                                  f"{self.source} scaled to {rate:.4g}/s")
+        return self.with_arrivals(
+            start + (self.arrival_time - start) * (own / rate),
+            f"{self.source} scaled to {rate:.4g}/s",
+        )
 
     def summary(self) -> dict[str, Any]:
         n = len(self)
@@ -218,8 +251,10 @@ class Workload:
         }
         if self.has_objectives:
             assert self.slo_classes is not None and self.ttft_slo is not None
-            out["slo_classes"] = {str(p): {"ttft_s": slo.ttft, "tpot_s": slo.tpot}
-                                  for p, slo in self.slo_classes.items()}
+            out["slo_classes"] = {
+                str(p): {"ttft_s": slo.ttft, "tpot_s": slo.tpot}
+                for p, slo in self.slo_classes.items()
+            }
             out["requests_with_own_slo"] = int((~np.isnan(self.ttft_slo)).sum())
         return out
 
@@ -232,8 +267,9 @@ class Workload:
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(TRACE_COLUMNS + (SLO_COLUMNS if own else ()))
-            for k, row in enumerate(zip(self.arrival_time, self.prompt_tokens,
-                                        self.output_tokens, self.priority)):
+            for k, row in enumerate(
+                zip(self.arrival_time, self.prompt_tokens, self.output_tokens, self.priority)
+            ):
                 cells: tuple[Any, ...] = (f"{row[0]:.6f}", int(row[1]), int(row[2]), int(row[3]))
                 if own:
                     cells += (_ms_cell(self.ttft_slo[k]), _ms_cell(self.tpot_slo[k]))
@@ -254,14 +290,19 @@ def _slo_column(name: str, values: Any, n: int) -> np.ndarray:
     if arr.size and arr.dtype.kind not in "iuf":
         raise StepPlannerTypeError(
             f"workload column {name} must hold numbers of seconds (NaN: none), got dtype "
-            f"{arr.dtype}")
+            f"{arr.dtype}"
+        )
     arr = arr.astype(np.float64)
     if arr.shape != (n,):
         raise StepPlannerValueError(
-            f"workload column {name} has shape {arr.shape}; allowed: one value per request "
-            f"({n},)")
-    _check(arr, name, lambda a: np.isnan(a) | (np.isfinite(a) & (a > 0)),
-           "a finite number of seconds > 0, or NaN for none")
+            f"workload column {name} has shape {arr.shape}; allowed: one value per request ({n},)"
+        )
+    _check(
+        arr,
+        name,
+        lambda a: np.isnan(a) | (np.isfinite(a) & (a > 0)),
+        "a finite number of seconds > 0, or NaN for none",
+    )
     return arr
 
 
@@ -269,7 +310,8 @@ def _int_column(name: str, values: Any) -> np.ndarray:
     arr = np.asarray(values)
     if arr.size and arr.dtype.kind not in "iu":
         raise StepPlannerTypeError(
-            f"workload column {name} must hold integers, got dtype {arr.dtype}")
+            f"workload column {name} must hold integers, got dtype {arr.dtype}"
+        )
     if arr.size and (arr.min() < INT32_MIN or arr.max() > INT32_MAX):
         raise StepPlannerOverflowError(f"workload column {name} has values outside int32")
     return arr.astype(np.int32)
@@ -280,8 +322,8 @@ def _check(col: np.ndarray, name: str, ok: Any, allowed: str) -> None:
     if bad.size:
         i = int(bad[0])
         raise StepPlannerValueError(
-            f"workload request {i}: {name}={col[i].item()!r} is out of range; "
-            f"allowed: {allowed}")
+            f"workload request {i}: {name}={col[i].item()!r} is out of range; allowed: {allowed}"
+        )
 
 
 # --- synthetic -----------------------------------------------------------------------------
@@ -313,19 +355,28 @@ DEFAULT_CLASSES: tuple[PriorityClass, ...] = (
 #: The default classes' objectives (docs/simulator.md, "SLOs and goodput", says why these):
 #: priority -> SLO(ttft, tpot) in seconds. The CLI gives them to the embedded workload unless
 #: ``--slo-class`` or ``--no-slo`` says otherwise.
-DEFAULT_SLO_CLASSES: Mapping[int, SLO] = types.MappingProxyType({
-    -1: SLO(ttft=0.25, tpot=0.05),
-    0: SLO(ttft=0.25, tpot=0.1),
-    1: SLO(ttft=2.0, tpot=0.25),
-})
+DEFAULT_SLO_CLASSES: Mapping[int, SLO] = types.MappingProxyType(
+    {
+        -1: SLO(ttft=0.25, tpot=0.05),
+        0: SLO(ttft=0.25, tpot=0.1),
+        1: SLO(ttft=2.0, tpot=0.25),
+    }
+)
 # The random stream of non-Poisson gaps (``synthetic``'s burstiness), beside the seed's own.
 BURSTY_STREAM = 1
 
 
-def synthetic(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE, seed: int = 0,
-              classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
-              max_prompt: int = 4096, max_output: int = 2048, *, burstiness: float = 1.0,
-              slo_classes: Mapping[int, SLO] | None = None) -> Workload:
+def synthetic(
+    requests: int = DEFAULT_REQUESTS,
+    rate: float = DEFAULT_RATE,
+    seed: int = 0,
+    classes: Sequence[PriorityClass] = DEFAULT_CLASSES,
+    max_prompt: int = 4096,
+    max_output: int = 2048,
+    *,
+    burstiness: float = 1.0,
+    slo_classes: Mapping[int, SLO] | None = None,
+) -> Workload:
     """Arrivals at ``rate`` requests/s; class drawn by share; lognormal lengths.
 
     ``burstiness`` shapes the gaps between arrivals as vLLM's ``benchmark_serving
@@ -340,24 +391,31 @@ def synthetic(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE, seed
     """
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise StepPlannerValueError(
-            f"requests={requests!r} is out of range; allowed: an integer >= 1")
+            f"requests={requests!r} is out of range; allowed: an integer >= 1"
+        )
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise StepPlannerValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
-    if (isinstance(burstiness, bool) or not isinstance(burstiness, (int, float))
-            or not burstiness > 0):
+    if (
+        isinstance(burstiness, bool)
+        or not isinstance(burstiness, (int, float))
+        or not burstiness > 0
+    ):
         raise StepPlannerValueError(
             f"burstiness={burstiness!r} is out of range; allowed: a number > 0 (1: Poisson; "
-            "inf: constant gaps)")
+            "inf: constant gaps)"
+        )
     for name, value in (("max_prompt", max_prompt), ("max_output", max_output)):
         if not isinstance(value, int) or not 1 <= value <= INT32_MAX:
             raise StepPlannerValueError(
-                f"{name}={value!r} is out of range; allowed: 1..{INT32_MAX}")
+                f"{name}={value!r} is out of range; allowed: 1..{INT32_MAX}"
+            )
     if not classes:
         raise StepPlannerValueError("classes is empty; allowed: at least one PriorityClass")
     shares = np.array([c.share for c in classes], dtype=np.float64)
     if not np.all(np.isfinite(shares) & (shares >= 0)) or shares.sum() <= 0:
         raise StepPlannerValueError(
-            f"class shares {shares.tolist()} must be >= 0 with a positive sum")
+            f"class shares {shares.tolist()} must be >= 0 with a positive sum"
+        )
 
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, size=requests)  # drawn first at any burstiness
@@ -366,21 +424,31 @@ def synthetic(requests: int = DEFAULT_REQUESTS, rate: float = DEFAULT_RATE, seed
     elif burstiness != 1:
         # Their own stream, so the requests below are those of the Poisson workload.
         gaps = np.random.default_rng([seed, BURSTY_STREAM]).gamma(
-            burstiness, 1.0 / (rate * burstiness), size=requests)
+            burstiness, 1.0 / (rate * burstiness), size=requests
+        )
     arrival = np.cumsum(gaps)
     arrival -= arrival[0]
     which = rng.choice(len(classes), size=requests, p=shares / shares.sum())
     z_prompt = rng.standard_normal(requests)
     z_output = rng.standard_normal(requests)
-    table = np.array([(c.priority, c.prompt_median, c.prompt_sigma, c.output_median,
-                       c.output_sigma) for c in classes], dtype=np.float64)[which]
+    table = np.array(
+        [
+            (c.priority, c.prompt_median, c.prompt_sigma, c.output_median, c.output_sigma)
+            for c in classes
+        ],
+        dtype=np.float64,
+    )[which]
     prompt = np.clip(np.rint(table[:, 1] * np.exp(table[:, 2] * z_prompt)), 1, max_prompt)
     output = np.clip(np.rint(table[:, 3] * np.exp(table[:, 4] * z_output)), 1, max_output)
     shape = "" if burstiness == 1 else f", burstiness={burstiness:g}"
-    return Workload(arrival, prompt.astype(np.int32), output.astype(np.int32),
-                    table[:, 0].astype(np.int32),
-                    source=f"synthetic(requests={requests}, rate={rate:g}/s, seed={seed}{shape})",
-                    slo_classes=slo_classes)
+    return Workload(
+        arrival,
+        prompt.astype(np.int32),
+        output.astype(np.int32),
+        table[:, 0].astype(np.int32),
+        source=f"synthetic(requests={requests}, rate={rate:g}/s, seed={seed}{shape})",
+        slo_classes=slo_classes,
+    )
 
 
 def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -393,12 +461,14 @@ def json_lines(lines: Iterable[str], where: str) -> Iterator[tuple[int, dict[str
             record = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise StepPlannerValueError(
-                f"{where} line {line}: not valid JSON ({exc.msg})") from None
+                f"{where} line {line}: not valid JSON ({exc.msg})"
+            ) from None
         except RecursionError:  # json's C decoder recurses once per nesting level
             raise StepPlannerValueError(
-                f"{where} line {line}: not valid JSON (nested too deeply)") from None
+                f"{where} line {line}: not valid JSON (nested too deeply)"
+            ) from None
         if not isinstance(record, dict):
             raise StepPlannerValueError(
-                f"{where} line {line}: expected a JSON object, "
-                f"got {type(record).__name__}")
+                f"{where} line {line}: expected a JSON object, got {type(record).__name__}"
+            )
         yield line, record

@@ -52,16 +52,22 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def run_tasks(fn: Callable[[Any], Any], tasks: Sequence[Any], backend: str = "process",
-              workers: int | None = None, ray_address: str | None = None,
-              progress: Progress | None = None) -> Outcome:
+def run_tasks(
+    fn: Callable[[Any], Any],
+    tasks: Sequence[Any],
+    backend: str = "process",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+) -> Outcome:
     """``[fn(t) for t in tasks]`` on ``backend``; ``progress(done, total)`` after each task."""
     if backend not in BACKENDS:
         raise StepPlannerValueError(
             f"backend={backend!r} is not known; allowed: {', '.join(BACKENDS)}"
         )
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                or workers < 1):
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
         raise StepPlannerValueError(
             f"workers={workers!r} is out of range; allowed: an integer >= 1"
         )
@@ -100,8 +106,14 @@ class _Timed:
         return result, time.process_time() - start
 
 
-def _serial(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
-            ray_address: str | None, tick: Progress) -> None:
+def _serial(
+    fn: Callable[[Any], Any],
+    tasks: Sequence[Any],
+    results: list[Any],
+    workers: int,
+    ray_address: str | None,
+    tick: Progress,
+) -> None:
     for k, task in enumerate(tasks):
         results[k] = fn(task)
         tick(k + 1, len(tasks))
@@ -111,14 +123,21 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _process(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
-             ray_address: str | None, tick: Progress) -> None:
+def _process(
+    fn: Callable[[Any], Any],
+    tasks: Sequence[Any],
+    results: list[Any],
+    workers: int,
+    ray_address: str | None,
+    tick: Progress,
+) -> None:
     # Not fork: the CLI's progress bar runs a thread, and forking a threaded process can copy a
     # held lock into the child. forkserver forks from a clean single-threaded server instead.
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))),
-                                                  mp_context=context, initializer=_ignore_sigint)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        max_workers=min(workers, max(1, len(tasks))), mp_context=context, initializer=_ignore_sigint
+    )
     futures = {pool.submit(fn, task): k for k, task in enumerate(tasks)}
     try:
         for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
@@ -135,13 +154,21 @@ def _process(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any],
     pool.shutdown(wait=True)
 
 
-def _ray(fn: Callable[[Any], Any], tasks: Sequence[Any], results: list[Any], workers: int,
-         ray_address: str | None, tick: Progress) -> None:
+def _ray(
+    fn: Callable[[Any], Any],
+    tasks: Sequence[Any],
+    results: list[Any],
+    workers: int,
+    ray_address: str | None,
+    tick: Progress,
+) -> None:
     try:
         import ray
     except ImportError:
-        raise RuntimeError("backend 'ray' needs Ray, which is not installed; install it with: "
-                           "pip install 'stepplanner[ray]'") from None
+        raise RuntimeError(
+            "backend 'ray' needs Ray, which is not installed; install it with: "
+            "pip install 'stepplanner[ray]'"
+        ) from None
     started_here = not ray.is_initialized()
     if started_here:
         if ray_address:

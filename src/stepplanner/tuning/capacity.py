@@ -67,8 +67,13 @@ class SyntheticRates:
     slo_classes: dict[int, SLO] | None = None
 
     def at(self, rate: float) -> Workload:
-        return synthetic(requests=self.requests, rate=rate, seed=self.seed,
-                         burstiness=self.burstiness, slo_classes=self.slo_classes)
+        return synthetic(
+            requests=self.requests,
+            rate=rate,
+            seed=self.seed,
+            burstiness=self.burstiness,
+            slo_classes=self.slo_classes,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +110,9 @@ class CapacityResult:
         return self.upper is not None
 
 
-def find_capacity(meets: Callable[[float], bool], start: float, tolerance: float,
-                  max_rate: float = 1e6) -> CapacityResult:
+def find_capacity(
+    meets: Callable[[float], bool], start: float, tolerance: float, max_rate: float = 1e6
+) -> CapacityResult:
     """Highest rate r (to within ``tolerance``) with ``meets(r)``; 0 when even ``tolerance``
     req/s fails."""
     for name, value in (("start", start), ("tolerance", tolerance), ("max_rate", max_rate)):
@@ -181,8 +187,13 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
             # Beside the SLOs, not among them: a run-level condition, so it does not decide
             # which requests count towards goodput.
             w = result.workload
-            (stable,) = slo_report([task.stability], result.latencies(), w.priority,
-                                   ~np.isnan(result.finish_time), w.output_tokens)
+            (stable,) = slo_report(
+                [task.stability],
+                result.latencies(),
+                w.priority,
+                ~np.isnan(result.finish_time),
+                w.output_tokens,
+            )
         assessed["stable"] = stable
         at_rate[rate] = assessed
         return assessed
@@ -196,28 +207,42 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
 
     found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
     best = at_rate.get(found.capacity)
-    record.update({
-        # Unbounded: every probe up to max_rate met everything, so there is no capacity to
-        # report, only the bound it is at least.
-        "capacity": found.capacity if found.bounded else None,
-        "unbounded": not found.bounded,
-        "max_rate": task.max_rate,
-        "upper": found.upper,
-        "tolerance": found.tolerance,
-        "probes": [{"rate": r, "meets_slo": bool(at_rate[r]["meets_slo"]),
+    record.update(
+        {
+            # Unbounded: every probe up to max_rate met everything, so there is no capacity to
+            # report, only the bound it is at least.
+            "capacity": found.capacity if found.bounded else None,
+            "unbounded": not found.bounded,
+            "max_rate": task.max_rate,
+            "upper": found.upper,
+            "tolerance": found.tolerance,
+            "probes": [
+                {
+                    "rate": r,
+                    "meets_slo": bool(at_rate[r]["meets_slo"]),
                     "stable": None if at_rate[r]["stable"] is None else at_rate[r]["stable"]["met"],
-                    "meets": ok} for r, ok in found.probes],
-        "at_capacity": None if best is None else {
-            "rate": found.capacity,
-            "goodput": best["goodput"], "throughput": best["throughput"], "slo": best["slo"],
-            "stability": best["stable"],
-            "p99_ttft_ms": best["metrics"]["p99_ttft_ms"],
-            "p99_tpot_ms": best["metrics"]["p99_tpot_ms"]},
-    })
+                    "meets": ok,
+                }
+                for r, ok in found.probes
+            ],
+            "at_capacity": None
+            if best is None
+            else {
+                "rate": found.capacity,
+                "goodput": best["goodput"],
+                "throughput": best["throughput"],
+                "slo": best["slo"],
+                "stability": best["stable"],
+                "p99_ttft_ms": best["metrics"]["p99_ttft_ms"],
+                "p99_tpot_ms": best["metrics"]["p99_tpot_ms"],
+            },
+        }
+    )
     if at_rate[found.probes[0][0]]["attainment"] is not None:
         record["attainment_capacity"] = {
             f"{target:g}": _attainment_capacity(task, probe, is_stable, target)
-            for target in ATTAINMENT_TARGETS}
+            for target in ATTAINMENT_TARGETS
+        }
     return record
 
 
@@ -226,11 +251,15 @@ def capacity_of(task: CapacityTask) -> dict[str, Any]:
 ATTAINMENT_TARGETS = (0.9, 0.99)
 
 
-def _attainment_capacity(task: CapacityTask, probe: Callable[[float], dict[str, Any]],
-                         is_stable: Callable[[dict[str, Any]], bool],
-                         target: float) -> dict[str, Any]:
+def _attainment_capacity(
+    task: CapacityTask,
+    probe: Callable[[float], dict[str, Any]],
+    is_stable: Callable[[dict[str, Any]], bool],
+    target: float,
+) -> dict[str, Any]:
     """The highest rate at which ``target`` of all arrivals attain their objectives, under the
     stability condition (not the --slo objectives): DistServe's capacity, Sarathi's condition."""
+
     def share(rate: float) -> float | None:
         attained: float | None = probe(rate)["attainment"]["classes"]["all"]["attainment"]
         return attained
@@ -240,39 +269,64 @@ def _attainment_capacity(task: CapacityTask, probe: Callable[[float], dict[str, 
         return attained is not None and attained >= target and is_stable(probe(rate))
 
     found = find_capacity(meets, task.source.rate, task.tolerance, task.max_rate)
-    return {"target": target, "capacity": found.capacity if found.bounded else None,
-            "unbounded": not found.bounded, "upper": found.upper,
-            "probes": [{"rate": r, "attainment": share(r), "meets": ok}
-                       for r, ok in found.probes],
-            "attainment_at_capacity": share(found.capacity) if found.capacity else None}
+    return {
+        "target": target,
+        "capacity": found.capacity if found.bounded else None,
+        "unbounded": not found.bounded,
+        "upper": found.upper,
+        "probes": [{"rate": r, "attainment": share(r), "meets": ok} for r, ok in found.probes],
+        "attainment_at_capacity": share(found.capacity) if found.capacity else None,
+    }
 
 
-def capacity(source: RateSource, grid: dict[str, list[str]], base_limits: Any,
-             base_options: Any, latency: LatencyModel, slos: Sequence[SloTarget],
-             tolerance: float = 0.1, max_rate: float = 1e4, backend: str = "process",
-             workers: int | None = None, ray_address: str | None = None,
-             progress: Progress | None = None, *,
-             stability: SloTarget | None = STABILITY) -> tuple[list[dict[str, Any]], Outcome]:
+def capacity(
+    source: RateSource,
+    grid: dict[str, list[str]],
+    base_limits: Any,
+    base_options: Any,
+    latency: LatencyModel,
+    slos: Sequence[SloTarget],
+    tolerance: float = 0.1,
+    max_rate: float = 1e4,
+    backend: str = "process",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+    *,
+    stability: SloTarget | None = STABILITY,
+) -> tuple[list[dict[str, Any]], Outcome]:
     """Capacity of every grid point (configurations run in parallel, probes in sequence) under
     the SLOs and the ``stability`` condition (a ``queue`` SloTarget; None drops it); records
     sorted by capacity, unbounded ones first, errors last."""
     if stability is not None and not isinstance(stability, SloTarget):
-        raise StepPlannerTypeError(f"stability must be a SloTarget on queueing delay or None, "
-                                   f"got {type(stability).__name__}")
+        raise StepPlannerTypeError(
+            f"stability must be a SloTarget on queueing delay or None, "
+            f"got {type(stability).__name__}"
+        )
     if stability is not None and (stability.metric != "queue" or stability.priority is not None):
-        raise StepPlannerValueError(f"stability={stability} is out of range; allowed: a bound on "
-                                    "queueing delay over all requests (e.g. queue_p50=2000ms)")
+        raise StepPlannerValueError(
+            f"stability={stability} is out of range; allowed: a bound on "
+            "queueing delay over all requests (e.g. queue_p50=2000ms)"
+        )
     if not slos and stability is None:
-        raise StepPlannerValueError("capacity needs at least one SLO (--slo METRIC_pN=VALUE) or a "
-                                    "stability condition: without either every rate is sustainable")
+        raise StepPlannerValueError(
+            "capacity needs at least one SLO (--slo METRIC_pN=VALUE) or a "
+            "stability condition: without either every rate is sustainable"
+        )
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
         raise StepPlannerValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
     points = expand_grid(grid, base_limits, base_options)
-    tasks = [CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate),
-                          stability) for p in points]
+    tasks = [
+        CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate), stability)
+        for p in points
+    ]
     outcome = run_tasks(capacity_of, tasks, backend, workers, ray_address, progress)
     records = outcome.finished
-    records.sort(key=lambda r: (r.get("error") is not None,
-                                -math.inf if r.get("unbounded") else -(r.get("capacity") or 0.0),
-                                r["index"]))
+    records.sort(
+        key=lambda r: (
+            r.get("error") is not None,
+            -math.inf if r.get("unbounded") else -(r.get("capacity") or 0.0),
+            r["index"],
+        )
+    )
     return records, outcome

@@ -74,17 +74,21 @@ class GridPoint:
 
     def record(self) -> dict[str, Any]:
         """The start of this point's result record: what it is, and what it resolved to."""
-        out: dict[str, Any] = {"index": self.index, "options": dict(self.values),
-                               "label": self.label, "error": self.error}
+        out: dict[str, Any] = {
+            "index": self.index,
+            "options": dict(self.values),
+            "label": self.label,
+            "error": self.error,
+        }
         if self.limits is not None and self.policy is not None:
             out["limits"] = dataclasses.asdict(self.limits)
             out["policy"] = policy_to_dict(self.policy)
         return out
 
 
-def resolve_point(values: Mapping[str, str], base_limits: StepPlannerLimits,
-                  base_options: SchedulingOptions) -> tuple[StepPlannerLimits,
-                                                            ResolvedSchedulingPolicy]:
+def resolve_point(
+    values: Mapping[str, str], base_limits: StepPlannerLimits, base_options: SchedulingOptions
+) -> tuple[StepPlannerLimits, ResolvedSchedulingPolicy]:
     """Base limits and options with ``values`` (field -> text) applied, resolved (SPEC §2)."""
     limits, options = apply_fields(values, base_limits, base_options, "grid value ")
     return limits, resolve_scheduling_policy(options, limits)
@@ -96,8 +100,11 @@ def grid_size(grid: Mapping[str, Sequence[str]]) -> int:
     return math.prod(len(values) for values in grid.values())
 
 
-def expand_grid(grid: Mapping[str, Sequence[str]], base_limits: StepPlannerLimits,
-                base_options: SchedulingOptions) -> list[GridPoint]:
+def expand_grid(
+    grid: Mapping[str, Sequence[str]],
+    base_limits: StepPlannerLimits,
+    base_options: SchedulingOptions,
+) -> list[GridPoint]:
     """Every point of the grid (one point, the base, for an empty grid)."""
     names = list(grid)
     points = []

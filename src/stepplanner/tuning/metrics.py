@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import StepPlannerValueError
+
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
 from ..sim.simulator import pooled_itl, run_span, weighted_percentile
 
@@ -39,12 +40,14 @@ VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
     """``"50,90,99"`` -> (50.0, 90.0, 99.0); each in (0, 100]."""
-    return parse_number_list(text, "metric percentile", lambda v: 0 < v <= 100,
-                             "0 < p <= 100", "50,90,99")
+    return parse_number_list(
+        text, "metric percentile", lambda v: 0 < v <= 100, "0 < p <= 100", "50,90,99"
+    )
 
 
-def parse_number_list(text: str, what: str, within: Callable[[float], bool], allowed: str,
-                      example: str) -> tuple[float, ...]:
+def parse_number_list(
+    text: str, what: str, within: Callable[[float], bool], allowed: str, example: str
+) -> tuple[float, ...]:
     """``"0.8,1,1.2"`` -> (0.8, 1.0, 1.2): comma-separated finite numbers each ``within`` its
     range; errors name ``what``, say what is ``allowed`` and give an ``example``."""
     out: list[float] = []
@@ -52,9 +55,10 @@ def parse_number_list(text: str, what: str, within: Callable[[float], bool], all
         try:
             value = float(item)
         except ValueError:
-            raise StepPlannerValueError(f"{what} {item!r} is not a number; allowed: "
-                                        f"comma-separated numbers, {allowed}, e.g. {example}"
-                                        ) from None
+            raise StepPlannerValueError(
+                f"{what} {item!r} is not a number; allowed: "
+                f"comma-separated numbers, {allowed}, e.g. {example}"
+            ) from None
         if not (math.isfinite(value) and within(value)):
             raise StepPlannerValueError(f"{what} {item!r} is out of range; allowed: {allowed}")
         out.append(value)
@@ -68,22 +72,24 @@ def percentile_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-def series_stats(name: str, seconds: np.ndarray,
-                 percentiles: Sequence[float]) -> dict[str, float]:
+def series_stats(name: str, seconds: np.ndarray, percentiles: Sequence[float]) -> dict[str, float]:
     """vLLM's mean/median/std/pN keys (ms) of one series of seconds; 0 for an empty one."""
     values = seconds if seconds.size else np.zeros(1)  # vLLM reports 0 for an empty series
     # One selection pass for the median and every percentile (ITL pools millions of gaps).
     ranked = np.percentile(values, [50.0, *percentiles])
-    out = {f"mean_{name}_ms": float(values.mean()) * 1e3,
-           f"median_{name}_ms": float(ranked[0]) * 1e3,
-           f"std_{name}_ms": float(values.std()) * 1e3}
+    out = {
+        f"mean_{name}_ms": float(values.mean()) * 1e3,
+        f"median_{name}_ms": float(ranked[0]) * 1e3,
+        f"std_{name}_ms": float(values.std()) * 1e3,
+    }
     for p, value in zip(percentiles, ranked[1:]):
         out[f"p{percentile_word(p)}_{name}_ms"] = float(value) * 1e3
     return out
 
 
-def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-                 goodput: float | None = None) -> dict[str, Any]:
+def vllm_metrics(
+    result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES, goodput: float | None = None
+) -> dict[str, Any]:
     """The ``benchmark_serving`` result keys for a ``SimulationResult``."""
     w = result.workload
     done = ~np.isnan(result.finish_time)
@@ -111,8 +117,9 @@ def vllm_metrics(result: Any, percentiles: Sequence[float] = DEFAULT_PERCENTILES
     return out
 
 
-def weighted_series_stats(name: str, values: np.ndarray, counts: np.ndarray,
-                          percentiles: Sequence[float]) -> dict[str, float]:
+def weighted_series_stats(
+    name: str, values: np.ndarray, counts: np.ndarray, percentiles: Sequence[float]
+) -> dict[str, float]:
     """``series_stats`` of ``np.repeat(values, counts)`` without building it (millions of gaps)."""
     keep = counts > 0
     values, counts = values[keep], counts[keep]
@@ -121,9 +128,11 @@ def weighted_series_stats(name: str, values: np.ndarray, counts: np.ndarray,
     total = float(counts.sum())
     mean = float((values * counts).sum()) / total
     std = math.sqrt(float((counts * (values - mean) ** 2).sum()) / total)
-    out = {f"mean_{name}_ms": mean * 1e3,
-           f"median_{name}_ms": _ms(weighted_percentile(values, counts, 50.0)),
-           f"std_{name}_ms": std * 1e3}
+    out = {
+        f"mean_{name}_ms": mean * 1e3,
+        f"median_{name}_ms": _ms(weighted_percentile(values, counts, 50.0)),
+        f"std_{name}_ms": std * 1e3,
+    }
     for p in percentiles:
         out[f"p{percentile_word(p)}_{name}_ms"] = _ms(weighted_percentile(values, counts, p))
     return out

@@ -26,10 +26,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..planner._slo import SLO
-
-import numpy as np
 
 __all__ = [
     "METRICS",
@@ -63,15 +63,21 @@ class SloTarget:
 
     def __post_init__(self) -> None:
         if self.metric not in METRICS:
-            raise StepPlannerValueError(f"SLO metric {self.metric!r} is not known; allowed: "
-                             f"{', '.join(METRICS)}")
+            raise StepPlannerValueError(
+                f"SLO metric {self.metric!r} is not known; allowed: {', '.join(METRICS)}"
+            )
         if not (isinstance(self.percentile, (int, float)) and 0 < self.percentile <= 100):
-            raise StepPlannerValueError(f"SLO percentile {self.percentile!r} is out of range; allowed: "
-                             "0 < p <= 100")
-        if not (isinstance(self.seconds, (int, float)) and math.isfinite(self.seconds)
-                and self.seconds >= 0):
-            raise StepPlannerValueError(f"SLO threshold {self.seconds!r} s is out of range; allowed: a "
-                             "finite number >= 0")
+            raise StepPlannerValueError(
+                f"SLO percentile {self.percentile!r} is out of range; allowed: 0 < p <= 100"
+            )
+        if not (
+            isinstance(self.seconds, (int, float))
+            and math.isfinite(self.seconds)
+            and self.seconds >= 0
+        ):
+            raise StepPlannerValueError(
+                f"SLO threshold {self.seconds!r} s is out of range; allowed: a finite number >= 0"
+            )
 
     @property
     def key(self) -> str:
@@ -87,22 +93,28 @@ class SloTarget:
 def parse_slo(text: str) -> SloTarget:
     """``"ttft_p99=200ms"``, ``"tpot_p90=0.05s"``, ``"e2e_p50@-1=2s"`` -> ``SloTarget``."""
     if not isinstance(text, str):
-        raise StepPlannerTypeError(f"SLO must be a string METRIC_pN[@CLASS]=VALUE, got "
-                        f"{type(text).__name__}")
+        raise StepPlannerTypeError(
+            f"SLO must be a string METRIC_pN[@CLASS]=VALUE, got {type(text).__name__}"
+        )
     key, sep, value = text.strip().partition("=")
     key, value = key.strip().lower(), value.strip().lower()
     match = _KEY.match(key)
     if not sep or match is None:
-        raise StepPlannerValueError(f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
-                         f"tpot_p90@-1=50ms; METRIC is one of {', '.join(METRICS)}")
+        raise StepPlannerValueError(
+            f"SLO {text!r} is not METRIC_pN[@CLASS]=VALUE; e.g. ttft_p99=200ms, "
+            f"tpot_p90@-1=50ms; METRIC is one of {', '.join(METRICS)}"
+        )
     metric = match["metric"]
     if metric not in METRICS:
-        raise StepPlannerValueError(f"SLO {text!r}: metric {metric!r} is not known; allowed: "
-                         f"{', '.join(METRICS)}")
+        raise StepPlannerValueError(
+            f"SLO {text!r}: metric {metric!r} is not known; allowed: {', '.join(METRICS)}"
+        )
     seconds = _duration(value)
     if seconds is None:
-        raise StepPlannerValueError(f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
-                         "followed by ms, s or us (e.g. 200ms, 0.2s)")
+        raise StepPlannerValueError(
+            f"SLO {text!r}: value {value!r} is not a duration; allowed: a number "
+            "followed by ms, s or us (e.g. 200ms, 0.2s)"
+        )
     priority = None if match["cls"] is None else int(match["cls"])
     try:
         return SloTarget(metric, float(match["pct"]), seconds, priority)
@@ -122,23 +134,27 @@ _SLO_CLASS_FORM = "PRIORITY=ttft:VALUE[,tpot:VALUE] with VALUE in ms, s or us"
 def parse_slo_class(text: str) -> tuple[int, SLO]:
     """``"0=ttft:250ms,tpot:100ms"`` -> (0, SLO(0.25, 0.1)): a priority class's objectives."""
     if not isinstance(text, str):
-        raise StepPlannerTypeError(f"SLO class must be a string {_SLO_CLASS_FORM}, got "
-                                   f"{type(text).__name__}")
+        raise StepPlannerTypeError(
+            f"SLO class must be a string {_SLO_CLASS_FORM}, got {type(text).__name__}"
+        )
     head, sep, body = text.strip().partition("=")
     try:
         priority = int(head.strip())
     except ValueError:
         priority = None
-    if not sep or priority is None or not -2**31 <= priority < 2**31:
-        raise StepPlannerValueError(f"SLO class {text!r} is not {_SLO_CLASS_FORM} (PRIORITY an "
-                                    "int32); e.g. 0=ttft:250ms,tpot:100ms")
+    if not sep or priority is None or not -(2**31) <= priority < 2**31:
+        raise StepPlannerValueError(
+            f"SLO class {text!r} is not {_SLO_CLASS_FORM} (PRIORITY an "
+            "int32); e.g. 0=ttft:250ms,tpot:100ms"
+        )
     values: dict[str, float] = {}
     for item in (part.strip() for part in body.split(",")):
         key, colon, raw = item.partition(":")
         key, raw = key.strip().lower(), raw.strip().lower()
         if not colon or key not in ("ttft", "tpot"):
-            raise StepPlannerValueError(f"SLO class {text!r}: item {item!r} is not ttft:VALUE "
-                                        "or tpot:VALUE")
+            raise StepPlannerValueError(
+                f"SLO class {text!r}: item {item!r} is not ttft:VALUE or tpot:VALUE"
+            )
         if key in values:
             raise StepPlannerValueError(f"SLO class {text!r}: {key} is given twice")
         seconds = _duration(raw.lstrip("+-"))
@@ -148,15 +164,21 @@ def parse_slo_class(text: str) -> tuple[int, SLO]:
             except ValueError:
                 unitless = False
             why = "has no unit" if unitless else "is not a duration"
-            raise StepPlannerValueError(f"SLO class {text!r}: {key} value {raw!r} {why}; "
-                                        "allowed: a number followed by ms, s or us (e.g. 250ms)")
+            raise StepPlannerValueError(
+                f"SLO class {text!r}: {key} value {raw!r} {why}; "
+                "allowed: a number followed by ms, s or us (e.g. 250ms)"
+            )
         if raw.startswith("-") or seconds <= 0 or not math.isfinite(seconds):
-            raise StepPlannerValueError(f"SLO class {text!r}: {key} value {raw!r} is out of "
-                                        "range; allowed: a finite duration > 0")
+            raise StepPlannerValueError(
+                f"SLO class {text!r}: {key} value {raw!r} is out of "
+                "range; allowed: a finite duration > 0"
+            )
         values[key] = seconds
     if "ttft" not in values:
-        raise StepPlannerValueError(f"SLO class {text!r} has no ttft; allowed: {_SLO_CLASS_FORM} "
-                                    "(token i is due ttft + i * tpot after arrival)")
+        raise StepPlannerValueError(
+            f"SLO class {text!r} has no ttft; allowed: {_SLO_CLASS_FORM} "
+            "(token i is due ttft + i * tpot after arrival)"
+        )
     return priority, SLO(values["ttft"], values.get("tpot"))
 
 
@@ -166,8 +188,9 @@ def parse_slo_classes(texts: Iterable[str]) -> dict[int, SLO]:
     for text in texts:
         priority, slo = parse_slo_class(text)
         if priority in out:
-            raise StepPlannerValueError(f"SLO class {priority} is given twice; allowed: one "
-                                        "--slo-class per priority class")
+            raise StepPlannerValueError(
+                f"SLO class {priority} is given twice; allowed: one --slo-class per priority class"
+            )
         out[priority] = slo
     return out
 
@@ -183,17 +206,20 @@ def parse_queue_delay(text: str) -> SloTarget:
     """``"p50=2s"`` (Sarathi-Serve's) or ``"p99=5s"`` (Vidur's) -> a ``queue`` SloTarget over
     all requests: the percentile of queueing delay, arrival to admission, and its bound."""
     if not isinstance(text, str):
-        raise StepPlannerTypeError(f"queue delay must be a string pN=VALUE, got "
-                                   f"{type(text).__name__}")
+        raise StepPlannerTypeError(
+            f"queue delay must be a string pN=VALUE, got {type(text).__name__}"
+        )
     key, sep, value = text.strip().partition("=")
     if not sep or _QUEUE_KEY.match(key.strip().lower()) is None:
-        raise StepPlannerValueError(f"queue delay {text!r} is not pN=VALUE; e.g. p50=2s "
-                                    "(Sarathi-Serve), p99=5s (Vidur)")
+        raise StepPlannerValueError(
+            f"queue delay {text!r} is not pN=VALUE; e.g. p50=2s (Sarathi-Serve), p99=5s (Vidur)"
+        )
     try:
         return parse_slo(f"queue_{key.strip()}={value}")
     except ValueError as exc:
-        raise StepPlannerValueError(f"queue delay {text!r}: "
-                                    f"{str(exc).split(': ', 1)[-1]}") from None
+        raise StepPlannerValueError(
+            f"queue delay {text!r}: {str(exc).split(': ', 1)[-1]}"
+        ) from None
 
 
 def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
@@ -202,8 +228,10 @@ def parse_slos(texts: Iterable[str]) -> tuple[SloTarget, ...]:
     for text in texts:
         slo = parse_slo(text)
         if any(s.key == slo.key for s in out):
-            raise StepPlannerValueError(f"SLO {slo.key} is given twice; allowed: one threshold per "
-                             "metric, percentile and class")
+            raise StepPlannerValueError(
+                f"SLO {slo.key} is given twice; allowed: one threshold per "
+                "metric, percentile and class"
+            )
         out.append(slo)
     return tuple(out)
 
@@ -214,8 +242,13 @@ def _class_mask(slo: SloTarget, priority: np.ndarray) -> np.ndarray:
     return np.asarray(priority == slo.priority, dtype=bool)
 
 
-def _observed(slo: SloTarget, latencies: Mapping[str, np.ndarray], priority: np.ndarray,
-              completed: np.ndarray, output_tokens: np.ndarray) -> float | None:
+def _observed(
+    slo: SloTarget,
+    latencies: Mapping[str, np.ndarray],
+    priority: np.ndarray,
+    completed: np.ndarray,
+    output_tokens: np.ndarray,
+) -> float | None:
     """The constrained percentile, with unfinished requests counted as infinitely late."""
     mask = _class_mask(slo, priority)
     if slo.metric in ("tpot", "max_itl"):
@@ -234,21 +267,35 @@ def _observed(slo: SloTarget, latencies: Mapping[str, np.ndarray], priority: np.
     return float(np.percentile(values, slo.percentile))
 
 
-def slo_report(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray],
-               priority: np.ndarray, completed: np.ndarray,
-               output_tokens: np.ndarray) -> list[dict[str, Any]]:
+def slo_report(
+    slos: Sequence[SloTarget],
+    latencies: Mapping[str, np.ndarray],
+    priority: np.ndarray,
+    completed: np.ndarray,
+    output_tokens: np.ndarray,
+) -> list[dict[str, Any]]:
     """One row per SLO: its key, threshold, observed value (seconds; None when no request of
     the class has the metric, which counts as met) and whether it holds."""
     rows = []
     for slo in slos:
         observed = _observed(slo, latencies, priority, completed, output_tokens)
-        rows.append({"slo": slo.key, "threshold_s": slo.seconds, "observed_s": observed,
-                     "met": observed is None or observed <= slo.seconds})
+        rows.append(
+            {
+                "slo": slo.key,
+                "threshold_s": slo.seconds,
+                "observed_s": observed,
+                "met": observed is None or observed <= slo.seconds,
+            }
+        )
     return rows
 
 
-def good_requests(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray],
-                  priority: np.ndarray, completed: np.ndarray) -> np.ndarray:
+def good_requests(
+    slos: Sequence[SloTarget],
+    latencies: Mapping[str, np.ndarray],
+    priority: np.ndarray,
+    completed: np.ndarray,
+) -> np.ndarray:
     """Per request: completed, and within every threshold that applies to its class."""
     good = completed.copy()
     for slo in slos:
@@ -258,9 +305,16 @@ def good_requests(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray]
     return good
 
 
-def goodput(slos: Sequence[SloTarget], latencies: Mapping[str, np.ndarray],
-            priority: np.ndarray, completed: np.ndarray, simulated_seconds: float) -> float:
+def goodput(
+    slos: Sequence[SloTarget],
+    latencies: Mapping[str, np.ndarray],
+    priority: np.ndarray,
+    completed: np.ndarray,
+    simulated_seconds: float,
+) -> float:
     """Good requests per simulated second."""
     if not simulated_seconds > 0:
-        raise StepPlannerValueError(f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0")
+        raise StepPlannerValueError(
+            f"simulated_seconds={simulated_seconds!r} is out of range; allowed: > 0"
+        )
     return float(good_requests(slos, latencies, priority, completed).sum()) / simulated_seconds

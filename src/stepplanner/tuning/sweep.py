@@ -41,8 +41,11 @@ class SweepTask:
     percentiles: tuple[float, ...]
 
 
-def assess(result: SimulationResult, slos: Sequence[SloTarget],
-           percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, Any]:
+def assess(
+    result: SimulationResult,
+    slos: Sequence[SloTarget],
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> dict[str, Any]:
     """Goodput, the SLO checks, the vLLM-style metrics and the deadline attainment
     (``SimulationResult.attainment``: None without objectives) of one run.
 
@@ -83,8 +86,10 @@ def evaluate(task: SweepTask) -> dict[str, Any]:
 def pareto_front(records: Sequence[dict[str, Any]]) -> set[int]:
     """Indices of the records (without error) that no other record dominates on ``FRONT``."""
     ok = [r for r in records if r.get("error") is None and "metrics" in r]
-    points = np.array([[r["metrics"][k] if not larger else -r["metrics"][k]
-                        for k, larger in FRONT] for r in ok], dtype=np.float64).reshape(-1, 3)
+    points = np.array(
+        [[r["metrics"][k] if not larger else -r["metrics"][k] for k, larger in FRONT] for r in ok],
+        dtype=np.float64,
+    ).reshape(-1, 3)
     front = set()
     for i, r in enumerate(ok):
         others = np.delete(points, i, axis=0)
@@ -94,11 +99,19 @@ def pareto_front(records: Sequence[dict[str, Any]]) -> set[int]:
     return front
 
 
-def sweep(workload: Workload, grid: dict[str, list[str]], base_limits: StepPlannerLimits,
-          base_options: SchedulingOptions, latency: LatencyModel,
-          slos: Sequence[SloTarget] = (), percentiles: Sequence[float] = DEFAULT_PERCENTILES,
-          backend: str = "process", workers: int | None = None, ray_address: str | None = None,
-          progress: Progress | None = None) -> tuple[list[dict[str, Any]], Outcome]:
+def sweep(
+    workload: Workload,
+    grid: dict[str, list[str]],
+    base_limits: StepPlannerLimits,
+    base_options: SchedulingOptions,
+    latency: LatencyModel,
+    slos: Sequence[SloTarget] = (),
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+    backend: str = "process",
+    workers: int | None = None,
+    ray_address: str | None = None,
+    progress: Progress | None = None,
+) -> tuple[list[dict[str, Any]], Outcome]:
     """Run the grid; records sorted by goodput (best first, errors last), front marked."""
     points = expand_grid(grid, base_limits, base_options)
     tasks = [SweepTask(p, workload, latency, tuple(slos), tuple(percentiles)) for p in points]
