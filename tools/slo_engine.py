@@ -100,17 +100,30 @@ def burst(out: pathlib.Path) -> tuple[float, float]:
     return rate, step
 
 
-def scaled_trace(load: int, requests_per_s: float, out: pathlib.Path) -> pathlib.Path:
+def scaled_trace(
+    load: int, requests_per_s: float, out: pathlib.Path, step: float, flat: bool = False
+) -> pathlib.Path:
+    """The trace at ``load``% of the capacity; ``flat``: every priority 0, each request
+    carrying its class's objectives as its own columns (so PRIORITY+PAUSE is FCFS)."""
     with open(TRACES / "trace-85.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     arrivals = [float(r["arrival_time"]) for r in rows]
     factor = ((len(rows) - 1) / (arrivals[-1] - arrivals[0])) / (load / 100 * requests_per_s)
-    path = out / f"slo-trace-{load}.csv"
+    path = out / f"slo-trace-{load}{'-flat' if flat else ''}.csv"
+    fields = list(rows[0]) + (["ttft_slo_ms", "tpot_slo_ms"] if flat else [])
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for row, at in zip(rows, arrivals):
-            writer.writerow({**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"})
+            row = {**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"}
+            if flat:
+                ttft, tpot = CLASS_STEPS[int(row["priority"])]
+                row |= {
+                    "priority": "0",
+                    "ttft_slo_ms": f"{ttft * step * 1e3:.1f}",
+                    "tpot_slo_ms": f"{tpot * step * 1e3:.1f}",
+                }
+            writer.writerow(row)
     return path
 
 
@@ -144,7 +157,7 @@ def measured(results: pathlib.Path) -> dict[str, float]:
     gaps = np.concatenate([g for g in itls if g.size] or [np.zeros(1)])
     return {
         "attainment": float(attained.mean()),
-        "urgent": float(attained[prios == -1].mean()),
+        "urgent": float((attained[prios == -1] if np.any(prios == -1) else attained).mean()),
         "vllm": float(good.mean()),
         "goodput_rps": float(attained.sum() / data["duration"]),
         "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
@@ -176,7 +189,7 @@ def predicted(
     classes = report["slo_attainment"]["classes"]
     return {
         "attainment": classes["all"]["attainment"],
-        "urgent": classes["-1"]["attainment"],
+        "urgent": classes.get("-1", classes["all"])["attainment"],
         "vllm": classes["all"]["vllm_attainment"],
         "goodput_rps": classes["all"]["goodput_rps"],
         "relegated": classes["all"]["relegated"],
@@ -189,6 +202,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--loads", type=int, nargs="+", default=[70, 100, 120])
     parser.add_argument("--repeats", nargs="+", default=["a"])
     parser.add_argument("--capacity", type=float)
+    parser.add_argument(
+        "--flat", action="store_true", help="every priority 0, objectives per request"
+    )
     parser.add_argument("--step", type=float, help="median step seconds (with --capacity)")
     args = parser.parse_args(argv)
     out = args.out.resolve()
@@ -200,16 +216,19 @@ def main(argv: list[str]) -> None:
     rows = []
     for rep in args.repeats:
         for load in args.loads:
-            trace = scaled_trace(load, rate, out)
+            trace = scaled_trace(load, rate, out, step, args.flat)
             for policy, flags in POLICIES.items():
-                name = f"{policy.replace('+', '-')}-{load}-{rep}"
+                if args.flat and policy == "priority+pause":
+                    continue  # every priority 0: it is FCFS
+                name = f"{policy.replace('+', '-')}-{load}{'-flat' if args.flat else ''}-{rep}"
+                objectives = [] if args.flat else slos
                 stepplanner(
                     out,
                     "serve-trace",
                     str(trace),
                     *ENGINE,
                     *flags,
-                    *slos,
+                    *objectives,
                     "--results",
                     f"{name}.json",
                     "--timings",
@@ -221,7 +240,7 @@ def main(argv: list[str]) -> None:
                         load,
                         policy,
                         measured(out / f"{name}.json"),
-                        predicted(out, name, trace, flags, slos),
+                        predicted(out, name, trace, flags, objectives),
                     )
                 )
     lines = [
@@ -243,7 +262,8 @@ def main(argv: list[str]) -> None:
     lines.append(f"served in {(time.perf_counter() - began) / 60:.1f} minutes")
     text = "\n".join(lines)
     print(text)
-    (out / "slo-tables.md").write_text(text + "\n")
+    with open(out / "slo-tables.md", "a") as f:
+        f.write(text + "\n\n")
 
 
 if __name__ == "__main__":

@@ -437,16 +437,51 @@ def render_loop(timings: Sequence[LoopTiming]) -> str:
 
 @dataclass
 class DeadlineCost:
-    """Median ns per fused step at one B: static PRIORITY+PAUSE against DEADLINE+PAUSE."""
+    """Median ns per fused step at one B: static PRIORITY+PAUSE against DEADLINE+PAUSE, each
+    planning its own plans over the same stream; and the rank pass alone (``ledger.rank``
+    over the steady DEADLINE ledger: what deadlines add to a step whatever the plans)."""
 
     batch: int
     priority_ns: float
     deadline_ns: float
+    rank_ns: float
     alloc_bytes: int  # over steady DEADLINE steps
+    decode_rows: tuple[float, float]  # mean decode rows per step: (priority, deadline)
 
     @property
     def ratio(self) -> float:
         return self.deadline_ns / self.priority_ns
+
+    @property
+    def rank_share(self) -> float:
+        """(static step + the rank pass) / static step."""
+        return (self.priority_ns + self.rank_ns) / self.priority_ns
+
+
+def rank_batch(batch: int, calls: int) -> Callable[[], float]:
+    """A timed batch of ``ledger.rank(now)`` over the steady DEADLINE ledger; ns per call."""
+    stream, _, ledger, _ = _steady(batch, policy="deadline")
+    times = stream.clock(1)
+    rank, now = ledger.rank, times[0]
+
+    def run() -> float:
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            rank(now)
+        return (time.perf_counter_ns() - t0) / calls
+
+    return run
+
+
+def mean_decode_rows(batch: int, policy: str, steps: int = 200) -> float:
+    """Decode rows per step of the steady stream under ``policy`` (what a step's work scales by)."""
+    stream, planner, ledger, plan = _steady(batch, policy=policy)
+    rows = 0
+    for now in stream.clock(steps):
+        stream.top_up(ledger, 4 * batch)
+        plan = ledger.step(planner, stream.finished_for(plan), now=now)
+        rows += plan.num_decode
+    return rows / steps
 
 
 def measure_deadline_cost(
@@ -460,13 +495,16 @@ def measure_deadline_cost(
         calls = max(1, int(BATCH_SECONDS * 1e9 / (40.0 * b)))
         for name in ("priority", "deadline"):
             batches[b, name] = fused_batch(b, calls, policy=name)
+        batches[b, "rank"] = rank_batch(b, calls)
     ns = interleave(batches)
     return [
         DeadlineCost(
             b,
             ns[b, "priority"],
             ns[b, "deadline"],
+            ns[b, "rank"],
             loop_allocated_bytes(b, policy="deadline", masks=False),
+            (mean_decode_rows(b, "priority"), mean_decode_rows(b, "deadline")),
         )
         for b in sorted(set(batch_sizes))
     ]
@@ -476,12 +514,15 @@ def render_deadline_cost(costs: Sequence[DeadlineCost]) -> str:
     lines = [
         "deadline-aware host step: the steady stream under PRIORITY+PAUSE and DEADLINE+PAUSE "
         "(median ns per fused step)",
-        f"{'B':>6}{'priority':>11}{'deadline':>11}{'ratio':>8}{'alloc B':>9}",
-        f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g} at B=256 and B=1024, alloc 0)",
+        f"{'B':>6}{'priority':>11}{'deadline':>11}{'ratio':>8}{'rank':>9}{'+rank':>8}"
+        f"{'decodes p/d':>14}{'alloc B':>9}",
+        f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g} at B=256 and B=1024, alloc 0; "
+        "rank: ledger.rank alone; +rank: (priority + rank) / priority; decodes: rows a step)",
     ]
     for c in costs:
         lines.append(
             f"{c.batch:>6}{c.priority_ns:>11,.0f}{c.deadline_ns:>11,.0f}"
-            f"{c.ratio:>8.2f}{c.alloc_bytes:>9}"
+            f"{c.ratio:>8.2f}{c.rank_ns:>9,.0f}{c.rank_share:>8.2f}"
+            f"{c.decode_rows[0]:>7.0f}/{c.decode_rows[1]:<6.0f}{c.alloc_bytes:>9}"
         )
     return "\n".join(lines)
