@@ -1495,6 +1495,11 @@ cdef class Ranker:
             self.positions[i] = i
         self._lost_views = [None] * (b + 1)
 
+    def __init__(self, limits, policy, *, step_time=None):
+        # Everything was checked and set by __cinit__ (this signature is the one callers see);
+        # a second call changes nothing.
+        pass
+
     @property
     def step_time_estimate(self):
         return step_estimate(&self.d)
