@@ -27,7 +27,10 @@ def nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndar
                 continue
             x = np.zeros(columns)
             x[list(support)] = sol
-            err = float(np.sum((matrix @ x - target) ** 2))
+            # Columns near the callers' 1e150 bound can square past the float range: such a
+            # support's error is not a number, and a NaN is never better than the best so far.
+            with np.errstate(invalid="ignore", over="ignore"):
+                err = float(np.sum((matrix @ x - target) ** 2))
             if err < best:
                 best, best_x = err, x
     return best_x
