@@ -58,6 +58,12 @@ The surface (both implementations):
 * ``Ledger.__init__`` runs once: called again it raises "already initialised", as
   ``KVPageTable``, ``StepInputs`` and ``StepPlanner`` do.
 * ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
+* Deadlines (docs/scheduling.md): ``Ledger(..., slo_classes={priority: SLO}, step_time=(base,
+  per_token) or None)``, ``submit(..., arrival_time=, slo=)``; under ``SchedulingPolicy.EDF`` and
+  ``DEADLINE`` the ledger ranks the rows before each plan from the runtime's clock (``step(...,
+  now=)``; apart: ``admit(now=)``, ``rank(now)``, ``apply(..., now=)``, ``measure(now)``), and
+  ``relegated_ids`` lists what the last call gave up on. ``Ranker`` is the same rank pass over
+  rows a runtime keeps itself.
 
 Decisions where SPEC §6 is silent (the package-wide ones: docs/decisions.md):
 
