@@ -302,6 +302,19 @@ def test_within_a_level_the_request_class_goes_first(impl):
     assert plan.to_dict()["sequences"][0]["resident"] == rows[2]  # its chunk comes first
 
 
+def test_a_decode_whose_next_deadline_has_passed_is_relegated_when_ranked(impl):
+    """Its next token is late whenever it comes: the rank pass relegates it at once (what a
+    runtime without ``apply``, ranking through ``Ranker``, relies on)."""
+    ledger, planner = make(impl, step_time=(0.01, 0.0))
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(0.1, 0.02), max_new_tokens=10)
+    plan = ledger.step(planner, now=0.0)
+    ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.05)  # token 0 on time
+    assert not ledger.relegated_ids.size
+    ledger.rank(0.125)  # token 1 was due at 0.12
+    assert ledger.relegated_ids.tolist() == [1]
+    assert level(ledger, 1) == LEVEL_RELEGATED
+
+
 def test_rows_without_deadlines_come_after_every_keyed_row(impl):
     ledger, planner = make(impl)
     ledger.submit(1, 32)

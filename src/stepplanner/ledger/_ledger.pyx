@@ -567,6 +567,13 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.priority = level_of(t, r, LEVEL_SLACK_)
             row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
         elif row.context_committed:
+            if due < now:
+                # Its next token is already late whenever it comes: as lost as a late one (the
+                # Ranker's runtime has no apply to see the late token itself).
+                relegate(t, r)
+                row.priority = level_of(t, r, LEVEL_RELEGATED_)
+                row.arrival = t.stamp[r]
+                continue
             # A decode's place within its level changes no plan (every active decode gets a row,
             # after the chunks): its stamp keeps the order, and so the planner's sort, steady.
             slack = due - now - est

@@ -765,6 +765,10 @@ def rank_rows(
             level = LEVEL_RELEGATED
         elif due == math.inf:
             level, key = LEVEL_SLACK, KEY_NONE + min(key, KEY_NONE - 1)
+        elif committed and due < now:  # its next token is late whenever it comes
+            relegated[r] = True
+            lost.append(r)
+            level = LEVEL_RELEGATED
         elif committed:  # a decode keeps its stamp: its place in its level changes no plan
             level = LEVEL_DUE if due - now - est < est else LEVEL_SLACK
         else:
