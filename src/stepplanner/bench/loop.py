@@ -76,9 +76,6 @@ POLICIES = {
         preemption=PreemptionMode.PAUSE,
         max_pause_steps=8,
     ),
-    "priority-nopause": SchedulingOptions(
-        ifb_scheduling_mode=IfbSchedulingMode.MIXED, scheduling_policy=SchedulingPolicy.PRIORITY
-    ),
     "deadline": SchedulingOptions(
         ifb_scheduling_mode=IfbSchedulingMode.MIXED,
         scheduling_policy=SchedulingPolicy.DEADLINE,
