@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
-import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -79,7 +78,7 @@ from ..core import (  # noqa: E402
 )
 from ..ledger import Ranker  # noqa: E402
 from ..planner._fields import enum_from_text  # noqa: E402
-from ..planner._slo import check_slo_classes  # noqa: E402
+from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
 __all__ = [
@@ -348,9 +347,7 @@ class _Deadlines:
 
     def due(self, token: int) -> float:
         """When the request's token ``token`` (0 = the first) is due (its SLO's definition)."""
-        if token == 0:
-            return self.first_due
-        return self.first_due + token * self.gap if self.gap > 0 else math.inf
+        return due_of(self.first_due, self.gap, token)
 
 
 class StepPlannerScheduler(AsyncScheduler):
@@ -469,11 +466,7 @@ class StepPlannerScheduler(AsyncScheduler):
                 code="validation_error", message=message
             )
         elif self._ranked and request.request_id not in self._deadlines:
-            first_due, gap = (
-                (math.inf, 0.0)
-                if slo is None
-                else (request.arrival_time + slo.ttft, slo.tpot or 0.0)
-            )
+            first_due, gap = slo_fields(slo, request.arrival_time)
             self._deadlines[request.request_id] = _Deadlines(
                 first_due, gap, int(request.arrival_time * _NS)
             )

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _errors
 from ..planner._fields import as_int
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
-from ..planner._slo import check_slo_classes
+from ..planner._slo import check_slo_classes, due_of
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
 from ._shared import (
     CLASS_SPAN,
@@ -489,7 +489,9 @@ class Ledger:
         rows = seq["resident"][emitting]
         if now is not None and self._ranking == RANK_DEADLINE:
             for row in rows.tolist():  # a token later than its deadline: the request is lost
-                if not self._relegated[row] and now > _next_due(self, row):
+                if not self._relegated[row] and now > next_due(
+                    self._first_due, self._gap, self._generated, row
+                ):
                     self._relegated[row] = True
                     self._relegated_ids.append(int(self._ids[row]))
         self._generated[rows] += 1
@@ -717,17 +719,9 @@ class _Deadlines:
             self.estimate, self.sampled = sample, True
 
 
-def _next_due(ledger: Any, row: int) -> float:
-    return next_due(ledger._first_due, ledger._gap, ledger._generated, row)
-
-
 def next_due(first_due: np.ndarray, gap: np.ndarray, generated: np.ndarray, row: int) -> float:
     """When the row's next token is due (inf: no deadline)."""
-    due, tokens = float(first_due[row]), int(generated[row])
-    if tokens == 0:
-        return due
-    step = float(gap[row])
-    return due + tokens * step if step > 0 else math.inf
+    return due_of(float(first_due[row]), float(gap[row]), int(generated[row]))
 
 
 def rank_rows(

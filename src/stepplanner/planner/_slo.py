@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _errors
 
-__all__ = ["SLO", "check_slo_classes", "deadline_of"]
+__all__ = ["SLO", "check_slo_classes", "deadline_of", "due_of", "slo_fields"]
 
 
 def _seconds(field: str, value: object, *, optional: bool) -> float | None:
@@ -80,11 +80,16 @@ def check_slo_classes(value: object) -> dict[int, SLO]:
 def deadline_of(arrival_time: float, slo: SLO, token: int) -> float:
     """When token ``token`` (0 = the first) of a request is due; ``inf`` when ``slo`` sets no
     deadline for it (a token after the first without a per-token objective)."""
+    return due_of(*slo_fields(slo, arrival_time), token)
+
+
+def due_of(first_due: float, gap: float, token: int) -> float:
+    """The same from the ledger's two numbers (``slo_fields``): ``first_due`` for token 0, then
+    ``gap`` more per token (``inf`` when ``gap`` is 0). The compiled ledger's ``next_due``
+    computes it in C, in the same order of operations."""
     if token == 0:
-        return arrival_time + slo.ttft
-    if slo.tpot is None:
-        return math.inf
-    return arrival_time + slo.ttft + token * slo.tpot
+        return first_due
+    return first_due + token * gap if gap > 0 else math.inf
 
 
 def slo_fields(slo: SLO | None, arrival_time: Any) -> tuple[float, float]:
