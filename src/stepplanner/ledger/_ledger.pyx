@@ -522,7 +522,7 @@ cdef inline uint64_t slack_key(double slack) noexcept nogil:
     return <uint64_t>(KEY_ZERO_ + <int64_t>clamp(slack * 1e6, KEY_SPAN_))
 
 
-cdef inline int32_t level_of(const TableC* t, int32_t r, int32_t level) noexcept nogil:
+cdef inline int32_t ranked_priority(const TableC* t, int32_t r, int32_t level) noexcept nogil:
     """DEADLINE's priority for row ``r`` at ``level``: the level, then the row's own class."""
     cdef int32_t k = t.klass[r]
     k = CLASS_SPAN_ if k > CLASS_SPAN_ else (-CLASS_SPAN_ if k < -CLASS_SPAN_ else k)
@@ -561,33 +561,33 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.arrival = t.stamp[r]
             continue
         if t.relegated[r]:
-            row.priority = level_of(t, r, LEVEL_RELEGATED_)
+            row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
             row.arrival = t.stamp[r]
         elif due == INFINITY:
-            row.priority = level_of(t, r, LEVEL_SLACK_)
+            row.priority = ranked_priority(t, r, LEVEL_SLACK_)
             row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
         elif row.context_committed:
             if due < now:
                 # Its next token is already late whenever it comes: as lost as a late one (the
                 # Ranker's runtime has no apply to see the late token itself).
                 relegate(t, r)
-                row.priority = level_of(t, r, LEVEL_RELEGATED_)
+                row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
                 row.arrival = t.stamp[r]
                 continue
             # A decode's place within its level changes no plan (every active decode gets a row,
             # after the chunks): its stamp keeps the order, and so the planner's sort, steady.
             slack = due - now - est
-            row.priority = level_of(t, r, LEVEL_DUE_ if slack < est else LEVEL_SLACK_)
+            row.priority = ranked_priority(t, r, LEVEL_DUE_ if slack < est else LEVEL_SLACK_)
             row.arrival = t.stamp[r]
         else:
             rest = <int64_t>row.prompt_length - row.committed
             urgent = prompt_seconds(d, rest, d.chunk)
             if now + urgent > due:
                 relegate(t, r)
-                row.priority = level_of(t, r, LEVEL_RELEGATED_)
+                row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
                 row.arrival = t.stamp[r]
             else:
-                row.priority = level_of(t, r, LEVEL_AT_RISK_
+                row.priority = ranked_priority(t, r, LEVEL_AT_RISK_
                                         if now + prompt_seconds(d, rest, normal) + est > due
                                         else LEVEL_SLACK_)
                 row.arrival = slack_key(due - now - urgent)
@@ -603,6 +603,20 @@ cdef void mark_late(TableC* t, const PlanC* p, double now) noexcept nogil:
         r = p.sequences[k].resident
         if not t.relegated[r] and now > next_due(t, r):
             relegate(t, r)
+
+
+cdef dict set_deadlines(DeadlineC* d, object limits, object policy, object slo_classes,
+                        object step_time):
+    """``d`` from a new ledger's (or ranker's) arguments, checked by ``_shared``; returns the
+    classes (the twin's ``_Deadlines`` does the same)."""
+    cdef dict classes
+    (d.ranking, classes, d.base, d.per_token, d.measured, d.step_tokens,
+     d.chunk) = check_deadline_args(policy, limits, slo_classes, step_time)
+    d.page_size = limits.kv_page_size
+    d.last_now = NAN
+    d.estimate = 0.0
+    d.sampled = 0
+    return classes
 
 
 cdef void measure_step(DeadlineC* d, double now, bint ran) noexcept nogil:
@@ -720,11 +734,7 @@ cdef class Ledger:
                   slo_classes=None, step_time=None):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
-        (self.d.ranking, self._classes, self.d.base, self.d.per_token, self.d.measured,
-         self.d.step_tokens, self.d.chunk) = check_deadline_args(policy, limits, slo_classes,
-                                                                 step_time)
-        self.d.page_size = limits.kv_page_size
-        self.d.last_now = NAN
+        self._classes = set_deadlines(&self.d, limits, policy, slo_classes, step_time)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         cdef PageTableC* pages
         if page_table is not None:
@@ -1488,10 +1498,7 @@ cdef class Ranker:
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
-        (self.d.ranking, _, self.d.base, self.d.per_token, self.d.measured, self.d.step_tokens,
-         self.d.chunk) = check_deadline_args(policy, limits, None, step_time)
-        self.d.page_size = limits.kv_page_size
-        self.d.last_now = NAN
+        set_deadlines(&self.d, limits, policy, None, step_time)
         self.limits, self.policy = limits, policy
         cdef int32_t b = limits.max_batch_size, i
         self._positions = _int64_memory(b, &self.positions)
