@@ -587,9 +587,9 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
                 row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
                 row.arrival = t.stamp[r]
             else:
-                row.priority = ranked_priority(t, r, LEVEL_AT_RISK_
-                                        if now + prompt_seconds(d, rest, normal) + est > due
-                                        else LEVEL_SLACK_)
+                row.priority = ranked_priority(
+                    t, r, LEVEL_AT_RISK_ if now + prompt_seconds(d, rest, normal) + est > due
+                    else LEVEL_SLACK_)
                 row.arrival = slack_key(due - now - urgent)
 
 
