@@ -139,7 +139,7 @@ def slo_args(step: float) -> list[str]:
 
 def measured(results: pathlib.Path) -> dict[str, float]:
     """Attainment and vLLM goodput from a served run's own timestamps, over every request."""
-    from stepplanner.sim.goodput import attained_from_gaps
+    from stepplanner.sim.goodput import attained_from_gaps, good_by_vllm
 
     data = json.loads(results.read_text())
     n = len(data["ttfts"])
@@ -150,9 +150,8 @@ def measured(results: pathlib.Path) -> dict[str, float]:
     tpot_slo = np.array([np.nan if v is None else v for v in data["tpot_slos"]], dtype=np.float64)
     attained = attained_from_gaps(ttft, itls, ttft_slo, tpot_slo) & ok
     lens = np.asarray(data["output_lens"], dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(lens > 1, np.array([g.sum() for g in itls]) / (lens - 1), 0.0)
-    good = ok & (ttft <= ttft_slo) & (np.isnan(tpot_slo) | (tpot <= tpot_slo))
+    decode = np.array([g.sum() for g in itls])
+    good = ok & good_by_vllm(ttft, decode, lens, ttft_slo, tpot_slo)
     prios = np.asarray(data["priorities"])
     gaps = np.concatenate([g for g in itls if g.size] or [np.zeros(1)])
     return {

@@ -33,7 +33,13 @@ import numpy as np
 
 from .workloads import Workload
 
-__all__ = ["Outcomes", "attainment_report", "attained_from_gaps", "request_outcomes"]
+__all__ = [
+    "Outcomes",
+    "attained_from_gaps",
+    "attainment_report",
+    "good_by_vllm",
+    "request_outcomes",
+]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -68,13 +74,9 @@ def request_outcomes(
     completed = ~np.isnan(finish_time)
     counted = has & completed & ~relegated
     ttft = first_token_time - workload.arrival_time
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(
-            workload.output_tokens > 1,
-            (finish_time - first_token_time) / (workload.output_tokens - 1),
-            0.0,
-        )
-        good = (ttft <= ttft_slo) & (np.isnan(tpot_slo) | (tpot <= tpot_slo))
+    good = good_by_vllm(
+        ttft, finish_time - first_token_time, workload.output_tokens, ttft_slo, tpot_slo
+    )
     return Outcomes(
         has_slo=has,
         completed=completed,
@@ -85,6 +87,22 @@ def request_outcomes(
         generated=generated,
         late_tokens=late_tokens,
     )
+
+
+def good_by_vllm(
+    ttft: np.ndarray,
+    decode_seconds: np.ndarray,
+    output_tokens: np.ndarray,
+    ttft_slo: np.ndarray,
+    tpot_slo: np.ndarray,
+) -> np.ndarray:
+    """vLLM's ``--goodput`` verdict per request: TTFT <= ``ttft_slo`` and, with a per-token
+    objective, mean TPOT ``decode_seconds / (output - 1)`` <= ``tpot_slo`` (0 for a one-token
+    output). NaN objectives: none; completion and relegation are the caller's to add."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output_tokens > 1, decode_seconds / (output_tokens - 1), 0.0)
+        good: np.ndarray = (ttft <= ttft_slo) & (np.isnan(tpot_slo) | (tpot <= tpot_slo))
+    return good
 
 
 def attained_from_gaps(
