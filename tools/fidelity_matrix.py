@@ -90,22 +90,36 @@ def capacity(out: pathlib.Path) -> float:
 
 def scaled_trace(load: int, requests_per_s: float, out: pathlib.Path) -> pathlib.Path:
     """docs' trace-LOAD.csv with its arrivals scaled to arrive at LOAD% of ``requests_per_s``."""
-    with open(TRACES / f"trace-{load}.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    arrivals = [float(r["arrival_time"]) for r in rows]
-    rate = (len(rows) - 1) / (arrivals[-1] - arrivals[0])
-    factor = rate / (load / 100 * requests_per_s)
     path = out / f"trace-{load}.csv"
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row, at in zip(rows, arrivals):
-            writer.writerow({**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"})
+    rows, factor = scaled_rows(TRACES / f"trace-{load}.csv", load / 100 * requests_per_s)
+    write_rows(path, rows)
     print(
         f"{path.name}: {len(rows)} requests at {load / 100 * requests_per_s:.2f} requests/s "
         f"(time axis x {factor:.3f})"
     )
     return path
+
+
+def scaled_rows(source: pathlib.Path, requests_per_s: float) -> tuple[list[dict[str, str]], float]:
+    """A trace's rows with their time axis scaled (about the first arrival) so that they arrive
+    at ``requests_per_s``: the same requests in the same order, only the gaps change; and the
+    factor."""
+    with open(source, newline="") as f:
+        rows = list(csv.DictReader(f))
+    arrivals = [float(r["arrival_time"]) for r in rows]
+    factor = (len(rows) - 1) / (arrivals[-1] - arrivals[0]) / requests_per_s
+    scaled = [
+        {**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"}
+        for row, at in zip(rows, arrivals)
+    ]
+    return scaled, factor
+
+
+def write_rows(path: pathlib.Path, rows: list[dict[str, str]]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def main(argv: list[str]) -> None:

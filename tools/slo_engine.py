@@ -40,6 +40,9 @@ import time
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from fidelity_matrix import scaled_rows, write_rows  # noqa: E402  (a sibling script)
+
 TRACES = HERE.parent / "docs" / "fidelity"
 ENGINE = ["--mode", "mixed", "--max-num-tokens", "256"]
 SIM_ENGINE = [
@@ -103,27 +106,20 @@ def burst(out: pathlib.Path) -> tuple[float, float]:
 def scaled_trace(
     load: int, requests_per_s: float, out: pathlib.Path, step: float, flat: bool = False
 ) -> pathlib.Path:
-    """The trace at ``load``% of the capacity; ``flat``: every priority 0, each request
-    carrying its class's objectives as its own columns (so PRIORITY+PAUSE is FCFS)."""
-    with open(TRACES / "trace-85.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    arrivals = [float(r["arrival_time"]) for r in rows]
-    factor = ((len(rows) - 1) / (arrivals[-1] - arrivals[0])) / (load / 100 * requests_per_s)
+    """The trace at ``load``% of the capacity (fidelity_matrix's scaling); ``flat``: every
+    priority 0, each request carrying its class's objectives as its own columns (so
+    PRIORITY+PAUSE is FCFS)."""
+    rows, _ = scaled_rows(TRACES / "trace-85.csv", load / 100 * requests_per_s)
+    if flat:
+        for row in rows:
+            ttft, tpot = CLASS_STEPS[int(row["priority"])]
+            row |= {
+                "priority": "0",
+                "ttft_slo_ms": f"{ttft * step * 1e3:.1f}",
+                "tpot_slo_ms": f"{tpot * step * 1e3:.1f}",
+            }
     path = out / f"slo-trace-{load}{'-flat' if flat else ''}.csv"
-    fields = list(rows[0]) + (["ttft_slo_ms", "tpot_slo_ms"] if flat else [])
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for row, at in zip(rows, arrivals):
-            row = {**row, "arrival_time": f"{(at - arrivals[0]) * factor:.6f}"}
-            if flat:
-                ttft, tpot = CLASS_STEPS[int(row["priority"])]
-                row |= {
-                    "priority": "0",
-                    "ttft_slo_ms": f"{ttft * step * 1e3:.1f}",
-                    "tpot_slo_ms": f"{tpot * step * 1e3:.1f}",
-                }
-            writer.writerow(row)
+    write_rows(path, rows)
     return path
 
 
