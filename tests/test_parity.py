@@ -155,7 +155,11 @@ def ledger_histories(draw: Any) -> tuple[PlanningCase, list[tuple[list[Any], int
     rows = list(case.rows)
     history = []
     for _ in range(draw(st.integers(2, 8))):
-        step = draw(st.sampled_from(("same", "shuffle", "grow", "shrink", "count", "swap_keys")))
+        step = draw(
+            st.sampled_from(
+                ("same", "shuffle", "grow", "shrink", "count", "swap_keys", "jump", "retire")
+            )
+        )
         if step == "shuffle":
             rows = list(draw(st.permutations(rows)))
         elif step == "grow" and len(rows) < b:
@@ -166,6 +170,17 @@ def ledger_histories(draw: Any) -> tuple[PlanningCase, list[tuple[list[Any], int
             # same slots, reversed arrivals: the previous order is now the worst guess
             arrivals = [r[1] for r in rows][::-1]
             rows = [r[:1] + (a,) + r[2:] for r, a in zip(rows, arrivals)]
+        elif step == "jump" and rows:
+            # a few rows re-ranked far up or down (a deadline level changing), the rest kept:
+            # the sort's split pass takes them out of the run and merges them back
+            rows = list(rows)  # the history keeps the previous list
+            for i in draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=4)):
+                priority = draw(st.sampled_from((-(2**31), -1, 0, 2**24, 2**31 - 1)))
+                rows[i] = (priority,) + rows[i][1:]
+        elif step == "retire" and rows:
+            # the ledger's swap-remove: the last row moves into a retired row's slot
+            i = draw(st.integers(0, len(rows) - 1))
+            rows = rows[:-1] if i == len(rows) - 1 else rows[:i] + [rows[-1]] + rows[i + 1 : -1]
         count = draw(st.integers(0, len(rows))) if step == "count" else None
         history.append((rows, count))
     return case, history
@@ -188,7 +203,7 @@ def test_repeated_calls_never_depend_on_history(compiled, reference, case_histor
 
 
 def test_large_ledger_far_from_previous_order(compiled, reference):
-    """B=512 with a reversed order: the core's insertion sort gives up and merge-sorts."""
+    """B=512 with a reversed order: nearly every row leaves the sort's run and is merge-sorted."""
     from stepplanner import SchedulingOptions, SchedulingPolicy, resolve_scheduling_policy
 
     limits = StepPlannerLimits(512, 64, 16)
@@ -215,3 +230,49 @@ def test_large_ledger_far_from_previous_order(compiled, reference):
         arr = as_resident_array(rows)
         ref = reference.StepPlanner(policy, limits)
         assert outcome(kept, arr) == outcome(ref, arr)
+
+
+def test_large_ledger_rows_moving_between_levels(compiled, reference):
+    """B=512 over 60 calls, each changing the ledger as a deadline ledger's step does: rows
+    retired by swap-remove, new rows, and rows moving between priority levels (a few far, or
+    a band of them at once). The compiled sort keeps the previous call's order and sorts only
+    what moved, at several depths; every plan must equal a fresh reference's."""
+    from stepplanner import (
+        PreemptionMode,
+        SchedulingOptions,
+        SchedulingPolicy,
+        resolve_scheduling_policy,
+    )
+
+    limits = StepPlannerLimits(512, 64, 16)
+    policy = resolve_scheduling_policy(
+        SchedulingOptions(
+            scheduling_policy=SchedulingPolicy.PRIORITY, preemption=PreemptionMode.PAUSE
+        ),
+        limits,
+    )
+    rng = np.random.default_rng(11)
+    levels = np.array([-1, 0, 2**24, 2 * 2**24, 3 * 2**24])
+    stamp = iter(range(10**6))
+
+    def new_row() -> list[int]:
+        decoding = bool(rng.integers(0, 2))
+        return [int(rng.choice(levels)), next(stamp), 8, 8 if decoding else 3, decoding, 0]
+
+    rows = [new_row() for _ in range(500)]
+    kept = compiled.StepPlanner(policy, limits)
+    for call in range(60):
+        for _ in range(int(rng.integers(0, 6))):  # swap-remove retirements
+            i = int(rng.integers(0, len(rows)))
+            rows[i] = rows[-1]
+            rows.pop()
+        while len(rows) < 512 and rng.random() < 0.8:
+            rows.append(new_row())
+        moving = rng.random(len(rows)) < (0.3 if call % 5 == 0 else 0.02)
+        for i in np.flatnonzero(moving):
+            rows[i][0] = int(rng.choice(levels))
+        # and one of the first rows in order: the run's first keys are the merge's edge
+        front = sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1], i))[:3]
+        rows[front[int(rng.integers(0, 3))]][0] = int(rng.choice(levels))
+        arr = as_resident_array([tuple(r) for r in rows])
+        assert outcome(kept, arr) == outcome(reference.StepPlanner(policy, limits), arr), call

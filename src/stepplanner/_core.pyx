@@ -124,20 +124,77 @@ cdef void merge_sort(SortKeyC* keys, SortKeyC* tmp, int32_t count) noexcept nogi
         memcpy(keys, src, <size_t>count * sizeof(SortKeyC))
 
 
+cdef int64_t split_run(SortKeyC* keys, SortKeyC* side, int64_t n) noexcept nogil:
+    """Split keys[:n] in one pass into an increasing run, left in keys[:kept], and the keys
+    that break it, appended to side in their order; returns kept.
+
+    A key below the run's last one means one of the two moved. If it still follows the key
+    before that one, the run's last key is the one that jumped (up) and gives way; otherwise
+    the new key jumped (down) and leaves the run."""
+    cdef SortKeyC held
+    cdef int64_t i, kept = 0, moved = 0
+    for i in range(n):
+        held = keys[i]
+        if kept == 0 or key_less(&keys[kept - 1], &held):
+            keys[kept] = held
+            kept += 1
+        elif kept >= 2 and key_less(&keys[kept - 2], &held):
+            side[moved] = keys[kept - 1]
+            moved += 1
+            keys[kept - 1] = held
+        else:
+            side[moved] = held
+            moved += 1
+    return kept
+
+
+cdef void adaptive_sort(SortKeyC* keys, SortKeyC* spare, int64_t n) noexcept nogil:
+    """Sort keys[:n] (spare: room for n keys): O(n) per level for keys that are sorted but
+    for a few that moved far, and for a few sorted runs laid end to end (rows moving between
+    two levels come out as such runs), O(n log n) when most of them moved.
+
+    The keys that break the run are split off into spare and sorted the same way, with the
+    run's free tail as their room, then merged back from the end. Each level halves the keys
+    at least (more moved than stayed: merge sort), so it recurses at most log2(n) deep."""
+    cdef int64_t kept, moved, i, j, w
+    if n <= MERGE_RUN * 4:
+        insertion_sort(keys, n)
+        return
+    kept = split_run(keys, spare, n)
+    moved = n - kept
+    if moved == 0:
+        return
+    if moved > kept:
+        memcpy(&keys[kept], spare, <size_t>moved * sizeof(SortKeyC))
+        merge_sort(keys, spare, <int32_t>n)
+        return
+    adaptive_sort(spare, &keys[kept], moved)
+    w = n - 1
+    j = moved - 1
+    i = kept - 1
+    while j >= 0:
+        if i >= 0 and key_less(&spare[j], &keys[i]):
+            keys[w] = keys[i]
+            i -= 1
+        else:
+            keys[w] = spare[j]
+            j -= 1
+        w -= 1
+
+
 cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                           ScratchC* s) noexcept nogil:
     """Leave ``s.order`` holding the residents in (priority, arrival, index) order.
 
-    Between engine steps the order barely changes, so the keys are laid out in the previous
-    call's order and insertion-sorted; once that has moved more than about one key per resident
-    the input is far from sorted and a merge sort finishes the job, keeping O(B log B).
+    Between engine steps the order barely changes, but some rows move far: a retired row's
+    slot taken by the ledger's last row, a new row, rows whose rank the ledger changed (a
+    deadline level). So the keys are laid out in the previous call's order and sorted by
+    ``adaptive_sort``, which costs O(B) plus what the moved rows need.
     """
     cdef bint by_priority = cfg.scheduling_policy != POLICY_FCFS  # EDF, DEADLINE: SPEC §7
     cdef SortKeyC* keys = s.keys
     cdef int32_t i, j, idx, k = 0
     cdef int32_t prev = s.order_count
-    cdef int64_t moves = 0
-    cdef int64_t move_budget = <int64_t>count + 16
 
     if prev <= count:
         for j in range(prev):
@@ -155,11 +212,7 @@ cdef void order_residents(const ConfigC* cfg, const ResidentC* residents, int32_
                 keys[k] = make_key(&residents[idx], idx, by_priority)
                 k += 1
 
-    for i in range(1, count):
-        moves += sink(keys, i)
-        if moves > move_budget:
-            merge_sort(keys, s.merge_tmp, count)
-            break
+    adaptive_sort(keys, s.merge_tmp, count)
 
     for k in range(count):
         s.order[k] = <int32_t>(keys[k].lo & 0xFFFFFFFFu)
