@@ -448,6 +448,40 @@ def test_ranker_checks_its_arrays(impl, argument, value, error, match):
         ranker.rank(now=0.0, **args)
 
 
+def test_ranker_admits_counts_steps_exactly():
+    """A prompt of n tokens takes ceil(n / max_chunk_tokens) steps: the compiled pass gets it by
+    a multiplication and a remainder, not a division, and must agree with the twin's exact
+    integers at every chunk boundary (one below, on, one above) and with the direct rule."""
+    limits = sp.StepPlannerLimits(max_batch_size=4, max_input_length=8192, kv_page_size=16)
+    pol = policy("DEADLINE", limits=limits, max_num_tokens=4 + 48, max_chunk_tokens=48)
+    rankers = [m.Ranker(limits, pol, step_time=(0.01, 0.0)) for m in (_ledger, _ledger_py)]
+    est = rankers[0].step_time_estimate
+    for tokens in sorted({0, 1} | {k * 48 + d for k in range(1, 171) for d in (-1, 0, 1)}):
+        steps = -(-tokens // 48)
+        for due in (steps * est, steps * est + 1e-9, steps * est - 1e-9):
+            answers = [r.admits(tokens, due, 0.0) for r in rankers]
+            assert answers == [not steps * est > due] * 2, (tokens, due)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((-1, 1.0, 0.0), ValueError, "prompt_tokens=-1 is negative"),
+        ((2**31, 1.0, 0.0), OverflowError, "prompt_tokens=2147483648 does not fit int32"),
+        ((1.5, 1.0, 0.0), TypeError, "prompt_tokens must be an integer"),
+        ((8, float("nan"), 0.0), ValueError, "first_due=nan is not a time"),
+        ((8, "1.0", 0.0), TypeError, "first_due must be a number of seconds, got str"),
+        ((8, 1.0, float("inf")), ValueError, "now=inf is not a time"),
+    ],
+)
+def test_ranker_admits_checks_its_arguments(impl, args, error, match):
+    ledger_mod, _ = impl
+    ranker = ledger_mod.Ranker(LIMITS, policy("DEADLINE"), step_time=STEP)
+    with pytest.raises(error, match=match):
+        ranker.admits(*args)
+    assert ranker.admits(8, float("inf"), 0.0)  # no objectives: always
+
+
 # --- compiled and twin in lockstep -------------------------------------------------------------
 
 OPS = st.lists(

@@ -76,6 +76,8 @@ ctypedef struct TableC:
     int32_t num_admitted
     double* first_due         # deadlines: the first token's due time (inf: no objectives)
     double* gap               # the per-token objective (0: none)
+    double* due               # the next token's deadline (next_due), kept by admission and
+                              # account; NULL in a Ranker's table (it computes next_due)
     uint64_t* stamp           # the submission stamp (rows' arrival holds the rank under EDF/DEADLINE)
     int32_t* klass            # the request's own priority (rows' priority holds the rank)
     uint8_t* relegated        # DEADLINE gave up on its objectives: served after the rest
@@ -93,6 +95,7 @@ ctypedef struct DeadlineC:
     int32_t sampled           # it has been measured at least once
     int64_t step_tokens       # a full step's tokens (max_num_tokens)
     int64_t chunk             # the most a prompt advances in a step (max_chunk_tokens)
+    double chunk_inverse      # 1.0 / chunk (steps_for multiplies instead of dividing)
     int64_t page_size
     double base               # step_time=(base, per_token): a step of t tokens takes
     double per_token          #   base + per_token * t seconds

@@ -84,6 +84,7 @@ from stepplanner.ledger._shared import (
     STEP_TIME_WEIGHT,
     as_request_id,
     as_time,
+    check_admits_args,
     check_deadline_args,
     check_ledger_args,
     check_rank_arrays,
@@ -113,18 +114,34 @@ cnp.import_array()
 
 IMPLEMENTATION = "compiled"
 cdef uint64_t UINT64_MAX_ = 0xFFFFFFFFFFFFFFFFULL
-# _shared's deadline constants as C values (one definition: _shared.py).
-cdef uint64_t KEY_ZERO_ = KEY_ZERO
-cdef double KEY_SPAN_ = KEY_SPAN
-cdef uint64_t KEY_NONE_ = KEY_NONE
-cdef double EDF_SPAN_ = EDF_SPAN
-cdef int32_t LEVEL_DUE_ = LEVEL_DUE
-cdef int32_t LEVEL_AT_RISK_ = LEVEL_AT_RISK
-cdef int32_t LEVEL_SLACK_ = LEVEL_SLACK
-cdef int32_t LEVEL_RELEGATED_ = LEVEL_RELEGATED
-cdef int32_t LEVEL_STRIDE_ = LEVEL_STRIDE
-cdef int32_t CLASS_SPAN_ = CLASS_SPAN
-cdef double STEP_TIME_WEIGHT_ = STEP_TIME_WEIGHT
+# _shared's deadline constants as C constants: the rank pass multiplies and compares by them
+# every row, and a module global is a load (and an imul by memory) each time. _shared.py holds
+# the one definition; the import below fails if these ever drift from it.
+cdef extern from *:
+    """
+    #define KEY_ZERO_ 2251799813685248ULL          /* 2**51 */
+    #define KEY_SPAN_ 1125899906842624.0           /* 2**50 */
+    #define KEY_NONE_ 4611686018427387904ULL       /* 2**62 */
+    #define EDF_SPAN_ 2147483646.0                 /* 2**31 - 2 */
+    #define LEVEL_DUE_ 0
+    #define LEVEL_AT_RISK_ 1
+    #define LEVEL_SLACK_ 2
+    #define LEVEL_RELEGATED_ 3
+    #define LEVEL_STRIDE_ 16777216                 /* 2**24 */
+    #define CLASS_SPAN_ 8388607                    /* 2**23 - 1 */
+    #define STEP_TIME_WEIGHT_ 0.25
+    """
+    const uint64_t KEY_ZERO_, KEY_NONE_
+    const double KEY_SPAN_, EDF_SPAN_, STEP_TIME_WEIGHT_
+    const int32_t LEVEL_DUE_, LEVEL_AT_RISK_, LEVEL_SLACK_, LEVEL_RELEGATED_
+    const int32_t LEVEL_STRIDE_, CLASS_SPAN_
+
+if (KEY_ZERO_, KEY_SPAN_, KEY_NONE_, EDF_SPAN_, LEVEL_DUE_, LEVEL_AT_RISK_, LEVEL_SLACK_,
+        LEVEL_RELEGATED_, LEVEL_STRIDE_, CLASS_SPAN_, STEP_TIME_WEIGHT_) != (
+        KEY_ZERO, KEY_SPAN, KEY_NONE, EDF_SPAN, LEVEL_DUE, LEVEL_AT_RISK, LEVEL_SLACK,
+        LEVEL_RELEGATED, LEVEL_STRIDE, CLASS_SPAN, STEP_TIME_WEIGHT):
+    raise ImportError("stepplanner.ledger._ledger: its deadline constants differ from "
+                      "stepplanner.ledger._shared's; rebuild the extension")
 
 
 # ============================================================================================
@@ -304,7 +321,8 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         slot = heap.slots[0]
         w = &q.pool[slot]
         if (d.ranking == RANK_DEADLINE and not isnan(now) and h != HEAP_LOSING
-                and now + prompt_seconds(d, w.prompt_length, d.chunk) > w.first_due):
+                and now + prompt_seconds(d, w.prompt_length, d.chunk, d.chunk_inverse)
+                > w.first_due):
             heap_remove(q, slot)
             w.heap = HEAP_LOSING
             heap_push(q, slot)
@@ -333,6 +351,7 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         t.max_new[row] = w.max_new_tokens
         t.done[row] = 0
         t.first_due[row] = w.first_due
+        t.due[row] = w.first_due
         t.gap[row] = w.gap
         t.stamp[row] = w.arrival
         t.klass[row] = w.priority
@@ -426,21 +445,41 @@ cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nog
     return True
 
 
-cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride) noexcept nogil:
-    """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask."""
-    cdef int32_t k, r, n = 0
-    cdef const SequenceC* s
-    for k in range(p.num_prefill + p.num_decode):
-        s = &p.sequences[k]
-        if not s.select_last_token_logits:
+cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
+                  double late_after, bint keep_due) noexcept nogil:
+    """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask.
+
+    ``late_after`` (DEADLINE; NaN: no check) is when the tokens came: a row whose token came
+    after its deadline has lost its objectives and is relegated, in the same pass (the check
+    reads the deadline of the token before it is counted). ``keep_due`` (EDF, DEADLINE): each
+    counted row's ``due`` moves to its next token's deadline, for the rank pass."""
+    # Locals: the byte stores (done, relegated) may alias anything, and would otherwise make C
+    # load every pointer of t again each row.
+    cdef int64_t* generated = t.generated
+    cdef const int64_t* max_new = t.max_new
+    cdef uint8_t* done = t.done
+    cdef const uint8_t* relegated = t.relegated
+    cdef const double* first_due = t.first_due
+    cdef const double* gap = t.gap
+    cdef double* due = t.due
+    cdef const SequenceC* sequences = p.sequences
+    cdef bint check_late = not isnan(late_after)
+    cdef int32_t k, r, n = 0, rows = p.num_prefill + p.num_decode
+    cdef int64_t g
+    for k in range(rows):
+        if not sequences[k].select_last_token_logits:
             continue
-        r = s.resident
-        t.generated[r] += 1
-        if t.done[r]:
+        r = sequences[k].resident
+        if check_late and not relegated[r] and late_after > due[r]:
+            relegate(t, r)
+        g = generated[r] + 1
+        generated[r] = g
+        if keep_due:  # next_due(t, r) for the token after this one, in its order of operations
+            due[r] = first_due[r] + <double>g * gap[r] if gap[r] > 0 else INFINITY
+        if done[r]:
             continue
-        if ((t.max_new[r] > 0 and t.generated[r] >= t.max_new[r])
-                or (mask != NULL and mask[k * stride] != 0)):
-            t.done[r] = 1
+        if (max_new[r] > 0 and g >= max_new[r]) or (mask != NULL and mask[k * stride] != 0):
+            done[r] = 1
             t.num_done += 1
             t.finished[n] = t.ids[r]
             n += 1
@@ -473,6 +512,7 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
                 t.max_new[row] = t.max_new[last]
                 t.done[row] = t.done[last]
                 t.first_due[row] = t.first_due[last]
+                t.due[row] = t.due[last]
                 t.gap[row] = t.gap[last]
                 t.stamp[row] = t.stamp[last]
                 t.klass[row] = t.klass[last]
@@ -497,9 +537,24 @@ cdef inline double step_estimate(const DeadlineC* d) noexcept nogil:
     return d.base + d.per_token * <double>d.step_tokens
 
 
-cdef inline double prompt_seconds(const DeadlineC* d, int64_t tokens, int64_t chunk) noexcept nogil:
-    """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
-    return <double>((tokens + chunk - 1) // chunk) * step_estimate(d)
+cdef inline int64_t steps_for(int64_t tokens, int64_t chunk, double inverse) noexcept nogil:
+    """ceil(tokens / chunk), exactly, for 0 <= tokens < 2**31 and ``inverse`` = 1.0 / chunk.
+
+    The rank pass asks it for every waiting prompt every step, and a 64-bit division costs tens
+    of cycles where a multiply costs a few. The product is within tokens x 2**-52 < 2**-21 of
+    the quotient k + r / chunk (r = tokens mod chunk): with r >= 1 that is less than r / chunk
+    and less than (chunk - r) / chunk, so it truncates to k exactly and the remainder r > 0
+    adds one; with r = 0 it truncates to k or k - 1, and the remainder (0, or chunk) makes
+    either k. tests/test_deadlines.py checks every chunk boundary against exact integers."""
+    cdef int64_t q = <int64_t>(<double>tokens * inverse)
+    return q + (tokens - q * chunk > 0)
+
+
+cdef inline double prompt_seconds(const DeadlineC* d, int64_t tokens, int64_t chunk,
+                                  double inverse) noexcept nogil:
+    """A prompt of ``tokens`` at ``chunk`` tokens a step (``inverse`` = 1.0 / chunk): steps x
+    the step estimate."""
+    return <double>steps_for(tokens, chunk, inverse) * step_estimate(d)
 
 
 cdef inline double next_due(const TableC* t, int32_t r) noexcept nogil:
@@ -522,9 +577,8 @@ cdef inline uint64_t slack_key(double slack) noexcept nogil:
     return <uint64_t>(KEY_ZERO_ + <int64_t>clamp(slack * 1e6, KEY_SPAN_))
 
 
-cdef inline int32_t ranked_priority(const TableC* t, int32_t r, int32_t level) noexcept nogil:
-    """DEADLINE's priority for row ``r`` at ``level``: the level, then the row's own class."""
-    cdef int32_t k = t.klass[r]
+cdef inline int32_t ranked_priority(int32_t k, int32_t level) noexcept nogil:
+    """DEADLINE's priority for a row of class ``k`` at ``level``: the level, then the class."""
     k = CLASS_SPAN_ if k > CLASS_SPAN_ else (-CLASS_SPAN_ if k < -CLASS_SPAN_ else k)
     return level * LEVEL_STRIDE_ + k
 
@@ -543,66 +597,99 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     microseconds (least slack first), a decode's or a relegated row's stamp, and for rows
     without a deadline their stamp after every keyed row; a prompt that cannot make its first
     token even if served at once is relegated here."""
-    cdef double est = step_estimate(d), due, slack, urgent
-    cdef int32_t r, decoding = 0
-    cdef int64_t rest, normal
+    # Everything the loop reads, in locals: a store into a row (and relegate's byte store, which
+    # may alias anything) would otherwise make C load every pointer of t and d again each row.
+    cdef ResidentC* rows = t.rows
+    cdef const uint8_t* relegated = t.relegated
+    cdef const double* first_due = t.first_due
+    cdef const double* gap = t.gap
+    cdef const double* kept_due = t.due
+    cdef const int64_t* generated = t.generated
+    cdef const uint64_t* stamp = t.stamp
+    cdef const int32_t* klass = t.klass
+    cdef int32_t count = t.count
+    cdef double est = step_estimate(d), due, urgent, urgent_normal, normal_inverse
+    cdef double chunk_inverse = d.chunk_inverse
+    cdef int64_t chunk = d.chunk, rest, normal, g
+    cdef int32_t r, decoding = 0, level
     cdef ResidentC* row
-    for r in range(t.count):
-        decoding += t.rows[r].context_committed != 0
-    normal = max(d.page_size, min(d.chunk, d.step_tokens - decoding))
-    for r in range(t.count):
-        row = &t.rows[r]
-        due = next_due(t, r) if row.context_committed else t.first_due[r]
-        if d.ranking == RANK_EDF:
+    if d.ranking == RANK_EDF:
+        for r in range(count):
+            row = &rows[r]
+            due = next_due(t, r) if row.context_committed else first_due[r]
             if due == INFINITY:
                 row.priority = INT32_MAX
             else:
                 row.priority = <int32_t>clamp((due - now) * 1000.0, EDF_SPAN_)
-            row.arrival = t.stamp[r]
+            row.arrival = stamp[r]
+        return
+    # The normal pace: the chunk, unless decodes leave less room. They never do under a policy
+    # resolved for MIXED (max_chunk_tokens <= max_num_tokens - B), so the pass over the rows that
+    # counts them runs only when they could (PREFILL_FIRST with a small max_step_tokens).
+    if d.step_tokens - count >= chunk:
+        normal = chunk
+    else:
+        for r in range(count):
+            decoding += rows[r].context_committed != 0
+        normal = max(d.page_size, min(chunk, d.step_tokens - decoding))
+    normal_inverse = 1.0 / <double>normal  # once a pass: steps_for multiplies by it
+    for r in range(count):
+        row = &rows[r]
+        if relegated[r]:
+            row.priority = ranked_priority(klass[r], LEVEL_RELEGATED_)
+            row.arrival = stamp[r]
             continue
-        if t.relegated[r]:
-            row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
-            row.arrival = t.stamp[r]
-        elif due == INFINITY:
-            row.priority = ranked_priority(t, r, LEVEL_SLACK_)
-            row.arrival = KEY_NONE_ + min(t.stamp[r], KEY_NONE_ - 1)
-        elif row.context_committed:
+        if row.context_committed:
+            # next_due: kept by the ledger as tokens are counted; a Ranker's table computes it.
+            if kept_due != NULL:
+                due = kept_due[r]
+            else:
+                g = generated[r]
+                if g == 0:
+                    due = first_due[r]
+                elif gap[r] > 0:
+                    due = first_due[r] + <double>g * gap[r]
+                else:
+                    due = INFINITY
             if due < now:
                 # Its next token is already late whenever it comes: as lost as a late one (the
                 # Ranker's runtime has no apply to see the late token itself).
                 relegate(t, r)
-                row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
-                row.arrival = t.stamp[r]
+                level = LEVEL_RELEGATED_
+            elif due == INFINITY:
+                row.priority = ranked_priority(klass[r], LEVEL_SLACK_)
+                row.arrival = KEY_NONE_ + min(stamp[r], KEY_NONE_ - 1)
                 continue
-            # A decode's place within its level changes no plan (every active decode gets a row,
-            # after the chunks): its stamp keeps the order, and so the planner's sort, steady.
-            slack = due - now - est
-            row.priority = ranked_priority(t, r, LEVEL_DUE_ if slack < est else LEVEL_SLACK_)
-            row.arrival = t.stamp[r]
-        else:
-            rest = <int64_t>row.prompt_length - row.committed
-            urgent = prompt_seconds(d, rest, d.chunk)
-            if now + urgent > due:
-                relegate(t, r)
-                row.priority = ranked_priority(t, r, LEVEL_RELEGATED_)
-                row.arrival = t.stamp[r]
             else:
-                row.priority = ranked_priority(
-                    t, r, LEVEL_AT_RISK_ if now + prompt_seconds(d, rest, normal) + est > due
-                    else LEVEL_SLACK_)
-                row.arrival = slack_key(due - now - urgent)
-
-
-cdef void mark_late(TableC* t, const PlanC* p, double now) noexcept nogil:
-    """DEADLINE: a row whose token (emitted by ``p``, at ``now``) came after its deadline has
-    lost its objectives; before ``account`` counts the token."""
-    cdef int32_t k, r
-    for k in range(p.num_prefill + p.num_decode):
-        if not p.sequences[k].select_last_token_logits:
+                # A decode's place within its level changes no plan (every active decode gets
+                # a row, after the chunks): its stamp keeps the order, and so the planner's
+                # sort, steady.
+                level = LEVEL_DUE_ if due - now - est < est else LEVEL_SLACK_
+            row.priority = ranked_priority(klass[r], level)
+            row.arrival = stamp[r]
             continue
-        r = p.sequences[k].resident
-        if not t.relegated[r] and now > next_due(t, r):
+        due = first_due[r]
+        if due == INFINITY:
+            row.priority = ranked_priority(klass[r], LEVEL_SLACK_)
+            row.arrival = KEY_NONE_ + min(stamp[r], KEY_NONE_ - 1)
+            continue
+        # prompt_seconds, over the locals.
+        rest = <int64_t>row.prompt_length - row.committed
+        urgent = <double>steps_for(rest, chunk, chunk_inverse) * est
+        if now + urgent > due:
             relegate(t, r)
+            row.priority = ranked_priority(klass[r], LEVEL_RELEGATED_)
+            row.arrival = stamp[r]
+        else:
+            # At the normal pace: most steps it is the urgent pace (decodes leave a chunk's
+            # room), and the product is the same.
+            if normal != chunk:
+                urgent_normal = <double>steps_for(rest, normal, normal_inverse) * est
+            else:
+                urgent_normal = urgent
+            level = LEVEL_AT_RISK_ if now + urgent_normal + est > due else LEVEL_SLACK_
+            row.priority = ranked_priority(klass[r], level)
+            row.arrival = slack_key(due - now - urgent)
 
 
 cdef dict set_deadlines(DeadlineC* d, object limits, object policy, object slo_classes,
@@ -612,6 +699,7 @@ cdef dict set_deadlines(DeadlineC* d, object limits, object policy, object slo_c
     cdef dict classes
     (d.ranking, classes, d.base, d.per_token, d.measured, d.step_tokens,
      d.chunk) = check_deadline_args(policy, limits, slo_classes, step_time)
+    d.chunk_inverse = 1.0 / <double>d.chunk
     d.page_size = limits.kv_page_size
     d.last_now = NAN
     d.estimate = 0.0
@@ -661,6 +749,13 @@ cdef _CoreMemory _int64_memory(int32_t n, int64_t** data):
     cdef _CoreMemory memory = _CoreMemory(max(n, 1) * <Py_ssize_t>sizeof(int64_t))
     data[0] = <int64_t*>memory.data
     return memory
+
+
+cdef inline double now_of(object now) except? -1.0:
+    """``now`` as ``as_time`` checks it, without its Python call for the loop's own float."""
+    if type(now) is float and isfinite(<double>now):
+        return <double>now
+    return as_time("now", now)
 
 
 cdef inline bint _intact(object view, object descr, Py_ssize_t n, const void* data,
@@ -766,6 +861,7 @@ cdef class Ledger:
         self.t.cancelled = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.first_due = <double*>PyMem_Calloc(b, sizeof(double))
         self.t.gap = <double*>PyMem_Calloc(b, sizeof(double))
+        self.t.due = <double*>PyMem_Calloc(b, sizeof(double))
         self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
         self.t.klass = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
@@ -795,6 +891,7 @@ cdef class Ledger:
             raise MemoryError("the ledger's lock could not be allocated")
         if (self.t.max_new == NULL or self.t.done == NULL or self.t.mark == NULL
                 or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
+                or self.t.due == NULL
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
@@ -815,6 +912,7 @@ cdef class Ledger:
         self._relegated_views = [None] * (b + w + 1)
         for i in range(b):
             self.t.first_due[i] = INFINITY
+            self.t.due[i] = INFINITY
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                  slo_classes=None, step_time=None):
@@ -831,6 +929,7 @@ cdef class Ledger:
         PyMem_Free(self.t.cancelled)
         PyMem_Free(self.t.first_due)
         PyMem_Free(self.t.gap)
+        PyMem_Free(self.t.due)
         PyMem_Free(self.t.stamp)
         PyMem_Free(self.t.klass)
         PyMem_Free(self.t.relegated)
@@ -1249,9 +1348,8 @@ cdef class Ledger:
             # known to be in range again.
             self._check_plan_rows(p)
         self._pending = None
-        if self.d.ranking == RANK_DEADLINE and not isnan(now):
-            mark_late(&self.t, p, now)
-        account(&self.t, p, mask, stride)
+        account(&self.t, p, mask, stride, now if self.d.ranking == RANK_DEADLINE else NAN,
+                self.d.ranking != RANK_NONE)
         self._foreign_arrays = None
         if retire and self.t.num_done:
             self._remove_marked(self.t.done, self.t.num_done)
@@ -1285,7 +1383,7 @@ cdef class Ledger:
         does before it plans); a no-op under FCFS and PRIORITY."""
         self._acquire(CALL_QUIET)
         try:
-            when = as_time("now", now)
+            when = now_of(now)
             self.t.num_relegated = 0
             if self.d.ranking != RANK_NONE:
                 rank_rows(&self.t, &self.d, when)
@@ -1299,7 +1397,7 @@ cdef class Ledger:
         itself; a runtime that plans with ``admit``/``rank``/``apply`` calls it once a step."""
         self._acquire(CALL_QUIET)
         try:
-            measure_step(&self.d, as_time("now", now), bool(ran))
+            measure_step(&self.d, now_of(now), bool(ran))
         finally:
             self._release()
 
@@ -1447,6 +1545,7 @@ cdef class Ledger:
         memset(self.t.gap, 0, self.t.capacity * sizeof(double))
         for row in range(self.t.capacity):
             self.t.first_due[row] = INFINITY
+            self.t.due[row] = INFINITY
         self.t.num_done = self.t.num_finished = self.t.num_admitted = self.t.num_cancelled = 0
         self.t.count = n
         if n:
@@ -1521,16 +1620,17 @@ cdef class Ranker:
     def measure(self, now, ran=True):
         """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
         (``step_time=None``) moves towards the time since the previous one."""
-        measure_step(&self.d, as_time("now", now), bool(ran))
+        measure_step(&self.d, now_of(now), bool(ran))
 
     def admits(self, prompt_tokens, first_due, now):
         """Whether a waiting prompt can still make its first token in time if served at once
         (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
-        cdef int64_t tokens = as_int("prompt_tokens", prompt_tokens)
-        cdef double due = float(first_due), when = as_time("now", now)
+        cdef int64_t tokens
+        cdef double due, when
+        tokens, due, when = check_admits_args(prompt_tokens, first_due, now)
         if self.d.ranking != RANK_DEADLINE:
             return True
-        return not when + prompt_seconds(&self.d, tokens, self.d.chunk) > due
+        return not when + prompt_seconds(&self.d, tokens, self.d.chunk, self.d.chunk_inverse) > due
 
     def rank(self, rows, first_due, gap, generated, stamp, relegated, now, *, classes=None):
         """Write ``rows``' priority and arrival as the ledger does before it plans; returns the
@@ -1539,7 +1639,7 @@ cdef class Ranker:
         FCFS/PRIORITY."""
         cdef int32_t n = check_rank_arrays(rows, (first_due, gap, generated, stamp, relegated),
                                            self.limits.max_batch_size, classes)
-        cdef double when = as_time("now", now)
+        cdef double when = now_of(now)
         cdef TableC t
         memset(&t, 0, sizeof(TableC))
         if self.d.ranking == RANK_NONE:

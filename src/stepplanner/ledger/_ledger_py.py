@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import _errors
-from ..planner._fields import as_int
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._slo import check_slo_classes, due_of
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
@@ -37,6 +36,7 @@ from ._shared import (
     UINT64_MAX,
     as_request_id,
     as_time,
+    check_admits_args,
     check_deadline_args,
     check_ledger_args,
     check_page_table,
@@ -809,8 +809,7 @@ class Ranker:
     def admits(self, prompt_tokens: int, first_due: float, now: float) -> bool:
         """Whether a waiting prompt can still make its first token in time if served at once
         (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
-        tokens = as_int("prompt_tokens", prompt_tokens)
-        due, when = float(first_due), as_time("now", now)
+        tokens, due, when = check_admits_args(prompt_tokens, first_due, now)
         if self._d.ranking != RANK_DEADLINE:
             return True
         return not when + self._d.prompt_seconds(tokens, self._d.chunk) > due

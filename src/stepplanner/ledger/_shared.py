@@ -230,6 +230,28 @@ def request_deadlines(
     return slo_fields(chosen, arrival)
 
 
+def check_admits_args(
+    prompt_tokens: object, first_due: object, now: object
+) -> tuple[int, float, float]:
+    """``Ranker.admits``' arguments: a prompt of 0..INT32_MAX tokens (a ledger row's
+    ``prompt_length``), a first-token deadline (a number; ``inf``: none) and ``now``."""
+    tokens = as_int32("prompt_tokens", prompt_tokens)
+    if tokens < 0:
+        raise _errors.StepPlannerValueError(
+            f"prompt_tokens={tokens} is negative; allowed: 0..{_errors.INT32_MAX}"
+        )
+    if isinstance(first_due, bool) or not isinstance(first_due, (int, float)):
+        raise _errors.StepPlannerTypeError(
+            f"first_due must be a number of seconds, got {type(first_due).__name__}"
+        )
+    due = float(first_due)
+    if due != due:
+        raise _errors.StepPlannerValueError(
+            f"first_due={first_due!r} is not a time; allowed: a number of seconds (inf: none)"
+        )
+    return tokens, due, as_time("now", now)
+
+
 def optional_now(call: str, now: object, ranking: int, needed: int) -> float | None:
     """``now`` as a float; ``None`` when not given and the ledger's ranking needs none here
     (``needed``: the least ranking that requires it)."""
