@@ -70,3 +70,22 @@ def test_the_step_inputs_loop_times_every_steady_step() -> None:
     lines = proc.stdout.splitlines()
     assert lines[0] == "B=16, 1 x 104 steady steps per layout; medians:"
     assert [line.split()[0] for line in lines[2:]] == ["all", "flash_attn", "flashinfer"]
+
+
+def test_deadline_cost_pairs_rounds_of_both_policies() -> None:
+    """bench --deadline-cost on a small engine: both policies ran busy steps in the same rounds,
+    the ratio is the rounds' median, and the plans (hence what a busy step did) are the same
+    in every repeat, only the timings differ."""
+    from stepplanner.bench import deadline
+
+    first = deadline.measure_case(16, 1.5, 400, repeats=2)
+    again = deadline.measure_case(16, 1.5, 400, repeats=1)
+    assert first.rounds > 0 and min(first.busy_steps) > 0
+    assert first.ratio_quartiles[0] <= first.ratio <= first.ratio_quartiles[1]
+    assert 0 < first.rank_ns and 16 * deadline.BUSY <= first.rank_rows <= 16
+    assert (first.busy_steps, first.decode_rows, first.paused_rows) == (
+        again.busy_steps,
+        again.decode_rows,
+        again.paused_rows,
+    )
+    assert "deadline-aware host step" in deadline.render_deadline_cost([first])

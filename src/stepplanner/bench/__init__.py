@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m stepplanner.bench
             print(
                 json.dumps(
                     {
-                        "costs": [asdict(c) | {"ratio": c.ratio} for c in costs],
+                        "costs": [asdict(c) for c in costs],
                         "deadline_step_allocated_bytes": allocated,
                     },
                     indent=2,

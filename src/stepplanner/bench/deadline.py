@@ -6,11 +6,13 @@ one engine twice, once scheduled by static PRIORITY+PAUSE and once by DEADLINE+P
 load past saturation that keeps every slot busy for most of the run (1.2x at B = 256, 2x at
 B = 1024: an engine of 1024 slots serves little more than one of 256, so it fills only under
 more load). Each run is the simulator's own loop, which times every ``ledger.step`` (apply,
-count, retire, admit, rank, plan) with ``perf_counter_ns``; the two runs advance in turns of
-``TURN_STEPS`` steps in one process, so that a slow spell of a shared machine falls on both.
-The figure per policy is the median host step over the steps with at least ``BUSY`` of the
-slots occupied (the steps a full engine runs), beside what each step did (rows decoded and
-paused): the policies plan different steps from the same arrivals, as they would in a runtime.
+count, retire, admit, rank, plan) with ``perf_counter_ns``; the two runs advance in rounds of
+``TURN_STEPS`` steps each, in one process. A step counts when at least ``BUSY`` of the slots
+are occupied (the steps a full engine runs). The ratio is the median over rounds of the two
+policies' median busy step in that round: each round pairs the same fraction of a second of a
+shared machine, whose speed drifts by more than the difference measured. Beside it, what a busy
+step did (rows decoded and paused): the policies plan different steps from the same arrivals, as
+they would in a runtime.
 
 ``ledger.rank(now)`` alone (the pass DEADLINE adds, its Python call included) is timed on the
 DEADLINE run's ledger between turns while it is busy; a rank at the step's own ``now`` is what
@@ -47,36 +49,35 @@ TARGET_DEADLINE_OVER_PRIORITY = 1.3
 BUSY = 15 / 16  # a step counts when at least this share of the slots is occupied
 TURN_STEPS = 200
 RANK_CALLS = 50
-REPEATS = 3  # runs per engine; the figures are the medians, the ratio's range beside them
+REPEATS = 3  # runs per engine (the same plans each time: only the timings differ)
+MIN_PAIRED = 20  # busy steps each policy needs in a round for the round's ratio to count
 POLICIES = {
     "priority": SchedulingPolicy.PRIORITY,
     "deadline": SchedulingPolicy.DEADLINE,
 }
 # The records' columns (simulator.SimulationRun._step): decode rows, paused rows, residents,
 # host step ns.
-_DECODE, _PAUSED, _COUNT, _STEP_NS = 5, 6, 7, 9
+_DECODE, _PAUSED, _COUNT, _STEP_NS, _COLUMNS = 5, 6, 7, 9, 10
 
 
 @dataclass
 class DeadlineCost:
-    """One engine: both policies' median host step over their busy steps, and what it did."""
+    """One engine: both policies' median host step over their busy steps, the ratio of the
+    rounds that paired them, and what a busy step did."""
 
     batch: int
     load: float
     saturation_rps: float
-    priority_ns: float
+    priority_ns: float  # median over busy steps (the median of the repeats')
     deadline_ns: float
+    ratio: float  # DEADLINE / PRIORITY: the median over the paired rounds
+    ratio_quartiles: tuple[float, float]  # the 25th and 75th percentiles of the rounds' ratios
+    rounds: int  # paired rounds, over all repeats
     rank_ns: float  # ledger.rank(now) alone on the busy DEADLINE ledger, its call included
     rank_rows: float  # residents when it was timed (median)
-    ratio_range: tuple[float, float]  # the lowest and highest ratio of the repeats
-    busy_steps: tuple[int, int]  # (priority, deadline)
+    busy_steps: tuple[int, int]  # (priority, deadline), one repeat
     decode_rows: tuple[float, float]  # mean decode rows per busy step
     paused_rows: tuple[float, float]  # mean paused rows per busy step
-
-    @property
-    def ratio(self) -> float:
-        """Of the two medians (each over the repeats' medians)."""
-        return self.deadline_ns / self.priority_ns
 
     @property
     def rank_ns_per_row(self) -> float:
@@ -104,25 +105,35 @@ def _time_rank(run: Any, calls: int = RANK_CALLS) -> float:
 
 def _one_run(
     workload: Any, limits: StepPlannerLimits
-) -> tuple[dict[str, np.ndarray], list[float], list[int]]:
-    """Both policies over ``workload`` in turns: each one's busy records, and the rank timings."""
+) -> tuple[dict[str, np.ndarray], list[float], list[float], list[int]]:
+    """Both policies over ``workload`` in turns: each one's busy records, the ratio of each
+    round in which both ran ``MIN_PAIRED`` busy steps or more (their medians: the same moment
+    of the machine for both), and the rank timings."""
     runs = {name: _run(workload, limits, policy) for name, policy in POLICIES.items()}
     running = dict.fromkeys(runs, True)
+    paired: list[float] = []
     rank_ns: list[float] = []
     rank_rows: list[int] = []
     busy_count = BUSY * limits.max_batch_size
     while any(running.values()):
+        this_round: dict[str, np.ndarray] = {}
         for name, run in runs.items():
+            start = len(run.records)
             if running[name]:
-                running[name] = run.loop(len(run.records) + TURN_STEPS, None, None, 1 << 30)
+                running[name] = run.loop(start + TURN_STEPS, None, None, 1 << 30)
+            turn = np.array(run.records[start:], dtype=np.float64).reshape(-1, _COLUMNS)
+            this_round[name] = turn[turn[:, _COUNT] >= busy_count, _STEP_NS]
             if name == "deadline" and running[name] and run.ledger.count >= busy_count:
                 rank_ns.append(_time_rank(run))
                 rank_rows.append(run.ledger.count)
+        p, d = this_round["priority"], this_round["deadline"]
+        if len(p) >= MIN_PAIRED and len(d) >= MIN_PAIRED:
+            paired.append(float(np.median(d) / np.median(p)))
     busy: dict[str, np.ndarray] = {}
     for name, run in runs.items():
         table = np.array(run.records, dtype=np.float64)
         busy[name] = table[table[:, _COUNT] >= busy_count]
-    return busy, rank_ns, rank_rows
+    return busy, paired, rank_ns, rank_rows
 
 
 def measure_case(batch: int, load: float, requests: int, repeats: int = REPEATS) -> DeadlineCost:
@@ -139,23 +150,25 @@ def measure_case(batch: int, load: float, requests: int, repeats: int = REPEATS)
     rank_ns: list[float] = []
     rank_rows: list[int] = []
     for _ in range(repeats):  # the same plans every time: only the timings differ
-        busy, ranks, rows = _one_run(workload, limits)
-        medians = {name: float(np.median(busy[name][:, _STEP_NS])) for name in POLICIES}
+        busy, paired, ranks, rows = _one_run(workload, limits)
         for name in POLICIES:
-            steps[name].append(medians[name])
-        ratios.append(medians["deadline"] / medians["priority"])
+            steps[name].append(float(np.median(busy[name][:, _STEP_NS])))
+        ratios += paired
         rank_ns += ranks
         rank_rows += rows
     p, d = busy["priority"], busy["deadline"]
+    quartiles = np.percentile(ratios, [25, 50, 75]) if ratios else [float("nan")] * 3
     return DeadlineCost(
         batch,
         load,
         saturation,
         statistics.median(steps["priority"]),
         statistics.median(steps["deadline"]),
+        float(quartiles[1]),
+        (float(quartiles[0]), float(quartiles[2])),
+        len(ratios),
         statistics.median(rank_ns) if rank_ns else float("nan"),
         statistics.median(rank_rows) if rank_rows else 0.0,
-        (min(ratios), max(ratios)),
         (len(p), len(d)),
         (float(p[:, _DECODE].mean()), float(d[:, _DECODE].mean())),
         (float(p[:, _PAUSED].mean()), float(d[:, _PAUSED].mean())),
@@ -174,16 +187,18 @@ def render_deadline_cost(costs: Sequence[DeadlineCost]) -> str:
         "deadline-aware host step: the embedded workload (three classes, default objectives) "
         "past saturation, PRIORITY+PAUSE and DEADLINE+PAUSE in turns (median ns per ledger.step "
         "over the steps with every slot or nearly busy)",
-        f"{'B':>6}{'load':>6}{'priority':>10}{'deadline':>10}{'ratio':>7}{'range':>12}{'rank':>8}"
+        f"{'B':>6}{'load':>6}{'priority':>10}{'deadline':>10}{'ratio':>7}{'quartiles':>12}{'rank':>8}"
         f"{'ns/row':>8}{'busy steps p/d':>16}{'decodes p/d':>14}{'paused p/d':>13}",
-        f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g}; {REPEATS} runs each, medians, "
-        "range: the runs' ratios; rank: ledger.rank alone on the busy DEADLINE ledger, its "
+        f"  (target: ratio <= {TARGET_DEADLINE_OVER_PRIORITY:g}; ratio: the median of the "
+        f"rounds' ratios over {REPEATS} runs, each round's the two policies' {TURN_STEPS} "
+        "steps taken in turn; quartiles: of those; rank: ledger.rank alone on the busy "
+        "DEADLINE ledger, its "
         "call included; decodes, paused: rows a busy step)",
     ]
     for c in costs:
         lines.append(
             f"{c.batch:>6}{c.load:>5g}x{c.priority_ns:>10,.0f}{c.deadline_ns:>10,.0f}"
-            f"{c.ratio:>7.2f}{c.ratio_range[0]:>7.2f}-{c.ratio_range[1]:<4.2f}"
+            f"{c.ratio:>7.2f}{c.ratio_quartiles[0]:>7.2f}-{c.ratio_quartiles[1]:<4.2f}"
             f"{c.rank_ns:>8,.0f}{c.rank_ns_per_row:>8.2f}"
             f"{c.busy_steps[0]:>8}/{c.busy_steps[1]:<7}"
             f"{c.decode_rows[0]:>7.0f}/{c.decode_rows[1]:<6.0f}"

@@ -449,10 +449,10 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
                   double late_after, bint keep_due) noexcept nogil:
     """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask.
 
-    ``late_after`` (DEADLINE; NaN: no check) is when the tokens came: a row whose token came
-    after its deadline has lost its objectives and is relegated, in the same pass (the check
-    reads the deadline of the token before it is counted). ``keep_due`` (EDF, DEADLINE): each
-    counted row's ``due`` moves to its next token's deadline, for the rank pass."""
+    ``keep_due`` (EDF, DEADLINE): each counted row's ``due`` moves to its next token's
+    deadline, for the rank pass. ``late_after`` (DEADLINE; NaN: no check) is when the tokens
+    came: a row whose token came after its deadline (``due`` before it moves) has lost its
+    objectives and is relegated, in the same pass; a relegated row's ``due`` is read no more."""
     # Locals: the byte stores (done, relegated) may alias anything, and would otherwise make C
     # load every pointer of t again each row.
     cdef int64_t* generated = t.generated
@@ -470,12 +470,13 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
         if not sequences[k].select_last_token_logits:
             continue
         r = sequences[k].resident
-        if check_late and not relegated[r] and late_after > due[r]:
-            relegate(t, r)
         g = generated[r] + 1
         generated[r] = g
-        if keep_due:  # next_due(t, r) for the token after this one, in its order of operations
-            due[r] = first_due[r] + <double>g * gap[r] if gap[r] > 0 else INFINITY
+        if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
+            if check_late and late_after > due[r]:
+                relegate(t, r)
+            else:  # next_due(t, r) for the token after this one, in its order of operations
+                due[r] = first_due[r] + <double>g * gap[r] if gap[r] > 0 else INFINITY
         if done[r]:
             continue
         if (max_new[r] > 0 and g >= max_new[r]) or (mask != NULL and mask[k * stride] != 0):
