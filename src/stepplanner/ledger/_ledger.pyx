@@ -107,7 +107,6 @@ from stepplanner.ledger._shared import (
     submission,
 )
 from stepplanner.planner import _types
-from stepplanner.planner._fields import as_int
 from stepplanner.planner._policy import ResolvedSchedulingPolicy
 
 cnp.import_array()
@@ -628,7 +627,7 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     # resolved for MIXED (max_chunk_tokens <= max_num_tokens - B), so the pass over the rows that
     # counts them runs only when they could (PREFILL_FIRST with a small max_step_tokens).
     if d.step_tokens - count >= chunk:
-        normal = chunk
+        normal = max(d.page_size, chunk)  # the formula below with room for a chunk
     else:
         for r in range(count):
             decoding += rows[r].context_committed != 0
