@@ -65,21 +65,16 @@ cdef inline SortKeyC make_key(const ResidentC* row, int32_t index, bint by_prior
     return key
 
 
-cdef inline int64_t sink(SortKeyC* keys, int64_t i) noexcept nogil:
-    """Move keys[i] down into the sorted keys[:i]; returns how many places it moved."""
-    cdef SortKeyC held = keys[i]
-    cdef int64_t j = i
-    while j > 0 and key_less(&held, &keys[j - 1]):
-        keys[j] = keys[j - 1]
-        j -= 1
-    keys[j] = held
-    return i - j
-
-
 cdef inline void insertion_sort(SortKeyC* keys, int64_t count) noexcept nogil:
-    cdef int64_t i
+    cdef SortKeyC held
+    cdef int64_t i, j
     for i in range(1, count):
-        sink(keys, i)
+        held = keys[i]
+        j = i
+        while j > 0 and key_less(&held, &keys[j - 1]):
+            keys[j] = keys[j - 1]
+            j -= 1
+        keys[j] = held
 
 
 cdef void merge_sort(SortKeyC* keys, SortKeyC* tmp, int32_t count) noexcept nogil:

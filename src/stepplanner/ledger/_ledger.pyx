@@ -458,8 +458,6 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
     cdef const int64_t* max_new = t.max_new
     cdef uint8_t* done = t.done
     cdef const uint8_t* relegated = t.relegated
-    cdef const double* first_due = t.first_due
-    cdef const double* gap = t.gap
     cdef double* due = t.due
     cdef const SequenceC* sequences = p.sequences
     cdef bint check_late = not isnan(late_after)
@@ -474,8 +472,8 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
         if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
             if check_late and late_after > due[r]:
                 relegate(t, r)
-            else:  # next_due(t, r) for the token after this one, in its order of operations
-                due[r] = first_due[r] + <double>g * gap[r] if gap[r] > 0 else INFINITY
+            else:
+                due[r] = next_due(t, r)  # the token after this one
         if done[r]:
             continue
         if (max_new[r] > 0 and g >= max_new[r]) or (mask != NULL and mask[k * stride] != 0):
@@ -602,15 +600,13 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     cdef ResidentC* rows = t.rows
     cdef const uint8_t* relegated = t.relegated
     cdef const double* first_due = t.first_due
-    cdef const double* gap = t.gap
     cdef const double* kept_due = t.due
-    cdef const int64_t* generated = t.generated
     cdef const uint64_t* stamp = t.stamp
     cdef const int32_t* klass = t.klass
     cdef int32_t count = t.count
     cdef double est = step_estimate(d), due, urgent, urgent_normal, normal_inverse
     cdef double chunk_inverse = d.chunk_inverse
-    cdef int64_t chunk = d.chunk, rest, normal, g
+    cdef int64_t chunk = d.chunk, rest, normal
     cdef int32_t r, decoding = 0, level
     cdef ResidentC* row
     if d.ranking == RANK_EDF:
@@ -640,17 +636,8 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.arrival = stamp[r]
             continue
         if row.context_committed:
-            # next_due: kept by the ledger as tokens are counted; a Ranker's table computes it.
-            if kept_due != NULL:
-                due = kept_due[r]
-            else:
-                g = generated[r]
-                if g == 0:
-                    due = first_due[r]
-                elif gap[r] > 0:
-                    due = first_due[r] + <double>g * gap[r]
-                else:
-                    due = INFINITY
+            # Kept by the ledger as tokens are counted; a Ranker's table has none.
+            due = kept_due[r] if kept_due != NULL else next_due(t, r)
             if due < now:
                 # Its next token is already late whenever it comes: as lost as a late one (the
                 # Ranker's runtime has no apply to see the late token itself).
