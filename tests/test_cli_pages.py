@@ -195,7 +195,6 @@ def test_compare_refuses_a_bad_pool_before_running(
         raise AssertionError("a configuration ran before every pool was checked")
 
     monkeypatch.setattr(compare_module, "run", must_not_run)
-    monkeypatch.setattr(compare_module, "run_paged", must_not_run)
     result = _compare("--config", "name=first", "--config", config)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()

@@ -29,7 +29,7 @@ from .options import (
 )
 from .plot import check_plot_path, require_matplotlib
 from .render import Line, comparison_blocks, emit, with_page_columns
-from .running import ProgressBar, check_num_pages, run, run_paged
+from .running import ProgressBar, check_num_pages, run
 from .slo_render import attainment_comparison
 from .tuning_options import latency_of
 from .tuning_render import write_json
@@ -169,14 +169,10 @@ def compare_command(
         where = "" if load is None else f"{load[0]:g}x "
         for k, (config, policy, (_, pool)) in enumerate(zip(runs, policies, pools), start=1):
             label = f"{where}{k}/{len(runs)} {config.name}"
-            pages = {}
-            if pool:
-                result, occupancy = run_paged(
-                    w, config.limits, policy, latency, max_steps, show, label, pool
-                )
-                pages = {"pages": occupancy.report()}
-            else:
-                result = run(w, config.limits, policy, latency, max_steps, show, label)
+            result, occupancy = run(
+                w, config.limits, policy, latency, max_steps, show, label, num_pages=pool
+            )
+            pages = {} if occupancy is None else {"pages": occupancy.report()}
             warn_refused(result, config.name)
             if plot and load == offered[0]:  # with --load, the figure is of the first load
                 results.append((config.name, result))

@@ -35,7 +35,7 @@ from .options import (
 from .plot import check_plot_path, plot_fidelity, require_matplotlib
 from .render import emit, fidelity_blocks
 from .replay import recorded_options
-from .running import check_num_pages, run, run_paged
+from .running import check_num_pages, run
 from .tuning_options import latency_model_file, latency_model_option, latency_of
 from .tuning_render import write_json
 
@@ -155,12 +155,17 @@ def fidelity_command(
     workload = with_objectives_from(kw, workload, embedded=False)
     check_num_pages(num_pages, workload, limits)
     show = progress and fmt == "table"
-    if num_pages:
-        result, _ = run_paged(
-            workload, limits, policy, latency, max_steps, show, "simulating", num_pages, pace
-        )
-    else:
-        result = run(workload, limits, policy, latency, max_steps, show, "simulating", pace=pace)
+    result, _ = run(
+        workload,
+        limits,
+        policy,
+        latency,
+        max_steps,
+        show,
+        "simulating",
+        num_pages=num_pages,
+        pace=pace,
+    )
     warn_refused(result)
     fidelity = fidelity_report(matched, result)
     if pace is not None:

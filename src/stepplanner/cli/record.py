@@ -44,7 +44,7 @@ def record_command(
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     recorder = StepRecorder(out, limits, policy)
-    result = run(
+    result, _ = run(
         workload,
         limits,
         policy,

@@ -68,55 +68,26 @@ def run(
     max_steps: int | None,
     progress: bool,
     label: str,
+    *,
+    num_pages: int = 0,
     on_step: Any = None,
     pace: EnginePace | None = None,
     detailed: bool = False,
-) -> SimulationResult:
-    """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on."""
-    bar = ProgressBar(len(workload), progress, label)
-    try:
-        return simulate(
-            workload,
-            limits,
-            options,
-            latency,
-            max_steps=max_steps,
-            on_step=on_step,
-            progress=bar,
-            progress_every=1024,
-            pace=pace,
-            detailed=detailed,
-        )
-    finally:
-        bar.close()
-
-
-def run_paged(
-    workload: Workload,
-    limits: StepPlannerLimits,
-    options: Any,
-    latency: LatencyModel,
-    max_steps: int | None,
-    progress: bool,
-    label: str,
-    num_pages: int,
-    pace: EnginePace | None = None,
-    detailed: bool = False,
-) -> tuple[SimulationResult, PageOccupancy]:
-    """``simulate_paged`` over a pool of ``num_pages`` pages, with ``run``'s progress bar."""
+) -> tuple[SimulationResult, PageOccupancy | None]:
+    """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on; with
+    ``num_pages`` (checked by ``check_num_pages``) ``simulate_paged`` over a pool of that many
+    pages, which also returns the pool's occupancy (``on_step`` is the unpaged run's)."""
     with ProgressBar(len(workload), progress, label) as bar:
-        return simulate_paged(
-            workload,
-            limits,
-            options,
-            latency,
-            num_pages=num_pages,
-            max_steps=max_steps,
-            progress=bar,
-            progress_every=1024,
-            pace=pace,
-            detailed=detailed,
-        )
+        common: dict[str, Any] = {
+            "max_steps": max_steps,
+            "progress": bar,
+            "progress_every": 1024,
+            "pace": pace,
+            "detailed": detailed,
+        }
+        if num_pages:
+            return simulate_paged(workload, limits, options, latency, num_pages=num_pages, **common)
+        return simulate(workload, limits, options, latency, on_step=on_step, **common), None
 
 
 def check_num_pages(

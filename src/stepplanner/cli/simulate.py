@@ -26,7 +26,7 @@ from .options import (
 )
 from .plot import check_plot_path, plot_result, require_matplotlib
 from .render import emit, page_blocks, report_blocks
-from .running import check_num_pages, run, run_paged
+from .running import check_num_pages, run
 from .slo_render import attainment_blocks
 from .tuning_options import latency_model_file, latency_of
 from .tuning_render import write_json
@@ -82,32 +82,20 @@ def simulate_command(
     latency = latency_of(latency_model, latency_text)
     show_progress = progress and fmt == "table"
     check_num_pages(num_pages, workload, limits)
-    if num_pages:
-        result, occupancy = run_paged(
-            workload,
-            limits,
-            policy,
-            latency,
-            max_steps,
-            show_progress,
-            "simulating",
-            num_pages,
-            detailed=save_detailed,
-        )
-    else:
-        result = run(
-            workload,
-            limits,
-            policy,
-            latency,
-            max_steps,
-            show_progress,
-            "simulating",
-            detailed=save_detailed,
-        )
+    result, occupancy = run(
+        workload,
+        limits,
+        policy,
+        latency,
+        max_steps,
+        show_progress,
+        "simulating",
+        num_pages=num_pages,
+        detailed=save_detailed,
+    )
     warn_refused(result)
     report = result.report()
-    if num_pages:
+    if occupancy is not None:
         report["pages"] = occupancy.report()
     report.update(tuning_extras.section(result, slos, metric_percentiles))
     tuning_extras.save(save_result, report, results_document(result) if save_detailed else None)
@@ -116,7 +104,7 @@ def simulate_command(
     if fmt == "json":
         click.echo(write_json(None, report))
     else:
-        pages = page_blocks(report["pages"], result.num_steps) if num_pages else []
+        pages = page_blocks(report["pages"], result.num_steps) if occupancy is not None else []
         emit(
             [
                 *report_blocks(report),
