@@ -214,17 +214,7 @@ def serve_trace_command(
         )
     )
     model = harness.ModelSpec(
-        **{
-            k: kw.pop(k)
-            for k in (
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "vocab_size",
-            )
-        },
+        **{k: kw.pop(k) for k in harness.MODEL_SIZES},
         seed=kw.pop("model_seed"),
         attn_implementation=kw.pop("attn_implementation"),
         path=model_path,

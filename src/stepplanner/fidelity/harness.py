@@ -96,6 +96,17 @@ def _positive_int(owner: str, name: str, value: Any) -> None:
         raise StepPlannerValueError(f"{owner}.{name}={value!r} is out of range; allowed: >= 1")
 
 
+# ModelSpec's size fields: each a positive int (serve-trace takes one option per field).
+MODEL_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """The served model: a Llama of these sizes with random weights drawn with ``seed``, or the
@@ -112,14 +123,7 @@ class ModelSpec:
     path: str | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "vocab_size",
-        ):
+        for name in MODEL_SIZES:
             _positive_int("ModelSpec", name, getattr(self, name))
         if self.hidden_size % self.num_attention_heads:
             raise StepPlannerValueError(

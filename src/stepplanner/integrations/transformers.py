@@ -177,20 +177,15 @@ class StepPlannerScheduler(_runtime.Scheduler):
         return limits, resolve_scheduling_policy(self.options, limits)
 
     def _priority(self, request_id: str) -> int:
-        source = self.priority_of
-        if source is None:
-            return 0
-        if callable(source):
-            return source(request_id)
-        return source.get(request_id, 0)
+        priority: int = _per_request(self.priority_of, request_id, 0)  # submit checks it
+        return priority
 
     def _objectives(self, state: RequestState, priority: int) -> tuple[float | None, SLO | None]:
         """(arrival_time, slo) to submit: the request's own objectives, else its priority
         class's. A request the runtime re-queues after an offload keeps its arrival and has
         emitted tokens already; the ledger's token 0 is then its next one."""
         rid = state.request_id
-        source = self.slo_of
-        own = None if source is None else (source(rid) if callable(source) else source.get(rid))
+        own = _per_request(self.slo_of, rid, None)
         slo = own if own is not None else self.slo_classes.get(priority)
         if slo is None:
             return None, None
@@ -501,6 +496,22 @@ class StepPlannerScheduler(_runtime.Scheduler):
         return batch, full, tokens, reads
 
 
+def _per_request(source: Any, request_id: str, default: Any) -> Any:
+    """A request's value from ``register``'s mapping or callable (``default``: none given, or
+    an id the mapping lacks)."""
+    if source is None:
+        return default
+    return source(request_id) if callable(source) else source.get(request_id, default)
+
+
+def _check_per_request(field: str, value: object, returns: str) -> None:
+    if value is not None and not (callable(value) or isinstance(value, Mapping)):
+        raise StepPlannerTypeError(
+            f"{field} must be a mapping or a callable request_id -> {returns}, got "
+            f"{type(value).__name__}"
+        )
+
+
 def register(
     options: SchedulingOptions,
     *,
@@ -534,11 +545,7 @@ def register(
         raise StepPlannerValueError(
             f"name={name!r} is not a scheduler name; allowed: a non-empty str"
         )
-    if priority is not None and not (callable(priority) or isinstance(priority, Mapping)):
-        raise StepPlannerTypeError(
-            "priority must be a mapping or a callable request_id -> int, got "
-            f"{type(priority).__name__}"
-        )
+    _check_per_request("priority", priority, "int")
     if max_input_length is not None and (
         isinstance(max_input_length, bool)
         or not isinstance(max_input_length, int)
@@ -552,11 +559,7 @@ def register(
         raise StepPlannerValueError(
             f"max_waiting={max_waiting!r} is out of range; allowed: an int >= 1"
         )
-    if slo is not None and not (callable(slo) or isinstance(slo, Mapping)):
-        raise StepPlannerTypeError(
-            "slo must be a mapping or a callable request_id -> SLO | None, "
-            f"got {type(slo).__name__}"
-        )
+    _check_per_request("slo", slo, "SLO | None")
     classes = check_slo_classes(slo_classes)
     bound = type(
         f"StepPlannerScheduler_{name}",
