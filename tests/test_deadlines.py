@@ -500,7 +500,7 @@ OPS = st.lists(
 def _apply_op(op, ledger, planner, plans, k, rng, now, next_id):
     """One random operation on one ledger; ``plans[k]`` is its pending plan."""
     if op == "submit":
-        prio = int(rng.integers(0, 3))
+        prio = int(rng.integers(-1, 3))
         own = (
             sp.SLO(float(rng.uniform(0.02, 0.8)), float(rng.uniform(0.01, 0.1)))
             if rng.random() < 0.3
@@ -542,16 +542,28 @@ def _outcome(call):
     pause=st.booleans(),
     measured=st.booleans(),
     page=st.sampled_from([1, 16]),
+    wait=st.sampled_from([None, 0.0, 0.05]),
+    floor=st.sampled_from([0, 1, -5]),
 )
-def test_compiled_and_twin_agree_under_deadline_policies(ops, name, pause, measured, page):
+def test_compiled_and_twin_agree_under_deadline_policies(
+    ops, name, pause, measured, page, wait, floor
+):
     limits = sp.StepPlannerLimits(max_batch_size=3, max_input_length=64, kv_page_size=page)
     pol = policy(name, pause, limits=limits, max_pause_steps=2)
     # Objectives a few steps long, so rows move between every level over a run.
-    classes = {0: sp.SLO(0.15, 0.06), 1: sp.SLO(0.6)}
+    classes = {-1: sp.SLO(0.1, 0.03), 0: sp.SLO(0.15, 0.06), 1: sp.SLO(0.6)}
     step_time = None if measured else (0.005, 0.0001)
     pairs = [
         (
-            m.Ledger(limits, pol, max_waiting=6, slo_classes=classes, step_time=step_time),
+            m.Ledger(
+                limits,
+                pol,
+                max_waiting=6,
+                slo_classes=classes,
+                step_time=step_time,
+                relegated_wait=wait,
+                never_relegate_below=floor,
+            ),
             c.StepPlanner(pol, limits),
         )
         for m, c in ((_ledger, _core), (_ledger_py, _core_py))
@@ -569,6 +581,8 @@ def test_compiled_and_twin_agree_under_deadline_policies(ops, name, pause, measu
                     ledger.request_ids.tolist(),
                     ledger.output_tokens.tolist(),
                     ledger.relegated_ids.tolist(),
+                    ledger.shed_ids.tolist(),
+                    ledger.waiting,
                     ledger.waiting_ids(),
                     ledger.step_time_estimate,
                 )

@@ -197,7 +197,14 @@ def test_a_far_plan_row_does_not_crash(impl, resident, kind) -> None:
 # --- 2. no writable view of the ledger's state ---------------------------------------------------
 
 
-READ_ONLY_VIEWS = ("request_ids", "output_tokens", "finished_ids", "admitted_ids", "relegated_ids")
+READ_ONLY_VIEWS = (
+    "request_ids",
+    "output_tokens",
+    "finished_ids",
+    "admitted_ids",
+    "relegated_ids",
+    "shed_ids",
+)
 
 
 def _busy_ledger(make):

@@ -12,12 +12,14 @@ cdef enum:
     HEAP_LOSING = 2   # DEADLINE: relegated at admission (cannot make its first token in time)
 
 # The order of a heap: arrival; (priority, arrival); (first token due, arrival) for EDF;
-# (priority, first token due, arrival) for DEADLINE.
+# (priority, first token due, arrival) for DEADLINE; (when it is shed, arrival) for the
+# relegated.
 cdef enum:
     ORDER_FCFS = 0
     ORDER_PRIORITY = 1
     ORDER_DEADLINE = 2
     ORDER_CLASS_DEADLINE = 3
+    ORDER_SHED = 4
 
 # How the ledger ranks its rows before each plan (docs/scheduling.md; _shared.RANK_*).
 cdef enum:
@@ -36,6 +38,8 @@ ctypedef struct WaitingC:
     int32_t position          # index in that heap
     double first_due          # its first token's deadline (inf: no objectives)
     double gap                # its per-token objective (0: none)
+    double wait               # how long it may wait once relegated (seconds)
+    double shed_at            # relegated: when it is handed back (shed_ids); inf before
 
 # A binary min-heap of pool slots by queue key (its ORDER_*).
 ctypedef struct HeapC:
@@ -49,6 +53,12 @@ ctypedef struct QueueC:
     int32_t num_free
     int32_t capacity          # max_waiting
     HeapC heaps[3]            # indexed by HEAP_NORMAL / HEAP_URGENT / HEAP_LOSING
+    double earliest_due       # DEADLINE: at most the earliest first-token deadline among the
+                              # requests that may be relegated (the sweep runs once now passes it)
+    void* scratch             # max_waiting (arrival, slot) pairs: the sweep's finds
+    int64_t* shed             # ids handed back (2 x max_waiting): those of the loop's last call
+    int32_t num_shed          # first (num_reported), then those submit shed since
+    int32_t num_reported
 
 # Request id -> where it is: value >= 0 is a pool slot (waiting), value < 0 is row -(value + 1).
 # Open addressing with linear probing at load <= 1/2; deletion shifts entries back, so the table
@@ -101,3 +111,5 @@ ctypedef struct DeadlineC:
     double per_token          #   base + per_token * t seconds
     double estimate           # the measured step time
     double last_now           # the now of the previous step (NaN: none yet)
+    int32_t never_below       # classes below this are never relegated
+    double relegated_wait     # seconds a relegated request may wait (NaN: its TTFT objective)

@@ -37,6 +37,8 @@ class Ledger:
         page_table: KVPageTable | None = None,
         slo_classes: Mapping[int, SLO] | None = None,
         step_time: tuple[float, float] | None = None,
+        relegated_wait: float | None = None,
+        never_relegate_below: SupportsIndex = 0,
     ) -> None: ...
     @property
     def capacity(self) -> int: ...
@@ -58,6 +60,8 @@ class Ledger:
     def admitted_ids(self) -> npt.NDArray[np.int64]: ...
     @property
     def relegated_ids(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def shed_ids(self) -> npt.NDArray[np.int64]: ...
     @property
     def step_time_estimate(self) -> float: ...
     @property
@@ -116,11 +120,20 @@ class Ranker:
         policy: ResolvedSchedulingPolicy,
         *,
         step_time: tuple[float, float] | None = None,
+        relegated_wait: float | None = None,
+        never_relegate_below: SupportsIndex = 0,
     ) -> None: ...
     @property
     def step_time_estimate(self) -> float: ...
+    def relegated_wait(self, ttft: float) -> float: ...
     def measure(self, now: float, ran: bool = True) -> None: ...
-    def admits(self, prompt_tokens: SupportsIndex, first_due: float, now: float) -> bool: ...
+    def admits(
+        self,
+        prompt_tokens: SupportsIndex,
+        first_due: float,
+        now: float,
+        priority: SupportsIndex = 0,
+    ) -> bool: ...
     def rank(
         self,
         rows: npt.NDArray[np.void],

@@ -12,7 +12,8 @@ from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from libc.math cimport INFINITY, NAN, isfinite, isnan
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.stdlib cimport qsort
+from libc.string cimport memcpy, memmove, memset
 
 from stepplanner._core cimport (
     STATUS_OK,
@@ -87,6 +88,8 @@ from stepplanner.ledger._shared import (
     check_admits_args,
     check_deadline_args,
     check_ledger_args,
+    check_relegation_args,
+    NEVER_RELEGATE_BELOW,
     check_rank_arrays,
     check_page_table,
     check_pending,
@@ -107,6 +110,7 @@ from stepplanner.ledger._shared import (
     submission,
 )
 from stepplanner.planner import _types
+from stepplanner.planner._fields import as_int32
 from stepplanner.planner._policy import ResolvedSchedulingPolicy
 
 cnp.import_array()
@@ -148,6 +152,10 @@ if (KEY_ZERO_, KEY_SPAN_, KEY_NONE_, EDF_SPAN_, LEVEL_DUE_, LEVEL_AT_RISK_, LEVE
 # ============================================================================================
 
 cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noexcept nogil:
+    if order == ORDER_SHED:
+        if a.shed_at != b.shed_at:
+            return a.shed_at < b.shed_at
+        return a.arrival < b.arrival
     if (order == ORDER_PRIORITY or order == ORDER_CLASS_DEADLINE) and a.priority != b.priority:
         return a.priority < b.priority
     if order >= ORDER_DEADLINE and a.first_due != b.first_due:
@@ -232,6 +240,91 @@ cdef int32_t next_heap(const QueueC* q, int32_t free_slots, int32_t reserved) no
     return head
 
 
+cdef inline void shed_slot(QueueC* q, IdMapC* m, int32_t slot) noexcept nogil:
+    """Hand a waiting request back to the runtime (``shed_ids``): out of its heap, the id map
+    and the pool."""
+    heap_remove(q, slot)
+    map_delete(m, q.pool[slot].request_id)
+    q.free[q.num_free] = slot
+    q.num_free += 1
+    q.shed[q.num_shed] = q.pool[slot].request_id
+    q.num_shed += 1
+
+
+cdef void new_shed_report(QueueC* q) noexcept nogil:
+    """A loop call starts: what the last one reported is dropped, what ``submit`` shed since is
+    kept (it is this call's to report)."""
+    cdef int32_t rest = q.num_shed - q.num_reported
+    if q.num_reported:
+        memmove(q.shed, q.shed + q.num_reported, rest * sizeof(int64_t))
+    q.num_shed = rest
+    q.num_reported = 0
+
+
+cdef inline void lose_waiting(QueueC* q, IdMapC* m, TableC* t, int32_t slot,
+                              double now) noexcept nogil:
+    """A waiting request that cannot make its first token in time: relegated, it waits behind
+    every request that still can until ``now`` + its wait, then is shed (at once when it may not
+    wait)."""
+    cdef WaitingC* w = &q.pool[slot]
+    heap_remove(q, slot)
+    w.heap = HEAP_LOSING
+    w.shed_at = now + w.wait
+    heap_push(q, slot)
+    t.relegated_ids[t.num_relegated] = w.request_id
+    t.num_relegated += 1
+    if not w.shed_at > now:
+        shed_slot(q, m, slot)
+
+
+ctypedef struct StampedSlot:
+    uint64_t arrival
+    int32_t slot
+
+
+cdef int by_arrival(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const StampedSlot*>a).arrival, y = (<const StampedSlot*>b).arrival
+    return (x > y) - (x < y)
+
+
+cdef void relegate_hopeless(QueueC* q, IdMapC* m, TableC* t, const DeadlineC* d,
+                            double now) noexcept nogil:
+    """Relegate every waiting request that cannot make its first token even if served at once,
+    wherever it stands in the queue (admission tests only the head: behind a class that keeps
+    arriving, a lower one would otherwise wait unseen). It runs once ``now`` passes the earliest
+    deadline that could be missed, in arrival order, and costs one pass over the queue."""
+    if not now >= q.earliest_due:
+        return
+    cdef int32_t h, k, n = 0, slot
+    cdef double earliest = INFINITY
+    cdef const WaitingC* w
+    cdef StampedSlot* found = <StampedSlot*>q.scratch
+    for h in range(2):  # HEAP_NORMAL, HEAP_URGENT
+        for k in range(q.heaps[h].size):
+            slot = q.heaps[h].slots[k]
+            w = &q.pool[slot]
+            if w.priority < d.never_below or w.first_due == INFINITY:
+                continue
+            if now + prompt_seconds(d, w.prompt_length, d.chunk, d.chunk_inverse) > w.first_due:
+                found[n].arrival = w.arrival
+                found[n].slot = slot
+                n += 1
+            elif w.first_due < earliest:
+                earliest = w.first_due
+    q.earliest_due = earliest
+    if n > 1:
+        qsort(found, n, sizeof(StampedSlot), by_arrival)
+    for k in range(n):
+        lose_waiting(q, m, t, found[k].slot, now)
+
+
+cdef void shed_expired(QueueC* q, IdMapC* m, double now) noexcept nogil:
+    """Hand back every relegated request whose wait is over."""
+    cdef HeapC* losing = &q.heaps[HEAP_LOSING]
+    while losing.size and q.pool[losing.slots[0]].shed_at <= now:
+        shed_slot(q, m, losing.slots[0])
+
+
 # ============================================================================================
 # 2. The id map
 # ============================================================================================
@@ -306,12 +399,18 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     each admitted row gets its worst case, and the first request whose worst case the free pool
     cannot hold stops admission: nothing overtakes it, so it is never starved. Under DEADLINE
     (``now`` not NaN) a head that cannot make its first token in time even if served at once
-    moves behind every request that still can (the relegated heap)."""
+    moves behind every request that still can (the relegated heap), and so does every waiting
+    request that can no longer make it (``relegate_hopeless``); relegated requests whose wait
+    is over are handed back (``shed_expired``). Classes below ``never_below`` are never
+    relegated."""
     cdef int32_t n = 0, h, slot, row
     cdef int64_t need = 0
     cdef HeapC* heap
     cdef WaitingC* w
     cdef ResidentC* r
+    if d.ranking == RANK_DEADLINE and not isnan(now):
+        relegate_hopeless(q, m, t, d, now)
+        shed_expired(q, m, now)
     while t.count < t.capacity:
         h = next_heap(q, t.capacity - t.count, t.reserved_slots)
         if h < 0:
@@ -320,13 +419,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         slot = heap.slots[0]
         w = &q.pool[slot]
         if (d.ranking == RANK_DEADLINE and not isnan(now) and h != HEAP_LOSING
+                and w.priority >= d.never_below
                 and now + prompt_seconds(d, w.prompt_length, d.chunk, d.chunk_inverse)
                 > w.first_due):
-            heap_remove(q, slot)
-            w.heap = HEAP_LOSING
-            heap_push(q, slot)
-            t.relegated_ids[t.num_relegated] = w.request_id
-            t.num_relegated += 1
+            lose_waiting(q, m, t, slot, now)
             continue
         row = t.count
         if pages != NULL:
@@ -445,13 +541,14 @@ cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nog
 
 
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
-                  double late_after, bint keep_due) noexcept nogil:
+                  double late_after, bint keep_due, int32_t never_below) noexcept nogil:
     """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask.
 
     ``keep_due`` (EDF, DEADLINE): each counted row's ``due`` moves to its next token's
     deadline, for the rank pass. ``late_after`` (DEADLINE; NaN: no check) is when the tokens
     came: a row whose token came after its deadline (``due`` before it moves) has lost its
-    objectives and is relegated, in the same pass; a relegated row's ``due`` is read no more."""
+    objectives and is relegated, in the same pass (unless its class is below ``never_below``);
+    a relegated row's ``due`` is read no more."""
     # Locals: the byte stores (done, relegated) may alias anything, and would otherwise make C
     # load every pointer of t again each row.
     cdef int64_t* generated = t.generated
@@ -470,7 +567,7 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
         g = generated[r] + 1
         generated[r] = g
         if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
-            if check_late and late_after > due[r]:
+            if check_late and late_after > due[r] and t.klass[r] >= never_below:
                 relegate(t, r)
             else:
                 due[r] = next_due(t, r)  # the token after this one
@@ -594,7 +691,9 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     the stamp. DEADLINE: priority = a level (LEVEL_*), arrival = a prompt's slack in
     microseconds (least slack first), a decode's or a relegated row's stamp, and for rows
     without a deadline their stamp after every keyed row; a prompt that cannot make its first
-    token even if served at once is relegated here."""
+    token even if served at once is relegated here. A row of a class below ``never_below`` is
+    never relegated: late, it ranks as the most urgent of its kind (a decode DUE, a prompt
+    AT_RISK by its negative slack)."""
     # Everything the loop reads, in locals: a store into a row (and relegate's byte store, which
     # may alias anything) would otherwise make C load every pointer of t and d again each row.
     cdef ResidentC* rows = t.rows
@@ -607,7 +706,7 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
     cdef double est = step_estimate(d), due, urgent, urgent_normal, normal_inverse
     cdef double chunk_inverse = d.chunk_inverse
     cdef int64_t chunk = d.chunk, rest, normal
-    cdef int32_t r, decoding = 0, level
+    cdef int32_t r, decoding = 0, level, never_below = d.never_below
     cdef ResidentC* row
     if d.ranking == RANK_EDF:
         for r in range(count):
@@ -638,7 +737,7 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
         if row.context_committed:
             # Kept by the ledger as tokens are counted; a Ranker's table has none.
             due = kept_due[r] if kept_due != NULL else next_due(t, r)
-            if due < now:
+            if due < now and klass[r] >= never_below:
                 # Its next token is already late whenever it comes: as lost as a late one (the
                 # Ranker's runtime has no apply to see the late token itself).
                 relegate(t, r)
@@ -663,7 +762,7 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
         # prompt_seconds, over the locals.
         rest = <int64_t>row.prompt_length - row.committed
         urgent = <double>steps_for(rest, chunk, chunk_inverse) * est
-        if now + urgent > due:
+        if now + urgent > due and klass[r] >= never_below:
             relegate(t, r)
             row.priority = ranked_priority(klass[r], LEVEL_RELEGATED_)
             row.arrival = stamp[r]
@@ -680,12 +779,14 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
 
 
 cdef dict set_deadlines(DeadlineC* d, object limits, object policy, object slo_classes,
-                        object step_time):
+                        object step_time, object relegated_wait, object never_relegate_below):
     """``d`` from a new ledger's (or ranker's) arguments, checked by ``_shared``; returns the
     classes (the twin's ``_Deadlines`` does the same)."""
     cdef dict classes
     (d.ranking, classes, d.base, d.per_token, d.measured, d.step_tokens,
      d.chunk) = check_deadline_args(policy, limits, slo_classes, step_time)
+    d.relegated_wait, d.never_below = check_relegation_args(relegated_wait,
+                                                            never_relegate_below)
     d.chunk_inverse = 1.0 / <double>d.chunk
     d.page_size = limits.kv_page_size
     d.last_now = NAN
@@ -790,7 +891,8 @@ cdef class Ledger:
     cdef _CoreMemory _ids, _generated, _finished, _admitted   # memory only the C writes
     cdef _CoreMemory _relegated_memory
     cdef list _rows_views, _ids_views, _generated_views, _finished_views, _admitted_views
-    cdef list _relegated_views
+    cdef list _relegated_views, _shed_views
+    cdef _CoreMemory _shed_memory
     cdef DeadlineC d                # the rank pass's policy and step-time estimate
     cdef dict _classes              # slo_classes: priority -> SLO
     cdef object _policy_name
@@ -813,10 +915,12 @@ cdef class Ledger:
     cdef int _busy                  # the holder is a CALL_BUSY call (runs caller code)
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
-                  slo_classes=None, step_time=None):
+                  slo_classes=None, step_time=None, relegated_wait=None,
+                  never_relegate_below=NEVER_RELEGATE_BELOW):
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting)
-        self._classes = set_deadlines(&self.d, limits, policy, slo_classes, step_time)
+        self._classes = set_deadlines(&self.d, limits, policy, slo_classes, step_time,
+                                      relegated_wait, never_relegate_below)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         cdef PageTableC* pages
         if page_table is not None:
@@ -839,6 +943,7 @@ cdef class Ledger:
         self._finished = _int64_memory(b, &self.t.finished)
         self._admitted = _int64_memory(b, &self.t.admitted)
         self._relegated_memory = _int64_memory(b + w, &self.t.relegated_ids)
+        self._shed_memory = _int64_memory(2 * w, &self.q.shed)
         memset(self.t.ids, 0xFF, b * sizeof(int64_t))  # every id -1
         self.t.capacity = b
         self.t.reserved_slots = self.reserved_slots
@@ -859,6 +964,8 @@ cdef class Ledger:
         self.q.heaps[HEAP_NORMAL].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_URGENT].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.heaps[HEAP_LOSING].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+        self.q.scratch = PyMem_Calloc(max(w, 1), sizeof(StampedSlot))
+        self.q.earliest_due = INFINITY
         # DEADLINE admits by class, then first-token deadline: which class gets a slot is the
         # operator's call; what runs in a step is the deadlines' (rank_rows).
         cdef int32_t order = (ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
@@ -866,7 +973,7 @@ cdef class Ledger:
                               else ORDER_PRIORITY if self.by_priority else ORDER_FCFS)
         self.q.heaps[HEAP_NORMAL].order = order
         self.q.heaps[HEAP_URGENT].order = order
-        self.q.heaps[HEAP_LOSING].order = ORDER_FCFS
+        self.q.heaps[HEAP_LOSING].order = ORDER_SHED
         cdef uint64_t slots = 8
         while slots < 2 * (<uint64_t>b + <uint64_t>w):
             slots <<= 1
@@ -882,7 +989,7 @@ cdef class Ledger:
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
-                or self.q.heaps[2].slots == NULL
+                or self.q.heaps[2].slots == NULL or self.q.scratch == NULL
                 or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
             raise _errors.StepPlannerMemoryError(
                 f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
@@ -897,12 +1004,14 @@ cdef class Ledger:
         self._finished_views = [None] * (b + 1)
         self._admitted_views = [None] * (b + 1)
         self._relegated_views = [None] * (b + w + 1)
+        self._shed_views = [None] * (2 * w + 1)
         for i in range(b):
             self.t.first_due[i] = INFINITY
             self.t.due[i] = INFINITY
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
-                 slo_classes=None, step_time=None):
+                 slo_classes=None, step_time=None, relegated_wait=None,
+                 never_relegate_below=NEVER_RELEGATE_BELOW):
         # Everything was checked and allocated by __cinit__; a second call would leave the old
         # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
         if self._initialised:
@@ -927,6 +1036,7 @@ cdef class Ledger:
         PyMem_Free(self.q.heaps[0].slots)
         PyMem_Free(self.q.heaps[1].slots)
         PyMem_Free(self.q.heaps[2].slots)
+        PyMem_Free(self.q.scratch)
         PyMem_Free(self.m.keys)
         PyMem_Free(self.m.values)
         PyMem_Free(self.m.used)
@@ -984,6 +1094,14 @@ cdef class Ledger:
         longer meet their objectives), in the order it did (read-only view)."""
         return _view(self._relegated_views, self._relegated_memory, _INT64_DESCR,
                      self.t.num_relegated, self.t.relegated_ids, False)
+
+    @property
+    def shed_ids(self):
+        """Ids the last ``step``/``admit`` handed back (DEADLINE: relegated requests whose
+        wait ran out, or whose queue place a viable request took in a ``submit`` since the
+        call before), in the order it did; the runtime answers them now (read-only view)."""
+        return _view(self._shed_views, self._shed_memory, _INT64_DESCR, self.q.num_reported,
+                     self.q.shed, False)
 
     @property
     def step_time_estimate(self):
@@ -1098,18 +1216,20 @@ cdef class Ledger:
         else:  # the shared checks raise the shared messages (and may run caller code)
             rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                                   max_new_tokens, self.limits.max_input_length)
-        cdef double due = INFINITY, gap = 0.0
+        cdef double due = INFINITY, gap = 0.0, ttft = INFINITY
         if slo is not None or arrival_time is not None or self._classes:
-            due, gap = request_deadlines(rid, prio, arrival_time, slo, self._classes)
+            due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self.pages != NULL and (limit == 0 or limit > self.max_tokens - length):
             # raises the shared message, over the sizes the C uses
             check_worst_case(rid, length, limit, geometry(self.page_table))
         if map_find(&self.m, rid) >= 0:
             raise _errors.duplicate_request(rid)
-        if self.q.num_free == 0:
+        if self.q.num_free == 0 and not self._may_shed(prio, length, ttft):
             raise _errors.queue_full(rid, self.max_waiting)
         if self.stamps_exhausted:
             raise _errors.stamps_exhausted(rid)
+        if self.q.num_free == 0:  # a relegated request gives its place up (_may_shed)
+            shed_slot(&self.q, &self.m, self.q.heaps[HEAP_LOSING].slots[0])
         cdef uint64_t arrival = self.next_arrival
         if arrival == UINT64_MAX_:
             self.stamps_exhausted = True
@@ -1125,10 +1245,23 @@ cdef class Ledger:
         w.prompt_length = length
         w.first_due = due
         w.gap = gap
+        w.wait = ttft if isnan(self.d.relegated_wait) else self.d.relegated_wait
+        w.shed_at = INFINITY
+        if due < self.q.earliest_due and prio >= self.d.never_below:
+            self.q.earliest_due = due
         w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
         heap_push(&self.q, slot)
         map_set(&self.m, rid, slot)
         return arrival
+
+    cdef bint _may_shed(self, int32_t prio, int32_t length, double ttft) noexcept:
+        """Whether a full queue makes room for a new request by shedding a relegated one: only
+        for a request that can still make its first token (served at once on arrival), never
+        for one that would be relegated itself."""
+        if self.q.heaps[HEAP_LOSING].size == 0:
+            return False
+        return (self.d.ranking != RANK_DEADLINE or prio < self.d.never_below
+                or not prompt_seconds(&self.d, length, self.d.chunk, self.d.chunk_inverse) > ttft)
 
     @cython.critical_section
     def cancel(self, request_id):
@@ -1176,7 +1309,9 @@ cdef class Ledger:
             if self.t.num_cancelled:
                 self._remove_marked(self.t.cancelled, self.t.num_cancelled)
             self.t.num_relegated = 0
+            new_shed_report(&self.q)
             self._admit_waiting(NAN if when is None else when)
+            self.q.num_reported = self.q.num_shed
             return self.admitted_ids.tolist()
         finally:
             self._release()
@@ -1198,7 +1333,7 @@ cdef class Ledger:
             for k in range(self.q.heaps[h].size):
                 w = &self.q.pool[self.q.heaps[h].slots[k]]
                 if h == HEAP_LOSING:
-                    entries.append(((True, w.arrival), w.request_id))
+                    entries.append(((True, w.shed_at, w.arrival), w.request_id))
                 elif self.d.ranking == RANK_DEADLINE:
                     entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
                 elif self.d.ranking == RANK_EDF:
@@ -1336,7 +1471,7 @@ cdef class Ledger:
             self._check_plan_rows(p)
         self._pending = None
         account(&self.t, p, mask, stride, now if self.d.ranking == RANK_DEADLINE else NAN,
-                self.d.ranking != RANK_NONE)
+                self.d.ranking != RANK_NONE, self.d.never_below)
         self._foreign_arrays = None
         if retire and self.t.num_done:
             self._remove_marked(self.t.done, self.t.num_done)
@@ -1425,7 +1560,9 @@ cdef class Ledger:
             measure_step(&self.d, when, p != NULL and p.num_prefill + p.num_decode > 0)
         if pending is not None:
             self._apply(pending, p, mask, stride, True, when)
+        new_shed_report(&self.q)
         self._admit_waiting(when)
+        self.q.num_reported = self.q.num_shed
         if self.d.ranking != RANK_NONE:
             rank_rows(&self.t, &self.d, when)
         plan = planner.plan(self.residents, None, reasons)
@@ -1580,11 +1717,13 @@ cdef class Ranker:
     cdef int32_t* no_classes
     cdef list _lost_views
 
-    def __cinit__(self, limits, policy, *, step_time=None):
+    def __cinit__(self, limits, policy, *, step_time=None, relegated_wait=None,
+                  never_relegate_below=NEVER_RELEGATE_BELOW):
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
-        set_deadlines(&self.d, limits, policy, None, step_time)
+        set_deadlines(&self.d, limits, policy, None, step_time, relegated_wait,
+                      never_relegate_below)
         self.limits, self.policy = limits, policy
         cdef int32_t b = limits.max_batch_size, i
         self._positions = _int64_memory(b, &self.positions)
@@ -1595,7 +1734,8 @@ cdef class Ranker:
             self.positions[i] = i
         self._lost_views = [None] * (b + 1)
 
-    def __init__(self, limits, policy, *, step_time=None):
+    def __init__(self, limits, policy, *, step_time=None, relegated_wait=None,
+                 never_relegate_below=NEVER_RELEGATE_BELOW):
         # Everything was checked and set by __cinit__ (this signature is the one callers see);
         # a second call changes nothing.
         pass
@@ -1604,18 +1744,27 @@ cdef class Ranker:
     def step_time_estimate(self):
         return step_estimate(&self.d)
 
+    def relegated_wait(self, ttft):
+        """Seconds a request relegated while waiting may still wait before it is handed back:
+        ``relegated_wait``, or (None) its own TTFT objective ``ttft``."""
+        if isnan(self.d.relegated_wait):
+            return as_time("ttft", ttft)
+        return self.d.relegated_wait
+
     def measure(self, now, ran=True):
         """A step (``ran``: one that planned work) ended at ``now``: the measured estimate
         (``step_time=None``) moves towards the time since the previous one."""
         measure_step(&self.d, now_of(now), bool(ran))
 
-    def admits(self, prompt_tokens, first_due, now):
+    def admits(self, prompt_tokens, first_due, now, priority=0):
         """Whether a waiting prompt can still make its first token in time if served at once
-        (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
+        (always True but under DEADLINE, and for a ``priority`` below ``never_relegate_below``):
+        the ledger relegates one that cannot at admission."""
         cdef int64_t tokens
         cdef double due, when
         tokens, due, when = check_admits_args(prompt_tokens, first_due, now)
-        if self.d.ranking != RANK_DEADLINE:
+        cdef int32_t klass = as_int32("priority", priority)
+        if self.d.ranking != RANK_DEADLINE or klass < self.d.never_below:
             return True
         return not when + prompt_seconds(&self.d, tokens, self.d.chunk, self.d.chunk_inverse) > due
 

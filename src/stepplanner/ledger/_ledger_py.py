@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import _errors
+from ..planner._fields import as_int32
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._slo import check_slo_classes, due_of
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
@@ -29,6 +30,7 @@ from ._shared import (
     LEVEL_RELEGATED,
     LEVEL_SLACK,
     LEVEL_STRIDE,
+    NEVER_RELEGATE_BELOW,
     RANK_DEADLINE,
     RANK_EDF,
     RANK_NONE,
@@ -42,6 +44,7 @@ from ._shared import (
     check_page_table,
     check_pending,
     check_rank_arrays,
+    check_relegation_args,
     check_rows,
     check_waiting,
     check_worst_case,
@@ -138,13 +141,15 @@ class Ledger:
         page_table: Any = None,
         slo_classes: Mapping[int, Any] | None = None,
         step_time: tuple[float, float] | None = None,
+        relegated_wait: float | None = None,
+        never_relegate_below: int = NEVER_RELEGATE_BELOW,
     ) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
         self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
             limits, policy, max_waiting
         )
-        self._d = _Deadlines(limits, policy, step_time)
+        self._d = _Deadlines(limits, policy, step_time, relegated_wait, never_relegate_below)
         self._ranking = self._d.ranking
         self._classes = check_slo_classes(slo_classes)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
@@ -189,7 +194,11 @@ class Ledger:
         # a cancelled entry stays in its heap, marked dead, until it reaches the top.
         self._urgent: list[list[Any]] = []
         self._normal: list[list[Any]] = []
-        self._losing: list[list[Any]] = []  # DEADLINE: relegated at admission, by stamp
+        self._losing: list[list[Any]] = []  # DEADLINE: relegated, by (shed_at, stamp)
+        # At most the earliest first-token deadline that may be missed: the sweep's trigger.
+        self._earliest = math.inf
+        self._shed: list[int] = []  # the last loop call's shed ids, then those submit shed since
+        self._shed_reported = 0
         self._waiting: dict[int, list[Any]] = {}  # id -> its live heap entry
         self._row_of: dict[int, int] = {}  # resident id -> row
         self._pending: Any = None  # the plan of step() not yet applied
@@ -241,6 +250,10 @@ class Ledger:
     @property
     def relegated_ids(self) -> np.ndarray:
         return read_only(np.array(self._relegated_ids, dtype=np.int64))
+
+    @property
+    def shed_ids(self) -> np.ndarray:
+        return read_only(np.array(self._shed[: self._shed_reported], dtype=np.int64))
 
     @property
     def step_time_estimate(self) -> float:
@@ -299,15 +312,18 @@ class Ledger:
         rid, length, prio, limit = submission(
             request_id, prompt_length, priority, max_new_tokens, self.limits.max_input_length
         )
-        due, gap = request_deadlines(rid, prio, arrival_time, slo, self._classes)
+        due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self._table is not None:
             check_worst_case(rid, length, limit, self._kv.geometry(self._table))
         if rid in self._waiting or rid in self._row_of:
             raise _errors.duplicate_request(rid)
-        if len(self._waiting) >= self.max_waiting:
+        full = len(self._waiting) >= self.max_waiting
+        if full and not self._may_shed(prio, length, ttft):
             raise _errors.queue_full(rid, self.max_waiting)
         if self._next_arrival > UINT64_MAX:
             raise _errors.stamps_exhausted(rid)
+        if full:  # a relegated request gives its place up (_may_shed)
+            self._shed_entry(self._next_heap_entries(self._losing)[0])
         arrival = self._next_arrival
         self._next_arrival += 1
         if self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
@@ -316,10 +332,81 @@ class Ledger:
             key = (due, arrival)
         else:
             key = (prio, arrival) if self.by_priority else (arrival,)
-        entry = [key, rid, length, prio, arrival, limit, True, due, gap, False]
+        wait = ttft if math.isnan(self._d.relegated_wait) else self._d.relegated_wait
+        entry = [key, rid, length, prio, arrival, limit, True, due, gap, False, wait, math.inf]
+        if due < self._earliest and prio >= self._d.never_below:
+            self._earliest = due
         heapq.heappush(self._urgent if prio < 0 else self._normal, entry)
         self._waiting[rid] = entry
         return arrival
+
+    def _may_shed(self, prio: int, length: int, ttft: float) -> bool:
+        """Whether a full queue makes room for a new request by shedding a relegated one (the
+        compiled ledger's ``_may_shed``)."""
+        if not self._next_heap_entries(self._losing):
+            return False
+        d = self._d
+        return (
+            d.ranking != RANK_DEADLINE
+            or prio < d.never_below
+            or not d.prompt_seconds(length, d.chunk) > ttft
+        )
+
+    @staticmethod
+    def _next_heap_entries(heap: list[list[Any]]) -> list[list[Any]]:
+        """``heap`` with its dead (cancelled, moved or shed) head entries popped."""
+        while heap and not heap[0][6]:
+            heapq.heappop(heap)
+        return heap
+
+    def _shed_entry(self, entry: list[Any]) -> None:
+        """Hand a waiting request back to the runtime (``shed_ids``)."""
+        entry[6] = False
+        del self._waiting[entry[1]]
+        self._shed.append(entry[1])
+
+    def _new_shed_report(self) -> None:
+        del self._shed[: self._shed_reported]
+        self._shed_reported = 0
+
+    def _lose(self, entry: list[Any], now: float) -> None:
+        """A waiting request that cannot make its first token in time: relegated, behind every
+        request that still can until ``now`` + its wait, then shed (the compiled
+        ``lose_waiting``)."""
+        entry[6] = False  # the entry in its old heap is dead; a new one goes to _losing
+        moved = list(entry)
+        moved[6], moved[9], moved[11] = True, True, now + moved[10]
+        moved[0] = (moved[11], moved[4])
+        heapq.heappush(self._losing, moved)
+        self._waiting[moved[1]] = moved
+        self._relegated_ids.append(moved[1])
+        if not moved[11] > now:
+            self._shed_entry(moved)
+
+    def _relegate_hopeless(self, now: float) -> None:
+        """Every waiting request that cannot make its first token even if served at once,
+        wherever it stands (the compiled ``relegate_hopeless``)."""
+        if not now >= self._earliest:
+            return
+        d = self._d
+        found = []
+        earliest = math.inf
+        for heap in (self._normal, self._urgent):
+            for entry in heap:
+                if not entry[6] or entry[3] < d.never_below or entry[7] == math.inf:
+                    continue
+                if now + d.prompt_seconds(entry[2], d.chunk) > entry[7]:
+                    found.append(entry)
+                elif entry[7] < earliest:
+                    earliest = entry[7]
+        self._earliest = earliest
+        for entry in sorted(found, key=lambda e: e[4]):
+            self._lose(entry, now)
+
+    def _shed_expired(self, now: float) -> None:
+        losing = self._losing
+        while self._next_heap_entries(losing) and losing[0][11] <= now:
+            self._shed_entry(heapq.heappop(losing))
 
     @_exclusive(_GUEST)
     def cancel(self, request_id: object) -> None:
@@ -344,7 +431,9 @@ class Ledger:
         if self._cancelled:
             self._remove([])
         self._relegated_ids = []
+        self._new_shed_report()
         self._admit(when)
+        self._shed_reported = len(self._shed)
         admitted: list[int] = self.admitted_ids.tolist()
         return admitted
 
@@ -352,6 +441,9 @@ class Ledger:
         self._pending = None
         table = self._table
         n = 0
+        if now is not None and self._ranking == RANK_DEADLINE:
+            self._relegate_hopeless(now)
+            self._shed_expired(now)
         while self._count < len(self._rows):
             heap = self._next_heap()
             if heap is None:
@@ -361,21 +453,19 @@ class Ledger:
                 now is not None
                 and self._ranking == RANK_DEADLINE
                 and heap is not self._losing
+                and head[3] >= self._d.never_below
                 and now + self._d.prompt_seconds(head[2], self._d.chunk) > head[7]
             ):
                 # It cannot make its first token in time even if served at once: behind every
-                # request that still can (never dropped: it waits in the relegated heap).
+                # request that still can, until its wait is over.
                 heapq.heappop(heap)
-                head[0] = (head[4],)
-                head[9] = True
-                heapq.heappush(self._losing, head)
-                self._relegated_ids.append(head[1])
+                self._lose(head, now)
                 continue
             # No overtaking: the first request whose worst case the free pool cannot hold
             # stops admission, so a large request is never starved by smaller ones behind it.
             if table is not None and not self._fits(heap[0]):
                 break
-            _, rid, length, prio, arrival, limit, _, due, gap, lost = heapq.heappop(heap)
+            _, rid, length, prio, arrival, limit, _, due, gap, lost, _, _ = heapq.heappop(heap)
             del self._waiting[rid]
             row = self._count
             self._rows[row] = (prio, arrival, length, 0, False, 0)
@@ -489,8 +579,10 @@ class Ledger:
         rows = seq["resident"][emitting]
         if now is not None and self._ranking == RANK_DEADLINE:
             for row in rows.tolist():  # a token later than its deadline: the request is lost
-                if not self._relegated[row] and now > next_due(
-                    self._first_due, self._gap, self._generated, row
+                if (
+                    not self._relegated[row]
+                    and self._klass[row] >= self._d.never_below
+                    and now > next_due(self._first_due, self._gap, self._generated, row)
                 ):
                     self._relegated[row] = True
                     self._relegated_ids.append(int(self._ids[row]))
@@ -548,7 +640,9 @@ class Ledger:
             )
         if pending is not None:
             self._apply(pending, seq, mask, True, when)
+        self._new_shed_report()
         self._admit(when)
+        self._shed_reported = len(self._shed)
         if when is not None and self._ranking != RANK_NONE:
             self._rank(when)
         plan = planner.plan(self.residents, reasons=reasons)
@@ -682,7 +776,12 @@ class _Deadlines:
     """The rank pass's policy and step-time estimate (the compiled ledger's ``DeadlineC``)."""
 
     def __init__(
-        self, limits: StepPlannerLimits, policy: ResolvedSchedulingPolicy | None, step_time: object
+        self,
+        limits: StepPlannerLimits,
+        policy: ResolvedSchedulingPolicy | None,
+        step_time: object,
+        relegated_wait: object = None,
+        never_relegate_below: object = NEVER_RELEGATE_BELOW,
     ) -> None:
         (
             self.ranking,
@@ -693,6 +792,9 @@ class _Deadlines:
             self.step_tokens,
             self.chunk,
         ) = check_deadline_args(policy, limits, None, step_time)
+        self.relegated_wait, self.never_below = check_relegation_args(
+            relegated_wait, never_relegate_below
+        )
         self.page_size = limits.kv_page_size
         self.estimate = 0.0  # the measured step time (step_time=None)
         self.sampled = False  # whether it has been measured yet
@@ -738,6 +840,7 @@ def rank_rows(
     """Write each row's priority and arrival from its deadlines at ``now``; returns the rows
     it relegated (the compiled ``rank_rows``)."""
     lost: list[int] = []
+    never_below = d.never_below
     count = len(rows)
     est = d.estimate_seconds()
     decoding = int(rows["context_committed"].astype(bool).sum())
@@ -759,7 +862,8 @@ def rank_rows(
             level = LEVEL_RELEGATED
         elif due == math.inf:
             level, key = LEVEL_SLACK, KEY_NONE + min(key, KEY_NONE - 1)
-        elif committed and due < now:  # its next token is late whenever it comes
+        elif committed and due < now and klass_of(classes, r) >= never_below:
+            # its next token is late whenever it comes
             relegated[r] = True
             lost.append(r)
             level = LEVEL_RELEGATED
@@ -768,7 +872,7 @@ def rank_rows(
         else:
             rest = int(rows["prompt_length"][r]) - int(rows["committed"][r])
             urgent = d.prompt_seconds(rest, d.chunk)
-            if now + urgent > due:
+            if now + urgent > due and klass_of(classes, r) >= never_below:
                 relegated[r] = True
                 lost.append(r)
                 level = LEVEL_RELEGATED
@@ -790,12 +894,14 @@ class Ranker:
         policy: ResolvedSchedulingPolicy,
         *,
         step_time: tuple[float, float] | None = None,
+        relegated_wait: float | None = None,
+        never_relegate_below: int = NEVER_RELEGATE_BELOW,
     ) -> None:
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
         self.limits, self.policy = limits, policy
-        self._d = _Deadlines(limits, policy, step_time)
+        self._d = _Deadlines(limits, policy, step_time, relegated_wait, never_relegate_below)
 
     @property
     def step_time_estimate(self) -> float:
@@ -806,11 +912,20 @@ class Ranker:
         (``step_time=None``) moves towards the time since the previous one."""
         self._d.measure(as_time("now", now), bool(ran))
 
-    def admits(self, prompt_tokens: int, first_due: float, now: float) -> bool:
+    def relegated_wait(self, ttft: float) -> float:
+        """Seconds a request relegated while waiting may still wait before it is handed back:
+        ``relegated_wait``, or (None) its own TTFT objective ``ttft``."""
+        if math.isnan(self._d.relegated_wait):
+            return as_time("ttft", ttft)
+        return self._d.relegated_wait
+
+    def admits(self, prompt_tokens: int, first_due: float, now: float, priority: int = 0) -> bool:
         """Whether a waiting prompt can still make its first token in time if served at once
-        (always True but under DEADLINE): the ledger relegates one that cannot at admission."""
+        (always True but under DEADLINE, and for a ``priority`` below ``never_relegate_below``):
+        the ledger relegates one that cannot at admission."""
         tokens, due, when = check_admits_args(prompt_tokens, first_due, now)
-        if self._d.ranking != RANK_DEADLINE:
+        klass = as_int32("priority", priority)
+        if self._d.ranking != RANK_DEADLINE or klass < self._d.never_below:
             return True
         return not when + self._d.prompt_seconds(tokens, self._d.chunk) > due
 
@@ -838,6 +953,11 @@ class Ranker:
             return np.zeros(0, dtype=np.int64)
         lost = rank_rows(self._d, rows, first_due, gap, generated, stamp, relegated, when, classes)
         return np.array(lost, dtype=np.int64)
+
+
+def klass_of(classes: np.ndarray | None, r: int) -> int:
+    """Row ``r``'s own class, as the relegation floor reads it (unclamped)."""
+    return 0 if classes is None else int(classes[r])
 
 
 def _slack_key(slack: float) -> int:

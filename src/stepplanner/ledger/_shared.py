@@ -6,6 +6,7 @@ cannot check differently.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -202,6 +203,38 @@ def check_deadline_args(
     )
 
 
+# Relegation (docs/scheduling.md, "Overload"): who may be given up on, and how long a request
+# given up on may wait in the queue before it is handed back (shed_ids).
+NEVER_RELEGATE_BELOW = 0  # the urgent classes (priority < 0) are never relegated by default
+
+
+def check_relegation_args(
+    relegated_wait: object, never_relegate_below: object
+) -> tuple[float, int]:
+    """(wait, floor) of a new ledger or ranker: ``relegated_wait`` seconds a relegated request
+    may still wait in the queue (NaN for ``None``: each request its own TTFT objective; 0: handed
+    back at once), and the class below which nothing is relegated."""
+    floor = as_int32("never_relegate_below", never_relegate_below)
+    if relegated_wait is None:
+        return math.nan, floor
+    if isinstance(relegated_wait, bool) or not isinstance(relegated_wait, (int, float)):
+        raise _errors.StepPlannerTypeError(
+            "relegated_wait must be a number of seconds or None (each request's own TTFT "
+            f"objective), got {type(relegated_wait).__name__}"
+        )
+    try:
+        wait = float(relegated_wait)
+    except OverflowError:
+        wait = math.inf
+    if not (wait >= 0 and wait < math.inf):
+        raise _errors.out_of_range(
+            "relegated_wait",
+            relegated_wait,
+            "a finite number of seconds >= 0 (0: hand relegated requests back at once), or None",
+        )
+    return wait, floor
+
+
 def as_time(field: str, value: object) -> float:
     """A time on the runtime's clock, or a duration: a finite float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -216,9 +249,9 @@ def as_time(field: str, value: object) -> float:
 
 def request_deadlines(
     rid: int, priority: int, arrival_time: object, slo: object, classes: dict[int, SLO]
-) -> tuple[float, float]:
-    """(first token due, per-token gap) of a submitted request: its own ``slo``, else its
-    priority class's, else none (``inf``, 0)."""
+) -> tuple[float, float, float]:
+    """(first token due, per-token gap, TTFT objective) of a submitted request: its own
+    ``slo``, else its priority class's, else none (``inf``, 0, ``inf``)."""
     own = check_slo("slo", slo)
     chosen = own if own is not None else classes.get(priority)
     if arrival_time is not None:
@@ -227,7 +260,8 @@ def request_deadlines(
         raise _errors.arrival_time_required(rid)
     else:
         arrival = 0.0
-    return slo_fields(chosen, arrival)
+    due, gap = slo_fields(chosen, arrival)
+    return due, gap, chosen.ttft if chosen is not None else math.inf
 
 
 def check_admits_args(
