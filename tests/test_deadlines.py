@@ -583,6 +583,7 @@ def test_compiled_and_twin_agree_under_deadline_policies(
                     ledger.relegated_ids.tolist(),
                     ledger.shed_ids.tolist(),
                     ledger.waiting,
+                    ledger.relegated_waiting,
                     ledger.waiting_ids(),
                     ledger.step_time_estimate,
                 )

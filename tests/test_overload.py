@@ -68,10 +68,12 @@ def test_a_relegated_request_waits_its_own_ttft_then_is_handed_back(impl):
     plan = step(ledger, planner, plan, 0.06)
     # Past its deadline, though never at the head of an admission: relegated by the sweep.
     assert ledger.relegated_ids.tolist() == [1] and ledger.waiting == 1
+    assert ledger.relegated_waiting == 1
     plan = step(ledger, planner, plan, 0.10)
     assert not ledger.shed_ids.size and ledger.waiting_ids() == [1]
     plan = step(ledger, planner, plan, 0.11)  # relegated at 0.06 + its 50 ms objective
     assert ledger.shed_ids.tolist() == [1] and ledger.waiting == 0
+    assert ledger.relegated_waiting == 0
     step(ledger, planner, plan, 0.12)
     assert not ledger.shed_ids.size  # reported once
     with pytest.raises(ValueError, match="is not waiting or resident"):
@@ -247,3 +249,71 @@ def test_the_ranker_applies_the_same_floor_and_wait(impl):
     )
     assert lost.tolist() == [1]
     assert level_of(rows["priority"][0]) == LEVEL_AT_RISK
+
+
+# --- the simulator's serving front ------------------------------------------------------------
+
+SMALL = sp.StepPlannerLimits(
+    max_batch_size=8, max_input_length=4096, kv_page_size=16, max_step_tokens=256
+)
+SMALL_STEP = sp.LatencyModel(a=0.008, b=0.000025)
+SMALL_CLASSES = {
+    -1: sp.SLO(0.2, 0.05),
+    0: sp.SLO(0.25, 0.1),
+    1: sp.SLO(2.0, 0.25),
+}
+
+
+def _deadline_run(rate, requests=600, max_prompt=4096, **queue):
+    from stepplanner.sim.simulator import ServingQueue, simulate
+    from stepplanner.sim.workloads import synthetic
+
+    workload = synthetic(requests, rate, max_prompt=max_prompt, slo_classes=SMALL_CLASSES)
+    options = sp.SchedulingOptions(
+        scheduling_policy=sp.SchedulingPolicy.DEADLINE,
+        preemption=sp.PreemptionMode.PAUSE,
+        max_pause_steps=64,
+    )
+    return simulate(workload, SMALL, options, SMALL_STEP, queue=ServingQueue(**queue))
+
+
+def test_an_open_ended_overload_keeps_every_wait_bounded_and_places_for_viable_requests():
+    """Arrivals well past what the engine serves, a bounded queue: every request relegated in
+    the queue is served or handed back within its own TTFT objective, none is left waiting,
+    and no 429 is given while a relegated request holds a place (the prompts are short
+    enough that every arrival could make its first token)."""
+    result = _deadline_run(12.0, max_prompt=512, max_waiting=8)
+    q = result.report()["queue"]
+    assert q["shed"] > 50 and q["relegated_waiting"] >= q["shed"]
+    assert q["queue_full"] > 50
+    assert q["longest_relegated_wait_s"] <= 2.0 + 0.05  # the batch class's 2 s, and a step
+    assert q["unanswered_relegated"] == 0
+    assert q["queue_full"] > 0 and q["queue_full_beside_relegated"] == 0
+    assert result.refused.sum() == q["queue_full"]
+    shed = ~np.isnan(result.shed_time)
+    assert not np.any(shed & ~result.relegated)  # only relegated requests are handed back
+    assert np.all(np.isnan(result.finish_time[shed]))  # and they are not served
+    attainment = result.attainment()["classes"]["all"]
+    assert attainment["missed"]["refused"] == q["queue_full"]  # each 429 a miss
+
+
+def test_handing_back_at_once_leaves_no_relegated_request_waiting():
+    result = _deadline_run(8.0, max_prompt=512, max_waiting=32, relegated_wait=0)
+    q = result.report()["queue"]
+    assert q["shed"] > 50 and q["longest_relegated_wait_s"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("queue", "error", "match"),
+    [
+        ({"max_waiting": 0}, ValueError, r"max_waiting=0 is out of range"),
+        ({"max_waiting": True}, ValueError, r"max_waiting=True is out of range"),
+        ({"relegated_wait": -1}, ValueError, r"relegated_wait=-1 is out of range"),
+        ({"never_relegate_below": "x"}, TypeError, r"never_relegate_below"),
+    ],
+)
+def test_bad_serving_queues_are_refused(queue, error, match):
+    from stepplanner.sim.simulator import ServingQueue
+
+    with pytest.raises(error, match=match):
+        ServingQueue(**queue)

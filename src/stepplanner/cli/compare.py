@@ -23,6 +23,8 @@ from .options import (
     limit_options,
     limits_from,
     output_format,
+    queue_from,
+    queue_options,
     run_options,
     workload_from,
     workload_options,
@@ -69,6 +71,7 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
 @workload_options
 @limit_options
 @run_options
+@queue_options
 @click.option(
     "--config",
     "configs",
@@ -130,6 +133,7 @@ def compare_command(
         check_plot_path(plot)
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
+    queue = queue_from(kw)
     if loads is not None and not workload.has_objectives:
         raise InputError(
             "--load reports SLO attainment per load, and no request carries "
@@ -170,7 +174,15 @@ def compare_command(
         for k, (config, policy, (_, pool)) in enumerate(zip(runs, policies, pools), start=1):
             label = f"{where}{k}/{len(runs)} {config.name}"
             result, occupancy = run(
-                w, config.limits, policy, latency, max_steps, show, label, num_pages=pool
+                w,
+                config.limits,
+                policy,
+                latency,
+                max_steps,
+                show,
+                label,
+                num_pages=pool,
+                queue=queue,
             )
             pages = {} if occupancy is None else {"pages": occupancy.report()}
             warn_refused(result, config.name)

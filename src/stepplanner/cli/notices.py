@@ -67,7 +67,18 @@ def warn_no_op_options(
 
 def refused_requests(result: SimulationResult, where: str = "") -> str | None:
     """The refused requests, the first few by name, and why; ``None`` when there are none."""
-    refused = np.flatnonzero(result.refused)
+    full = result.queue_full if result.queue_full.size else np.zeros_like(result.refused)
+    refused = np.flatnonzero(result.refused & ~full)
+    prefix = f"{where}: " if where else ""
+    if full.any():
+        queue = (
+            f"{prefix}{int(full.sum()):,} of {len(result.workload):,} requests refused at "
+            f"submission: the waiting queue was full (max_waiting={result.queue.max_waiting:,}; "
+            "a server answers HTTP 429), counted as misses"
+        )
+        if refused.size == 0:
+            return queue
+        prefix = f"{queue}; and "
     if refused.size == 0:
         return None
     w, s_in = result.workload, result.limits.max_input_length
@@ -76,7 +87,6 @@ def refused_requests(result: SimulationResult, where: str = "") -> str | None:
         for i in refused[:SHOW_REFUSED]
     )
     more = f" and {refused.size - SHOW_REFUSED:,} more" if refused.size > SHOW_REFUSED else ""
-    prefix = f"{where}: " if where else ""
     return (
         f"{prefix}{refused.size:,} of {len(w):,} requests refused at submission: a prompt "
         f"longer than max_input_length (S_in={s_in:,}) can never be planned (SPEC §6); "

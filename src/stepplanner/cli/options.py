@@ -11,7 +11,7 @@ import click
 from .._errors import StepPlannerValueError
 from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-from ..sim.simulator import DEFAULT_LIMITS
+from ..sim.simulator import DEFAULT_LIMITS, ServingQueue
 from ..sim.traces import read_trace
 from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload, synthetic
 from ..tuning.slo import parse_slo_classes
@@ -203,6 +203,38 @@ scheduling_options = compose(
         help="Release a resident paused this many steps in a row (0 = never).",
     ),
 )
+
+
+queue_options = compose(
+    click.option(
+        "--max-waiting",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Bound the waiting queue: a request that finds it full is refused (a server's "
+        "HTTP 429) and counted as a miss (default: every request may wait).",
+    ),
+    click.option(
+        "--relegated-wait",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="DEADLINE: seconds a relegated request may still wait in the queue before it is "
+        "handed back unserved (0: at once; default: its own TTFT objective).",
+    ),
+    click.option(
+        "--never-relegate-below",
+        type=int,
+        default=0,
+        show_default=True,
+        help="DEADLINE: priority classes below this are never relegated (0: the urgent ones).",
+    ),
+)
+
+
+def queue_from(kw: dict[str, Any]) -> ServingQueue:
+    """Pop the ``queue_options`` values out of a command's keyword arguments."""
+    return ServingQueue(
+        kw.pop("max_waiting"), kw.pop("relegated_wait"), kw.pop("never_relegate_below")
+    )
 
 
 def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:

@@ -19,6 +19,8 @@ from .options import (
     num_pages_option,
     options_from,
     output_format,
+    queue_from,
+    queue_options,
     run_options,
     scheduling_options,
     workload_from,
@@ -39,6 +41,7 @@ from .tuning_render import write_json
 @run_options
 @format_options
 @num_pages_option
+@queue_options
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False),
@@ -77,6 +80,7 @@ def simulate_command(
     )
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    queue = queue_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     latency = latency_of(latency_model, latency_text)
@@ -92,6 +96,7 @@ def simulate_command(
         "simulating",
         num_pages=num_pages,
         detailed=save_detailed,
+        queue=queue,
     )
     warn_refused(result)
     report = result.report()

@@ -1060,6 +1060,12 @@ cdef class Ledger:
         return self.q.capacity - self.q.num_free
 
     @property
+    def relegated_waiting(self):
+        """Of ``waiting``, the requests relegated in the queue (DEADLINE): each is handed back
+        once its wait is over, or when a request that can still make it needs its place."""
+        return self.q.heaps[HEAP_LOSING].size
+
+    @property
     def residents(self):
         """Rows ``0..count-1`` as a writable view: what ``planner.plan()`` reads in place."""
         return _view(self._rows_views, self._rows, _RESIDENT_DESCR, self.t.count, self.t.rows,

@@ -228,6 +228,10 @@ class Ledger:
         return len(self._waiting)
 
     @property
+    def relegated_waiting(self) -> int:
+        return sum(1 for entry in self._losing if entry[6])
+
+    @property
     def residents(self) -> np.ndarray:
         return np.frombuffer(self._rows_memory, dtype=RESIDENT_DTYPE, count=self._count)
 

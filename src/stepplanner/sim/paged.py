@@ -22,6 +22,7 @@ from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .simulator import (
     DEFAULT_LIMITS,
     Progress,
+    ServingQueue,
     SimulationResult,
     SimulationRun,
     check_run_args,
@@ -98,19 +99,28 @@ def simulate_paged(
     progress_every: int = 2048,
     pace: EnginePace | None = None,
     detailed: bool = False,
+    queue: ServingQueue | None = None,
 ) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
 
     A request whose worst case exceeds the whole pool (or whose prompt exceeds S_in) is refused
     and counted as such, never dropped silently. ``progress``, ``pace`` and ``detailed`` as in
-    ``simulate`` (objectives and deadlines too: the run is ``SimulationRun``'s).
+    ``simulate`` (objectives, deadlines and ``queue`` too: the run is ``SimulationRun``'s).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace)
+    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue)
     table = KVPageTable(
         limits.max_batch_size, row_pages(workload, limits), num_pages, limits.kv_page_size
     )
     run = SimulationRun(
-        workload, limits, policy, latency, StepPlanner(policy, limits), table, pace, detailed
+        workload,
+        limits,
+        policy,
+        latency,
+        StepPlanner(policy, limits),
+        table,
+        pace,
+        detailed,
+        queue,
     )
     reserved: list[int] = []
     in_use: list[int] = []

@@ -23,6 +23,12 @@ Every emitted token's lateness against its deadline (``deadline_of``: arrival + 
 is measured as it is emitted, and the requests DEADLINE relegates are kept
 (``SimulationResult.relegated``); ``sim.goodput`` turns them into attainment and goodput.
 
+The serving front (``ServingQueue``): by default every request may wait (the workload is the
+whole demand); ``max_waiting`` bounds the queue, and a request it refuses is counted as a 429
+(``SimulationResult.queue_full``) and a miss. ``relegated_wait`` and ``never_relegate_below`` are
+the ledger's (docs/scheduling.md, "Overload"): a request the ledger hands back
+(``ledger.shed_ids``) is answered then (``SimulationResult.shed_time``) and counts as a miss.
+
 Record/replay: ``StepRecorder`` writes one JSON line per step (the ledger rows the plan was made
 over and the plan); ``replay`` re-plans each recorded step and reports the steps whose plan
 differs.
@@ -39,9 +45,10 @@ from typing import IO, Any
 import numpy as np
 
 from .. import _errors
-from .._errors import StepPlannerTypeError, StepPlannerValueError
+from .._errors import QueueFullError, StepPlannerTypeError, StepPlannerValueError
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from ..ledger import RESIDENT_FIELDS, Ledger
+from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
 from ..planner._fields import enum_fields, enum_from_text
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
@@ -62,6 +69,7 @@ from .workloads import Workload, json_lines
 __all__ = [
     "DEFAULT_LIMITS",
     "RECORD_FORMAT",
+    "ServingQueue",
     "SimulationResult",
     "SimulationRun",
     "StepRecorder",
@@ -95,6 +103,40 @@ STEP_FIELDS = (
 # The per-token gap of a request without a per-token objective: its tokens after the first are
 # due after any simulated time.
 NO_GAP = 1e300
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingQueue:
+    """The serving front a run's ledger keeps: how many requests may wait (``None``: the whole
+    workload, nothing is pushed back), how long a relegated one may still wait (``None``: its
+    own TTFT objective; 0: handed back at once) and the classes never relegated (priority below
+    ``never_relegate_below``). The last two are the ledger's ``relegated_wait`` and
+    ``never_relegate_below``, checked by it."""
+
+    max_waiting: int | None = None
+    relegated_wait: float | None = None
+    never_relegate_below: int = NEVER_RELEGATE_BELOW
+
+    def __post_init__(self) -> None:
+        if self.max_waiting is not None and (
+            isinstance(self.max_waiting, bool)
+            or not isinstance(self.max_waiting, int)
+            or self.max_waiting < 1
+        ):
+            raise StepPlannerValueError(
+                f"max_waiting={self.max_waiting!r} is out of range; allowed: an int >= 1, or "
+                "None (every request may wait)"
+            )
+        check_relegation_args(self.relegated_wait, self.never_relegate_below)
+
+    def ledger_options(self, requests: int) -> dict[str, Any]:
+        """The ``Ledger`` keywords for a run of ``requests``."""
+        return {
+            "max_waiting": max(requests, 1) if self.max_waiting is None else self.max_waiting,
+            "relegated_wait": self.relegated_wait,
+            "never_relegate_below": self.never_relegate_below,
+        }
+
 
 OnStep = Callable[[int, float, Ledger, Any], None]
 Progress = Callable[[int, float, int], None]
@@ -134,6 +176,16 @@ class SimulationResult:
     """Per request, how many of its tokens came after their deadlines."""
     relegated: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     """Per request, whether the DEADLINE policy relegated it (ledger.relegated_ids)."""
+    relegate_time: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Per request, when it was relegated (NaN: never)."""
+    shed_time: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Per request, when the ledger handed it back unserved (ledger.shed_ids; NaN: never)."""
+    queue_full: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """Per request, whether a full queue refused it (a server's HTTP 429); also ``refused``."""
+    queue: ServingQueue = dataclasses.field(default_factory=ServingQueue)
+    """The serving front of the run."""
+    refused_beside_relegated: int = 0
+    """429s given while a request relegated in the queue still waited there."""
     token_requests: np.ndarray | None = None
     """``simulate(detailed=True)``: per emitted token in emission order, its request's row."""
     token_steps: np.ndarray | None = None
@@ -262,10 +314,35 @@ class SimulationResult:
                 "steps_per_s": self.num_steps / self.wall_seconds if self.wall_seconds else None,
             },
         }
+        if self.shed_time.size:
+            report["queue"] = self.queue_report()
         attainment = self.attainment()
         if attainment is not None:
             report["slo_attainment"] = attainment
         return report
+
+    def queue_report(self) -> dict[str, Any]:
+        """The serving front: its options, the 429s, the requests handed back, and the longest
+        waits in the queue (to admission, or to being handed back unserved) — overall, and of
+        the requests relegated while they waited, from their relegation."""
+        w = self.workload
+        left = np.where(np.isnan(self.admit_time), self.shed_time, self.admit_time)
+        waited = left - w.arrival_time
+        queued = ~np.isnan(self.relegate_time) & ~(self.admit_time < self.relegate_time)
+        after = left[queued] - self.relegate_time[queued]
+        unanswered = queued & np.isnan(left)  # still waiting when the run ended
+        return {
+            **dataclasses.asdict(self.queue),
+            "queue_full": int(self.queue_full.sum()),
+            "queue_full_beside_relegated": self.refused_beside_relegated,
+            "shed": int((~np.isnan(self.shed_time)).sum()),
+            "relegated_waiting": int(queued.sum()),
+            "unanswered_relegated": int(unanswered.sum()),
+            "longest_wait_s": float(np.nanmax(waited)) if np.any(~np.isnan(waited)) else None,
+            "longest_relegated_wait_s": (
+                float(np.nanmax(after)) if np.any(~np.isnan(after)) else None
+            ),
+        }
 
 
 def run_span(result: SimulationResult) -> float:
@@ -324,6 +401,7 @@ def simulate(
     progress_every: int = 2048,
     pace: EnginePace | None = None,
     detailed: bool = False,
+    queue: ServingQueue | None = None,
 ) -> SimulationResult:
     """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
 
@@ -332,11 +410,18 @@ def simulate(
     completed)`` runs every ``progress_every`` steps. ``max_steps`` cuts the run short.
     ``pace`` replays a real run's measured speed over time on ``latency`` (a diagnostic:
     :class:`~stepplanner.sim.latency.EnginePace`). ``detailed`` keeps every token's time
-    (``SimulationResult.token_times``).
+    (``SimulationResult.token_times``). ``queue``: the serving front (``ServingQueue``).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace)
+    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue)
     run = SimulationRun(
-        workload, limits, policy, latency, StepPlanner(policy, limits), pace=pace, detailed=detailed
+        workload,
+        limits,
+        policy,
+        latency,
+        StepPlanner(policy, limits),
+        pace=pace,
+        detailed=detailed,
+        queue=queue,
     )
     return run.run(max_steps, on_step, progress, progress_every)
 
@@ -348,6 +433,7 @@ def check_run_args(
     latency: Any,
     max_steps: Any,
     pace: Any = None,
+    queue: Any = None,
 ) -> ResolvedSchedulingPolicy:
     """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
     ``options`` resolve to under ``limits``."""
@@ -357,6 +443,10 @@ def check_run_args(
         raise _errors.wrong_type("latency", "LatencyModel", latency)
     if pace is not None and not isinstance(pace, EnginePace):
         raise StepPlannerTypeError(f"pace must be an EnginePace or None, got {type(pace).__name__}")
+    if queue is not None and not isinstance(queue, ServingQueue):
+        raise StepPlannerTypeError(
+            f"queue must be a ServingQueue or None, got {type(queue).__name__}"
+        )
     if max_steps is not None and (
         isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
     ):
@@ -417,19 +507,21 @@ class SimulationRun:
         page_table: Any = None,
         pace: EnginePace | None = None,
         detailed: bool = False,
+        queue: ServingQueue | None = None,
     ) -> None:
         n = len(workload)
+        self.queue = queue if queue is not None else ServingQueue()
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.pace = pace  # its windows count from the first arrival
         self.planner = planner
-        # Every request may wait: the workload is the whole demand, nothing is pushed back.
+        # By default every request may wait: the workload is the whole demand.
         self.ledger = Ledger(
             limits,
             policy,
-            max_waiting=max(n, 1),
             page_table=page_table,
             slo_classes=dict(workload.slo_classes or {}),
             step_time=step_time_of(latency, limits, workload),
+            **self.queue.ledger_options(n),
         )
         # Deadlines: first token due at arrival + ttft (inf: none), then one every gap (inf:
         # no per-token objective). The requests' own SLOs go to submit, their classes' are the
@@ -451,6 +543,12 @@ class SimulationRun:
         self.max_lateness = np.full(n, -np.inf)
         self.late_tokens = np.zeros(n, dtype=np.int64)
         self.relegated = np.zeros(n, dtype=bool)
+        self.relegate_time = np.full(n, np.nan)
+        self.shed_time = np.full(n, np.nan)
+        self.queue_full = np.zeros(n, dtype=bool)
+        # 429s given while a relegated request held a queue place: the ledger gives those only
+        # to a request that would be relegated itself (docs/scheduling.md, "Overload").
+        self.refused_beside_relegated = 0
         self.token_log: list[np.ndarray] | None = [] if detailed else None
         self.admit_time = np.full(n, np.nan)
         self.first_token_time = np.full(n, np.nan)
@@ -502,6 +600,10 @@ class SimulationRun:
                 relegated = self.ledger.relegated_ids
                 if relegated.size:
                     self.relegated[relegated] = True
+                    self.relegate_time[relegated] = self.now
+                shed = self.ledger.shed_ids
+                if shed.size:  # answered now, unserved
+                    self.shed_time[shed] = self.now
             if finished.size:
                 self.finish_time[finished] = self.now
                 self.completed += finished.size
@@ -538,6 +640,10 @@ class SimulationRun:
                     arrival_time=float(w.arrival_time[i]),
                     slo=self.own_slo.get(i),
                 )
+            except QueueFullError:
+                self.refused[i] = self.queue_full[i] = True  # the server's 429
+                if ledger.relegated_waiting:
+                    self.refused_beside_relegated += 1
             except ValueError:
                 self.refused[i] = True  # counted in the report, never silently dropped
         self.next_request = max(self.next_request, stop)
@@ -644,6 +750,11 @@ class SimulationRun:
             max_lateness=self.max_lateness,
             late_tokens=self.late_tokens,
             relegated=self.relegated,
+            relegate_time=self.relegate_time,
+            shed_time=self.shed_time,
+            queue_full=self.queue_full,
+            queue=self.queue,
+            refused_beside_relegated=self.refused_beside_relegated,
             **self._tokens(),
         )
 
