@@ -196,7 +196,11 @@ def check_deadline_args(
     if policy is None:
         budget, step_tokens, chunk = "max_step_tokens", limits.t_max, limits.max_input_length
     else:
-        budget, step_tokens, chunk = "max_num_tokens", policy.max_num_tokens, policy.max_chunk_tokens
+        budget, step_tokens, chunk = (
+            "max_num_tokens",
+            policy.max_num_tokens,
+            policy.max_chunk_tokens,
+        )
     # Each part finite is not enough: the rank pass prices every step at the full budget, and an
     # infinite estimate would relegate every request with an objective for good. (The sum, in
     # the order the compiled ledger's step_estimate adds it.)
