@@ -34,6 +34,7 @@ from ._shared import (
     RANK_NONE,
     STEP_TIME_WEIGHT,
     UINT64_MAX,
+    DeadlineArgs,
     as_request_id,
     as_time,
     check_admits_args,
@@ -682,7 +683,7 @@ class Ledger:
 class _Deadlines:
     """The rank pass's policy and step-time estimate (the compiled ledger's ``DeadlineC``)."""
 
-    def __init__(self, limits: StepPlannerLimits, checked: tuple[Any, ...]) -> None:
+    def __init__(self, limits: StepPlannerLimits, checked: DeadlineArgs) -> None:
         # ``checked``: what _shared.check_deadline_args returned for the constructor's arguments.
         (
             self.ranking,

@@ -155,12 +155,17 @@ EDF_SPAN = 2**31 - 2  # EDF's priority: +-EDF_SPAN ms; INT32_MAX is "no deadline
 STEP_TIME_WEIGHT = 0.25
 
 
+# What check_deadline_args returns: (ranking, classes, base, per_token, measured, step tokens,
+# chunk).
+DeadlineArgs = tuple[int, dict[int, SLO], float, float, bool, int, int]
+
+
 def check_deadline_args(
     policy: ResolvedSchedulingPolicy | None,
     limits: StepPlannerLimits,
     slo_classes: object,
     step_time: object,
-) -> tuple[int, dict[int, SLO], float, float, bool, int, int]:
+) -> DeadlineArgs:
     """(ranking, classes, base seconds, seconds per token, measured, step tokens, chunk) of a
     new ledger: what its rank pass needs, every argument checked.
 
@@ -215,7 +220,7 @@ def check_constructor(
     max_waiting: object,
     slo_classes: object,
     step_time: object,
-) -> tuple[tuple[bool, int, int], tuple[int, dict[int, SLO], float, float, bool, int, int]]:
+) -> tuple[tuple[bool, int, int], DeadlineArgs]:
     """A new ledger's arguments, checked in one order for both ledgers (``check_ledger_args``,
     then ``check_deadline_args``: limits, policy, max_waiting, slo_classes, step_time; the page
     table is checked after, by the caller), so that any mix of bad arguments is refused with the
