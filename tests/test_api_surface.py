@@ -282,7 +282,16 @@ def test_ledger_implementations_have_the_same_surface(compiled):
     assert (
         stub
         == list(inspect.signature(ours).parameters)
-        == ["limits", "policy", "max_waiting", "page_table", "slo_classes", "step_time"]
+        == [
+            "limits",
+            "policy",
+            "max_waiting",
+            "page_table",
+            "slo_classes",
+            "step_time",
+            "relegated_wait",
+            "never_relegate_below",
+        ]
     )
     ranker, compiled_ranker = _ledger_reference.Ranker, _ledger_core.Ranker
     for name in sorted(_public(ranker)):

@@ -9,6 +9,8 @@ row, plan, view and error message.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 
 import stepplanner as sp
 from stepplanner import _core, _core_py
+from stepplanner.kv import _kv as sp_kv_compiled
+from stepplanner.kv import _kv_py as sp_kv_python
 from stepplanner.ledger import _ledger, _ledger_py
 from stepplanner.ledger._shared import (
     KEY_NONE,
@@ -80,6 +84,20 @@ def test_slo_refuses_values_that_are_no_objective(bad):
         sp.SLO(0.25, bad)
 
 
+@pytest.mark.parametrize("bad", [10**400, -(10**400), 10**5000], ids=["1e400", "-1e400", "1e5000"])
+def test_slo_refuses_an_int_beyond_a_float_naming_the_field(bad):
+    # float() of it raised a bare OverflowError naming no field (the fourth review).
+    shown = "<an int of 16610 bits>" if bad == 10**5000 else str(bad)
+    for call, field in ((lambda: sp.SLO(bad), "ttft"), (lambda: sp.SLO(0.25, bad), "tpot")):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert isinstance(info.value, sp.StepPlannerError)
+        assert not isinstance(info.value, OverflowError)
+        assert str(info.value) == (
+            f"{field}={shown} is out of range; allowed: a finite number of seconds > 0"
+        )
+
+
 @pytest.mark.parametrize("bad", ["250ms", True, None, [1]])
 def test_slo_refuses_non_numbers(bad):
     with pytest.raises(TypeError, match="ttft must be a number of seconds"):
@@ -113,11 +131,30 @@ def test_bad_slo_classes_are_refused(impl, classes, error, match):
         ((-0.01, 0.0), ValueError, "step_time base=-0.01 is out of range"),
         ((0.01, math.nan), ValueError, "step_time per_token=nan is out of range"),
         ((math.inf, 0.0), ValueError, "step_time base=inf is out of range"),
+        ((10**400, 0.0), ValueError, "step_time base=1000+ is out of range"),
+        ((0.0, -(10**400)), ValueError, "step_time per_token=-1000+ is out of range"),
+        # Each part finite, the estimate at the full budget (528 tokens) not: it relegated every
+        # request with an objective for good (the fourth review).
+        (
+            (0, 1e308),
+            ValueError,
+            r"^step_time=\(0.0, 1e\+308\) estimates a step of max_num_tokens=528 tokens at "
+            r"base \+ per_token x 528 = inf seconds; allowed: parts whose estimate is a finite",
+        ),
+        ((1.7e308, 1e306), ValueError, r"step_time=\(1.7e\+308, 1e\+306\) estimates a step"),
     ],
 )
 def test_bad_step_time_is_refused(impl, step_time, error, match):
     with pytest.raises(error, match=match):
         make(impl, step_time=step_time)
+    with pytest.raises(error, match=match):
+        impl[0].Ranker(LIMITS, policy("DEADLINE"), step_time=step_time)
+
+
+def test_a_step_time_estimate_just_below_inf_is_accepted(impl):
+    per_token = 1.7e308 / 528
+    ledger, _ = make(impl, step_time=(0.0, per_token))
+    assert ledger.step_time_estimate == per_token * 528 < math.inf
 
 
 # --- submit -------------------------------------------------------------------------------------
@@ -168,6 +205,75 @@ def test_now_is_required_where_the_policy_reads_the_clock(impl, call):
     assert _state(ledger) == before
     with pytest.raises(ValueError, match="now=nan is not a time"):
         ledger.step(planner, now=math.nan)
+
+
+HUGE = {"1e400": 10**400, "-1e400": -(10**400), "1e5000": 10**5000}
+
+
+@pytest.mark.parametrize("huge", list(HUGE.values()), ids=list(HUGE))
+def test_times_beyond_a_float_are_refused_alike_naming_the_field(huge):
+    """An int no float holds as a time was float()'s bare OverflowError, naming no field, from
+    every call that takes one (the fourth review): now a ValueError naming the field and the
+    value, the same from both ledgers, with nothing changed."""
+    shown = "<an int of 16610 bits>" if huge == 10**5000 else str(huge)
+    want = {"submit": f"arrival_time={shown} is not a time; allowed: a finite number of seconds"}
+    for call in ("step", "rank", "admit", "apply", "measure", "Ranker.rank", "Ranker.measure"):
+        want[call] = f"now={shown} is not a time; allowed: a finite number of seconds"
+    want["Ranker.admits now"] = want["rank"]
+    want["Ranker.admits first_due"] = (
+        f"first_due={shown} is not a time; allowed: a number of seconds (inf: none)"
+    )
+    got = []
+    for impl in ((_ledger, _core), (_ledger_py, _core_py)):
+        ledger, planner = make(impl, step_time=None)
+        ledger.submit(1, 40, arrival_time=0.0, slo=sp.SLO(1.0), max_new_tokens=4)
+        plan = ledger.step(planner, now=0.0)
+        ranker = impl[0].Ranker(LIMITS, policy("DEADLINE"))
+        arrays = (
+            np.zeros(2, dtype=sp.RESIDENT_DTYPE),
+            np.ones(2),
+            np.zeros(2),
+            np.zeros(2, dtype=np.int64),
+            np.zeros(2, dtype=np.uint64),
+            np.zeros(2, dtype=np.uint8),
+        )
+        calls = {
+            "submit": lambda: ledger.submit(2, 10, arrival_time=huge, slo=sp.SLO(1.0)),  # noqa: B023
+            "step": lambda: ledger.step(planner, np.zeros(1, dtype=bool), now=huge),  # noqa: B023
+            "rank": lambda: ledger.rank(huge),  # noqa: B023
+            "admit": lambda: ledger.admit(now=huge),  # noqa: B023
+            "apply": lambda: ledger.apply(plan, now=huge),  # noqa: B023
+            "measure": lambda: ledger.measure(huge),  # noqa: B023
+            "Ranker.rank": lambda: ranker.rank(*arrays, huge),  # noqa: B023
+            "Ranker.measure": lambda: ranker.measure(huge),  # noqa: B023
+            "Ranker.admits now": lambda: ranker.admits(8, 1.0, huge),  # noqa: B023
+            "Ranker.admits first_due": lambda: ranker.admits(8, huge, 0.0),  # noqa: B023
+        }
+
+        def state():
+            return (
+                _state(ledger),  # noqa: B023
+                ledger.residents.tolist(),  # noqa: B023
+                ledger.output_tokens.tolist(),  # noqa: B023
+                ledger.step_time_estimate,  # noqa: B023
+                [a.tolist() for a in arrays],  # noqa: B023
+                ranker.step_time_estimate,  # noqa: B023
+            )
+
+        before = state()
+        refusals = {}
+        for name, call in calls.items():
+            with pytest.raises(ValueError) as info:
+                call()
+            assert isinstance(info.value, sp.StepPlannerError), name
+            assert not isinstance(info.value, OverflowError), name
+            refusals[name] = (type(info.value), str(info.value))
+            assert state() == before, name
+        assert {name: message for name, (_, message) in refusals.items()} == want
+        got.append(refusals)
+        # Still usable: the pending plan applies and the next step plans.
+        ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.01)
+    assert got[0] == got[1]
 
 
 def test_edf_needs_now_to_step_but_not_to_admit(impl):
@@ -366,6 +472,28 @@ def test_the_measured_step_time_follows_the_clock(impl):
     assert ledger.step_time_estimate == pytest.approx(0.125)
 
 
+def test_a_clock_jump_past_a_float_is_no_sample_and_the_estimate_stays_finite(impl):
+    # Two finite nows 2e308 apart made an inf sample, then a NaN estimate; the twin's rank then
+    # raised float NaN's bare ValueError and the compiled one cast NaN to an integer.
+    ledger, planner = make(impl, step_time=None)
+    ledger.submit(1, 16, arrival_time=0.0, slo=sp.SLO(10.0, 1.0), max_new_tokens=50)
+    ledger.submit(2, 200, arrival_time=0.0, slo=sp.SLO(1e300))
+    plan = ledger.step(planner, now=0.0)
+    plan = ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=0.1)
+    assert ledger.step_time_estimate == pytest.approx(0.1)  # the first sample
+    for now in (-1.7e308, 1.7e308, 1.7e308):  # back, a jump of 3.4e308 (inf), none
+        plan = ledger.step(planner, np.zeros(len(plan.sequences), dtype=bool), now=now)
+        assert ledger.step_time_estimate == pytest.approx(0.1)
+    ledger.rank(1.7e308)
+    assert ledger.step_time_estimate == pytest.approx(0.1)
+    ranker = impl[0].Ranker(LIMITS, policy("DEADLINE"))
+    for now in (-1e308, 1e308, 1.5e308):  # inf, then a finite sample of 5e307
+        ranker.measure(now)
+    assert ranker.step_time_estimate == 5e307
+    ranker.measure(1.7e308)
+    assert math.isfinite(ranker.step_time_estimate)
+
+
 def test_load_is_refused_under_a_deadline_policy(impl):
     ledger, _ = make(impl, "EDF")
     with pytest.raises(ValueError, match="load\\(\\) is refused under SchedulingPolicy.EDF"):
@@ -386,6 +514,85 @@ def test_the_planner_plans_deadline_policies_as_priority(core):
         plans.append(core.StepPlanner(pol, limits).plan(rows).to_dict())
     assert plans[0] == plans[1] == plans[2]
     assert plans[0]["paused"] == [0, 2, 3]  # SPEC §5's second example
+
+
+# --- the constructor: one order of checks for both ledgers ---------------------------------------
+
+# In the order both ledgers check them; the first value of each is good. Each bad value: what
+# its refusal's message starts with.
+_CONSTRUCTOR_ARGS = {
+    "limits": {LIMITS: None, "B=4": "limits must be a StepPlannerLimits"},
+    "policy": {
+        "DEADLINE": None,
+        "options": "policy must be a ResolvedSchedulingPolicy",
+        "reserved": "priority_reserved_slots=5 is out of range",
+    },
+    "max_waiting": {64: None, -1: "max_waiting=-1 is out of range", "8": "max_waiting must be"},
+    "slo_classes": {
+        None: None,
+        "list": "slo_classes must be a mapping",
+        "tuple": "slo_classes[0] must be an SLO",
+    },
+    "step_time": {
+        None: None,
+        (0.01, 0.0): None,
+        (-1, 0.0): "step_time base=-1.0 is out of range",
+        (0, 1e308): "step_time=(0.0, 1e+308) estimates",
+        0.01: "step_time must be a (base_seconds, seconds_per_token) pair",
+    },
+    "page_table": {
+        None: None,
+        "pages of 8": "page_table.kv_page_size=8 differs",
+        "in use": "page_table holds 1 of its",
+    },
+}
+
+
+def _constructor_outcome(impl_name, args):
+    ledger_mod, kv = (
+        (_ledger, sp_kv_compiled) if impl_name == "compiled" else (_ledger_py, sp_kv_python)
+    )
+    kwargs = dict(args)
+    kwargs["policy"] = {
+        "DEADLINE": policy("DEADLINE"),
+        "options": sp.SchedulingOptions(),  # not resolved
+        "reserved": dataclasses.replace(policy("DEADLINE"), priority_reserved_slots=5),
+    }[args["policy"]]
+    kwargs["slo_classes"] = {None: None, "list": [sp.SLO(1.0)], "tuple": {0: (0.25, 0.1)}}[
+        args["slo_classes"]
+    ]
+    if args["page_table"] is not None:  # each ledger's own module's table
+        kwargs["page_table"] = kv.KVPageTable(
+            4, 16, 64, 8 if args["page_table"] == "pages of 8" else 16
+        )
+        if args["page_table"] == "in use":
+            kwargs["page_table"].ensure(0, 16)
+    try:
+        ledger = ledger_mod.Ledger(kwargs.pop("limits"), kwargs.pop("policy"), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the refusal itself is the result compared
+        return type(exc).__name__, str(exc)
+    return "built", repr(ledger), ledger.step_time_estimate
+
+
+@pytest.mark.parametrize(
+    "values",
+    list(itertools.product(*(list(options) for options in _CONSTRUCTOR_ARGS.values()))),
+    ids=lambda values: "".join(
+        str(list(options).index(v)) for options, v in zip(_CONSTRUCTOR_ARGS.values(), values)
+    ),
+)
+def test_both_ledgers_refuse_any_mix_of_bad_constructor_arguments_alike(values):
+    # The twin checked step_time before slo_classes, the compiled ledger after: a bad pair of
+    # them raised different errors (the fourth review). One shared check, in one order, now.
+    args = dict(zip(_CONSTRUCTOR_ARGS, values))
+    compiled = _constructor_outcome("compiled", args)
+    assert compiled == _constructor_outcome("python", args)
+    refusals = [_CONSTRUCTOR_ARGS[name][value] for name, value in args.items()]
+    first = next((message for message in refusals if message is not None), None)
+    if first is None:
+        assert compiled[0] == "built"
+    else:  # the first bad argument in that order is the one refused
+        assert compiled[1].startswith(first), (first, compiled)
 
 
 # --- the Ranker: the same pass over a runtime's own rows ---------------------------------------

@@ -381,6 +381,54 @@ def test_save_detailed_lets_anyone_recompute_attainment(tmp_path: pathlib.Path) 
     assert len(read_results(path)) == 300  # the layout fidelity reads
 
 
+def _saved(tmp_path: pathlib.Path, *args: str) -> tuple[dict, dict]:
+    """(--json report, --save-result document) of a small simulate run."""
+    pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
+    from click.testing import CliRunner
+
+    from stepplanner.cli import main
+
+    path = tmp_path / "run.json"
+    result = CliRunner().invoke(
+        main,
+        ["simulate", "--requests", "200", "--rate", "45", "-B", "16", "--no-progress"]
+        + [*args, "--save-result", str(path), "--json"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output), json.loads(path.read_text())
+
+
+def test_request_goodput_is_the_goodput_the_objectives_define(tmp_path: pathlib.Path) -> None:
+    # It was the throughput under vLLM's goodput key (23.47 req/s beside a vLLM-good goodput of
+    # 20.42 in the same file: the fourth review).
+    classes = ["--slo-class", "0=ttft:250ms,tpot:30ms", "--slo-class", "1=ttft:1s,tpot:100ms"]
+    _, doc = _saved(tmp_path, "--policy", "deadline", *classes, "--save-detailed")
+    everyone = doc["slo_attainment"]["classes"]["all"]
+    assert 0 < everyone["vllm_good"] < doc["completed"]  # a run where goodput is not throughput
+    assert doc["request_goodput"] == everyone["vllm_goodput_rps"] < doc["request_throughput"]
+    # vLLM's --goodput verdict recomputed from the file's own per-request lists.
+    ttft, e2e = np.array(doc["ttfts"]), np.array(doc["latencies"])
+    out = np.array(doc["output_lens"])
+    slo = [np.array([NAN if v is None else v for v in doc[k]]) for k in ("ttft_slos", "tpot_slos")]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (e2e - ttft) / (out - 1), 0.0)
+    good = (
+        ~np.array([bool(e) for e in doc["errors"]])
+        & ~np.array(doc["relegated"])
+        & (ttft <= slo[0])
+        & (np.isnan(slo[1]) | (tpot <= slo[1]))
+    )
+    assert doc["request_goodput"] == pytest.approx(good.sum() / doc["duration"], rel=1e-12)
+    # --slo thresholds are the benchmark's own --goodput: they define it when given.
+    report, doc = _saved(tmp_path, "--policy", "deadline", *classes, "--slo", "ttft_p99=20ms")
+    assert doc["request_goodput"] == report["goodput"] < doc["request_throughput"]
+    assert doc["request_goodput"] != doc["slo_attainment"]["classes"]["all"]["vllm_goodput_rps"]
+    # No objectives at all: vLLM writes null, not the throughput.
+    _, doc = _saved(tmp_path, "--no-slo")
+    assert doc["request_goodput"] is None and doc["request_throughput"] > 0
+
+
 # --- saturation and loads ------------------------------------------------------------------------
 
 

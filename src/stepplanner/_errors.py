@@ -13,6 +13,8 @@ keep its traceback).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class StepPlannerError(Exception):
     """Base class of every error stepplanner raises about its input or its use."""
@@ -45,6 +47,16 @@ UINT64_MAX = 2**64 - 1
 
 def _type_name(value: object) -> str:
     return type(value).__name__
+
+
+def _shown(value: object, spell: Callable[[object], str] = str) -> str:
+    """``value`` as a message shows it (``spell``: ``str`` or ``repr``); an int past Python's
+    limit on converting ints to text (4300 digits, ``sys.set_int_max_str_digits``) by its size,
+    since spelling it would raise a ValueError that names nothing."""
+    try:
+        return spell(value)
+    except ValueError:
+        return f"<an int of {value.bit_length()} bits>"  # type: ignore[attr-defined]
 
 
 # --- scalar fields ---------------------------------------------------------------------------
@@ -84,7 +96,7 @@ def not_enum(field: str, value: object, enum_type: type) -> StepPlannerValueErro
 
 
 def out_of_range(field: str, value: object, allowed: str) -> StepPlannerValueError:
-    return StepPlannerValueError(f"{field}={value} is out of range; allowed: {allowed}")
+    return StepPlannerValueError(f"{field}={_shown(value)} is out of range; allowed: {allowed}")
 
 
 # --- the planner ---------------------------------------------------------------------------
@@ -487,7 +499,23 @@ def arrival_time_required(request_id: int) -> StepPlannerValueError:
 
 def not_finite_time(field: str, value: object) -> StepPlannerValueError:
     return StepPlannerValueError(
-        f"{field}={value!r} is not a time; allowed: a finite number of seconds"
+        f"{field}={_shown(value, repr)} is not a time; allowed: a finite number of seconds"
+    )
+
+
+def not_a_deadline(field: str, value: object) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"{field}={_shown(value, repr)} is not a time; allowed: a number of seconds (inf: none)"
+    )
+
+
+def step_time_not_finite(
+    base: float, per_token: float, budget: str, tokens: int
+) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"step_time=({base!r}, {per_token!r}) estimates a step of {budget}={tokens} tokens at "
+        f"base + per_token x {tokens} = inf seconds; allowed: parts whose estimate is a finite "
+        "number of seconds"
     )
 
 

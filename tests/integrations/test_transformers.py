@@ -58,6 +58,7 @@ import stepplanner as sp  # noqa: E402 - after the runtime's import guard above
 from stepplanner.ledger._shared import (  # noqa: E402
     LEVEL_AT_RISK,
     LEVEL_DUE,
+    LEVEL_RELEGATED,
     LEVEL_SLACK,
     level_of,
 )
@@ -860,6 +861,63 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
     assert holder["sched"].ledger.step_time_estimate == 1.0
     assert holder["sched"].relegated_requests == 1  # "hopeless", which still completed (above)
     print(f"\n{'async' if overlap else 'sync'}: {seen}, paused {record.paused} rows")
+
+
+def test_a_first_token_late_by_less_than_a_step_relegates_its_request(
+    model: Any, monkeypatch: Any
+) -> None:
+    # On the virtual clock (one second a step, both requests arriving at 0), both prompts run in
+    # the first step, planned at 1 s; their first tokens come back when it ends, at 2 s. "missed"
+    # wanted its token by 1.5 s: late by half a step. The adapter gave Ledger.apply the time read
+    # when the batch was planned (1 s), so the late token was never seen and, with no per-token
+    # objective, nothing later was ever due: never relegated, never counted (the fourth review).
+    # "met" wanted it by 2.5 s and got it. (The synchronous loop: in the overlapped one the next
+    # batch is planned before this one's tokens are read back.)
+    rng = random.Random(5)
+    requests = [
+        Request(rid, [rng.randrange(3, VOCAB) for _ in range(6)], 3, 0) for rid in ("missed", "met")
+    ]
+    slo = {"missed": sp.SLO(1.5), "met": sp.SLO(2.5)}
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=DEADLINE,
+        preemption=PAUSE,
+        max_num_tokens=16,
+        max_chunk_tokens=8,
+    )
+    relegated: dict[int, set[str]] = {}
+    holder: dict[str, Any] = {}
+
+    def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        holder["sched"] = sched
+        step = len(relegated) + 1
+        relegated[step] = {
+            state.request_id
+            for state, priority in zip(states, residents["priority"].tolist())
+            if level_of(priority) == LEVEL_RELEGATED
+        }
+        if step == 1:  # both prompts whole in the first step, each emitting its first token
+            assert sorted(
+                (f.state.request_id, f.query_length, f.has_new_token) for f in handed
+            ) == [
+                ("met", 6, True),
+                ("missed", 6, True),
+            ]
+
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        slo=slo,
+        virtual_clock=True,
+        on_step=check,
+    )
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    assert relegated == {1: set(), 2: {"missed"}, 3: {"missed"}}
+    assert holder["sched"].relegated_requests == 1
 
 
 def test_an_invalid_objective_fails_its_request_alone(

@@ -27,7 +27,12 @@ Objectives (``SLO``) come per priority class (``register(..., slo_classes=)``) o
 (``register(..., slo=)``, keyed by request id like ``priority``); under ``SchedulingPolicy.EDF`` and
 ``DEADLINE`` the ledger ranks the rows from them before each plan, at ``now`` = one read of
 ``time.perf_counter()``, the clock of the runtime's own ``RequestState.created_time`` (each
-request's arrival), and measures the step time from those reads.
+request's arrival), and measures the step time from those reads. A batch's tokens are counted
+against their deadlines (``Ledger.apply``) at a time read once they came back: when the runtime
+next calls in (the next ``schedule_batch``, or a request's exit if that comes first), not when
+the batch was planned, which would see no token late by less than a step. In the overlapped loop
+(``use_async_batching``) the next batch is scheduled while this one's tokens may still be on the
+device, so there a token late by less than a step can still go unseen.
 
 transformers' scheduler interface is private, so this module supports only the versions it is
 tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any other.
@@ -215,6 +220,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._arrivals: dict[str, float] = {}  # runtime id -> arrival, requests with objectives
         self._departed: dict[str, float] = {}  # the same, of requests that left since the last step
         self._ran = False  # the last step handed back a batch (a sample of the step time)
+        self._unapplied: Any = None  # EDF/DEADLINE: that batch's plan, until it has run
         self.relegated_requests = 0  # DEADLINE: requests relegated since the start
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
@@ -258,7 +264,10 @@ class StepPlannerScheduler(_runtime.Scheduler):
     def _retire(self, ids: list[int]) -> None:
         # Right away, in the runtime's exit path (where it frees the request's pages too), so
         # schedule_batch only admits. By id: the ledger finds rows in its own id map (not
-        # retire_rows, whose row list is checked through numpy, which runs cold here).
+        # retire_rows, whose row list is checked through numpy, which runs cold here). The last
+        # plan names rows by index: it is applied first, the runtime's exits coming after the
+        # batch ran.
+        self._count_tokens()
         self.ledger.retire(ids)
         states = self._states
         for i in ids:
@@ -317,6 +326,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
             # measured from these reads (a step that ran nothing is no sample).
             now = self.clock()
             self.ledger.measure(now, self._ran)
+            self._count_tokens(now)
         self._sync_residents(now)
         self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
@@ -336,10 +346,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self.on_step(rows, states, plan, batch)
         self._ran = bool(batch)
         if now is not None and batch:
-            # Pause counts, and each emitting row's token counted (the next deadline is the
-            # next token's); DEADLINE relegates a request whose token is late already.
-            ledger.apply(plan, now=now)
-            self._count_relegated()
+            # Applied once the batch ran (_count_tokens), before the rows move or plan again.
+            self._unapplied = plan
         elif self._pause:
             plan.apply_to(rows)  # SPEC §6: pause counts, the one thing kept between steps
         if not batch and full:
@@ -363,6 +371,16 @@ class StepPlannerScheduler(_runtime.Scheduler):
     def _count_relegated(self) -> None:
         if self._relegating:
             self.relegated_requests += len(self.ledger.relegated_ids)
+
+    def _count_tokens(self, now: float | None = None) -> None:
+        """Apply the last batch's plan, at ``now`` or the clock read here, once the runtime ran
+        it: pause counts, and each emitting row's token counted (the next deadline is the next
+        token's); DEADLINE relegates a request whose token came late. Read at planning time, the
+        clock would be a step early, and a token late by less than that never seen."""
+        plan, self._unapplied = self._unapplied, None
+        if plan is not None:
+            self.ledger.apply(plan, now=self.clock() if now is None else now)
+            self._count_relegated()
 
     def _sync_residents(self, now: float | None = None) -> None:
         """Admit waiting requests into the free slots (residents leave in finish_request);

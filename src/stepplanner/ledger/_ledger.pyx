@@ -86,6 +86,7 @@ from stepplanner.ledger._shared import (
     as_request_id,
     as_time,
     check_admits_args,
+    check_constructor,
     check_deadline_args,
     check_ledger_args,
     check_relegation_args,
@@ -778,15 +779,13 @@ cdef void rank_rows(TableC* t, const DeadlineC* d, double now) noexcept nogil:
             row.arrival = slack_key(due - now - urgent)
 
 
-cdef dict set_deadlines(DeadlineC* d, object limits, object policy, object slo_classes,
-                        object step_time, object relegated_wait, object never_relegate_below):
-    """``d`` from a new ledger's (or ranker's) arguments, checked by ``_shared``; returns the
-    classes (the twin's ``_Deadlines`` does the same)."""
+cdef dict set_deadlines(DeadlineC* d, object limits, tuple checked, tuple relegation):
+    """``d`` from a new ledger's (or ranker's) arguments as ``_shared.check_deadline_args`` and
+    ``check_relegation_args`` returned them (``checked``, ``relegation``); returns the classes
+    (the twin's ``_Deadlines`` does the same)."""
     cdef dict classes
-    (d.ranking, classes, d.base, d.per_token, d.measured, d.step_tokens,
-     d.chunk) = check_deadline_args(policy, limits, slo_classes, step_time)
-    d.relegated_wait, d.never_below = check_relegation_args(relegated_wait,
-                                                            never_relegate_below)
+    (d.ranking, classes, d.base, d.per_token, d.measured, d.step_tokens, d.chunk) = checked
+    d.relegated_wait, d.never_below = relegation
     d.chunk_inverse = 1.0 / <double>d.chunk
     d.page_size = limits.kv_page_size
     d.last_now = NAN
@@ -799,9 +798,13 @@ cdef void measure_step(DeadlineC* d, double now, bint ran) noexcept nogil:
     """step_time=None: a step's duration (between two steps' now) moves the estimate."""
     cdef double last = d.last_now, sample
     d.last_now = now
-    if not d.measured or not ran or isnan(last) or now <= last:
+    if not d.measured or not ran or isnan(last):
         return
     sample = now - last
+    # A clock that went back is no sample, nor one that jumped further than a double spans
+    # (two finite nows 2e308 apart: inf), which would make the estimate inf, then NaN.
+    if not (sample > 0 and sample < INFINITY):
+        return
     if d.sampled:
         d.estimate += STEP_TIME_WEIGHT_ * (sample - d.estimate)
     else:
@@ -917,10 +920,10 @@ cdef class Ledger:
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                   slo_classes=None, step_time=None, relegated_wait=None,
                   never_relegate_below=NEVER_RELEGATE_BELOW):
-        self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
-            limits, policy, max_waiting)
-        self._classes = set_deadlines(&self.d, limits, policy, slo_classes, step_time,
-                                      relegated_wait, never_relegate_below)
+        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation = (
+            check_constructor(limits, policy, max_waiting, slo_classes, step_time,
+                              relegated_wait, never_relegate_below))
+        self._classes = set_deadlines(&self.d, limits, deadlines, relegation)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         cdef PageTableC* pages
         if page_table is not None:
@@ -1728,8 +1731,8 @@ cdef class Ranker:
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
-        set_deadlines(&self.d, limits, policy, None, step_time, relegated_wait,
-                      never_relegate_below)
+        set_deadlines(&self.d, limits, check_deadline_args(policy, limits, None, step_time),
+                      check_relegation_args(relegated_wait, never_relegate_below))
         self.limits, self.policy = limits, policy
         cdef int32_t b = limits.max_batch_size, i
         self._positions = _int64_memory(b, &self.positions)

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _errors
 from ..planner._fields import as_int32
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
-from ..planner._slo import check_slo_classes, due_of
+from ..planner._slo import due_of
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
 from ._shared import (
     CLASS_SPAN,
@@ -36,9 +36,11 @@ from ._shared import (
     RANK_NONE,
     STEP_TIME_WEIGHT,
     UINT64_MAX,
+    DeadlineArgs,
     as_request_id,
     as_time,
     check_admits_args,
+    check_constructor,
     check_deadline_args,
     check_ledger_args,
     check_page_table,
@@ -146,12 +148,20 @@ class Ledger:
     ) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
-        self.by_priority, self.reserved_slots, self.max_waiting = check_ledger_args(
-            limits, policy, max_waiting
+        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation = (
+            check_constructor(
+                limits,
+                policy,
+                max_waiting,
+                slo_classes,
+                step_time,
+                relegated_wait,
+                never_relegate_below,
+            )
         )
-        self._d = _Deadlines(limits, policy, step_time, relegated_wait, never_relegate_below)
+        self._d = _Deadlines(limits, deadlines, relegation)
         self._ranking = self._d.ranking
-        self._classes = check_slo_classes(slo_classes)
+        self._classes = deadlines[1]
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         self._kv: Any = None
         if page_table is not None:
@@ -780,13 +790,10 @@ class _Deadlines:
     """The rank pass's policy and step-time estimate (the compiled ledger's ``DeadlineC``)."""
 
     def __init__(
-        self,
-        limits: StepPlannerLimits,
-        policy: ResolvedSchedulingPolicy | None,
-        step_time: object,
-        relegated_wait: object = None,
-        never_relegate_below: object = NEVER_RELEGATE_BELOW,
+        self, limits: StepPlannerLimits, checked: DeadlineArgs, relegation: tuple[float, int]
     ) -> None:
+        # ``checked``, ``relegation``: what _shared.check_deadline_args and
+        # check_relegation_args returned for the constructor's arguments.
         (
             self.ranking,
             _,
@@ -795,10 +802,8 @@ class _Deadlines:
             self.measured,
             self.step_tokens,
             self.chunk,
-        ) = check_deadline_args(policy, limits, None, step_time)
-        self.relegated_wait, self.never_below = check_relegation_args(
-            relegated_wait, never_relegate_below
-        )
+        ) = checked
+        self.relegated_wait, self.never_below = relegation
         self.page_size = limits.kv_page_size
         self.estimate = 0.0  # the measured step time (step_time=None)
         self.sampled = False  # whether it has been measured yet
@@ -816,9 +821,13 @@ class _Deadlines:
     def measure(self, now: float, ran: bool) -> None:
         """step_time=None: a step's duration (between two steps' now) moves the estimate."""
         last, self.last_now = self.last_now, now
-        if not self.measured or not ran or math.isnan(last) or now <= last:
+        if not self.measured or not ran or math.isnan(last):
             return
         sample = now - last
+        # Neither a clock that went back nor one that jumped past a float's span (inf) is a
+        # sample: the estimate stays finite.
+        if not 0 < sample < math.inf:
+            return
         if self.sampled:
             self.estimate += STEP_TIME_WEIGHT * (sample - self.estimate)
         else:
@@ -905,7 +914,11 @@ class Ranker:
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
         self.limits, self.policy = limits, policy
-        self._d = _Deadlines(limits, policy, step_time, relegated_wait, never_relegate_below)
+        self._d = _Deadlines(
+            limits,
+            check_deadline_args(policy, limits, None, step_time),
+            check_relegation_args(relegated_wait, never_relegate_below),
+        )
 
     @property
     def step_time_estimate(self) -> float:

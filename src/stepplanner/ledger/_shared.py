@@ -15,7 +15,7 @@ import numpy as np
 from .. import _errors
 from ..kv._checks import Geometry, check_table_fits
 from ..kv.paging import worst_case_pages
-from ..planner._fields import as_bool, as_int, as_int32, as_uint64
+from ..planner._fields import as_bool, as_float, as_int, as_int32, as_uint64
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ..planner._slo import SLO, check_slo, check_slo_classes, slo_fields
 from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
@@ -156,12 +156,17 @@ EDF_SPAN = 2**31 - 2  # EDF's priority: +-EDF_SPAN ms; INT32_MAX is "no deadline
 STEP_TIME_WEIGHT = 0.25
 
 
+# What check_deadline_args returns: (ranking, classes, base, per_token, measured, step tokens,
+# chunk).
+DeadlineArgs = tuple[int, dict[int, SLO], float, float, bool, int, int]
+
+
 def check_deadline_args(
     policy: ResolvedSchedulingPolicy | None,
     limits: StepPlannerLimits,
     slo_classes: object,
     step_time: object,
-) -> tuple[int, dict[int, SLO], float, float, bool, int, int]:
+) -> DeadlineArgs:
     """(ranking, classes, base seconds, seconds per token, measured, step tokens, chunk) of a
     new ledger: what its rank pass needs, every argument checked.
 
@@ -186,21 +191,47 @@ def check_deadline_args(
                 "step_time must be a (base_seconds, seconds_per_token) pair of numbers, or None "
                 f"(measured from now), got {step_time!r}"
             )
-        base, per_token = (float(v) for v in step_time)
-        for name, value in (("step_time base", base), ("step_time per_token", per_token)):
-            if not (value >= 0 and value < float("inf")):
-                raise _errors.out_of_range(name, value, "a finite number of seconds >= 0")
+        parts = []
+        for name, given in zip(("step_time base", "step_time per_token"), step_time):
+            value = as_float(given)
+            if value is None or not (value >= 0 and value < float("inf")):
+                shown = given if value is None else value
+                raise _errors.out_of_range(name, shown, "a finite number of seconds >= 0")
+            parts.append(value)
+        base, per_token = parts
     if policy is None:
-        return ranking, classes, base, per_token, measured, limits.t_max, limits.max_input_length
-    return (
-        ranking,
-        classes,
-        base,
-        per_token,
-        measured,
-        policy.max_num_tokens,
-        policy.max_chunk_tokens,
-    )
+        budget, step_tokens, chunk = "max_step_tokens", limits.t_max, limits.max_input_length
+    else:
+        budget, step_tokens, chunk = (
+            "max_num_tokens",
+            policy.max_num_tokens,
+            policy.max_chunk_tokens,
+        )
+    # Each part finite is not enough: the rank pass prices every step at the full budget, and an
+    # infinite estimate would relegate every request with an objective for good. (The sum, in
+    # the order the compiled ledger's step_estimate adds it.)
+    if not base + per_token * step_tokens < float("inf"):
+        raise _errors.step_time_not_finite(base, per_token, budget, step_tokens)
+    return ranking, classes, base, per_token, measured, step_tokens, chunk
+
+
+def check_constructor(
+    limits: Any,
+    policy: Any,
+    max_waiting: object,
+    slo_classes: object,
+    step_time: object,
+    relegated_wait: object = None,
+    never_relegate_below: object = 0,
+) -> tuple[tuple[bool, int, int], DeadlineArgs, tuple[float, int]]:
+    """A new ledger's arguments, checked in one order for both ledgers (``check_ledger_args``,
+    ``check_deadline_args``, then ``check_relegation_args``: limits, policy, max_waiting,
+    slo_classes, step_time, relegated_wait, never_relegate_below; the page table is checked
+    after, by the caller), so that any mix of bad arguments is refused with the same error by
+    both."""
+    ledger_args = check_ledger_args(limits, policy, max_waiting)
+    deadlines = check_deadline_args(policy, limits, slo_classes, step_time)
+    return ledger_args, deadlines, check_relegation_args(relegated_wait, never_relegate_below)
 
 
 # Relegation (docs/scheduling.md, "Overload"): who may be given up on, and how long a request
@@ -241,8 +272,8 @@ def as_time(field: str, value: object) -> float:
         raise _errors.StepPlannerTypeError(
             f"{field} must be a number of seconds, got {type(value).__name__}"
         )
-    seconds = float(value)
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+    seconds = as_float(value)
+    if seconds is None or seconds != seconds or seconds in (float("inf"), float("-inf")):
         raise _errors.not_finite_time(field, value)
     return seconds
 
@@ -278,11 +309,9 @@ def check_admits_args(
         raise _errors.StepPlannerTypeError(
             f"first_due must be a number of seconds, got {type(first_due).__name__}"
         )
-    due = float(first_due)
-    if due != due:
-        raise _errors.StepPlannerValueError(
-            f"first_due={first_due!r} is not a time; allowed: a number of seconds (inf: none)"
-        )
+    due = as_float(first_due)
+    if due is None or due != due:  # an int past a float: refused, not taken for inf
+        raise _errors.not_a_deadline("first_due", first_due)
     return tokens, due, as_time("now", now)
 
 

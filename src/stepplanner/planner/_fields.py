@@ -28,6 +28,16 @@ def as_int(field: str, value: object) -> int:
         raise _errors.not_integer(field, value) from None
 
 
+def as_float(value: int | float) -> float | None:
+    """A number (an int or a float, checked by the caller) as a float; None for an int beyond a
+    float's range, for which ``float()`` raises an OverflowError that names no field: the
+    caller refuses it with its own message, naming the field."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def as_int32(field: str, value: object) -> int:
     v = as_int(field, value)
     if not _errors.INT32_MIN <= v <= _errors.INT32_MAX:

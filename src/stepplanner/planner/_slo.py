@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _errors
+from ._fields import as_float
 
 __all__ = ["SLO", "check_slo_classes", "deadline_of", "due_of", "slo_fields"]
 
@@ -25,8 +26,8 @@ def _seconds(field: str, value: object, *, optional: bool) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         allowed = "a number of seconds > 0" + (" or None" if optional else "")
         raise _errors.StepPlannerTypeError(f"{field} must be {allowed}, got {type(value).__name__}")
-    seconds = float(value)
-    if not (math.isfinite(seconds) and seconds > 0):
+    seconds = as_float(value)
+    if seconds is None or not (math.isfinite(seconds) and seconds > 0):
         raise _errors.out_of_range(field, value, "a finite number of seconds > 0")
     return seconds
 

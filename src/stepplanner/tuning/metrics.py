@@ -11,7 +11,8 @@ and chosen percentiles (``--metric-percentiles``, default 99) of
 
 in milliseconds, under keys ``mean_ttft_ms``, ``median_ttft_ms``, ``std_ttft_ms``,
 ``p99_ttft_ms`` (``p99.9_itl_ms`` for a fractional percentile), with ``request_throughput``,
-``output_throughput``, ``total_token_throughput`` and ``request_goodput`` beside them. Percentiles
+``output_throughput``, ``total_token_throughput`` and ``request_goodput`` beside them (good
+requests per second by the run's objectives, None without any: ``request_goodput``). Percentiles
 are numpy's linear interpolation, as there. Times are simulated seconds.
 
 ITL comes from the simulator's pooled sample (``SimulationResult.itl``: every gap as
@@ -32,7 +33,7 @@ from .._errors import StepPlannerValueError
 # The simulator's own pooled-ITL helpers: one way to weigh its (seconds, count) sample.
 from ..sim.simulator import pooled_itl, run_span, weighted_percentile
 
-__all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "vllm_metrics"]
+__all__ = ["DEFAULT_PERCENTILES", "parse_percentiles", "request_goodput", "vllm_metrics"]
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (99.0,)
 VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -115,6 +116,25 @@ def vllm_metrics(
         else:
             out.update(series_stats(name, series[name], percentiles))
     return out
+
+
+def request_goodput(
+    slos: Sequence[Any], slo_goodput: float, attainment: dict[str, Any] | None
+) -> float | None:
+    """vLLM's ``request_goodput``: good requests per second by the objectives the run was given,
+    as ``benchmark_serving --goodput`` counts them, or None (vLLM writes null) without any.
+
+    ``--slo`` thresholds are the benchmark's own ``--goodput`` (``slo_goodput``: a request good
+    when its own TTFT, TPOT, E2E... are within them); without them, the requests' objectives
+    (``attainment``, ``sim.goodput``): good when its TTFT and mean TPOT are within its own, the
+    report's ``vllm_goodput_rps`` over every arrival with objectives. Without either, goodput is
+    not defined: never the throughput under another name."""
+    if slos:
+        return slo_goodput
+    if attainment is not None:
+        rate: float = attainment["classes"]["all"]["vllm_goodput_rps"]
+        return rate
+    return None
 
 
 def weighted_series_stats(

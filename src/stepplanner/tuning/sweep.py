@@ -21,7 +21,7 @@ from ..sim.simulator import SimulationResult, simulate
 from ..sim.workloads import Workload
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
-from .metrics import DEFAULT_PERCENTILES, vllm_metrics
+from .metrics import DEFAULT_PERCENTILES, request_goodput, vllm_metrics
 from .slo import SloTarget, goodput, slo_report
 
 __all__ = ["SweepTask", "assess", "evaluate", "pareto_front", "sweep"]
@@ -56,9 +56,11 @@ def assess(
     lat = result.latencies()
     metrics = vllm_metrics(result, sorted({*percentiles, 99.0}))
     checks = slo_report(slos, lat, w.priority, completed, w.output_tokens)
-    metrics["request_goodput"] = goodput(slos, lat, w.priority, completed, metrics["duration"])
+    good = goodput(slos, lat, w.priority, completed, metrics["duration"])
+    attainment = result.attainment()
+    metrics["request_goodput"] = request_goodput(slos, good, attainment)
     return {
-        "goodput": metrics["request_goodput"],
+        "goodput": good,
         "throughput": metrics["request_throughput"],
         "meets_slo": all(c["met"] for c in checks) and not result.truncated,
         "slo": checks,
@@ -67,7 +69,7 @@ def assess(
         "truncated": result.truncated,
         "steps": result.num_steps,
         "metrics": metrics,
-        "attainment": result.attainment(),
+        "attainment": attainment,
     }
 
 
