@@ -22,7 +22,8 @@ B = ``max_num_seqs``, P = ``block_size``, S_in = ``max_model_len``, ``max_step_t
 ``max_num_batched_tokens``.
 
 vLLM's scheduler interface is private and changes between releases, so this module runs only on
-the version it is tested with (``SUPPORTED_VLLM_VERSION``) and says so otherwise.
+the releases it is tested with, vLLM 0.32.x and 0.33.x (``SUPPORTED_VLLM_VERSIONS``), and says so
+otherwise; what differs between them is in ``_vllm_compat``, named for what differs.
 """
 
 from __future__ import annotations
@@ -35,22 +36,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-SUPPORTED_VLLM_VERSION = "0.33.0"
+# First, before any of vLLM's modules: the version check, and what differs between versions.
+from . import _vllm_compat as _compat
 
-try:
-    import vllm as _vllm
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        f"stepplanner.integrations.vllm needs vllm=={SUPPORTED_VLLM_VERSION} ({exc}); "
-        'install it with pip install "stepplanner[vllm]"'
-    ) from exc
-_found = getattr(_vllm, "__version__", "of unknown version")
-if _found != SUPPORTED_VLLM_VERSION:
-    raise ImportError(
-        f"stepplanner.integrations.vllm supports vllm=={SUPPORTED_VLLM_VERSION} only (its "
-        f"scheduler interface is private); found vllm {_found}. "
-        'Install the tested version with pip install "stepplanner[vllm]"'
-    )
+SUPPORTED_VLLM_VERSIONS = _compat.SUPPORTED_VLLM_VERSIONS
 
 import numpy as np  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
@@ -82,7 +71,7 @@ from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
 __all__ = [
-    "SUPPORTED_VLLM_VERSION",
+    "SUPPORTED_VLLM_VERSIONS",
     "StepPlannerScheduler",
     "StepPlannerStats",
     "StepRecord",
@@ -909,7 +898,7 @@ class StepPlannerScheduler(AsyncScheduler):
         """vLLM's SchedulerOutput for these decisions (the tail of vLLM's own schedule())."""
         total = sum(num_scheduled.values())
         if total > 0:
-            self.num_executed_steps += 1
+            _compat.count_executed_step(self)
         if self.use_v2_model_runner:
             new_reqs = new_reqs + resumed
             resumed = []
@@ -942,12 +931,11 @@ class StepPlannerScheduler(AsyncScheduler):
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
-            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_reqs_data, {}),
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             kv_cache_block_copies=copies or None,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
-            skip_drafts=self.can_skip_drafts,
             ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
+            **_compat.output_fields(self, num_scheduled, new_reqs_data),
         )
         self._update_after_schedule(output)
         return output
