@@ -606,6 +606,16 @@ class StepPlannerScheduler(AsyncScheduler):
             # next schedule, so there is nothing to hold a place for.
             Scheduler._update_after_schedule(self, scheduler_output)
 
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        if self._async_scheduling:
+            return super()._update_request_with_output(request, new_token_ids, is_stale)
+        # Without overlap no placeholder was added, so none is released: vLLM 0.32's
+        # AsyncScheduler releases one per token whatever it holds (and asserts the count stays
+        # >= 0), where its Scheduler, which vLLM runs without overlap, releases none.
+        return Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
         flight may already sample a request's last token (max_tokens, or max_model_len); such a
