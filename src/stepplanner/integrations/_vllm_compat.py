@@ -27,6 +27,7 @@ adapter adds no placeholders, so it calls ``Scheduler``'s method as vLLM's sync 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -35,9 +36,11 @@ from packaging.version import InvalidVersion, Version
 __all__ = [
     "HAS_DRAFT_SKIP_AND_ENCODER_UPDATES",
     "HAS_EXECUTED_STEP_COUNTER",
+    "REQUEST_ERRORS_CARRY_MESSAGES",
     "SUPPORTED_VLLM_VERSIONS",
     "VLLM_VERSION",
     "count_executed_step",
+    "fail_request",
     "is_supported",
     "output_fields",
 ]
@@ -75,9 +78,13 @@ if not is_supported(VLLM_VERSION):
         f"Install a supported version with {_HINT}"
     )
 
+from vllm.outputs import RequestError  # noqa: E402
+
+_log = logging.getLogger("stepplanner.integrations.vllm")
 _AT_LEAST_0_33 = Version(VLLM_VERSION) >= Version("0.33.0")
 HAS_EXECUTED_STEP_COUNTER = _AT_LEAST_0_33
 HAS_DRAFT_SKIP_AND_ENCODER_UPDATES = _AT_LEAST_0_33
+REQUEST_ERRORS_CARRY_MESSAGES = _AT_LEAST_0_33
 
 
 def count_executed_step(scheduler: Any) -> None:
@@ -99,3 +106,15 @@ def output_fields(
         ),
         "skip_drafts": scheduler.can_skip_drafts,
     }
+
+
+def fail_request(scheduler: Any, request_id: str, message: str) -> None:
+    """Have the next ``update_from_output`` finish the request with an error (a request-level
+    error, not an engine failure), with ``message`` where the release carries one."""
+    errors = scheduler.grammar_compile_error_reqs
+    if REQUEST_ERRORS_CARRY_MESSAGES:
+        errors[request_id] = RequestError(code="validation_error", message=message)
+    else:
+        # The client sees only vLLM's generic error: the reason goes to the operator's log.
+        errors.add(request_id)
+        _log.warning("%s", message)

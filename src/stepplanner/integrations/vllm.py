@@ -43,7 +43,6 @@ SUPPORTED_VLLM_VERSIONS = _compat.SUPPORTED_VLLM_VERSIONS
 
 import numpy as np  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
-from vllm.outputs import RequestError  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
@@ -451,9 +450,7 @@ class StepPlannerScheduler(AsyncScheduler):
         super().add_request(request)
         if message is not None:
             # A per-request error (not an engine crash): update_from_output finishes it.
-            self.grammar_compile_error_reqs[request.request_id] = RequestError(
-                code="validation_error", message=message
-            )
+            _compat.fail_request(self, request.request_id, message)
         elif self._ranked and request.request_id not in self._deadlines:
             first_due, gap = slo_fields(slo, request.arrival_time)
             self._deadlines[request.request_id] = _Deadlines(
