@@ -57,7 +57,7 @@ def is_supported(version: str) -> bool:
     """Whether ``version`` (``vllm.__version__``) is a release in ``SUPPORTED_VLLM_VERSIONS``
     (a local label such as ``+cpu`` allowed, pre-releases not)."""
     try:
-        return Version(version) in SpecifierSet(SUPPORTED_VLLM_VERSIONS)
+        return SpecifierSet(SUPPORTED_VLLM_VERSIONS).contains(Version(version), prereleases=False)
     except InvalidVersion:
         return False
 

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import heapq
 import re
+import reprlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -51,7 +52,11 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
+from .._errors import (  # noqa: E402
+    StepPlannerOverflowError,
+    StepPlannerTypeError,
+    StepPlannerValueError,
+)
 from ..core import (  # noqa: E402
     SLO,
     IfbSchedulingMode,
@@ -174,6 +179,9 @@ def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
             )
         try:
             classes[priority] = SLO(value["ttft"], value.get("tpot"))
+        except OverflowError as exc:
+            given = {field: value[field] for field in ("ttft", "tpot") if field in value}
+            raise _too_large(f'{where}["{key}"]', given, exc) from None
         except (TypeError, ValueError) as exc:
             raise type(exc)(f'{where}["{key}"]: {exc}') from None
     try:  # the keys: int32 priorities
@@ -190,17 +198,44 @@ def request_slo(request: Request) -> SLO | None:
     if not isinstance(args, Mapping) or not any(key in args for key in SLO_ARGS):
         return None
     given = {key: args[key] for key in SLO_ARGS if key in args}
+    shown = reprlib.repr(given)  # a client's values, bounded: they go into the error message
     if "ttft_slo" not in args:
         raise StepPlannerValueError(
-            f"SamplingParams.extra_args {given}: tpot_slo needs ttft_slo (token i is due ttft_slo "
+            f"SamplingParams.extra_args {shown}: tpot_slo needs ttft_slo (token i is due ttft_slo "
             "+ i * tpot_slo after arrival); allowed: ttft_slo > 0 seconds, optionally tpot_slo > 0"
         )
     try:
         return SLO(args["ttft_slo"], args.get("tpot_slo"))
+    except OverflowError as exc:
+        raise _too_large(f"SamplingParams.extra_args {shown}", given, exc) from None
     except (TypeError, ValueError) as exc:
         raise type(exc)(
-            f"SamplingParams.extra_args {given}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
+            f"SamplingParams.extra_args {shown}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
         ) from None
+
+
+def _too_large(where: str, given: Mapping[str, object], exc: OverflowError) -> OverflowError:
+    """``SLO``'s OverflowError (a number no float holds) as one naming the field that holds it:
+    the first of ``given`` that ``float`` cannot convert."""
+    field, value = next(
+        ((key, value) for key, value in given.items() if _overflows(value)), ("", None)
+    )
+    if not field:  # SLO's message already names its field
+        return StepPlannerOverflowError(f"{where}: {exc}")
+    return StepPlannerOverflowError(
+        f"{where}: {field}={reprlib.repr(value)} is out of range ({exc}); allowed: a finite "
+        "number of seconds > 0"
+    )
+
+
+def _overflows(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return True
+    return False
 
 
 @contextlib.contextmanager
@@ -437,12 +472,16 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def add_request(self, request: Request) -> None:
         reason = self._unsupported_request(request)
-        message = None if reason is None else f"StepPlannerScheduler does not support {reason}"
+        message = (
+            None
+            if reason is None
+            else f"StepPlannerScheduler: request {request.request_id}: {reason} is not supported"
+        )
         slo = None
         if message is None:
             try:
                 slo = request_slo(request) or self.slo_classes.get(request.priority)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 message = (
                     f"StepPlannerScheduler: request {request.request_id}: {exc}; it is "
                     "refused, never served without its objectives"
