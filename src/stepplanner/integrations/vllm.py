@@ -645,12 +645,15 @@ class StepPlannerScheduler(AsyncScheduler):
     def _update_request_with_output(
         self, request: Request, new_token_ids: list[int], is_stale: bool = False
     ) -> tuple[list[int], bool]:
-        if self._async_scheduling:
-            return super()._update_request_with_output(request, new_token_ids, is_stale)
         # Without overlap no placeholder was added, so none is released: vLLM 0.32's
         # AsyncScheduler releases one per token whatever it holds (and asserts the count stays
         # >= 0), where its Scheduler, which vLLM runs without overlap, releases none.
-        return Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+        result: tuple[list[int], bool] = (
+            super()._update_request_with_output(request, new_token_ids, is_stale)
+            if self._async_scheduling
+            else Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+        )
+        return result
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
