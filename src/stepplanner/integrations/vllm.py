@@ -179,11 +179,11 @@ def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
             )
         try:
             classes[priority] = SLO(value["ttft"], value.get("tpot"))
-        except OverflowError as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             given = {field: value[field] for field in ("ttft", "tpot") if field in value}
-            raise _too_large(f'{where}["{key}"]', given, exc) from None
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f'{where}["{key}"]: {exc}') from None
+            raise _too_large(f'{where}["{key}"]', given) or type(exc)(
+                f'{where}["{key}"]: {exc}'
+            ) from None
     try:  # the keys: int32 priorities
         return check_slo_classes(classes)
     except (TypeError, ValueError) as exc:
@@ -206,26 +206,24 @@ def request_slo(request: Request) -> SLO | None:
         )
     try:
         return SLO(args["ttft_slo"], args.get("tpot_slo"))
-    except OverflowError as exc:
-        raise _too_large(f"SamplingParams.extra_args {shown}", given, exc) from None
-    except (TypeError, ValueError) as exc:
-        raise type(exc)(
-            f"SamplingParams.extra_args {shown}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
+    except (TypeError, ValueError, OverflowError) as exc:
+        where = f"SamplingParams.extra_args {shown}"
+        raise _too_large(where, given) or type(exc)(
+            f"{where}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
         ) from None
 
 
-def _too_large(where: str, given: Mapping[str, object], exc: OverflowError) -> OverflowError:
-    """``SLO``'s OverflowError (a number no float holds) as one naming the field that holds it:
-    the first of ``given`` that ``float`` cannot convert."""
-    field, value = next(
-        ((key, value) for key, value in given.items() if _overflows(value)), ("", None)
-    )
-    if not field:  # SLO's message already names its field
-        return StepPlannerOverflowError(f"{where}: {exc}")
-    return StepPlannerOverflowError(
-        f"{where}: {field}={reprlib.repr(value)} is out of range ({exc}); allowed: a finite "
-        "number of seconds > 0"
-    )
+def _too_large(where: str, given: Mapping[str, object]) -> OverflowError | None:
+    """The error for a number no float holds (a JSON integer of 400 digits), naming the field
+    that holds it, the first of ``given``, whatever ``SLO`` raised for it and however long its
+    message; ``None`` when every number fits."""
+    for field, value in given.items():
+        if _overflows(value):
+            return StepPlannerOverflowError(
+                f"{where}: {field}={reprlib.repr(value)} is out of range (no float holds it); "
+                "allowed: a finite number of seconds > 0"
+            )
+    return None
 
 
 def _overflows(value: object) -> bool:
