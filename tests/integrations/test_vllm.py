@@ -518,6 +518,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
         preemption="pause",
         max_pause_steps=4,
         max_chunk_tokens=32,
+        relegated_wait=100,  # served once nothing else waits (test_overload_... hands back)
     )
     virtual_clock(sched)
     rng = random.Random(9)
@@ -570,6 +571,104 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
     assert checker.pauses == sched.stepplanner_stats.paused_rows == 6
     assert sched._ranker.step_time_estimate == 1.0
     assert sched.stepplanner_stats.relegated == 1  # "hopeless", which still completed (above)
+
+
+def _overload(model_dir, overlap, **relegation):
+    """DEADLINE on two slots, one second a step: two long requests without objectives hold the
+    slots for 30 steps; behind them an urgent request and two of class 0 whose first tokens are
+    due in 3 s (so neither can be admitted in time), and one of class 0 due in 200 s."""
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        num_seqs=2,
+        policy="fcfs",
+        scheduling_policy="deadline",
+        preemption="pause",
+        max_pause_steps=4,
+        **relegation,
+    )
+    virtual_clock(sched)
+
+    def request(rid, max_tokens, priority=0, ttft=None):
+        req = vllm_cpu.make_request(
+            rid, [7] * 16, max_tokens, priority=priority, arrival_time=0.0, block_size=P
+        )
+        if ttft is not None:
+            req.sampling_params.extra_args = {"ttft_slo": ttft}
+        return req
+
+    arrivals = {
+        0: [request("long0", 30), request("long1", 30)],
+        1: [
+            request("urgent", 4, priority=-1, ttft=3.0),
+            request("late0", 4, ttft=3.0),
+            request("late1", 4, ttft=3.0),
+            request("patient", 4, ttft=200.0),
+        ],
+    }
+    return sched, arrivals
+
+
+def test_a_relegated_waiting_request_is_handed_back_after_its_wait(model_dir, overlap, caplog):
+    sched, arrivals = _overload(model_dir, overlap)
+    refusals = run_collecting_refusals(sched, arrivals, caplog)
+    # Relegated once their deadline passed (3 s), handed back 3 s (their own TTFT) later,
+    # finished with an error naming why; the urgent one is never relegated and is served.
+    assert set(refusals) == {"late0", "late1"}
+    for message in refusals.values():
+        assert "relegated by the DEADLINE policy" in message and "retry elsewhere" in message
+    assert sched.stepplanner_stats.shed == 2 and sched.stepplanner_stats.relegated == 2
+    by_id = {r.request_id: r for r in all_requests(arrivals)}
+    for rid in ("long0", "long1", "urgent", "patient"):
+        assert by_id[rid].status == RequestStatus.FINISHED_LENGTH_CAPPED, rid
+        assert by_id[rid].num_output_tokens == by_id[rid].max_tokens
+    assert not sched.requests and not sched.running and not sched.waiting
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
+
+
+def test_relegated_wait_zero_hands_back_at_once_and_the_floor_protects(model_dir, overlap, caplog):
+    sched, arrivals = _overload(model_dir, overlap, relegated_wait=0, never_relegate_below=1)
+    shed_at = {}
+    original = sched.schedule
+
+    def schedule():
+        out = original()
+        for rid in sched.last_step.shed:
+            shed_at[rid] = sched.current_step
+        return out
+
+    sched.schedule = schedule
+    refusals = run_collecting_refusals(sched, arrivals, caplog)
+    assert not refusals and not shed_at  # class 0 is protected too: nothing is relegated
+    sched, arrivals = _overload(model_dir, overlap, relegated_wait=0)
+    original = sched.schedule
+    sched.schedule = schedule
+    relegated_at = {}
+
+    def record():
+        out = original()
+        for rid in sched.last_step.relegated:
+            relegated_at[rid] = sched.current_step
+        for rid in sched.last_step.shed:
+            shed_at[rid] = sched.current_step
+        return out
+
+    sched.schedule = record
+    refusals = run_collecting_refusals(sched, arrivals, caplog)
+    assert set(refusals) == {"late0", "late1"} and shed_at == relegated_at
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error", "match"),
+    [
+        ("relegated_wait", -1, ValueError, "relegated_wait=-1 is out of range"),
+        ("relegated_wait", "1", TypeError, "relegated_wait must be a number of seconds"),
+        ("never_relegate_below", 2**40, OverflowError, "never_relegate_below"),
+    ],
+)
+def test_bad_relegation_options_fail_the_start_naming_them(model_dir, key, value, error, match):
+    with pytest.raises(error, match=match):
+        make(model_dir, scheduling_policy="deadline", preemption="pause", **{key: value})
 
 
 @pytest.mark.parametrize("policy", ["edf", "deadline"])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
+import math
 import re
 import reprlib
 import time
@@ -70,6 +71,7 @@ from ..core import (  # noqa: E402
     resolve_scheduling_policy,
 )
 from ..ledger import Ranker  # noqa: E402
+from ..ledger._shared import check_relegation_args  # noqa: E402
 from ..planner._fields import enum_from_text  # noqa: E402
 from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
@@ -87,6 +89,8 @@ __all__ = [
 
 CONFIG_KEY = "stepplanner"
 SLO_CLASSES_KEY = "slo_classes"  # in additional_config["stepplanner"]
+# The ledger's relegation options (docs/scheduling.md, "Overload"), also in it.
+RELEGATION_KEYS = ("relegated_wait", "never_relegate_below")
 SLO_ARGS = ("ttft_slo", "tpot_slo")  # in SamplingParams.extra_args, seconds
 _RANKED = (SchedulingPolicy.EDF, SchedulingPolicy.DEADLINE)
 _ENUM_FIELDS = {
@@ -110,12 +114,12 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """
     values: dict[str, Any] = {}
     for key, value in _stepplanner_config(vllm_config).items():
-        if key == SLO_CLASSES_KEY:
-            continue  # slo_classes_from_config
+        if key == SLO_CLASSES_KEY or key in RELEGATION_KEYS:
+            continue  # slo_classes_from_config, relegation_from_config
         if key not in _OPTION_FIELDS:
             raise StepPlannerValueError(
                 f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY,))}"
+                f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY, *RELEGATION_KEYS))}"
             )
         with _named_in_config():
             values[key] = (
@@ -144,6 +148,18 @@ def _stepplanner_config(vllm_config: VllmConfig) -> Mapping[str, Any]:
             f"fields, got {type(raw).__name__} {raw!r}"
         )
     return raw
+
+
+def relegation_from_config(vllm_config: VllmConfig) -> dict[str, Any]:
+    """The ``Ranker``'s relegation options from ``additional_config["stepplanner"]``:
+    ``relegated_wait`` (seconds; absent or null: each request's own TTFT objective) and
+    ``never_relegate_below`` (a priority class; absent: 0, the urgent classes), checked as the
+    ledger checks them."""
+    config = _stepplanner_config(vllm_config)
+    options = {key: config[key] for key in RELEGATION_KEYS if key in config}
+    with _named_in_config():
+        check_relegation_args(options.get("relegated_wait"), options.get("never_relegate_below", 0))
+    return options
 
 
 def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
@@ -341,6 +357,7 @@ class StepPlannerStats:
     paused_rows: int = 0
     recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
     relegated: int = 0  # DEADLINE: requests that can no longer meet their objectives
+    shed: int = 0  # DEADLINE: relegated waiting requests handed back (finished with an error)
 
 
 @dataclasses.dataclass
@@ -353,18 +370,22 @@ class StepRecord:
     preempted: list[str]
     admitted: list[str]
     relegated: list[str] = dataclasses.field(default_factory=list)  # DEADLINE, this step
+    shed: list[str] = dataclasses.field(default_factory=list)  # DEADLINE, this step
 
 
 class _Deadlines:
     """One request's objectives as the ranker reads them (``Ranker.rank``'s columns)."""
 
-    __slots__ = ("first_due", "gap", "stamp", "relegated")
+    __slots__ = ("first_due", "gap", "stamp", "relegated", "ttft", "shed_at", "handed_back")
 
-    def __init__(self, first_due: float, gap: float, stamp: int) -> None:
+    def __init__(self, first_due: float, gap: float, stamp: int, ttft: float) -> None:
         self.first_due = first_due  # arrival + ttft; inf: no objectives
         self.gap = gap  # tpot; 0: none
         self.stamp = stamp  # arrival order key, as the rows' arrival under FCFS/PRIORITY
         self.relegated = False  # DEADLINE: sticky
+        self.ttft = ttft  # inf: no objectives
+        self.shed_at = math.inf  # relegated while waiting: when it is handed back
+        self.handed_back = False
 
     def due(self, token: int) -> float:
         """When the request's token ``token`` (0 = the first) is due (its SLO's definition)."""
@@ -403,6 +424,7 @@ class StepPlannerScheduler(AsyncScheduler):
             )
         options = options_from_config(vllm_config)
         slo_classes = slo_classes_from_config(vllm_config)
+        relegation = relegation_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with _named_in_config():
             policy = resolve_scheduling_policy(_with_vllm_budget(options, limits), limits)
@@ -442,7 +464,11 @@ class StepPlannerScheduler(AsyncScheduler):
         if self._ranked:
             # The ledger's rank pass over this class's own rows (no Ledger here), with the
             # step time measured from each step's now.
-            self._ranker = Ranker(limits, policy)
+            self._ranker = Ranker(limits, policy, **relegation)
+            self._never_below = int(relegation.get("never_relegate_below", 0))
+            # At most the earliest first-token deadline among waiting requests that may be
+            # relegated: once now passes it, the queue is swept (the ledger's relegate_hopeless).
+            self._earliest_due = math.inf
             b = limits.max_batch_size
             self._rank_rows = np.zeros(b, dtype=RESIDENT_DTYPE)
             self._rank_columns = (
@@ -464,6 +490,7 @@ class StepPlannerScheduler(AsyncScheduler):
             self._losing: list[tuple[tuple[int, float], int, int, Request]] = []
             self._seq = 0
             self._examined: list[Request] = []  # waiting requests this step took off the heaps
+            self._shed: list[str] = []  # the requests this step handed back
             self._ran = False  # the previous step scheduled tokens (a step-time sample)
 
     # --- requests in and out ------------------------------------------------------------------
@@ -491,7 +518,7 @@ class StepPlannerScheduler(AsyncScheduler):
         elif self._ranked and request.request_id not in self._deadlines:
             first_due, gap = slo_fields(slo, request.arrival_time)
             self._deadlines[request.request_id] = _Deadlines(
-                first_due, gap, int(request.arrival_time * _NS)
+                first_due, gap, int(request.arrival_time * _NS), slo.ttft if slo else math.inf
             )
             self._enqueue(request)
 
@@ -538,6 +565,10 @@ class StepPlannerScheduler(AsyncScheduler):
             self.last_step = StepRecord({}, [], [], [], [])
             return self._make_output({}, {}, [], [], [])
 
+        shed: list[str] = []
+        self._shed = shed
+        if now is not None and self._by_class:
+            self._give_up(now, relegated)
         running = self._running_with_work() if self._async_scheduling else self.running
         candidates = self._admission_candidates(now, relegated)
         residents = self._resident_rows(running, candidates)
@@ -614,6 +645,7 @@ class StepPlannerScheduler(AsyncScheduler):
             self._ran = bool(num_scheduled)
             self._requeue(admitted)
             stats.relegated += len(relegated)
+            stats.shed += len(shed)
         preempted_ids = [r.request_id for r in preempted]
         withheld = [rid for rid in planned if rid not in num_scheduled and rid not in preempted_ids]
         stats.scheduled_rows += len(num_scheduled)
@@ -625,6 +657,7 @@ class StepPlannerScheduler(AsyncScheduler):
             preempted_ids,
             [r.request_id for r in admitted],
             relegated,
+            shed,
         )
         new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
@@ -700,10 +733,13 @@ class StepPlannerScheduler(AsyncScheduler):
         record = self._deadlines[request.request_id]
         self._seq += 1
         if record.relegated:
-            heapq.heappush(self._losing, ((0, 0.0), record.stamp, self._seq, request))
+            # By when it is handed back, as the ledger serves its relegated requests.
+            heapq.heappush(self._losing, ((0, record.shed_at), record.stamp, self._seq, request))
         else:
             # The ledger's queue keys: DEADLINE by class, then deadline; EDF by deadline.
             due = record.due(request.num_output_tokens)
+            if due < self._earliest_due and request.priority >= self._never_below:
+                self._earliest_due = due
             key = (request.priority, due) if self._by_class else (0, due)
             heapq.heappush(
                 self._urgent if request.priority < 0 else self._normal,
@@ -716,14 +752,78 @@ class StepPlannerScheduler(AsyncScheduler):
             RequestStatus.PREEMPTED,
         )
 
+    def _waits_viable(self, entry: tuple[Any, int, int, Request]) -> bool:
+        """An urgent/normal heap entry still stands: its request waits and was not relegated
+        since (a relegated request has a newer entry in the relegated heap)."""
+        request = entry[3]
+        return self._waits(request) and not self._deadlines[request.request_id].relegated
+
+    def _relegate_waiting(self, request: Request, now: float, relegated: list[str]) -> None:
+        record = self._deadlines[request.request_id]
+        record.relegated = True
+        record.shed_at = now + self._ranker.relegated_wait(record.ttft)
+        relegated.append(request.request_id)
+        self._enqueue(request)
+
+    def _give_up(self, now: float, relegated: list[str]) -> None:
+        """DEADLINE, before admission (the ledger's admission pass): relegate every waiting
+        request that can no longer make its first token, wherever it stands in the queue, once
+        now passes the earliest deadline that could be missed; then hand back every relegated
+        request whose wait is over: it finishes with an error naming why, so a client or
+        router can retry elsewhere (vLLM's queue is unbounded, so no request waits for a place)."""
+        if now >= self._earliest_due:
+            found: list[Request] = []
+            earliest = math.inf
+            for heap in (self._urgent, self._normal):
+                for entry in heap:
+                    request = entry[3]
+                    if not self._waits_viable(entry) or request.priority < self._never_below:
+                        continue
+                    due = self._deadlines[request.request_id].due(request.num_output_tokens)
+                    if not self._ranker.admits(request.num_tokens, due, now, request.priority):
+                        found.append(request)
+                    elif due < earliest:
+                        earliest = due
+            self._earliest_due = earliest
+            for request in sorted(found, key=lambda r: self._deadlines[r.request_id].stamp):
+                self._relegate_waiting(request, now, relegated)
+        losing = self._losing
+        while losing:
+            request = losing[0][3]
+            if not self._waits(request):
+                heapq.heappop(losing)
+                continue
+            record = self._deadlines[request.request_id]
+            if record.shed_at > now:
+                break
+            heapq.heappop(losing)
+            self._hand_back(request, record)
+
+    def _hand_back(self, request: Request, record: _Deadlines) -> None:
+        """A relegated waiting request whose wait is over finishes with an error naming why
+        (update_from_output finishes it); it is never admitted after this."""
+        record.handed_back = True
+        _compat.fail_request(
+            self,
+            request.request_id,
+            f"StepPlannerScheduler: request {request.request_id}: relegated by the DEADLINE "
+            "policy (it could no longer meet its objectives) and handed back unserved after "
+            f"waiting {self._ranker.relegated_wait(record.ttft):.3g} s more; retry elsewhere",
+        )
+        self._shed.append(request.request_id)
+
     def _next_waiting(self, room: int) -> tuple[tuple[int, float], int, int, Request] | None:
         """The next waiting request in the ledger's queue order, off its heap, with ``room``
         free slots left: urgent and normal ones by deadline, a normal one only while more than
         the reserved slots are free; relegated ones after every other."""
         urgent, normal, losing = self._urgent, self._normal, self._losing
-        for heap in (urgent, normal, losing):
-            while heap and not self._waits(heap[0][3]):
+        for heap in (urgent, normal):
+            while heap and not self._waits_viable(heap[0]):
                 heapq.heappop(heap)
+        while losing and (
+            not self._waits(losing[0][3]) or self._deadlines[losing[0][3].request_id].handed_back
+        ):
+            heapq.heappop(losing)
         head = urgent if urgent and (not normal or urgent[0] < normal[0]) else normal
         if not head:
             if losing and (room > self._reserved or losing[0][3].priority < 0):
@@ -744,10 +844,12 @@ class StepPlannerScheduler(AsyncScheduler):
             request = entry[3]
             record = self._deadlines[request.request_id]
             due = record.due(request.num_output_tokens)
-            if not record.relegated and not self._ranker.admits(request.num_tokens, due, now):
-                record.relegated = True
-                relegated.append(request.request_id)
-                self._enqueue(request)
+            if not record.relegated and not self._ranker.admits(
+                request.num_tokens, due, now, request.priority
+            ):
+                self._relegate_waiting(request, now, relegated)
+                if record.shed_at <= now:  # relegated_wait 0: handed back at once
+                    self._hand_back(request, record)
                 continue
             self._examined.append(request)  # back on a heap at the step's end unless admitted
             if not self._is_blocked_waiting_status(request.status):
@@ -765,9 +867,15 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def _compact(self) -> None:
         """Drop the entries of requests that left while waiting (aborts), all at once."""
-        for heap in (self._urgent, self._normal, self._losing):
-            heap[:] = [entry for entry in heap if self._waits(entry[3])]
+        for heap in (self._urgent, self._normal):
+            heap[:] = [entry for entry in heap if self._waits_viable(entry)]
             heapq.heapify(heap)
+        self._losing[:] = [
+            entry
+            for entry in self._losing
+            if self._waits(entry[3]) and not self._deadlines[entry[3].request_id].handed_back
+        ]
+        heapq.heapify(self._losing)
 
     def _rank(
         self,
