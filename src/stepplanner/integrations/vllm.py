@@ -22,7 +22,8 @@ B = ``max_num_seqs``, P = ``block_size``, S_in = ``max_model_len``, ``max_step_t
 ``max_num_batched_tokens``.
 
 vLLM's scheduler interface is private and changes between releases, so this module runs only on
-the version it is tested with (``SUPPORTED_VLLM_VERSION``) and says so otherwise.
+the releases it is tested with, vLLM 0.32.x and 0.33.x (``SUPPORTED_VLLM_VERSIONS``), and says so
+otherwise; what differs between them is in ``_vllm_compat``, named for what differs.
 """
 
 from __future__ import annotations
@@ -31,30 +32,18 @@ import contextlib
 import dataclasses
 import heapq
 import re
+import reprlib
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-SUPPORTED_VLLM_VERSION = "0.33.0"
+# First, before any of vLLM's modules: the version check, and what differs between versions.
+from . import _vllm_compat as _compat
 
-try:
-    import vllm as _vllm
-except ImportError as exc:  # pragma: no cover - depends on the installation
-    raise ImportError(
-        f"stepplanner.integrations.vllm needs vllm=={SUPPORTED_VLLM_VERSION} ({exc}); "
-        'install it with pip install "stepplanner[vllm]"'
-    ) from exc
-_found = getattr(_vllm, "__version__", "of unknown version")
-if _found != SUPPORTED_VLLM_VERSION:
-    raise ImportError(
-        f"stepplanner.integrations.vllm supports vllm=={SUPPORTED_VLLM_VERSION} only (its "
-        f"scheduler interface is private); found vllm {_found}. "
-        'Install the tested version with pip install "stepplanner[vllm]"'
-    )
+SUPPORTED_VLLM_VERSIONS = _compat.SUPPORTED_VLLM_VERSIONS
 
 import numpy as np  # noqa: E402
 from vllm.config import VllmConfig  # noqa: E402
-from vllm.outputs import RequestError  # noqa: E402
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
@@ -63,7 +52,11 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from .._errors import StepPlannerTypeError, StepPlannerValueError  # noqa: E402
+from .._errors import (  # noqa: E402
+    StepPlannerOverflowError,
+    StepPlannerTypeError,
+    StepPlannerValueError,
+)
 from ..core import (  # noqa: E402
     SLO,
     IfbSchedulingMode,
@@ -82,7 +75,7 @@ from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
 __all__ = [
-    "SUPPORTED_VLLM_VERSION",
+    "SUPPORTED_VLLM_VERSIONS",
     "StepPlannerScheduler",
     "StepPlannerStats",
     "StepRecord",
@@ -186,6 +179,9 @@ def slo_classes_from_config(vllm_config: VllmConfig) -> dict[int, SLO]:
             )
         try:
             classes[priority] = SLO(value["ttft"], value.get("tpot"))
+        except OverflowError as exc:
+            given = {field: value[field] for field in ("ttft", "tpot") if field in value}
+            raise _too_large(f'{where}["{key}"]', given, exc) from None
         except (TypeError, ValueError) as exc:
             raise type(exc)(f'{where}["{key}"]: {exc}') from None
     try:  # the keys: int32 priorities
@@ -202,17 +198,44 @@ def request_slo(request: Request) -> SLO | None:
     if not isinstance(args, Mapping) or not any(key in args for key in SLO_ARGS):
         return None
     given = {key: args[key] for key in SLO_ARGS if key in args}
+    shown = reprlib.repr(given)  # a client's values, bounded: they go into the error message
     if "ttft_slo" not in args:
         raise StepPlannerValueError(
-            f"SamplingParams.extra_args {given}: tpot_slo needs ttft_slo (token i is due ttft_slo "
+            f"SamplingParams.extra_args {shown}: tpot_slo needs ttft_slo (token i is due ttft_slo "
             "+ i * tpot_slo after arrival); allowed: ttft_slo > 0 seconds, optionally tpot_slo > 0"
         )
     try:
         return SLO(args["ttft_slo"], args.get("tpot_slo"))
+    except OverflowError as exc:
+        raise _too_large(f"SamplingParams.extra_args {shown}", given, exc) from None
     except (TypeError, ValueError) as exc:
         raise type(exc)(
-            f"SamplingParams.extra_args {given}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
+            f"SamplingParams.extra_args {shown}: {exc} (ttft as ttft_slo, tpot as tpot_slo)"
         ) from None
+
+
+def _too_large(where: str, given: Mapping[str, object], exc: OverflowError) -> OverflowError:
+    """``SLO``'s OverflowError (a number no float holds) as one naming the field that holds it:
+    the first of ``given`` that ``float`` cannot convert."""
+    field, value = next(
+        ((key, value) for key, value in given.items() if _overflows(value)), ("", None)
+    )
+    if not field:  # SLO's message already names its field
+        return StepPlannerOverflowError(f"{where}: {exc}")
+    return StepPlannerOverflowError(
+        f"{where}: {field}={reprlib.repr(value)} is out of range ({exc}); allowed: a finite "
+        "number of seconds > 0"
+    )
+
+
+def _overflows(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return True
+    return False
 
 
 @contextlib.contextmanager
@@ -449,12 +472,16 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def add_request(self, request: Request) -> None:
         reason = self._unsupported_request(request)
-        message = None if reason is None else f"StepPlannerScheduler does not support {reason}"
+        message = (
+            None
+            if reason is None
+            else f"StepPlannerScheduler: request {request.request_id}: {reason} is not supported"
+        )
         slo = None
         if message is None:
             try:
                 slo = request_slo(request) or self.slo_classes.get(request.priority)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:
                 message = (
                     f"StepPlannerScheduler: request {request.request_id}: {exc}; it is "
                     "refused, never served without its objectives"
@@ -462,9 +489,7 @@ class StepPlannerScheduler(AsyncScheduler):
         super().add_request(request)
         if message is not None:
             # A per-request error (not an engine crash): update_from_output finishes it.
-            self.grammar_compile_error_reqs[request.request_id] = RequestError(
-                code="validation_error", message=message
-            )
+            _compat.fail_request(self, request.request_id, message)
         elif self._ranked and request.request_id not in self._deadlines:
             first_due, gap = slo_fields(slo, request.arrival_time)
             self._deadlines[request.request_id] = _Deadlines(
@@ -616,6 +641,19 @@ class StepPlannerScheduler(AsyncScheduler):
             # What vLLM runs without overlap (Scheduler): every sampled token is back before the
             # next schedule, so there is nothing to hold a place for.
             Scheduler._update_after_schedule(self, scheduler_output)
+
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        # Without overlap no placeholder was added, so none is released: vLLM 0.32's
+        # AsyncScheduler releases one per token whatever it holds (and asserts the count stays
+        # >= 0), where its Scheduler, which vLLM runs without overlap, releases none.
+        result: tuple[list[int], bool] = (
+            super()._update_request_with_output(request, new_token_ids, is_stale)
+            if self._async_scheduling
+            else Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
+        )
+        return result
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -909,7 +947,7 @@ class StepPlannerScheduler(AsyncScheduler):
         """vLLM's SchedulerOutput for these decisions (the tail of vLLM's own schedule())."""
         total = sum(num_scheduled.values())
         if total > 0:
-            self.num_executed_steps += 1
+            _compat.count_executed_step(self)
         if self.use_v2_model_runner:
             new_reqs = new_reqs + resumed
             resumed = []
@@ -942,12 +980,11 @@ class StepPlannerScheduler(AsyncScheduler):
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
-            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_reqs_data, {}),
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             kv_cache_block_copies=copies or None,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
-            skip_drafts=self.can_skip_drafts,
             ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
+            **_compat.output_fields(self, num_scheduled, new_reqs_data),
         )
         self._update_after_schedule(output)
         return output

@@ -41,7 +41,7 @@ from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from .vllm import SUPPORTED_VLLM_VERSION  # noqa: F401  (the version check runs on import)
+from .vllm import SUPPORTED_VLLM_VERSIONS  # noqa: F401  (the version check runs on import)
 
 SAMPLED_TOKEN = 7
 TINY_LLAMA = {
