@@ -95,6 +95,17 @@ def _prompts(seed: int = 7, n: int = 24) -> list[tuple[list[int], int, int, dict
 
 
 PROMPTS = _prompts()
+# For KV pressure: 8 prompts of 40-60 tokens (2 blocks) that decode 48 tokens each, to 4 blocks.
+_rng = random.Random(13)
+PRESSURE = [
+    (
+        [_rng.randrange(3, 1000) for _ in range(_rng.randrange(40, 61))],
+        48,
+        _rng.choice([0, 1]),
+        None,
+    )
+    for _ in range(8)
+]
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +167,7 @@ def reference(model_dir):
     """Greedy outputs under vLLM's own scheduler (FCFS): what every other run must reproduce."""
     with engine(model_dir) as llm:
         assert type(scheduler_of(llm)) is Scheduler
-        out = generate(llm, PROMPTS, priorities=False)
+        out = generate(llm, PROMPTS + PRESSURE, priorities=False)
     # The weights make outputs depend on the prompt (dummy weights would not).
     assert len({tuple(o) for o in out}) == len(out)
     assert len({t for o in out for t in o}) > sum(map(len, out)) // 3
@@ -174,7 +185,7 @@ def test_greedy_outputs_match_vllms_scheduler(model_dir, reference, name):
         out = generate(llm, PROMPTS, priorities=policy == "priority")
         stats = scheduler.stepplanner_stats
         assert_drained(scheduler, full)
-    for i, (got, want) in enumerate(zip(out, reference)):
+    for i, (got, want) in enumerate(zip(out, reference[: len(PROMPTS)], strict=True)):
         assert got == want, f"request {i}: {got} != vLLM's {want}"
     assert stats.steps > 0 and stats.scheduled_rows > 0
     if "pause" in name:
@@ -183,20 +194,20 @@ def test_greedy_outputs_match_vllms_scheduler(model_dir, reference, name):
 
 @pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
 def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name):
-    """A KV cache of 10 blocks (the longest request needs 6): the scheduler withholds rows and
-    recompute-preempts, and every request still finishes with exactly its unpressured tokens,
-    every block back in the pool."""
+    """A KV cache of 12 blocks (11 usable) for 8 requests that each grow from 2 to 4 blocks: the
+    scheduler withholds rows and recompute-preempts, and every request still finishes with
+    exactly its unpressured tokens, every block back in the pool."""
     vllm_args, options = CONFIGS[name]
-    pressure = {"num_gpu_blocks_override": 10, "max_model_len": 256}  # 9 blocks (+ the null one)
+    pressure = {"num_gpu_blocks_override": 12, "max_model_len": 256}  # 256 tokens: 8 blocks
     with engine(model_dir, options, **pressure, **vllm_args) as llm:
         scheduler = scheduler_of(llm)
-        assert scheduler.kv_cache_config.num_blocks == 16
+        assert scheduler.kv_cache_config.num_blocks == 12
         full = free_blocks(scheduler)
-        out = generate(llm, PROMPTS)
+        out = generate(llm, PRESSURE)
         stats = scheduler.stepplanner_stats
         assert_drained(scheduler, full)
-    assert stats.recompute_preemptions > 0, stats
-    for i, (got, want) in enumerate(zip(out, reference)):
+    assert stats.recompute_preemptions > 0 and stats.withheld_rows > 0, stats
+    for i, (got, want) in enumerate(zip(out, reference[len(PROMPTS) :])):
         assert got == want, f"request {i}: {got} != unpressured {want}"
 
 
@@ -282,7 +293,6 @@ def test_aborts_in_every_state(model_dir, reference):
         assert not pending, f"never reached: {sorted(pending)}"
         assert_drained(scheduler, full)
     assert not {"waiting", "midprefill", "paused", "decoding"} & set(finished)
-    # urgent's prompt is PROMPTS[3] + PROMPTS[4]: its reference is not in `reference`.
     for name, index in survivors.items():
         assert finished[name] == reference[index], name
 
