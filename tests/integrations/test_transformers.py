@@ -674,13 +674,21 @@ CONFIGS = [
 # model take milliseconds): per class (priority 2 has none), and every fourth request its own.
 SLO_CLASSES = {-1: sp.SLO(0.02, 0.01), 0: sp.SLO(0.1, 0.05), 1: sp.SLO(1.0)}
 OWN_SLO = sp.SLO(0.05, 0.02)
+# Runs that compare every request with generate() keep a relegated waiting request an hour (on
+# any clock here: far past the run), so it is served last rather than handed back; the hand-back
+# is test_a_request_relegated_while_waiting_is_handed_back_with_its_reason's.
+SERVE_RELEGATED = 3600.0
 
 
 def objectives(options: sp.SchedulingOptions, requests: list[Request]) -> dict[str, Any]:
     """``run``'s objectives for a configuration: none but under EDF and DEADLINE."""
     if options.scheduling_policy not in (EDF, DEADLINE):
         return {}
-    return {"slo_classes": SLO_CLASSES, "slo": {r.rid: OWN_SLO for r in requests[::4]}}
+    return {
+        "slo_classes": SLO_CLASSES,
+        "slo": {r.rid: OWN_SLO for r in requests[::4]},
+        "relegated_wait": SERVE_RELEGATED,
+    }
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
@@ -795,7 +803,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
     # (SLO 2 s, 1 s a token: its next token is always due in the next step, LEVEL_DUE). At step 3
     # a 24-token prompt (3 chunks of 8: 3 steps) arrives with 4.5 s to its first token: at risk
     # at the normal pace, still possible; a second one with 1 s can never make it (relegated when
-    # it reaches the queue's head, served after everything else, never dropped).
+    # it reaches the queue's head, served after everything else: relegated_wait is an hour here).
     rng = random.Random(8)
 
     def tokens(n: int) -> list[int]:
@@ -856,6 +864,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
         virtual_clock=True,
         late_at_step=3,
         on_step=check,
+        relegated_wait=SERVE_RELEGATED,
     )
     assert assert_matches_generate(model, record, requests) == len(requests)
     # The prompt's three steps: both slack decodes paused in each, the due one run in each;
@@ -1198,7 +1207,11 @@ def test_cache_full_withholds_rows_and_the_runtime_offloads(
             assert sched._arrivals[state.request_id] == first, state.request_id
 
     slo = (
-        {"slo_classes": {0: sp.SLO(0.05, 0.01)}, "on_step": same_arrival}
+        {
+            "slo_classes": {0: sp.SLO(0.05, 0.01)},
+            "on_step": same_arrival,
+            "relegated_wait": SERVE_RELEGATED,
+        }
         if policy == DEADLINE
         else {}
     )
