@@ -19,7 +19,10 @@ printed before it runs. In order:
 5. per run: attainment (every token by its deadline) and vLLM's goodput from the run's own
    token timestamps (``ttfts``, ``itls`` of its results file), and the simulator's prediction:
    ``stepplanner calibrate`` on the run's own timings, then ``stepplanner simulate`` of the
-   same trace, engine and policy on that model.
+   same trace, engine and policy on that model; beside attainment, the urgent class's TTFT
+   p50/p99 (its served requests, from the results file's own ``ttfts``) and how many requests
+   the engine answered unserved (a request DEADLINE relegated and handed back, or any other
+   failure: its ``errors`` entry).
 
 Nothing else should run on the machine meanwhile: the engine's step times are the measurement.
 """
@@ -150,14 +153,23 @@ def measured(results: pathlib.Path) -> dict[str, float]:
     good = ok & good_by_vllm(ttft, decode, lens, ttft_slo, tpot_slo)
     prios = np.asarray(data["priorities"])
     gaps = np.concatenate([g for g in itls if g.size] or [np.zeros(1)])
+    urgent_ttft = ttft[(prios == -1) & ok] if np.any(prios == -1) else ttft[ok]
+    urgent_ttft = urgent_ttft[np.isfinite(urgent_ttft)]
     return {
         "attainment": float(attained.mean()),
         "urgent": float((attained[prios == -1] if np.any(prios == -1) else attained).mean()),
         "vllm": float(good.mean()),
         "goodput_rps": float(attained.sum() / data["duration"]),
         "p99_itl_ms": float(np.percentile(gaps, 99) * 1e3),
+        "urgent_ttft_p50_ms": _percentile_ms(urgent_ttft, 50),
+        "urgent_ttft_p99_ms": _percentile_ms(urgent_ttft, 99),
+        "unserved": int((~ok).sum()),
         "requests": n,
     }
+
+
+def _percentile_ms(seconds: np.ndarray, q: float) -> float:
+    return float(np.percentile(seconds, q) * 1e3) if seconds.size else float("nan")
 
 
 def predicted(
@@ -242,8 +254,9 @@ def main(argv: list[str]) -> None:
         f"capacity {rate:.2f} req/s, step {step * 1e3:.1f} ms; objectives " + " ".join(slos),
         "",
         "| repeat | load | policy | attained (real / sim) | urgent (real / sim) | "
-        "vLLM good (real / sim) | goodput req/s (real / sim) | ITL p99 ms (real) |",
-        "|---|---|---|---|---|---|---|---|",
+        "vLLM good (real / sim) | goodput req/s (real / sim) | ITL p99 ms (real) | "
+        "urgent TTFT p50 / p99 ms (real) | unserved (real) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rep, load, policy, real, sim in rows:
         lines.append(
@@ -251,7 +264,9 @@ def main(argv: list[str]) -> None:
             f"{100 * sim['attainment']:.1f}% | {100 * real['urgent']:.1f}% / "
             f"{100 * sim['urgent']:.1f}% | {100 * real['vllm']:.1f}% / "
             f"{100 * sim['vllm']:.1f}% | {real['goodput_rps']:.2f} / "
-            f"{sim['goodput_rps']:.2f} | {real['p99_itl_ms']:.0f} |"
+            f"{sim['goodput_rps']:.2f} | {real['p99_itl_ms']:.0f} | "
+            f"{real['urgent_ttft_p50_ms']:,.0f} / {real['urgent_ttft_p99_ms']:,.0f} | "
+            f"{real['unserved']} |"
         )
     lines.append("")
     lines.append(f"served in {(time.perf_counter() - began) / 60:.1f} minutes")

@@ -244,6 +244,8 @@ def run(
     slo_classes: Any = None,
     virtual_clock: bool = False,
     on_step: Any = None,
+    relegated_wait: Any = None,
+    never_relegate_below: int = 0,
 ) -> Run:
     """One run; ``slo``/``slo_classes`` go to ``register``. ``virtual_clock``: the scheduler's
     clock reads one second more at every ``schedule_batch`` and stamps each request's arrival
@@ -260,6 +262,8 @@ def run(
         max_waiting=max_waiting,
         slo=slo,
         slo_classes=slo_classes,
+        relegated_wait=relegated_wait,
+        never_relegate_below=never_relegate_below,
     )
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
@@ -670,13 +674,21 @@ CONFIGS = [
 # model take milliseconds): per class (priority 2 has none), and every fourth request its own.
 SLO_CLASSES = {-1: sp.SLO(0.02, 0.01), 0: sp.SLO(0.1, 0.05), 1: sp.SLO(1.0)}
 OWN_SLO = sp.SLO(0.05, 0.02)
+# Runs that compare every request with generate() keep a relegated waiting request an hour (on
+# any clock here: far past the run), so it is served last rather than handed back; the hand-back
+# is test_a_request_relegated_while_waiting_is_handed_back_with_its_reason's.
+SERVE_RELEGATED = 3600.0
 
 
 def objectives(options: sp.SchedulingOptions, requests: list[Request]) -> dict[str, Any]:
     """``run``'s objectives for a configuration: none but under EDF and DEADLINE."""
     if options.scheduling_policy not in (EDF, DEADLINE):
         return {}
-    return {"slo_classes": SLO_CLASSES, "slo": {r.rid: OWN_SLO for r in requests[::4]}}
+    return {
+        "slo_classes": SLO_CLASSES,
+        "slo": {r.rid: OWN_SLO for r in requests[::4]},
+        "relegated_wait": SERVE_RELEGATED,
+    }
 
 
 @pytest.fixture(params=[False, True], ids=["sync", "async"])
@@ -791,7 +803,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
     # (SLO 2 s, 1 s a token: its next token is always due in the next step, LEVEL_DUE). At step 3
     # a 24-token prompt (3 chunks of 8: 3 steps) arrives with 4.5 s to its first token: at risk
     # at the normal pace, still possible; a second one with 1 s can never make it (relegated when
-    # it reaches the queue's head, served after everything else, never dropped).
+    # it reaches the queue's head, served after everything else: relegated_wait is an hour here).
     rng = random.Random(8)
 
     def tokens(n: int) -> list[int]:
@@ -852,6 +864,7 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(
         virtual_clock=True,
         late_at_step=3,
         on_step=check,
+        relegated_wait=SERVE_RELEGATED,
     )
     assert assert_matches_generate(model, record, requests) == len(requests)
     # The prompt's three steps: both slack decodes paused in each, the due one run in each;
@@ -918,6 +931,107 @@ def test_a_first_token_late_by_less_than_a_step_relegates_its_request(
     assert assert_matches_generate(model, record, requests) == len(requests)
     assert relegated == {1: set(), 2: {"missed"}, 3: {"missed"}}
     assert holder["sched"].relegated_requests == 1
+
+
+def shed_run(
+    model: Any, monkeypatch: Any, priority: int, relegated_wait: Any
+) -> tuple[Run, list[Request], list[tuple[int, int, int]], Any]:
+    """Two slots held for ten steps by requests without objectives; at step 3 "doomed" arrives
+    (TTFT objective 2 s on the one-second-a-step virtual clock) and can only wait. Returns the
+    run, its requests, (step, relegated, shed) counts at every step, and the scheduler."""
+    rng = random.Random(11)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+    requests = [
+        Request("long0", tokens(5), 10, 0),
+        Request("long1", tokens(5), 10, 0),
+        Request("doomed", tokens(6), 3, priority, True),
+        Request("after", tokens(4), 3, 0, True),
+    ]
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=DEADLINE,
+        preemption=PAUSE,
+        max_num_tokens=16,
+        max_chunk_tokens=8,
+    )
+    counts: list[tuple[int, int, int]] = []
+    holder: dict[str, Any] = {}
+
+    def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        holder["sched"] = sched
+        counts.append((len(counts) + 1, sched.relegated_requests, sched.shed_requests))
+
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        batch=2,
+        slo={"doomed": sp.SLO(2.0)},
+        virtual_clock=True,
+        late_at_step=3,
+        on_step=check,
+        relegated_wait=relegated_wait,
+    )
+    return record, requests, counts, holder["sched"]
+
+
+def first_step(counts: list[tuple[int, int, int]], column: int) -> int:
+    return next(c[0] for c in counts if c[column])
+
+
+def test_a_request_relegated_while_waiting_is_handed_back_with_its_reason(
+    model: Any, monkeypatch: Any
+) -> None:
+    # Both slots are busy for ten steps, so "doomed" is relegated while it waits (the admission
+    # pass runs every step under DEADLINE, free slot or not), may wait its own TTFT objective
+    # (relegated_wait=None), then is answered FAILED with the reason, unserved; the rest are
+    # served exactly as without it. Before the adapter shed, it was never swept while the slots
+    # were full and, once swept, never answered.
+    record, requests, counts, sched = shed_run(model, monkeypatch, 0, None)
+    doomed = record.results.pop("doomed")
+    assert doomed.status == RequestStatus.FAILED, doomed.status
+    assert doomed.error.startswith("request doomed: relegated by the DEADLINE policy")
+    assert "handed back unserved after waiting" in doomed.error
+    assert "retry it elsewhere" in doomed.error
+    assert list(doomed.generated_tokens) == []
+    served = [r for r in requests if r.rid != "doomed"]
+    assert assert_matches_generate(model, record, served) == len(served) == 3
+    relegated_at, shed_at = first_step(counts, 1), first_step(counts, 2)
+    assert relegated_at < 10, counts  # while both slots were still held
+    assert shed_at - relegated_at == 2, counts  # its TTFT objective, two one-second steps
+    assert sched.relegated_requests == 1 and sched.shed_requests == 1
+    assert sched.ledger.relegated_waiting == 0 and not sched.waiting_requests
+
+
+def test_with_relegated_wait_zero_a_request_is_handed_back_in_the_step_it_is_relegated(
+    model: Any, monkeypatch: Any
+) -> None:
+    record, requests, counts, sched = shed_run(model, monkeypatch, 0, 0)
+    doomed = record.results.pop("doomed")
+    assert doomed.status == RequestStatus.FAILED
+    assert "relegated by the DEADLINE policy" in doomed.error
+    assert first_step(counts, 1) == first_step(counts, 2) < 10, counts
+    served = [r for r in requests if r.rid != "doomed"]
+    assert assert_matches_generate(model, record, served) == len(served) == 3
+    assert sched.shed_requests == 1
+
+
+def test_an_urgent_request_that_misses_is_served_never_relegated(
+    model: Any, monkeypatch: Any
+) -> None:
+    # The same request in the urgent class (priority -1, below never_relegate_below=0, the
+    # default): it misses its objective while it waits, and is served anyway, never handed back.
+    record, requests, counts, sched = shed_run(model, monkeypatch, -1, 0)
+    assert record.results["doomed"].status == RequestStatus.FINISHED
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    assert sched.relegated_requests == 0 and sched.shed_requests == 0
+    assert counts[-1][1:] == (0, 0)
 
 
 def test_an_invalid_objective_fails_its_request_alone(
@@ -1093,7 +1207,11 @@ def test_cache_full_withholds_rows_and_the_runtime_offloads(
             assert sched._arrivals[state.request_id] == first, state.request_id
 
     slo = (
-        {"slo_classes": {0: sp.SLO(0.05, 0.01)}, "on_step": same_arrival}
+        {
+            "slo_classes": {0: sp.SLO(0.05, 0.01)},
+            "on_step": same_arrival,
+            "relegated_wait": SERVE_RELEGATED,
+        }
         if policy == DEADLINE
         else {}
     )
@@ -1169,11 +1287,30 @@ def test_register_checks_its_arguments() -> None:
         tf_integration.register(sp.SchedulingOptions(), slo_classes={0: {"ttft": 1.0}})
     with pytest.raises(ValueError, match="slo_classes key '0' is not a priority"):
         tf_integration.register(sp.SchedulingOptions(), slo_classes={"0": sp.SLO(1.0)})
+    with pytest.raises(ValueError, match=r"relegated_wait=-1\b"):
+        tf_integration.register(sp.SchedulingOptions(), relegated_wait=-1)
+    with pytest.raises(TypeError, match="relegated_wait must be a number of seconds or None"):
+        tf_integration.register(sp.SchedulingOptions(), relegated_wait="1s")  # type: ignore[arg-type]
+    with pytest.raises(OverflowError, match="never_relegate_below=2147483648 does not fit int32"):
+        tf_integration.register(sp.SchedulingOptions(), never_relegate_below=2**31)
     name = tf_integration.register(sp.SchedulingOptions(), name="stepplanner-register-test")
     try:
         assert issubclass(SCHEDULER_MAPPING[name], tf_integration.StepPlannerScheduler)
     finally:
         SCHEDULER_MAPPING.pop(name)
+
+
+def test_a_runtime_without_its_output_path_is_refused_naming_the_version(
+    monkeypatch: Any,
+) -> None:
+    # The adapter answers handed-back requests from the processor's prepare_next_batch, through
+    # OutputRouter.fail_and_deliver: if either goes, register says so rather than shed silently.
+    from transformers.generation.continuous_batching import continuous_api
+
+    monkeypatch.delattr(continuous_api.OutputRouter, "fail_and_deliver")
+    with pytest.raises(ImportError, match=r"transformers \S+ has no ContinuousBatchProcessor"):
+        tf_integration.register(sp.SchedulingOptions(), name="stepplanner-shape-test")
+    assert "stepplanner-shape-test" not in SCHEDULER_MAPPING
 
 
 @pytest.mark.parametrize("version", ["5.17.2", "5.25.0", "6.0.0"])

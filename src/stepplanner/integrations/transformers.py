@@ -34,12 +34,31 @@ the batch was planned, which would see no token late by less than a step. In the
 (``use_async_batching``) the next batch is scheduled while this one's tokens may still be on the
 device, so there a token late by less than a step can still go unseen.
 
+Overload (``DEADLINE``): ``register(..., relegated_wait=, never_relegate_below=)`` go to the
+ledger as they are (docs/scheduling.md, Overload). The ledger hands a relegated waiting request
+back (``Ledger.shed_ids``) in its admission pass, which the adapter therefore runs at every step
+while requests wait, free slot or not (under FCFS/PRIORITY/EDF it still runs only when a slot is
+free). A request handed back leaves the runtime's waiting queue and is answered at once, unserved:
+``RequestStatus.FAILED`` with an ``error`` that says DEADLINE relegated it and how long it
+waited, so a client or a router can retry it elsewhere (``scheduler.shed_requests`` counts them).
+It is answered through the runtime's own output path, ``output_router.fail_and_deliver``, as
+transformers answers a request that fails at admission. The scheduler holds no reference to the
+batch processor, so :func:`register` wraps ``ContinuousBatchProcessor.prepare_next_batch`` once
+(the one caller of ``schedule_batch``; the wrapper does nothing for any other scheduler): after
+the step is scheduled, it answers the requests that step handed back. Chosen over reading the
+caller's frame or wrapping the processor's constructor: the method and the two attributes it
+uses (``scheduler``, ``output_router``) are the runtime's documented loop. If the runtime's shape
+changes, it fails loudly, naming the transformers version: at ``register`` when the method or
+``fail_and_deliver`` is missing, and in ``schedule_batch`` when a request is handed back outside
+``prepare_next_batch`` (it could not be answered).
+
 transformers' scheduler interface is private, so this module supports only the versions it is
 tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any other.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -58,6 +77,7 @@ from ..core import (
     resolve_scheduling_policy,
 )
 from ..ledger import Ledger, QueueFullError
+from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
 from ..planner._slo import check_slo_classes
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
@@ -74,6 +94,7 @@ _INSTALL_HINT = (
 
 try:
     import transformers
+    from transformers.generation.continuous_batching import continuous_api as _loop
     from transformers.generation.continuous_batching import scheduler as _runtime
     from transformers.generation.continuous_batching.requests import (
         FutureRequestState,
@@ -129,6 +150,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
     slo_classes: Mapping[int, SLO] = {}
     max_input_length: int | None = None
     max_waiting: int = DEFAULT_MAX_WAITING
+    relegated_wait: float | None = None
+    never_relegate_below: int = NEVER_RELEGATE_BELOW
     # The clock of ``now`` under EDF/DEADLINE: the runtime stamps each request's arrival
     # (RequestState.created_time) with time.perf_counter, and the two must be one clock.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
@@ -216,12 +239,21 @@ class StepPlannerScheduler(_runtime.Scheduler):
         super().reset()
         # The objectives are resolved here (own, else the class's), so the ledger takes no
         # classes; step_time=None: it measures the step time from each step's now.
-        self.ledger = Ledger(self.limits, self.policy, max_waiting=self.max_waiting)
+        self.ledger = Ledger(
+            self.limits,
+            self.policy,
+            max_waiting=self.max_waiting,
+            relegated_wait=self.relegated_wait,
+            never_relegate_below=self.never_relegate_below,
+        )
         self._arrivals: dict[str, float] = {}  # runtime id -> arrival, requests with objectives
         self._departed: dict[str, float] = {}  # the same, of requests that left since the last step
         self._ran = False  # the last step handed back a batch (a sample of the step time)
         self._unapplied: Any = None  # EDF/DEADLINE: that batch's plan, until it has run
         self.relegated_requests = 0  # DEADLINE: requests relegated since the start
+        self.shed_requests = 0  # DEADLINE: requests handed back unserved since the start
+        self._handed_back: list[tuple[RequestState, str]] = []  # to answer, with their reason
+        self._answering = False  # inside ContinuousBatchProcessor.prepare_next_batch (wrapped)
         self._states: dict[int, RequestState] = {}  # ledger id -> the runtime's state object
         self._resident: dict[str, int] = {}  # runtime id -> ledger id, residents only
         self._queued: dict[str, int] = {}  # runtime id -> ledger id, waiting requests only
@@ -390,12 +422,21 @@ class StepPlannerScheduler(_runtime.Scheduler):
         # no resident at all admits anyway, or nothing would ever finish.
         if self.block_new_requests and ledger.count:
             return
-        if not (ledger.free_slots and ledger.waiting):
+        if self._relegating:
+            # The admission pass is also where relegated waiting requests are handed back: every
+            # step while any wait (or a submit handed one back since the last pass).
+            if not (ledger.waiting or self._queued):
+                return
+        elif not (ledger.free_slots and ledger.waiting):
             return  # nothing to admit: spare the call (most steps, once the slots are full)
         taken: set[str] = set()
         while True:
             admitted = ledger.admit(now=now)
             self._count_relegated()
+            if self._relegating:
+                shed = ledger.shed_ids
+                if len(shed):
+                    self._hand_back_shed(shed.tolist(), now)
             if not admitted:
                 break
             stale = []
@@ -420,6 +461,42 @@ class StepPlannerScheduler(_runtime.Scheduler):
         if taken:
             self._cleanup_waiting_queue(taken)
             self._row_states = None
+
+    def _hand_back_shed(self, ids: list[int], now: float | None) -> None:
+        """Take the requests the ledger handed back out of the runtime's queue; the wrapped
+        ``prepare_next_batch`` answers them once this step is scheduled."""
+        if not self._answering:
+            raise RuntimeError(
+                f"stepplanner handed back {len(ids)} relegated request(s), but transformers "
+                f"{transformers.__version__} called schedule_batch outside "
+                "ContinuousBatchProcessor.prepare_next_batch, where the adapter answers them: "
+                "they could not be answered. The runtime's loop changed; stepplanner supports "
+                f"transformers{SUPPORTED_TRANSFORMERS}"
+            )
+        states, gone = self._states, set()
+        for i in ids:
+            state = states.pop(i, None)
+            if state is None:
+                continue
+            rid = state.request_id
+            if self._queued.get(rid) == i:
+                del self._queued[rid]
+            arrival = self._arrivals.pop(rid, state.created_time)
+            if self.waiting_requests.get(rid) is not state:
+                continue  # left the runtime unseen (cancelled): nobody to answer
+            del self.waiting_requests[rid]
+            gone.add(rid)
+            waited = "" if now is None else f" after waiting {max(now - arrival, 0.0):.3f} s"
+            self._handed_back.append(
+                (
+                    state,
+                    f"request {rid}: relegated by the DEADLINE policy (it could no longer meet "
+                    f"its objectives) and handed back unserved{waited}; retry it elsewhere",
+                )
+            )
+            self.shed_requests += 1
+        if gone:
+            self._cleanup_waiting_queue(gone)
 
     @staticmethod
     def _derive_rows(rows: Any, states: list[RequestState]) -> None:
@@ -530,6 +607,46 @@ def _check_per_request(field: str, value: object, returns: str) -> None:
         )
 
 
+def _answer_handed_back(processor: Any, scheduler: StepPlannerScheduler) -> None:
+    handed, scheduler._handed_back = scheduler._handed_back, []
+    router, offloading = processor.output_router, processor.offloading_manager
+    for state, reason in handed:
+        offloading.free_request_cpu_cache(state)  # an offloaded request re-queued keeps a copy
+        router.fail_and_deliver(state, RuntimeError(reason))
+
+
+def _wrap_prepare_next_batch() -> None:
+    """Answer what each step handed back, through the runtime's own output path (once)."""
+    processor = getattr(_loop, "ContinuousBatchProcessor", None)
+    original = getattr(processor, "prepare_next_batch", None)
+    router = getattr(_loop, "OutputRouter", None)
+    if original is None or not callable(getattr(router, "fail_and_deliver", None)):
+        raise ImportError(
+            f"transformers {transformers.__version__} has no ContinuousBatchProcessor."
+            "prepare_next_batch or OutputRouter.fail_and_deliver, through which "
+            "stepplanner.integrations.transformers answers the requests DEADLINE hands back; "
+            f"it supports transformers{SUPPORTED_TRANSFORMERS}. {_INSTALL_HINT}"
+        )
+    if getattr(original, "_stepplanner_answers", False):
+        return
+
+    @functools.wraps(original)
+    def prepare_next_batch(self: Any) -> bool:
+        scheduler = getattr(self, "scheduler", None)
+        if not isinstance(scheduler, StepPlannerScheduler):
+            return bool(original(self))
+        scheduler._answering = True
+        try:
+            return bool(original(self))
+        finally:  # a step that fails still answers what it handed back (they are in no queue)
+            scheduler._answering = False
+            if scheduler._handed_back:
+                _answer_handed_back(self, scheduler)
+
+    prepare_next_batch._stepplanner_answers = True  # type: ignore[attr-defined]
+    processor.prepare_next_batch = prepare_next_batch  # type: ignore[union-attr]
+
+
 def register(
     options: SchedulingOptions,
     *,
@@ -539,6 +656,8 @@ def register(
     max_waiting: int = DEFAULT_MAX_WAITING,
     slo: SloOf = None,
     slo_classes: Mapping[int, SLO] | None = None,
+    relegated_wait: float | None = None,
+    never_relegate_below: int = NEVER_RELEGATE_BELOW,
 ) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
@@ -553,6 +672,10 @@ def register(
     ``slo_classes``: ``{priority: SLO}``, the objectives of every request of that priority that
     has none of its own. They rank the rows under ``SchedulingPolicy.EDF``/``DEADLINE`` (checked
     under every policy); a request whose objective is not an ``SLO`` fails alone, naming it.
+    ``relegated_wait``, ``never_relegate_below``: the ledger's (``DEADLINE``): how long a
+    relegated waiting request may still wait before it is answered unserved (``FAILED``, with
+    the reason; ``None``: its own TTFT objective, ``0``: at once), and the priority class below
+    which no request is relegated.
     Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
@@ -579,6 +702,8 @@ def register(
         )
     _check_per_request("slo", slo, "SLO | None")
     classes = check_slo_classes(slo_classes)
+    check_relegation_args(relegated_wait, never_relegate_below)
+    _wrap_prepare_next_batch()
     bound = type(
         f"StepPlannerScheduler_{name}",
         (StepPlannerScheduler,),
@@ -589,6 +714,8 @@ def register(
             "slo_classes": classes,
             "max_input_length": max_input_length,
             "max_waiting": max_waiting,
+            "relegated_wait": relegated_wait,
+            "never_relegate_below": never_relegate_below,
             "__module__": __name__,
         },
     )
