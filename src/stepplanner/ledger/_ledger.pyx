@@ -90,7 +90,6 @@ from stepplanner.ledger._shared import (
     check_deadline_args,
     check_ledger_args,
     check_relegation_args,
-    NEVER_RELEGATE_BELOW,
     check_rank_arrays,
     check_page_table,
     check_pending,
@@ -110,6 +109,7 @@ from stepplanner.ledger._shared import (
     step_reasons_error,
     submission,
 )
+from stepplanner.ledger._shared import NEVER_RELEGATE_BELOW as _NEVER_RELEGATE_BELOW
 from stepplanner.planner import _types
 from stepplanner.planner._fields import as_int32
 from stepplanner.planner._policy import ResolvedSchedulingPolicy
@@ -919,7 +919,7 @@ cdef class Ledger:
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                   slo_classes=None, step_time=None, relegated_wait=None,
-                  never_relegate_below=NEVER_RELEGATE_BELOW):
+                  never_relegate_below=_NEVER_RELEGATE_BELOW):
         (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation = (
             check_constructor(limits, policy, max_waiting, slo_classes, step_time,
                               relegated_wait, never_relegate_below))
@@ -1014,7 +1014,7 @@ cdef class Ledger:
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                  slo_classes=None, step_time=None, relegated_wait=None,
-                 never_relegate_below=NEVER_RELEGATE_BELOW):
+                 never_relegate_below=_NEVER_RELEGATE_BELOW):
         # Everything was checked and allocated by __cinit__; a second call would leave the old
         # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
         if self._initialised:
@@ -1727,7 +1727,7 @@ cdef class Ranker:
     cdef list _lost_views
 
     def __cinit__(self, limits, policy, *, step_time=None, relegated_wait=None,
-                  never_relegate_below=NEVER_RELEGATE_BELOW):
+                  never_relegate_below=_NEVER_RELEGATE_BELOW):
         if not isinstance(policy, ResolvedSchedulingPolicy):
             raise _errors.wrong_type("policy", "ResolvedSchedulingPolicy", policy)
         check_ledger_args(limits, policy, 0)
@@ -1744,7 +1744,7 @@ cdef class Ranker:
         self._lost_views = [None] * (b + 1)
 
     def __init__(self, limits, policy, *, step_time=None, relegated_wait=None,
-                 never_relegate_below=NEVER_RELEGATE_BELOW):
+                 never_relegate_below=_NEVER_RELEGATE_BELOW):
         # Everything was checked and set by __cinit__ (this signature is the one callers see);
         # a second call changes nothing.
         pass
