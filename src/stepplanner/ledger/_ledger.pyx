@@ -306,7 +306,7 @@ cdef void relegate_hopeless(QueueC* q, IdMapC* m, TableC* t, const DeadlineC* d,
             w = &q.pool[slot]
             if w.priority < d.never_below or w.first_due == INFINITY:
                 continue
-            if now + prompt_seconds(d, w.prompt_length, d.chunk, d.chunk_inverse) > w.first_due:
+            if too_late(d, w.prompt_length, w.first_due, now):
                 found[n].arrival = w.arrival
                 found[n].slot = slot
                 n += 1
@@ -409,6 +409,7 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     cdef HeapC* heap
     cdef WaitingC* w
     cdef ResidentC* r
+    new_shed_report(q)  # each admission pass reports what it (and submit since the last) shed
     if d.ranking == RANK_DEADLINE and not isnan(now):
         relegate_hopeless(q, m, t, d, now)
         shed_expired(q, m, now)
@@ -421,8 +422,7 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         w = &q.pool[slot]
         if (d.ranking == RANK_DEADLINE and not isnan(now) and h != HEAP_LOSING
                 and w.priority >= d.never_below
-                and now + prompt_seconds(d, w.prompt_length, d.chunk, d.chunk_inverse)
-                > w.first_due):
+                and too_late(d, w.prompt_length, w.first_due, now)):
             lose_waiting(q, m, t, slot, now)
             continue
         row = t.count
@@ -459,6 +459,7 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         t.admitted[n] = w.request_id
         n += 1
     t.num_admitted = n
+    q.num_reported = q.num_shed
     return n
 
 
@@ -651,6 +652,14 @@ cdef inline double prompt_seconds(const DeadlineC* d, int64_t tokens, int64_t ch
     """A prompt of ``tokens`` at ``chunk`` tokens a step (``inverse`` = 1.0 / chunk): steps x
     the step estimate."""
     return <double>steps_for(tokens, chunk, inverse) * step_estimate(d)
+
+
+cdef inline bint too_late(const DeadlineC* d, int64_t tokens, double due,
+                          double now) noexcept nogil:
+    """Whether a prompt of ``tokens`` misses a first token due at ``due`` even if served at once
+    from ``now``: the one test for relegating a waiting request, wherever the ledger makes it
+    (admission, the sweep, ``submit``'s place rule, ``Ranker.admits``)."""
+    return now + prompt_seconds(d, tokens, d.chunk, d.chunk_inverse) > due
 
 
 cdef inline double next_due(const TableC* t, int32_t r) noexcept nogil:
@@ -1270,7 +1279,7 @@ cdef class Ledger:
         if self.q.heaps[HEAP_LOSING].size == 0:
             return False
         return (self.d.ranking != RANK_DEADLINE or prio < self.d.never_below
-                or not prompt_seconds(&self.d, length, self.d.chunk, self.d.chunk_inverse) > ttft)
+                or not too_late(&self.d, length, ttft, 0.0))
 
     @cython.critical_section
     def cancel(self, request_id):
@@ -1318,9 +1327,7 @@ cdef class Ledger:
             if self.t.num_cancelled:
                 self._remove_marked(self.t.cancelled, self.t.num_cancelled)
             self.t.num_relegated = 0
-            new_shed_report(&self.q)
             self._admit_waiting(NAN if when is None else when)
-            self.q.num_reported = self.q.num_shed
             return self.admitted_ids.tolist()
         finally:
             self._release()
@@ -1569,9 +1576,7 @@ cdef class Ledger:
             measure_step(&self.d, when, p != NULL and p.num_prefill + p.num_decode > 0)
         if pending is not None:
             self._apply(pending, p, mask, stride, True, when)
-        new_shed_report(&self.q)
         self._admit_waiting(when)
-        self.q.num_reported = self.q.num_shed
         if self.d.ranking != RANK_NONE:
             rank_rows(&self.t, &self.d, when)
         plan = planner.plan(self.residents, None, reasons)
@@ -1775,7 +1780,7 @@ cdef class Ranker:
         cdef int32_t klass = as_int32("priority", priority)
         if self.d.ranking != RANK_DEADLINE or klass < self.d.never_below:
             return True
-        return not when + prompt_seconds(&self.d, tokens, self.d.chunk, self.d.chunk_inverse) > due
+        return not too_late(&self.d, tokens, due, when)
 
     def rank(self, rows, first_due, gap, generated, stamp, relegated, now, *, classes=None):
         """Write ``rows``' priority and arrival as the ledger does before it plans; returns the

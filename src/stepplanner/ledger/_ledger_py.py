@@ -361,9 +361,7 @@ class Ledger:
             return False
         d = self._d
         return (
-            d.ranking != RANK_DEADLINE
-            or prio < d.never_below
-            or not d.prompt_seconds(length, d.chunk) > ttft
+            d.ranking != RANK_DEADLINE or prio < d.never_below or not d.too_late(length, ttft, 0.0)
         )
 
     @staticmethod
@@ -378,10 +376,6 @@ class Ledger:
         entry[6] = False
         del self._waiting[entry[1]]
         self._shed.append(entry[1])
-
-    def _new_shed_report(self) -> None:
-        del self._shed[: self._shed_reported]
-        self._shed_reported = 0
 
     def _lose(self, entry: list[Any], now: float) -> None:
         """A waiting request that cannot make its first token in time: relegated, behind every
@@ -409,7 +403,7 @@ class Ledger:
             for entry in heap:
                 if not entry[6] or entry[3] < d.never_below or entry[7] == math.inf:
                     continue
-                if now + d.prompt_seconds(entry[2], d.chunk) > entry[7]:
+                if d.too_late(entry[2], entry[7], now):
                     found.append(entry)
                 elif entry[7] < earliest:
                     earliest = entry[7]
@@ -445,9 +439,7 @@ class Ledger:
         if self._cancelled:
             self._remove([])
         self._relegated_ids = []
-        self._new_shed_report()
         self._admit(when)
-        self._shed_reported = len(self._shed)
         admitted: list[int] = self.admitted_ids.tolist()
         return admitted
 
@@ -455,6 +447,9 @@ class Ledger:
         self._pending = None
         table = self._table
         n = 0
+        # Each admission pass reports what it (and submit since the last) shed.
+        del self._shed[: self._shed_reported]
+        self._shed_reported = 0
         if now is not None and self._ranking == RANK_DEADLINE:
             self._relegate_hopeless(now)
             self._shed_expired(now)
@@ -468,7 +463,7 @@ class Ledger:
                 and self._ranking == RANK_DEADLINE
                 and heap is not self._losing
                 and head[3] >= self._d.never_below
-                and now + self._d.prompt_seconds(head[2], self._d.chunk) > head[7]
+                and self._d.too_late(head[2], head[7], now)
             ):
                 # It cannot make its first token in time even if served at once: behind every
                 # request that still can, until its wait is over.
@@ -499,6 +494,7 @@ class Ledger:
             self._admitted[n] = rid
             n += 1
         self._num_admitted = n
+        self._shed_reported = len(self._shed)
 
     def _fits(self, entry: list[Any]) -> bool:
         """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""
@@ -508,10 +504,9 @@ class Ledger:
         return pages <= int(sizes.num_free_pages)
 
     def _next_heap(self) -> list[list[Any]] | None:
-        urgent, normal, losing = self._urgent, self._normal, self._losing
-        for heap in (urgent, normal, losing):
-            while heap and not heap[0][6]:
-                heapq.heappop(heap)
+        urgent, normal, losing = (
+            self._next_heap_entries(heap) for heap in (self._urgent, self._normal, self._losing)
+        )
         head = urgent if urgent and (not normal or urgent[0][0] < normal[0][0]) else normal
         if not head:
             # Relegated requests come after every other, and never take a reserved slot
@@ -654,9 +649,7 @@ class Ledger:
             )
         if pending is not None:
             self._apply(pending, seq, mask, True, when)
-        self._new_shed_report()
         self._admit(when)
-        self._shed_reported = len(self._shed)
         if when is not None and self._ranking != RANK_NONE:
             self._rank(when)
         plan = planner.plan(self.residents, reasons=reasons)
@@ -818,6 +811,12 @@ class _Deadlines:
         """A prompt of ``tokens`` at ``chunk`` tokens a step: steps x the step estimate."""
         return ((tokens + chunk - 1) // chunk) * self.estimate_seconds()
 
+    def too_late(self, tokens: int, due: float, now: float) -> bool:
+        """Whether a prompt of ``tokens`` misses a first token due at ``due`` even if served at
+        once from ``now`` (the compiled ``too_late``: the one relegation test of a waiting
+        request)."""
+        return now + self.prompt_seconds(tokens, self.chunk) > due
+
     def measure(self, now: float, ran: bool) -> None:
         """step_time=None: a step's duration (between two steps' now) moves the estimate."""
         last, self.last_now = self.last_now, now
@@ -944,7 +943,7 @@ class Ranker:
         klass = as_int32("priority", priority)
         if self._d.ranking != RANK_DEADLINE or klass < self._d.never_below:
             return True
-        return not when + self._d.prompt_seconds(tokens, self._d.chunk) > due
+        return not self._d.too_late(tokens, due, when)
 
     def rank(
         self,
