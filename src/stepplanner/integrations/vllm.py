@@ -758,6 +758,13 @@ class StepPlannerScheduler(AsyncScheduler):
         request = entry[3]
         return self._waits(request) and not self._deadlines[request.request_id].relegated
 
+    def _waits_relegated(self, entry: tuple[Any, int, int, Request]) -> bool:
+        """A relegated-heap entry still stands: its request waits and was not handed back (it
+        waits until update_from_output finishes it, and async scheduling may plan a step
+        before that)."""
+        request = entry[3]
+        return self._waits(request) and not self._deadlines[request.request_id].handed_back
+
     def _relegate_waiting(self, request: Request, now: float, relegated: list[str]) -> None:
         record = self._deadlines[request.request_id]
         record.relegated = True
@@ -789,14 +796,14 @@ class StepPlannerScheduler(AsyncScheduler):
                 self._relegate_waiting(request, now, relegated)
         losing = self._losing
         while losing:
-            request = losing[0][3]
-            if not self._waits(request):
-                heapq.heappop(losing)
+            entry = heapq.heappop(losing)
+            if not self._waits_relegated(entry):
                 continue
+            request = entry[3]
             record = self._deadlines[request.request_id]
             if record.shed_at > now:
+                heapq.heappush(losing, entry)
                 break
-            heapq.heappop(losing)
             self._hand_back(request, record)
 
     def _hand_back(self, request: Request, record: _Deadlines) -> None:
@@ -820,9 +827,7 @@ class StepPlannerScheduler(AsyncScheduler):
         for heap in (urgent, normal):
             while heap and not self._waits_viable(heap[0]):
                 heapq.heappop(heap)
-        while losing and (
-            not self._waits(losing[0][3]) or self._deadlines[losing[0][3].request_id].handed_back
-        ):
+        while losing and not self._waits_relegated(losing[0]):
             heapq.heappop(losing)
         head = urgent if urgent and (not normal or urgent[0] < normal[0]) else normal
         if not head:
@@ -870,11 +875,7 @@ class StepPlannerScheduler(AsyncScheduler):
         for heap in (self._urgent, self._normal):
             heap[:] = [entry for entry in heap if self._waits_viable(entry)]
             heapq.heapify(heap)
-        self._losing[:] = [
-            entry
-            for entry in self._losing
-            if self._waits(entry[3]) and not self._deadlines[entry[3].request_id].handed_back
-        ]
+        self._losing[:] = [entry for entry in self._losing if self._waits_relegated(entry)]
         heapq.heapify(self._losing)
 
     def _rank(
