@@ -253,6 +253,11 @@ def run_collecting_refusals(sched, arrivals, caplog):
 SLO_CLASSES = {"-1": {"ttft": 0.05, "tpot": 0.01}, "0": {"ttft": 0.25, "tpot": 0.05}}
 OWN_SLO = {"ttft_slo": 0.1, "tpot_slo": 0.02}
 
+# Runs that hold every request to completion keep a relegated waiting request an hour (on any
+# clock here: far past the run), so it is served last rather than handed back; the hand-back is
+# test_a_relegated_waiting_request_is_handed_back_after_its_wait's.
+SERVE_RELEGATED = 3600.0
+
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority", "edf", "deadline"])
 def test_stream_completes_and_every_step_is_its_plan(model_dir, overlap, policy):
@@ -266,6 +271,7 @@ def test_stream_completes_and_every_step_is_its_plan(model_dir, overlap, policy)
             scheduling_policy=policy,
             priority_reserved_slots=2,
             slo_classes=SLO_CLASSES,
+            relegated_wait=SERVE_RELEGATED,
         )
         arrivals = stream(300, seed=1, arrival0=time.time(), spacing=0.001, own_slo=OWN_SLO)
     else:
@@ -687,6 +693,7 @@ def test_deadline_policies_with_pause_finish_a_stream_and_pause_within_bounds(
         preemption="pause",
         max_pause_steps=3,
         slo_classes=classes,
+        relegated_wait=SERVE_RELEGATED,
     )
     virtual_clock(sched)
     arrivals = stream(
