@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import shlex
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from slo_experiments import run  # noqa: E402  (a sibling script: one CLI runner for both)
 
 ENGINE = (
     "--max-batch-size", "8", "--max-step-tokens", "256", "--kv-page-size", "16",
@@ -41,20 +41,6 @@ ENGINE = (
 BEFORE = ("--never-relegate-below=-2147483648", "--relegated-wait", "1e9")
 POLICIES = ("fcfs", "priority+pause", "edf+pause", "deadline+pause")
 PAUSE = ("--preemption", "pause", "--max-pause-steps", "64")
-
-
-def cli(out: pathlib.Path, name: str, *args: str) -> dict:
-    command = ["stepplanner", *args, "--format", "json", "--no-progress"]
-    print("+ " + " ".join(shlex.quote(a) for a in command), flush=True)
-    started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "stepplanner", *command[1:]], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        sys.exit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
-    (out / f"{name}.json").write_text(done.stdout)
-    print(f"  {time.perf_counter() - started:.0f} s", flush=True)
-    return json.loads(done.stdout)
 
 
 def by_load(data: dict) -> dict[float, dict[str, dict]]:
@@ -113,21 +99,30 @@ def main() -> None:
     parser.add_argument("--open-ended-requests", type=int, default=6000)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    common = ("compare", *ENGINE, "--requests", str(args.requests), "--load", args.loads)
-    now = by_load(cli(args.out, "small", *common))
-    before = by_load(cli(args.out, "small-before", *common, *BEFORE))
+    common = (*ENGINE, "--requests", str(args.requests), "--load", args.loads)
+    now = by_load(run(args.out, "small", *common))
+    before = by_load(run(args.out, "small-before", *common, *BEFORE))
     saturation = json.loads((args.out / "small.json").read_text())["saturation_rps"]
     rate = f"{1.5 * saturation:.4f}"
-    run = ("simulate", *ENGINE, "--requests", str(args.open_ended_requests), "--rate", rate)
+    stream = (
+        *ENGINE,
+        "--requests",
+        str(args.open_ended_requests),
+        "--rate",
+        rate,
+        "--max-waiting",
+        "128",
+        *PAUSE,
+    )
     open_ended = {
-        "deadline+pause": cli(args.out, "open-deadline", *run, "--policy", "deadline", *PAUSE,
-                              "--max-waiting", "128"),
-        "deadline+pause, handed back at once": cli(
-            args.out, "open-deadline-shed", *run, "--policy", "deadline", *PAUSE,
-            "--max-waiting", "128", "--relegated-wait", "0",
+        "deadline+pause": run(args.out, "open-deadline", *stream, "--policy", "deadline",
+                              command="simulate"),
+        "deadline+pause, handed back at once": run(
+            args.out, "open-deadline-shed", *stream, "--policy", "deadline",
+            "--relegated-wait", "0", command="simulate",
         ),
-        "priority+pause": cli(args.out, "open-priority", *run, "--policy", "priority", *PAUSE,
-                              "--max-waiting", "128"),
+        "priority+pause": run(args.out, "open-priority", *stream, "--policy", "priority",
+                              command="simulate"),
     }  # fmt: skip
     print()
     print(f"saturation {saturation:.3f} req/s\n")

@@ -36,12 +36,14 @@ from stepplanner.sim.workloads import DEFAULT_SLO_CLASSES, Workload, synthetic
 POLICIES = ("fcfs", "priority+pause", "edf+pause", "deadline+pause")
 
 
-def run(out: pathlib.Path, name: str, *args: str) -> dict:
-    command = ["stepplanner", "compare", *args, "--format", "json", "--no-progress"]
-    print("+ " + " ".join(shlex.quote(a) for a in command), flush=True)
+def run(out: pathlib.Path, name: str, *args: str, command: str = "compare") -> dict:
+    """``stepplanner COMMAND ARGS --format json``, printed before it runs; its report is kept
+    as ``OUT/NAME.json`` and returned (tools/overload_experiments.py runs its commands so too)."""
+    command_line = ["stepplanner", command, *args, "--format", "json", "--no-progress"]
+    print("+ " + " ".join(shlex.quote(a) for a in command_line), flush=True)
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "stepplanner", *command[1:]], capture_output=True, text=True
+        [sys.executable, "-m", "stepplanner", *command_line[1:]], capture_output=True, text=True
     )
     if done.returncode != 0:
         sys.exit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
