@@ -2,7 +2,9 @@
 
 STEPPLANNER_REQUIRE_COMPILED=1 (CI, cibuildwheel) turns a missing compiled core into a failure;
 STEPPLANNER_IMPL=python runs the reference only (platforms without a compiler).
-HYPOTHESIS_PROFILE selects "default" (local) or "ci" (more examples, derandomized).
+HYPOTHESIS_PROFILE selects "default" (local), "ci" (more examples, derandomized) or "wheel"
+(few examples, derandomized: .ci/run's second pass over the suite, on the wheel built from the
+sdist, after the README's command ran it at "ci" on the same source).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ settings.register_profile(
     "ci",
     deadline=None,
     max_examples=300,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "wheel",
+    deadline=None,
+    max_examples=30,
     derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -81,6 +81,33 @@ def test_the_example_test_passes_in_cibuildwheels_test_layout(tmp_path: pathlib.
     assert "1 passed" in proc.stdout
 
 
+def _cibw():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cibw_test", CIBW_TEST)
+    assert spec is not None and spec.loader is not None
+    cibw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cibw)
+    return cibw
+
+
+@pytest.mark.skipif(not CIBW_TEST.is_file(), reason="runs from a checkout (tools/cibw_test.py)")
+def test_cibw_test_environment_variable_replaces_the_table(monkeypatch) -> None:
+    """As in cibuildwheel, CIBW_TEST_ENVIRONMENT takes the place of pyproject's test-environment
+    (.ci/run's second pass over the suite uses it for the "wheel" Hypothesis profile); a value
+    needing the shell is refused, not passed on half-read."""
+    cibw = _cibw()
+    cfg = cibw.config(ROOT)
+    monkeypatch.delenv("CIBW_TEST_ENVIRONMENT", raising=False)
+    assert cibw.environment(cfg)["HYPOTHESIS_PROFILE"] == "ci"
+    monkeypatch.setenv("CIBW_TEST_ENVIRONMENT", "A=1 HYPOTHESIS_PROFILE=wheel B='x y'")
+    assert cibw.environment(cfg) == {"A": "1", "HYPOTHESIS_PROFILE": "wheel", "B": "x y"}
+    for bad in ("A=$HOME", "A", "1A=2"):
+        monkeypatch.setenv("CIBW_TEST_ENVIRONMENT", bad)
+        with pytest.raises(SystemExit, match="is not NAME=value"):
+            cibw.environment(cfg)
+
+
 CHECKS = ROOT / "tools" / "ci"
 WORKFLOWS = ROOT / ".github" / "workflows"
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,8 +42,22 @@ def _as_list(value: str | list[str] | None) -> list[str]:
 
 
 def environment(cfg: dict[str, Any]) -> dict[str, str]:
-    """test-environment as a table (the form this project uses); the string form would need
-    cibuildwheel's own shell-like parser, so it is refused rather than half-understood."""
+    """test-environment as a table (the form this project uses), or, as in cibuildwheel, the
+    ``CIBW_TEST_ENVIRONMENT`` variable in its place: plain ``NAME=value`` words only (expansions
+    would need cibuildwheel's own shell-like parser, so they are refused rather than
+    half-understood)."""
+    override = os.environ.get("CIBW_TEST_ENVIRONMENT")
+    if override is not None:
+        pairs = {}
+        for word in shlex.split(override):
+            name, sep, value = word.partition("=")
+            if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or "$" in value:
+                raise SystemExit(
+                    f"cibw_test: CIBW_TEST_ENVIRONMENT={override!r}: {word!r} is not NAME=value "
+                    "(no expansions)"
+                )
+            pairs[name] = value
+        return pairs
     env = cfg.get("test-environment", {})
     if not isinstance(env, dict):
         raise SystemExit(f"cibw_test: test-environment must be a TOML table here, got {env!r}")
