@@ -29,14 +29,7 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile(
-    "wheel",
-    deadline=None,
-    max_examples=30,
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+settings.register_profile("wheel", parent=settings.get_profile("ci"), max_examples=30)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REQUIRE_COMPILED = os.environ.get("STEPPLANNER_REQUIRE_COMPILED") == "1"
