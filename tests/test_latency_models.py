@@ -13,6 +13,7 @@ from stepplanner.sim.latency import DEFAULT_LATENCY, LatencyModel
 from stepplanner.sim.latency_models import (
     FIT_LIMIT,
     PRESETS,
+    STEP_TIMING_COLUMNS,
     StepTimings,
     fit_latency,
     fit_step_latency,
@@ -20,6 +21,7 @@ from stepplanner.sim.latency_models import (
     read_step_timings,
     read_timings,
     save_latency_model,
+    step_timing_row,
 )
 
 
@@ -408,3 +410,19 @@ def test_the_simulator_prices_each_step_with_every_term() -> None:
     ]
     assert result.steps["seconds"].tolist() == pytest.approx(expected, rel=1e-12)
     assert result.finish_time[0] == pytest.approx(sum(expected), rel=1e-12)
+
+
+def test_step_timing_row_sums_the_contract_columns_over_the_batch() -> None:
+    # Two decodes 40 and 9 tokens deep, a chunk of 32 after 64 computed, a first chunk of 16.
+    row = step_timing_row(0.5, [(40, 1, True), (64, 32, False), (9, 1, True), (0, 16, False)])
+    assert row == {
+        "seconds": 0.5,
+        "tokens": 50,
+        "context": 41 + 96 + 10 + 16,
+        "rows": 4,
+        "decode_rows": 2,
+        "prefill_tokens": 48,
+        "prefill_context": 96 + 16,
+        "attention": 41 + 32 * 96 + 10 + 16 * 16,
+    }
+    assert tuple(row) == STEP_TIMING_COLUMNS

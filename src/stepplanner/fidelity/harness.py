@@ -44,7 +44,7 @@ import numpy as np
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..planner._policy import StepPlannerLimits
-from ..sim.latency_models import STEP_TIMING_COLUMNS
+from ..sim.latency_models import STEP_TIMING_COLUMNS, step_timing_row
 from ..sim.workloads import Workload
 from ..tuning.metrics import series_stats
 from .model_checks import check_attn_implementation, check_model_dir, check_seed
@@ -323,18 +323,8 @@ class StepTimer:
 
     def _record(self, end: float) -> None:
         c = self._current
-        batch = c["batch"]
-        chunks = [(past, query) for past, query, decode in batch if not decode]
-        tokens = sum(query for _, query, _ in batch)
         row = {
-            "seconds": end - c["start"],
-            "tokens": tokens,
-            "context": sum(past + query for past, query, _ in batch),
-            "rows": len(batch),
-            "decode_rows": len(batch) - len(chunks),
-            "prefill_tokens": sum(query for _, query in chunks),
-            "prefill_context": sum(past + query for past, query in chunks),
-            "attention": sum(query * (past + query) for past, query, _ in batch),
+            **step_timing_row(end - c["start"], c["batch"]),
             "schedule_seconds": c["prepared"] - c["start"],
             "forward_seconds": c["forwarded"] - c["forward"],
             "update_seconds": end - c["forwarded"],

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,25 @@ STEP_TIMING_COLUMNS = (
     "prefill_context",
     "attention",
 )
+
+
+def step_timing_row(seconds: float, batch: Sequence[tuple[int, int, bool]]) -> dict[str, float]:
+    """The timings contract's row (``STEP_TIMING_COLUMNS``) for one step that took ``seconds``
+    over ``batch``: per planned row, (tokens computed before the step, tokens in it, whether it
+    decodes). What a harness timing a runtime writes, so every harness writes it alike."""
+    chunks = [(past, query) for past, query, decode in batch if not decode]
+    return {
+        "seconds": seconds,
+        "tokens": sum(query for _, query, _ in batch),
+        "context": sum(past + query for past, query, _ in batch),
+        "rows": len(batch),
+        "decode_rows": len(batch) - len(chunks),
+        "prefill_tokens": sum(query for _, query in chunks),
+        "prefill_context": sum(past + query for past, query in chunks),
+        "attention": sum(query * (past + query) for past, query, _ in batch),
+    }
+
+
 # Read when present, for ``measured_pace`` only: when each step started, in seconds from the run's
 # first arrival (serve-trace writes it).
 PACE_COLUMNS = ("start",)
