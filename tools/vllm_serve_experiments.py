@@ -22,11 +22,12 @@ In order:
    server, completed requests over the span from the first send to the last token; its
    median step is the objectives' unit;
 4. per repeat, per (mix, load), each scheduler in turn (interleaved, so the machine's slow and
-   fast minutes fall on all; the turn rotates each repeat): vLLM's own client, ``vllm bench serve``'s ``main_async`` (its
-   own argument parser, request functions and result files), three at once in this process,
-   one per class, on ``timed_trace`` files that hold the class's requests at their arrival
-   times in the trace rescaled to ``load`` x saturation (only the gaps change), with the
-   class's priority and objectives in ``--extra-body`` and its objectives as ``--goodput``;
+   fast minutes fall on all; the turn rotates each repeat): vLLM's own client, ``vllm bench
+   serve``'s ``main_async`` (its own argument parser, request functions and result files),
+   three at once in this process, one per class, on ``timed_trace`` files that hold the
+   class's requests at their arrival times in the trace rescaled to ``load`` x saturation
+   (only the gaps change), with the class's priority and objectives in ``--extra-body`` and
+   its objectives as ``--goodput``;
 5. per run, from the client's own result files (``--save-detailed``): attainment (every token
    by its deadline, from ``ttfts`` and ``itls``), vLLM's goodput (its ``request_goodput``),
    TTFT and TPOT p50/p99, throughput, requests answered unserved (``errors``: DEADLINE hands
