@@ -24,6 +24,7 @@ from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     VllmConfig,
 )
@@ -81,12 +82,16 @@ def make_scheduler(
     stepplanner: dict[str, Any] | None = None,
     log_stats: bool = False,
     async_scheduling: bool = False,
+    pipeline_parallel_size: int = 1,
     **scheduler_kwargs: Any,
 ) -> Scheduler:
     """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
 
     ``async_scheduling`` is set on the finished config, as a GPU engine runs it: vLLM's CPU
-    platform turns it off while the config is built (it has no device work to overlap)."""
+    platform turns it off while the config is built (it has no device work to overlap).
+    ``pipeline_parallel_size`` > 1 makes the config's ``max_concurrent_batches`` that deep, so
+    ``run`` keeps that many steps in flight, as ``EngineCore``'s batch queue does under pipeline
+    parallelism."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
@@ -107,6 +112,7 @@ def make_scheduler(
         scheduler_config=sched,
         cache_config=cache,
         device_config=DeviceConfig(device="cpu"),
+        parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
         additional_config=additional,
     )
     cache.num_gpu_blocks = num_blocks
