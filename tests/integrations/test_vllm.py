@@ -19,6 +19,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -56,9 +57,12 @@ def model_dir(tmp_path_factory):
     return vllm_cpu.write_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture(params=[False, True], ids=["sync", "async"])
+@pytest.fixture(params=[False, True, 2, 4], ids=["sync", "async", "pp2", "pp4"])
 def overlap(request):
-    """vLLM's async scheduling off and on (the same class, as --scheduler-cls gives it)."""
+    """How the engine overlaps steps: one at a time (async scheduling off), vLLM's async
+    scheduling (the same class, as --scheduler-cls gives it), or pipeline parallelism 2 and 4
+    deep (async scheduling off, as vLLM runs it with the V1 model runner): that many steps in
+    flight."""
     return request.param
 
 
@@ -83,7 +87,8 @@ def make(
         block_size=P,
         enable_prefix_caching=caching,
         policy=policy,
-        async_scheduling=overlap,
+        async_scheduling=overlap is True,
+        pipeline_parallel_size=1 if isinstance(overlap, bool) else overlap,
         stepplanner=stepplanner if cls is StepPlannerScheduler else None,
     )
 
@@ -140,6 +145,12 @@ class Checker:
     def __init__(self, sched):
         self.sched = sched
         self.overlap = sched.scheduler_config.async_scheduling
+        # Under pipeline parallelism a request is in one step in flight at most; async scheduling
+        # plans a decode into the next step while the step sampling its token runs.
+        self.depth = sched.vllm_config.max_concurrent_batches
+        self.in_flight: deque[set[str]] | None = None  # the requests of each step in flight,
+        # when the engine loop reports outputs landing (track_in_flight)
+        self.max_in_flight = 0  # the most steps with tokens in flight at once
         self.block = sched.stepplanner_limits.kv_page_size
         self.ahead_rows = 0  # rows planned while a step sampling that request's token was running
         self.before = {}
@@ -177,6 +188,14 @@ class Checker:
 
     def after(self, step, out):
         sched, last = self.sched, self.sched.last_step
+        if self.in_flight is not None:
+            scheduled = set(out.num_scheduled_tokens)
+            if not self.overlap:
+                for earlier in self.in_flight:
+                    assert not scheduled & earlier, (step, scheduled & earlier)
+            self.in_flight.append(scheduled)
+            self.max_in_flight = max(self.max_in_flight, sum(map(bool, self.in_flight)))
+            assert len(self.in_flight) <= self.depth
         assert out.total_num_scheduled_tokens <= sched.scheduler_config.max_num_batched_tokens
         for rid, n in out.num_scheduled_tokens.items():
             assert last.planned[rid] == n, (step, rid)
@@ -187,7 +206,10 @@ class Checker:
                 assert req.num_computed_tokens % self.block == 0, (step, rid)
             assert self.before[rid] + n == req.num_computed_tokens
         unscheduled = set(last.planned) - set(out.num_scheduled_tokens)
-        assert unscheduled == set(last.withheld) | set(last.preempted), step
+        # The victim of a recompute preemption is the resident last in order, planned or not
+        # (a prompt the budget skipped, say); a planned one loses its row.
+        assert unscheduled == set(last.withheld) | (set(last.preempted) & set(last.planned)), step
+        assert not set(last.preempted) & set(out.num_scheduled_tokens), step
         self.steps_with_withheld += bool(last.withheld)
         for rid in last.paused:
             assert rid not in out.num_scheduled_tokens
@@ -201,12 +223,25 @@ class Checker:
                     self.released += 1
                 del self.pause_run[rid]
 
+    def track_in_flight(self):
+        """Follow the steps in flight from here on; ``landed`` must see every output land."""
+        self.in_flight = deque()
+        return self
+
+    def landed(self, step, out):
+        """Before update_from_output(out): the oldest step in flight is back."""
+        assert self.in_flight is not None
+        assert self.in_flight.popleft() == set(out.num_scheduled_tokens)
+
 
 def run_checked(sched, arrivals, **kw):
-    checker = Checker(sched)
-    steps = vllm_cpu.run(sched, arrivals, after_schedule=checker.after, **kw)
+    checker = Checker(sched).track_in_flight()
+    steps = vllm_cpu.run(
+        sched, arrivals, after_schedule=checker.after, before_update=checker.landed, **kw
+    )
     # With async scheduling, requests really are planned before their last token is back.
     assert (checker.ahead_rows > 0) == checker.overlap, checker.ahead_rows
+    assert checker.max_in_flight == checker.depth  # the engine's queue filled
     return checker, steps
 
 
@@ -382,17 +417,19 @@ def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, ove
             else:
                 take(rid, f"{row}, in flight")
 
-    checker = Checker(sched)
+    checker = Checker(sched).track_in_flight()
 
     def after(step, out):
         checker.after(step, out)
         latest["out"] = out
 
-    vllm_cpu.run(
-        sched, arrivals, after_schedule=after, before_step=abort, before_update=abort_in_flight
-    )
+    def landed(step, out):
+        abort_in_flight(step, out)
+        checker.landed(step, out)
+
+    vllm_cpu.run(sched, arrivals, after_schedule=after, before_step=abort, before_update=landed)
     kinds = {"paused", "prefill", "waiting", "chunk, in flight", "decode, in flight"}
-    if overlap:
+    if overlap is True:
         kinds |= {"chunk, in two steps in flight", "decode, in two steps in flight"}
     assert set(aborted.values()) == kinds
     for req in all_requests(arrivals):
@@ -507,6 +544,10 @@ def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overla
     assert seen == {(k, t) for k in ("own", 0, 1, 2) for t in (False, True)}, seen
 
 
+# One step at a time (with or without async scheduling): the counts below are of an engine in
+# which every running request can take a token every step; under pipeline parallelism a request
+# takes one per pipeline pass (test_pipeline_parallel_paces_deadlines_by_the_pipeline_pass).
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(model_dir, overlap):
     # A virtual clock, one second a step. Three decodes run from the start: two with seconds of
     # slack per token (3 s to the first, 4 s a token), one that needs every step (2 s, 1 s a token:
@@ -577,6 +618,28 @@ def test_deadline_pause_withholds_decodes_with_slack_never_one_about_to_miss(mod
     assert checker.pauses == sched.stepplanner_stats.paused_rows == 6
     assert sched._ranker.step_time_estimate == 1.0
     assert sched.stepplanner_stats.relegated == 1  # "hopeless", which still completed (above)
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_pipeline_parallel_paces_deadlines_by_the_pipeline_pass(model_dir, depth):
+    # A request is in one of the `depth` steps in flight, so it takes a token once per `depth`
+    # engine steps: the ranker's step, the unit of every deadline, is that pass (here `depth`
+    # seconds on the one-second-a-step clock), and decodes are due by it, not by engine steps.
+    sched = make(
+        model_dir,
+        overlap=depth,
+        policy="priority",
+        scheduling_policy="deadline",
+        preemption="pause",
+        max_pause_steps=4,
+        slo_classes=SLO_CLASSES,
+        relegated_wait=SERVE_RELEGATED,
+    )
+    virtual_clock(sched)
+    arrivals = stream(60, seed=5, max_prompt=200, per_step=1)
+    run_checked(sched, arrivals)
+    assert_completed(sched, arrivals, 600)
+    assert sched._ranker.step_time_estimate == float(depth)
 
 
 def _overload(model_dir, overlap, **relegation):
@@ -911,7 +974,10 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     sched = make(model_dir)
     config = sched.vllm_config
     config.parallel_config.pipeline_parallel_size = 2
-    assert any("pipeline parallel" in f for f in sp_vllm._unsupported_features(config))
+    assert sp_vllm._unsupported_features(config) == []  # planned: one step in flight a request
+    config.scheduler_config.async_scheduling = True
+    assert any("pipeline parallel with async" in f for f in sp_vllm._unsupported_features(config))
+    config.scheduler_config.async_scheduling = False
     config.parallel_config.pipeline_parallel_size = 1
     for attr, feature in [
         ("speculative_config", "speculative decoding"),

@@ -50,7 +50,8 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.engine import EngineCoreEventType  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType, EngineCoreOutputs  # noqa: E402
+from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from .._errors import (  # noqa: E402
@@ -317,7 +318,11 @@ def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
             vllm_config.ec_transfer_config is not None,
             "encoder-cache connectors (ec_transfer_config)",
         ),
-        (par.pipeline_parallel_size > 1, "pipeline parallel (pipeline_parallel_size > 1)"),
+        (
+            par.pipeline_parallel_size > 1 and bool(sched.async_scheduling),
+            "pipeline parallel with async scheduling (the V2 model runner's decode cadence; "
+            "with --no-async-scheduling, vLLM's default for the V1 model runner, it is planned)",
+        ),
         (
             par.decode_context_parallel_size > 1 or par.prefill_context_parallel_size > 1,
             "context parallel (decode/prefill_context_parallel_size > 1)",
@@ -459,6 +464,11 @@ class StepPlannerScheduler(AsyncScheduler):
         self._reserved = policy.priority_reserved_slots
         self._slots = min(self.max_num_running_reqs, self.max_num_active_reqs)
         self._async_scheduling = bool(self.scheduler_config.async_scheduling)
+        # Pipeline parallelism without async scheduling: EngineCore keeps up to
+        # pipeline_parallel_size steps in flight, and a request is planned into one of them at a
+        # time (its batches in flight, by request id; update_from_output counts them down).
+        self._pipelined = not self._async_scheduling and vllm_config.max_concurrent_batches > 1
+        self._in_flight: dict[str, int] = {}
         self.slo_classes = slo_classes
         self._ranked = policy.scheduling_policy in _RANKED
         if self._ranked:
@@ -491,7 +501,13 @@ class StepPlannerScheduler(AsyncScheduler):
             self._seq = 0
             self._examined: list[Request] = []  # waiting requests this step took off the heaps
             self._shed: list[str] = []  # the requests this step handed back
-            self._ran = False  # the previous step scheduled tokens (a step-time sample)
+            # A request's step, the unit its deadlines are counted in, is one token of its own:
+            # one engine step, or under pipeline parallelism as many as are in flight (it is in
+            # one of them). The ranker measures it over that many schedule() calls, a sample only
+            # when every one of them scheduled tokens.
+            self._pace_steps = vllm_config.max_concurrent_batches if self._pipelined else 1
+            self._stride = self._pace_steps - 1  # the first schedule() starts the clock
+            self._ran = False
 
     # --- requests in and out ------------------------------------------------------------------
 
@@ -534,6 +550,7 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         self._rows.pop(request.request_id, None)
+        self._in_flight.pop(request.request_id, None)
         if self._ranked:
             self._deadlines.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
@@ -559,9 +576,13 @@ class StepPlannerScheduler(AsyncScheduler):
             # vLLM's clock as the previous step's tokens are (about to be) back; the ranker
             # measures the step time from these reads (a step that ran nothing is no sample).
             now = self.clock()
-            self._ranker.measure(now, self._ran)
-            self._ran = False
+            self._stride += 1
+            if self._stride == self._pace_steps:
+                self._ranker.measure(now, self._ran)
+                self._stride = 0
+                self._ran = True  # until a step of the next stride runs nothing
         if self._pause_state == PauseState.PAUSED_ALL:
+            self._ran = False
             self.last_step = StepRecord({}, [], [], [], [])
             return self._make_output({}, {}, [], [], [])
 
@@ -569,7 +590,13 @@ class StepPlannerScheduler(AsyncScheduler):
         self._shed = shed
         if now is not None and self._by_class:
             self._give_up(now, relegated)
-        running = self._running_with_work() if self._async_scheduling else self.running
+        if self._async_scheduling:
+            running = self._running_with_work()
+        elif self._pipelined:
+            in_flight = self._in_flight
+            running = [r for r in self.running if r.request_id not in in_flight]
+        else:
+            running = self.running
         candidates = self._admission_candidates(now, relegated)
         residents = self._resident_rows(running, candidates)
         requests = running + [c[0] for c in candidates]
@@ -629,8 +656,12 @@ class StepPlannerScheduler(AsyncScheduler):
             if num_scheduled or not (resident_rows or admission_rows) or not self.running:
                 break
             # Nothing could be allocated: recompute-preempt the resident last in order (vLLM's
-            # own preemption) and try the rest of the plan again.
-            victim = max(self.running, key=self._order_key)
+            # own preemption) and try the rest of the plan again. A request with a step in
+            # flight is never the victim: that step's output must find it as it was scheduled.
+            victims = [r for r in self.running if r.request_id not in self._in_flight]
+            if not victims:
+                break
+            victim = max(victims, key=self._order_key)
             self.running.remove(victim)
             self._rows.pop(victim.request_id, None)
             self._preempt_request(victim, timestamp)
@@ -642,7 +673,7 @@ class StepPlannerScheduler(AsyncScheduler):
         if admitted:
             self._leave_waiting(admitted)
         if now is not None:
-            self._ran = bool(num_scheduled)
+            self._ran = self._ran and bool(num_scheduled)
             self._requeue(admitted)
             stats.relegated += len(relegated)
             stats.shed += len(shed)
@@ -663,7 +694,26 @@ class StepPlannerScheduler(AsyncScheduler):
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
             request.status = RequestStatus.RUNNING
+        if self._pipelined:
+            for rid in num_scheduled:
+                self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
         return self._make_output(num_scheduled, new_blocks, scheduled_running, new_reqs, resumed)
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        if self._pipelined:
+            in_flight = self._in_flight
+            for rid in scheduler_output.num_scheduled_tokens:
+                left = in_flight.get(rid, 0) - 1
+                if left > 0:
+                    in_flight[rid] = left
+                else:
+                    in_flight.pop(rid, None)  # freed (finished or aborted) while in flight
+        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
+            scheduler_output, model_runner_output
+        )
+        return outputs
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self._async_scheduling:
