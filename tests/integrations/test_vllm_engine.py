@@ -200,6 +200,39 @@ def test_greedy_outputs_match_vllms_scheduler(model_dir, reference, name):
         assert stats.paused_rows > 0, stats  # the policy acted, not only FCFS in disguise
 
 
+def test_pipeline_parallel_outputs_match_vllms_scheduler(model_dir, monkeypatch):
+    """Two pipeline stages, each a worker process of its own on a core of its own, so the
+    engine keeps two steps in flight: greedy outputs under FCFS and PRIORITY + PAUSE equal
+    vLLM's own scheduler's on the same pipeline, request by request, no block leaks.
+
+    vLLM's CPU build needs two things for it on a 2-core machine: the cores named per stage
+    (its automatic binding wants a NUMA node per stage), and compilation on: with
+    ``enforce_eager`` the CPU model runner skips the warm-up that allocates a later stage's
+    buffer for the activations it receives, and that stage fails its first step."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    pipeline = {"pipeline_parallel_size": 2, "enforce_eager": False}
+    prompts = PROMPTS[:16]
+    with engine(model_dir, **pipeline) as llm:
+        assert type(scheduler_of(llm)) is Scheduler
+        want = generate(llm, prompts, priorities=False)
+    assert len({tuple(o) for o in want}) == len(want)
+    for name in ("fcfs", "priority-pause"):
+        vllm_args, options = CONFIGS[name]
+        with engine(model_dir, options, **pipeline, **vllm_args) as llm:
+            scheduler = scheduler_of(llm)
+            assert isinstance(scheduler, sp_vllm.StepPlannerScheduler)
+            assert llm.llm_engine.vllm_config.max_concurrent_batches == 2
+            assert not scheduler.scheduler_config.async_scheduling  # vLLM's choice under PP
+            full = free_blocks(scheduler)
+            got = generate(llm, prompts, priorities="scheduling_policy" in vllm_args)
+            stats = scheduler.stepplanner_stats
+            assert_drained(scheduler, full)
+        assert not scheduler._in_flight  # every step in flight came back
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g == w, f"{name}, request {i}: {g} != vLLM's {w}"
+        assert stats.scheduled_rows > 0, stats
+
+
 @pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
 def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name):
     """A KV cache of 12 blocks (11 usable) for 8 requests that each grow from 2 to 4 blocks: the
