@@ -23,11 +23,13 @@ import torch  # noqa: E402  (vLLM's dependency)
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
@@ -83,6 +85,7 @@ def make_scheduler(
     log_stats: bool = False,
     async_scheduling: bool = False,
     pipeline_parallel_size: int = 1,
+    max_loras: int = 0,
     **scheduler_kwargs: Any,
 ) -> Scheduler:
     """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
@@ -91,7 +94,8 @@ def make_scheduler(
     platform turns it off while the config is built (it has no device work to overlap).
     ``pipeline_parallel_size`` > 1 makes the config's ``max_concurrent_batches`` that deep, so
     ``run`` keeps that many steps in flight, as ``EngineCore``'s batch queue does under pipeline
-    parallelism."""
+    parallelism. ``max_loras`` > 0 enables LoRA (``--enable-lora --max-loras N``): a step may
+    hold requests of at most that many distinct adapters."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
@@ -113,6 +117,7 @@ def make_scheduler(
         cache_config=cache,
         device_config=DeviceConfig(device="cpu"),
         parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
+        lora_config=LoRAConfig(max_loras=max_loras) if max_loras else None,
         additional_config=additional,
     )
     cache.num_gpu_blocks = num_blocks
@@ -153,8 +158,10 @@ def make_request(
     priority: int = 0,
     arrival_time: float,
     block_size: int = 16,
+    lora: int = 0,
 ) -> Request:
-    """A request that samples exactly ``max_tokens`` tokens (EOS ignored)."""
+    """A request that samples exactly ``max_tokens`` tokens (EOS ignored); ``lora`` > 0 names
+    the LoRA adapter it runs with (its ``lora_int_id``; nothing is loaded)."""
     if not _hasher:
         init_none_hash(sha256)
     hasher = _hasher.get(block_size)
@@ -168,6 +175,7 @@ def make_request(
         priority=priority,
         arrival_time=arrival_time,
         block_hasher=hasher,
+        lora_request=LoRARequest(f"lora{lora}", lora, "/nonexistent") if lora else None,
     )
 
 
