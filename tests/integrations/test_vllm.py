@@ -76,6 +76,7 @@ def make(
     policy="fcfs",
     cls=StepPlannerScheduler,
     overlap=False,
+    max_loras=0,
     **stepplanner,
 ):
     return vllm_cpu.make_scheduler(
@@ -89,6 +90,7 @@ def make(
         policy=policy,
         async_scheduling=overlap is True,
         pipeline_parallel_size=1 if isinstance(overlap, bool) else overlap,
+        max_loras=max_loras,
         stepplanner=stepplanner if cls is StepPlannerScheduler else None,
     )
 
@@ -107,8 +109,10 @@ def stream(
     own_slo=None,
     own_every=5,
     block_size=P,
+    loras=(),
 ):
     """``n`` requests, prompts 1..max_prompt, arriving ``per_step`` a step; {step: [requests]}.
+    With ``loras``, each request runs with an adapter drawn from them (0: the base model).
     Request i arrives at ``arrival0 + i * spacing``; every ``own_every``-th carries ``own_slo``
     (``SamplingParams.extra_args``, e.g. ``{"ttft_slo": 0.2}``) when given."""
     rng = random.Random(seed)
@@ -128,6 +132,7 @@ def stream(
             priority=rng.choice(priorities),
             arrival_time=arrival0 + i * spacing,
             block_size=block_size,
+            lora=rng.choice(loras) if loras else 0,
         )
         if own_slo is not None and i % own_every == 0:
             req.sampling_params.extra_args = dict(own_slo)
@@ -328,6 +333,57 @@ def test_priority_pause_unschedules_and_releases_after_max_pause_steps(model_dir
     assert checker.pauses > 50
     assert checker.max_pause_run == 4  # never longer than max_pause_steps, and reached
     assert checker.released > 0  # a request paused 4 steps running is planned on the 5th
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "deadline"])
+def test_lora_steps_hold_at_most_max_loras_adapters_and_a_blocked_one_holds_back_none(
+    model_dir, overlap, policy
+):
+    # Five adapters and the base model among 200 requests, two adapter slots: a waiting request
+    # whose adapter is not running while two others are waits; requests behind it whose adapters
+    # are running (or the base model) are admitted past it.
+    extra = (
+        {"scheduling_policy": "deadline", "slo_classes": SLO_CLASSES}
+        | {"relegated_wait": SERVE_RELEGATED}
+        if policy == "deadline"
+        else {}
+    )
+    sched = make(
+        model_dir,
+        overlap=overlap,
+        policy="fcfs" if policy == "fcfs" else "priority",
+        max_loras=2,
+        **extra,
+    )
+    if policy == "deadline":
+        arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5), arrival0=time.time(), spacing=1e-3)
+    else:
+        arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5))
+    lora_of = {r.request_id: sp_vllm._lora_id(r) for r in all_requests(arrivals)}
+    passed_over = 0
+
+    def adapters(ids):
+        return {lora_of[i] for i in ids} - {0}
+
+    checker = Checker(sched).track_in_flight()
+
+    def after(step, out):
+        nonlocal passed_over
+        checker.after(step, out)
+        assert len(adapters(out.num_scheduled_tokens)) <= 2, step
+        assert len(adapters(r.request_id for r in sched.running)) <= 2, step
+        running = adapters(r.request_id for r in sched.running)
+        admitted = [sched.requests[i] for i in sched.last_step.admitted]
+        for w in sched.waiting:
+            blocked = lora_of[w.request_id] and lora_of[w.request_id] not in running
+            passed_over += sum(
+                bool(blocked) and a.arrival_time > w.arrival_time and a.priority >= w.priority
+                for a in admitted
+            )
+
+    vllm_cpu.run(sched, arrivals, after_schedule=after, before_update=checker.landed)
+    assert_completed(sched, arrivals, 600)
+    assert passed_over > 0  # the rule acted: a blocked adapter held back no one behind it
 
 
 def test_fcfs_never_pauses_even_when_pause_is_asked(model_dir, overlap):
@@ -982,7 +1038,6 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     for attr, feature in [
         ("speculative_config", "speculative decoding"),
         ("kv_transfer_config", "KV connectors"),
-        ("lora_config", "LoRA"),
     ]:
         setattr(config, attr, object())
         assert any(feature in f for f in sp_vllm._unsupported_features(config)), feature

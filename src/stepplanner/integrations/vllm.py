@@ -335,7 +335,6 @@ def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
             model.runner_type == "pooling" or model.is_diffusion,
             "pooling and diffusion models (no sampled token per step)",
         ),
-        (vllm_config.lora_config is not None, "LoRA adapters (max_loras admission)"),
         (
             not sched.enable_chunked_prefill,
             "disabled chunked prefill (the planner chunks prompts; keep --enable-chunked-prefill)",
@@ -395,6 +394,12 @@ class _Deadlines:
     def due(self, token: int) -> float:
         """When the request's token ``token`` (0 = the first) is due (its SLO's definition)."""
         return due_of(self.first_due, self.gap, token)
+
+
+def _lora_id(request: Request) -> int:
+    """The request's LoRA adapter (vLLM's ``lora_int_id``), 0 for the base model."""
+    lora = request.lora_request
+    return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else 0
 
 
 class StepPlannerScheduler(AsyncScheduler):
@@ -469,6 +474,10 @@ class StepPlannerScheduler(AsyncScheduler):
         # time (its batches in flight, by request id; update_from_output counts them down).
         self._pipelined = not self._async_scheduling and vllm_config.max_concurrent_batches > 1
         self._in_flight: dict[str, int] = {}
+        # LoRA: the running requests hold at most max_loras distinct adapters, so any step's rows
+        # do (vLLM's worker has that many adapter slots per step); 0: LoRA is off.
+        lora = vllm_config.lora_config
+        self._max_loras = lora.max_loras if lora is not None else 0
         self.slo_classes = slo_classes
         self._ranked = policy.scheduling_policy in _RANKED
         if self._ranked:
@@ -986,13 +995,24 @@ class StepPlannerScheduler(AsyncScheduler):
             if now is None or relegated is None
             else self._deadline_order(free, out, now, relegated)
         )
+        loras = self._running_loras() if self._max_loras else None
         for request in order:  # lazily: the next one is taken only while there is room
+            if loras is not None:
+                lora = _lora_id(request)
+                if lora and lora not in loras:
+                    if len(loras) == self._max_loras:
+                        continue  # it waits; later requests whose adapters can join may
+                    loras.add(lora)
             blocks, hit = self._prefix_hit(request)
             out.append((request, blocks, hit))
             wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
                 break
         return out
+
+    def _running_loras(self) -> set[int]:
+        """The distinct adapters of the running requests (paused and in flight included)."""
+        return {lora for r in self.running if (lora := _lora_id(r))}
 
     def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
         """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
