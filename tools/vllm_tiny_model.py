@@ -197,6 +197,49 @@ def make_tiny_llama(
     return out
 
 
+def make_tiny_lora(
+    path: str | os.PathLike[str], model: str | os.PathLike[str], seed: int, *, rank: int = 8
+) -> Path:
+    """Write a LoRA adapter for the tiny Llama at ``model`` (PEFT's layout, which vLLM loads:
+    ``adapter_config.json`` and ``adapter_model.safetensors``) and return its directory.
+
+    Rank ``rank`` on every layer's ``q_proj`` and ``v_proj``, seeded; B is drawn, not zero (as a
+    freshly initialised adapter's is), and scaled so the adapter moves the greedy outputs: each
+    adapter, like each prompt, gives tokens of its own."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    h, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for i in range(layers):
+        for name in ("q_proj", "v_proj"):
+            key = f"base_model.model.model.layers.{i}.self_attn.{name}"
+            weights[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, h)) * h**-0.5).astype(
+                np.float32
+            )
+            weights[f"{key}.lora_B.weight"] = (rng.standard_normal((h, rank)) * rank**-0.5).astype(
+                np.float32
+            )
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    adapter = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(model),
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(adapter, indent=1))
+    from safetensors.numpy import save_file
+
+    save_file(weights, str(out / "adapter_model.safetensors"), {"format": "pt"})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path")
