@@ -141,6 +141,18 @@ def llama_config(vocab_size: int, hidden: int, layers: int, heads: int) -> dict[
     }
 
 
+def gaussian(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
+    """A float32 matrix of normal draws times ``scale`` (the model's and the adapters' weights)."""
+    return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+
+
+def save_weights(weights: dict[str, np.ndarray], path: Path) -> None:
+    """``weights`` as a safetensors file torch loads (vLLM reads both models and adapters so)."""
+    from safetensors.numpy import save_file
+
+    save_file(weights, str(path), {"format": "pt"})
+
+
 def random_weights(config: dict[str, object], seed: int) -> dict[str, np.ndarray]:
     """Llama's tensors, seeded. Projections are scaled by 1/sqrt(fan-in) so activations keep their
     size through the layers; the output head by 8/sqrt(hidden), so logits spread over several
@@ -151,7 +163,7 @@ def random_weights(config: dict[str, object], seed: int) -> dict[str, np.ndarray
     v = int(config["vocab_size"])  # type: ignore[call-overload]
 
     def mat(rows: int, cols: int, scale: float) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        return gaussian(rng, rows, cols, scale)
 
     out = {"model.embed_tokens.weight": mat(v, h, 1.0)}
     for i in range(int(config["num_hidden_layers"])):  # type: ignore[call-overload]
@@ -191,9 +203,7 @@ def make_tiny_llama(
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]})
     )
-    from safetensors.numpy import save_file
-
-    save_file(random_weights(config, seed), str(out / "model.safetensors"), {"format": "pt"})
+    save_weights(random_weights(config, seed), out / "model.safetensors")
     return out
 
 
@@ -213,12 +223,8 @@ def make_tiny_lora(
     for i in range(layers):
         for name in ("q_proj", "v_proj"):
             key = f"base_model.model.model.layers.{i}.self_attn.{name}"
-            weights[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, h)) * h**-0.5).astype(
-                np.float32
-            )
-            weights[f"{key}.lora_B.weight"] = (rng.standard_normal((h, rank)) * rank**-0.5).astype(
-                np.float32
-            )
+            weights[f"{key}.lora_A.weight"] = gaussian(rng, rank, h, h**-0.5)
+            weights[f"{key}.lora_B.weight"] = gaussian(rng, h, rank, rank**-0.5)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     adapter = {
@@ -234,9 +240,7 @@ def make_tiny_lora(
         "modules_to_save": None,
     }
     (out / "adapter_config.json").write_text(json.dumps(adapter, indent=1))
-    from safetensors.numpy import save_file
-
-    save_file(weights, str(out / "adapter_model.safetensors"), {"format": "pt"})
+    save_weights(weights, out / "adapter_model.safetensors")
     return out
 
 
