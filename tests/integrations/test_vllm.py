@@ -342,23 +342,19 @@ def test_lora_steps_hold_at_most_max_loras_adapters_and_a_blocked_one_holds_back
     # Five adapters and the base model among 200 requests, two adapter slots: a waiting request
     # whose adapter is not running while two others are waits; requests behind it whose adapters
     # are running (or the base model) are admitted past it.
-    extra = (
-        {"scheduling_policy": "deadline", "slo_classes": SLO_CLASSES}
-        | {"relegated_wait": SERVE_RELEGATED}
-        if policy == "deadline"
-        else {}
-    )
+    options, clock = {}, {}
+    if policy == "deadline":  # arrivals on vLLM's clock, a millisecond apart
+        options = {"scheduling_policy": "deadline", "slo_classes": SLO_CLASSES}
+        options["relegated_wait"] = SERVE_RELEGATED
+        clock = {"arrival0": time.time(), "spacing": 1e-3}
     sched = make(
         model_dir,
         overlap=overlap,
         policy="fcfs" if policy == "fcfs" else "priority",
         max_loras=2,
-        **extra,
+        **options,
     )
-    if policy == "deadline":
-        arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5), arrival0=time.time(), spacing=1e-3)
-    else:
-        arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5))
+    arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5), **clock)
     lora_of = {r.request_id: sp_vllm._lora_id(r) for r in all_requests(arrivals)}
     passed_over = 0
 
@@ -370,9 +366,9 @@ def test_lora_steps_hold_at_most_max_loras_adapters_and_a_blocked_one_holds_back
     def after(step, out):
         nonlocal passed_over
         checker.after(step, out)
-        assert len(adapters(out.num_scheduled_tokens)) <= 2, step
-        assert len(adapters(r.request_id for r in sched.running)) <= 2, step
         running = adapters(r.request_id for r in sched.running)
+        assert len(adapters(out.num_scheduled_tokens)) <= 2, step
+        assert len(running) <= 2, step
         admitted = [sched.requests[i] for i in sched.last_step.admitted]
         for w in sched.waiting:
             blocked = lora_of[w.request_id] and lora_of[w.request_id] not in running

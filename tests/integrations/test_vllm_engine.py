@@ -161,6 +161,12 @@ def generate(llm, prompts, *, priorities=True) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
+def assert_same_tokens(got: list[list[int]], want: list[list[int]], run: str = "") -> None:
+    """Request by request, ``got`` holds exactly the tokens vLLM's own scheduler gave (``want``)."""
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, f"{run + ', ' if run else ''}request {i}: {g} != vLLM's {w}"
+
+
 def assert_drained(scheduler: Scheduler, full: int) -> None:
     """Nothing left in the scheduler and every KV block back in the pool (no leak)."""
     assert not scheduler.requests and not scheduler.running and not scheduler.waiting
@@ -194,8 +200,7 @@ def test_greedy_outputs_match_vllms_scheduler(model_dir, reference, name):
         out = generate(llm, PROMPTS, priorities=policy == "priority")
         stats = scheduler.stepplanner_stats
         assert_drained(scheduler, full)
-    for i, (got, want) in enumerate(zip(out, reference[: len(PROMPTS)], strict=True)):
-        assert got == want, f"request {i}: {got} != vLLM's {want}"
+    assert_same_tokens(out, reference[: len(PROMPTS)])
     assert stats.steps > 0 and stats.scheduled_rows > 0
     if "pause" in name:
         assert stats.paused_rows > 0, stats  # the policy acted, not only FCFS in disguise
@@ -229,8 +234,7 @@ def test_pipeline_parallel_outputs_match_vllms_scheduler(model_dir, monkeypatch)
             stats = scheduler.stepplanner_stats
             assert_drained(scheduler, full)
         assert not scheduler._in_flight  # every step in flight came back
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert g == w, f"{name}, request {i}: {g} != vLLM's {w}"
+        assert_same_tokens(got, want, name)
         assert stats.scheduled_rows > 0, stats
 
 
@@ -283,8 +287,7 @@ def test_lora_outputs_match_vllms_scheduler(model_dir, tmp_path):
     assert max(map(len, steps)) == 2  # two adapters ran side by side, never three
     # The adapters move the outputs: one prompt gives other tokens under each adapter.
     assert len({tuple(o) for o in want[-3:]}) == 3
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert g == w, f"request {i} (adapter {loras[i].lora_int_id}): {g} != vLLM's {w}"
+    assert_same_tokens(got, want, "LoRA")
 
 
 @pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
