@@ -233,7 +233,6 @@ def test_pipeline_parallel_outputs_match_vllms_scheduler(model_dir, monkeypatch)
             got = generate(llm, prompts, priorities="scheduling_policy" in vllm_args)
             stats = scheduler.stepplanner_stats
             assert_drained(scheduler, full)
-        assert not scheduler._in_flight  # every step in flight came back
         assert_same_tokens(got, want, name)
         assert stats.scheduled_rows > 0, stats
 

@@ -50,8 +50,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.engine import EngineCoreEventType, EngineCoreOutputs  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.engine import EngineCoreEventType  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 from .._errors import (  # noqa: E402
@@ -471,9 +470,8 @@ class StepPlannerScheduler(AsyncScheduler):
         self._async_scheduling = bool(self.scheduler_config.async_scheduling)
         # Pipeline parallelism without async scheduling: EngineCore keeps up to
         # pipeline_parallel_size steps in flight, and a request is planned into one of them at a
-        # time (its batches in flight, by request id; update_from_output counts them down).
+        # time (vLLM counts each request's tokens in flight: num_in_flight_tokens).
         self._pipelined = not self._async_scheduling and vllm_config.max_concurrent_batches > 1
-        self._in_flight: dict[str, int] = {}
         # LoRA: the running requests hold at most max_loras distinct adapters, so any step's rows
         # do (vLLM's worker has that many adapter slots per step); 0: LoRA is off.
         lora = vllm_config.lora_config
@@ -559,7 +557,6 @@ class StepPlannerScheduler(AsyncScheduler):
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         self._rows.pop(request.request_id, None)
-        self._in_flight.pop(request.request_id, None)
         if self._ranked:
             self._deadlines.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
@@ -599,13 +596,7 @@ class StepPlannerScheduler(AsyncScheduler):
         self._shed = shed
         if now is not None and self._by_class:
             self._give_up(now, relegated)
-        if self._async_scheduling:
-            running = self._running_with_work()
-        elif self._pipelined:
-            in_flight = self._in_flight
-            running = [r for r in self.running if r.request_id not in in_flight]
-        else:
-            running = self.running
+        running = self._running_with_work() if self._async_scheduling else self._settled()
         candidates = self._admission_candidates(now, relegated)
         residents = self._resident_rows(running, candidates)
         requests = running + [c[0] for c in candidates]
@@ -667,7 +658,7 @@ class StepPlannerScheduler(AsyncScheduler):
             # Nothing could be allocated: recompute-preempt the resident last in order (vLLM's
             # own preemption) and try the rest of the plan again. A request with a step in
             # flight is never the victim: that step's output must find it as it was scheduled.
-            victims = [r for r in self.running if r.request_id not in self._in_flight]
+            victims = self._settled()
             if not victims:
                 break
             victim = max(victims, key=self._order_key)
@@ -703,26 +694,7 @@ class StepPlannerScheduler(AsyncScheduler):
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
             request.status = RequestStatus.RUNNING
-        if self._pipelined:
-            for rid in num_scheduled:
-                self._in_flight[rid] = self._in_flight.get(rid, 0) + 1
         return self._make_output(num_scheduled, new_blocks, scheduled_running, new_reqs, resumed)
-
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> dict[int, EngineCoreOutputs]:
-        if self._pipelined:
-            in_flight = self._in_flight
-            for rid in scheduler_output.num_scheduled_tokens:
-                left = in_flight.get(rid, 0) - 1
-                if left > 0:
-                    in_flight[rid] = left
-                else:
-                    in_flight.pop(rid, None)  # freed (finished or aborted) while in flight
-        outputs: dict[int, EngineCoreOutputs] = super().update_from_output(
-            scheduler_output, model_runner_output
-        )
-        return outputs
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self._async_scheduling:
@@ -744,6 +716,13 @@ class StepPlannerScheduler(AsyncScheduler):
             else Scheduler._update_request_with_output(self, request, new_token_ids, is_stale)
         )
         return result
+
+    def _settled(self) -> list[Request]:
+        """Running requests no step in flight holds. Only pipeline parallelism schedules with
+        steps in flight and no placeholders (async scheduling plans ahead through them, and
+        one step at a time leaves none in flight), so elsewhere that is every running request."""
+        running: list[Request] = self.running
+        return [r for r in running if not r.num_in_flight_tokens] if self._pipelined else running
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
