@@ -73,3 +73,29 @@ def test_default_resolution(example):
         want["max_num_tokens"],
         want["max_chunk_tokens"],
     )
+
+
+DRAFTS = json.loads((Path(__file__).parent / "data" / "draft_examples.json").read_text("utf-8"))
+
+
+@pytest.mark.parametrize("drafts_kind", ["list", "array"])
+@pytest.mark.parametrize("kind", ["list", "array"])
+@pytest.mark.parametrize("example", DRAFTS["plans"], ids=lambda e: e["name"])
+def test_draft_example(core, example, kind, drafts_kind):
+    """SPEC §8's worked examples: decode rows that verify drafts."""
+    limits = StepPlannerLimits(**example["limits"])
+    policy = resolve_scheduling_policy(_options(example["options"]), limits)
+    rows = _rows(example)
+    residents = (
+        as_resident_array(rows) if kind == "array" else [core.ResidentState(*r) for r in rows]
+    )
+    drafts = example["drafts"]
+    given = np.array(drafts, dtype=np.int32) if drafts_kind == "array" else list(drafts)
+    reasons = np.zeros(len(rows), dtype=np.uint8)
+
+    plan = core.StepPlanner(policy, limits).plan(residents, reasons=reasons, drafts=given)
+
+    assert plan.to_dict() == example["plan"]
+    assert plan.draft_tokens == example["draft_tokens"]
+    assert [split_reason(c) for c in reasons] == [(Reason[n], rel) for n, rel in example["reasons"]]
+    check_plan(policy, limits, residents, plan, drafts=drafts)
