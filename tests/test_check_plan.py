@@ -69,7 +69,7 @@ def fake(seqs, paused=(), n=4, **totals):
         len(chunks),
         len(rows) - len(chunks),
         sum(chunks),
-        sum(chunks) + len(rows) - len(chunks),
+        sum(s.query_length for s in rows),
     )
     return dataclasses.replace(plan, **totals)
 
@@ -223,13 +223,28 @@ def test_chunk_over_input_length_without_decodes():
 @pytest.mark.parametrize(
     ("decode", "fragments"),
     [
-        ((0, D, 41, 2, True), ("query_length=1", "got 2")),
+        ((0, D, 41, 2, True), ("query_length in 1..1 (1 + its drafts)", "got 2")),
         ((0, D, 41, 1, False), ("select_last_token_logits=True", "False")),
         ((0, D, 40, 1, True), ("past_length=40", "committed=41")),
     ],
 )
 def test_bad_decode_row(decode, fragments):
     rejects(fake(PLAN[:2] + [decode]), *fragments)
+
+
+def test_decode_rows_with_drafts():
+    """SPEC §8: a row holds at most 1 + its drafts (and S_in), and drafts go in order."""
+    rows = [(0, 0, 40, 41, True, 0), (0, 1, 40, 50, True, 0), (0, 2, 40, 60, True, 0)]
+    plan = [(0, D, 41, 3, True), (1, D, 50, 2, True), (2, D, 60, 1, True)]
+    check_plan(MIXED_FCFS, LIMITS, rows, fake(plan, n=3), drafts=[2, 1, 0])
+    with pytest.raises(PlanInvariantError, match=r"query_length in 1\.\.2 \(1 \+ its drafts\)"):
+        check_plan(MIXED_FCFS, LIMITS, rows, fake(plan, n=3), drafts=[1, 1, 0])
+    with pytest.raises(PlanInvariantError, match="verifies drafts although decode sequences"):
+        check_plan(MIXED_FCFS, LIMITS, rows, fake(plan, n=3), drafts=[5, 1, 0])
+    capped = [(0, D, 41, 64, True), (1, D, 50, 1, True), (2, D, 60, 1, True)]
+    # 1 + min(99, S_in - 1) = 64 passes the row checks; only the budget then refuses it.
+    with pytest.raises(PlanInvariantError, match="total_tokens=66 exceeds"):
+        check_plan(MIXED_FCFS, LIMITS, rows, fake(capped, n=3), drafts=[99, 0, 0])
 
 
 def test_decode_row_for_a_prompt():

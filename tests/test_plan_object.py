@@ -221,6 +221,8 @@ def _net_allocation(core, make_planner, kind, calls=1000):
     rows = [(i % 3, i, 40, 5 if i % 2 else 41, i % 2 == 0, i % 2) for i in range(8)]
     residents = as_resident_array(rows) if kind == "array" else states(core, rows)
     reasons = np.zeros(8, dtype=np.uint8)
+    drafts = [3 if r[4] else 0 for r in rows]
+    draft_array = np.array(drafts, dtype=np.int32)
     plan = planner.plan
 
     def run(n):
@@ -228,6 +230,8 @@ def _net_allocation(core, make_planner, kind, calls=1000):
             plan(residents)
             plan(residents, 8)
             plan(residents, None, reasons)
+            plan(residents, drafts=drafts)
+            plan(residents, None, reasons, draft_array)
 
     tracemalloc.start()
     try:

@@ -89,6 +89,8 @@ ctypedef struct ScratchC:
     uint8_t* paused         # per resident: 1 when paused in this plan
     int32_t* prompts        # the active prompt-incomplete residents, in order
     int32_t* decodes        # the active decoding residents, in order
+    int32_t* grants         # per decode row (in order): the drafts it verifies (SPEC §8)
+    int32_t* drafts         # per resident: the drafts plan() was given, copied in and checked
 
 ctypedef struct PlanC:
     SequenceC* sequences    # num_prefill chunks, then num_decode decode rows
@@ -109,9 +111,11 @@ cdef int32_t first_repeated(const PlanC* p, uint8_t* mark) noexcept nogil
 # The ValueError for a plan first_repeated found a repeat in, in the twins' shared words.
 cdef object repeated_resident_error(const PlanC* p)
 
-# The whole of SPEC §3 over validated rows. It cannot fail. `reasons` may be NULL.
+# The whole of SPEC §3 (and §8 when `drafts` is not NULL: per resident, checked) over validated
+# rows. It cannot fail. `reasons` may be NULL.
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
-                    ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil
+                    ScratchC* scratch, PlanC* out, uint8_t* reasons,
+                    const int32_t* drafts) noexcept nogil
 
 cdef class _PlanView:
     cdef StepPlan _plan
@@ -160,4 +164,6 @@ cdef class StepPlanner:
                                       const uint8_t* reasons) except NULL
     cdef const ResidentC* _in_place(self, object arr, int32_t n, const uint8_t* reasons)
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL
+    cdef const int32_t* _load_drafts(self, object drafts, const ResidentC* rows,
+                                     int32_t n) except NULL
     cdef object _kernel_loop(self, object residents, Py_ssize_t iterations)

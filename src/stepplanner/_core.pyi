@@ -61,6 +61,8 @@ class StepPlan:
     @property
     def total_tokens(self) -> int: ...
     @property
+    def draft_tokens(self) -> int: ...
+    @property
     def num_residents(self) -> int: ...
     @property
     def _version(self) -> int: ...
@@ -89,6 +91,7 @@ class StepPlanner:
         residents: _Residents,
         count: SupportsIndex | None = None,
         reasons: npt.NDArray[np.uint8] | None = None,
+        drafts: Sequence[SupportsIndex] | npt.NDArray[np.int32] | None = None,
     ) -> StepPlan: ...
 
 def time_kernel_loop(

@@ -15,7 +15,8 @@ cimport numpy as cnp
 from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
+from libc.stdint cimport (int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, INT32_MAX,
+                          INT32_MIN)
 from libc.string cimport memcpy, memset
 
 import collections.abc
@@ -264,7 +265,8 @@ cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int
 
 
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
-                    ScratchC* scratch, PlanC* out, uint8_t* reasons) noexcept nogil:
+                    ScratchC* scratch, PlanC* out, uint8_t* reasons,
+                    const int32_t* drafts) noexcept nogil:
     cdef bint by_priority = cfg.scheduling_policy != POLICY_FCFS  # EDF, DEADLINE: SPEC §7
     cdef int32_t* order = scratch.order
     cdef uint8_t* paused = scratch.paused
@@ -273,7 +275,8 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
     cdef const ResidentC* r
     cdef SequenceC* seq
     cdef int32_t i, k, num_prompts = 0, num_decode = 0, num_prefill = 0, prefill_tokens = 0
-    cdef int32_t budget, cap, rem, n, best, kept
+    cdef int32_t budget, cap, rem, n, best, kept, spare, g, draft_tokens = 0
+    cdef int32_t* grants = scratch.grants
     cdef int32_t page = cfg.kv_page_size, s_in = cfg.max_input_length
     cdef bint active, decoding
 
@@ -321,6 +324,20 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
                 if r.context_committed or (by_priority and r.priority != best):
                     reasons[i] = REASON_HELD_PREFILL_FIRST
 
+    # Drafts (SPEC §8), in order, from what the step holds beyond one token per decode row, less
+    # what the first prompt needs to reach its next page end (so it still advances).
+    if drafts != NULL and num_decode > 0:
+        spare = (cfg.max_num_tokens if cfg.mode == MODE_MIXED else cfg.t_max) - num_decode
+        if num_prompts > 0:
+            r = &residents[prompts[0]]
+            spare -= min(r.prompt_length - r.committed, page - r.committed % page)
+        for k in range(num_decode):
+            g = min(drafts[decodes[k]], s_in - 1, spare)
+            grants[k] = g
+            spare -= g
+            draft_tokens += g
+        budget -= draft_tokens
+
     # Prompt chunks, in order; a resident that gets nothing is skipped, later ones may still fit.
     for k in range(num_prompts):
         i = prompts[k]
@@ -356,11 +373,14 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
         seq[k].select_last_token_logits = 1
         if reasons != NULL:
             reasons[i] |= REASON_DECODE
+    if draft_tokens > 0:
+        for k in range(num_decode):
+            seq[k].query_length += grants[k]
 
     out.num_prefill = num_prefill
     out.num_decode = num_decode
     out.prefill_tokens = prefill_tokens
-    out.total_tokens = prefill_tokens + num_decode
+    out.total_tokens = prefill_tokens + num_decode + draft_tokens
 
 
 # Listing stamps: a resident listed twice would get two plan rows and be advanced twice by
@@ -731,8 +751,13 @@ cdef class StepPlan:
 
     @property
     def total_tokens(self):
-        """``prefill_tokens + num_decode``."""
+        """``prefill_tokens + num_decode + draft_tokens``: every row's query length."""
         return self.c.total_tokens
+
+    @property
+    def draft_tokens(self):
+        """The draft tokens the decode rows verify (SPEC §8): their query lengths less one each."""
+        return self.c.total_tokens - self.c.prefill_tokens - self.c.num_decode
 
     @property
     def num_residents(self):
@@ -981,7 +1006,7 @@ def _restore_plan(sequences, paused, num_residents):
     cdef StepPlan plan = StepPlan.__new__(StepPlan)
     plan._allocate(n)
     cdef SequenceC* s
-    cdef int64_t prefill_tokens = 0
+    cdef int64_t prefill_tokens = 0, total_tokens = 0
     cdef int32_t num_prefill = 0
     for k in range(rows):
         resident, work, past_length, query_length, select_last = sequences[k]
@@ -998,16 +1023,17 @@ def _restore_plan(sequences, paused, num_residents):
                                          "1 (every chunk comes before every decode row)")
             num_prefill += 1
             prefill_tokens += s.query_length
+        total_tokens += s.query_length
     for k in range(n_paused):
         plan.c.paused[k] = _int32(f"paused[{k}]", paused[k])
-    if prefill_tokens + (rows - num_prefill) > INT32_MAX:
-        raise _errors.out_of_int32("total_tokens", prefill_tokens + (rows - num_prefill))
+    if total_tokens > INT32_MAX:
+        raise _errors.out_of_int32("total_tokens", total_tokens)
     plan.c.num_residents = n
     plan.c.num_prefill = num_prefill
     plan.c.num_decode = <int32_t>(rows - num_prefill)
     plan.c.num_paused = <int32_t>n_paused
     plan.c.prefill_tokens = <int32_t>prefill_tokens
-    plan.c.total_tokens = <int32_t>(prefill_tokens + rows - num_prefill)
+    plan.c.total_tokens = <int32_t>total_tokens
     error = _plan_error(&plan.c, <uint8_t*>(<_CoreMemory>plan._apply_buf).data)
     if error is not None:
         raise error
@@ -1066,7 +1092,7 @@ cdef StepPlan _new_plan(int32_t capacity):
 # ============================================================================================
 
 # What one resident slot costs: the kernel's scratch, the row copy and the plan's buffers.
-cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 3 * sizeof(int32_t) + sizeof(uint8_t)
+cdef size_t _BYTES_PER_SLOT = (2 * sizeof(SortKeyC) + 5 * sizeof(int32_t) + sizeof(uint8_t)
                                + sizeof(ResidentC) + sizeof(SequenceC) + 3 * sizeof(int32_t))
 
 
@@ -1116,10 +1142,13 @@ cdef class StepPlanner:
         self.scratch.order_count = 0
         self.scratch.prompts = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.scratch.decodes = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
+        self.scratch.grants = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
+        self.scratch.drafts = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.rows = <ResidentC*>PyMem_Calloc(b, sizeof(ResidentC))
         if (self.scratch.keys == NULL or self.scratch.merge_tmp == NULL
                 or self.scratch.order == NULL or self.scratch.paused == NULL
                 or self.scratch.prompts == NULL or self.scratch.decodes == NULL
+                or self.scratch.grants == NULL or self.scratch.drafts == NULL
                 or self.rows == NULL):
             self._free_buffers()  # so that nothing is half-made if __init__ is called again
             raise _errors.planner_memory(b, b * _BYTES_PER_SLOT)
@@ -1141,22 +1170,28 @@ cdef class StepPlanner:
         PyMem_Free(self.scratch.paused)
         PyMem_Free(self.scratch.prompts)
         PyMem_Free(self.scratch.decodes)
+        PyMem_Free(self.scratch.grants)
+        PyMem_Free(self.scratch.drafts)
         PyMem_Free(self.rows)
         self.scratch.keys = self.scratch.merge_tmp = NULL
         self.scratch.order = self.scratch.prompts = self.scratch.decodes = NULL
+        self.scratch.grants = self.scratch.drafts = NULL
         self.scratch.paused = NULL
         self.rows = NULL
 
     def __repr__(self):
         return f"StepPlanner(policy={self.policy!r}, limits={self.limits!r})"
 
-    def plan(self, residents, count=None, reasons=None):
+    def plan(self, residents, count=None, reasons=None, drafts=None):
         """Plan one step over ``residents`` and return the planner's one ``StepPlan``.
 
         ``residents``: a list or tuple of ``ResidentState``, or a 1-D ``RESIDENT_DTYPE`` array
         (read in place: the fast path). ``count`` (default: all) takes the first ``count`` rows.
         ``reasons``: optionally, a writable uint8 array of len >= count that receives each
         resident's ``Reason`` code (see ``split_reason``).
+        ``drafts``: optionally, the draft tokens proposed for each resident this step (a list or
+        tuple of ints or a 1-D int32 array, len >= count); decode rows verify what the budget
+        grants of them (SPEC §8).
 
         The returned plan is overwritten by the next call; ``copy()`` what you keep. Everything
         is checked before anything is written: a call that raises leaves the previous plan.
@@ -1179,7 +1214,10 @@ cdef class StepPlanner:
         cdef uint8_t* reasons_ptr = NULL
         if reasons is not None:
             reasons_ptr = _reasons_pointer(reasons, n)
+        if drafts is not None:
+            _check_drafts(drafts, n)
         cdef const ResidentC* rows
+        cdef const int32_t* drafts_ptr = NULL
         with cython.critical_section(self._plan):
             # Reading a list subclass runs its code, which may call plan() on this planner; that
             # call would overwrite the rows this one has copied in so far. It is refused instead
@@ -1192,7 +1230,10 @@ cdef class StepPlanner:
                     rows = self._load_array(residents, <int32_t>n, reasons_ptr)
                 else:
                     rows = self._load_objects(residents, <int32_t>n)
-                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr)
+                if drafts is not None:
+                    drafts_ptr = self._load_drafts(drafts, rows, <int32_t>n)
+                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr,
+                          drafts_ptr)
                 self._plan.version += 1
             finally:
                 self._planning = False
@@ -1237,6 +1278,51 @@ cdef class StepPlanner:
                 raise _row_error(status, i, &rows[i], s_in, 0)
         # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
+
+    @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
+    cdef const int32_t* _load_drafts(self, object drafts, const ResidentC* rows,
+                                     int32_t n) except NULL:
+        """The drafts (checked by ``_check_drafts``) copied into scratch, each checked against
+        its row: SPEC §8's validation, in index order."""
+        cdef int32_t i, v
+        cdef int overflow = 0
+        cdef long long big
+        cdef object item
+        cdef int32_t* out = self.scratch.drafts
+        cdef cnp.ndarray arr
+        cdef const char* data
+        cdef Py_ssize_t stride
+        if cnp.PyArray_Check(drafts):
+            arr = <cnp.ndarray>drafts
+            data = <const char*>cnp.PyArray_DATA(arr)
+            stride = arr.strides[0]
+            for i in range(n):
+                memcpy(&out[i], data + i * stride, sizeof(int32_t))
+        else:
+            if len(drafts) < n:  # a list subclass may have shrunk since _check_drafts
+                self._planning = False
+                raise _errors.drafts_length(len(drafts), n)
+            for i in range(n):
+                item = drafts[i]
+                if type(item) is int:  # no field name is made unless it is needed
+                    big = PyLong_AsLongLongAndOverflow(item, &overflow)
+                    if not overflow and INT32_MIN <= big <= INT32_MAX:
+                        out[i] = <int32_t>big
+                        continue
+                try:
+                    out[i] = as_int32(f"drafts[{i}]", item)
+                except Exception:
+                    self._planning = False
+                    raise
+        for i in range(n):
+            v = out[i]
+            if v < 0:
+                self._planning = False  # building the error runs Python code: not in plan()
+                raise _errors.drafts_negative(i, v)
+            if v > 0 and not rows[i].context_committed:
+                self._planning = False
+                raise _errors.drafts_for_prompt(i, v)
+        return out
 
     @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
     cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
@@ -1284,7 +1370,7 @@ cdef class StepPlanner:
                 raise _errors.plan_reentered()
             t0 = time.perf_counter_ns()
             for k in range(iterations):
-                plan_step(&self.cfg, rows, n, &self.scratch, &self._plan.c, NULL)
+                plan_step(&self.cfg, rows, n, &self.scratch, &self._plan.c, NULL, NULL)
             return time.perf_counter_ns() - t0
 
     cdef const ResidentC* _in_place(self, object residents, int32_t n, const uint8_t* reasons):
@@ -1316,6 +1402,23 @@ cdef int _check_resident_array(cnp.ndarray arr) except -1:
 cdef inline bint _overlaps(const void* a, size_t a_size, const void* b, size_t b_size) noexcept:
     cdef uintptr_t x = <uintptr_t>a, y = <uintptr_t>b
     return b != NULL and x < y + b_size and y < x + a_size
+
+
+cdef int _check_drafts(object drafts, Py_ssize_t n) except -1:
+    """SPEC §8's checks of the drafts container, before any row is read (values: _load_drafts)."""
+    cdef cnp.ndarray arr
+    if cnp.PyArray_Check(drafts):
+        arr = <cnp.ndarray>drafts
+        if arr.ndim != 1 or arr.dtype != np.int32:
+            raise _errors.drafts_array(arr.dtype, arr.ndim)
+        if arr.shape[0] < n:
+            raise _errors.drafts_length(arr.shape[0], n)
+    elif isinstance(drafts, (list, tuple)):
+        if len(drafts) < n:
+            raise _errors.drafts_length(len(drafts), n)
+    else:
+        raise _errors.drafts_type(drafts)
+    return 0
 
 
 cdef uint8_t* _reasons_pointer(object reasons, Py_ssize_t n) except? NULL:

@@ -212,7 +212,12 @@ class StepPlan:
         self.num_prefill = sum(r.work == SequenceWork.CONTEXT for r in rows)
         self.num_decode = len(rows) - self.num_prefill
         self.prefill_tokens = sum(r.query_length for r in rows if r.work == SequenceWork.CONTEXT)
-        self.total_tokens = self.prefill_tokens + self.num_decode
+        self.total_tokens = sum(r.query_length for r in rows)
+
+    @property
+    def draft_tokens(self) -> int:
+        """The draft tokens the decode rows verify (SPEC §8): their query lengths less one each."""
+        return self.total_tokens - self.prefill_tokens - self.num_decode
 
     def apply_to(self, residents: Any) -> None:
         """Advance the ledger rows this plan was made over, as SPEC §6 says a runtime does."""
@@ -337,6 +342,33 @@ def _check_reasons(reasons: Any, count: int) -> None:
         raise _errors.reasons_array("is not contiguous")
 
 
+def _check_drafts(drafts: Any, count: int) -> None:
+    """SPEC §8's checks of the drafts container, before any row is read (values: _load_drafts)."""
+    if isinstance(drafts, np.ndarray):
+        if drafts.ndim != 1 or drafts.dtype != np.int32:
+            raise _errors.drafts_array(drafts.dtype, drafts.ndim)
+    elif not isinstance(drafts, (list, tuple)):
+        raise _errors.drafts_type(drafts)
+    if len(drafts) < count:
+        raise _errors.drafts_length(len(drafts), count)
+
+
+def _load_drafts(drafts: Any, rows: list[tuple[Any, ...]], count: int) -> list[int]:
+    """Each resident's drafts, checked against its row in index order (SPEC §8)."""
+    if isinstance(drafts, np.ndarray):
+        values = [int(v) for v in drafts[:count]]
+    else:
+        if len(drafts) < count:  # a list subclass may have shrunk since _check_drafts
+            raise _errors.drafts_length(len(drafts), count)
+        values = [as_int32(f"drafts[{i}]", drafts[i]) for i in range(count)]
+    for i, v in enumerate(values):
+        if v < 0:
+            raise _errors.drafts_negative(i, v)
+        if v > 0 and not rows[i][4]:
+            raise _errors.drafts_for_prompt(i, v)
+    return values
+
+
 class StepPlanner:
     """Plans one in-flight-batching step per call (SPEC §3). See the compiled twin's docs."""
 
@@ -358,10 +390,14 @@ class StepPlanner:
     def __repr__(self) -> str:
         return f"StepPlanner(policy={self._policy!r}, limits={self._limits!r})"
 
-    def plan(self, residents: Any, count: Any = None, reasons: Any = None) -> StepPlan:
+    def plan(
+        self, residents: Any, count: Any = None, reasons: Any = None, drafts: Any = None
+    ) -> StepPlan:
         lim, pol = self._limits, self._policy
         n_res = _count_of(residents, count, lim.max_batch_size)
         _check_reasons(reasons, n_res)
+        if drafts is not None:
+            _check_drafts(drafts, n_res)
         # Reading a list subclass runs its code, which may call plan() on this planner again:
         # refuse that call rather than let it replace the rows being read (as the core does).
         if self._planning:
@@ -369,6 +405,7 @@ class StepPlanner:
         self._planning = True
         try:
             rows = _load_rows(residents, n_res, lim.max_input_length)
+            proposed = None if drafts is None else _load_drafts(drafts, rows, n_res)
         finally:
             self._planning = False
 
@@ -418,6 +455,21 @@ class StepPlanner:
         else:
             decodes, prompts, budget, cap = list(order), [], 0, 0
 
+        # Drafts (SPEC §8): in order, from the step's tokens beyond one per decode row, less
+        # what the first prompt needs to reach its next page end.
+        grants = [0] * len(decodes)
+        if proposed is not None and decodes:
+            spare = (pol.max_num_tokens if pol.mode == IfbSchedulingMode.MIXED else t_max) - len(
+                decodes
+            )
+            if prompts:
+                committed, prompt_length = rows[prompts[0]][3], rows[prompts[0]][2]
+                spare -= min(prompt_length - committed, p - committed % p)
+            for k, i in enumerate(decodes):
+                grants[k] = min(proposed[i], s_in - 1, spare)
+                spare -= grants[k]
+            budget -= sum(grants)
+
         out: list[PlannedSequence] = []
         for i in prompts:
             committed, prompt_length = rows[i][3], rows[i][2]
@@ -431,8 +483,8 @@ class StepPlanner:
             out.append(PlannedSequence(i, SequenceWork.CONTEXT, committed, n, n == rem))
             why[i] |= Reason.CHUNK_FINAL if n == rem else Reason.CHUNK
             budget -= n
-        for i in decodes:
-            out.append(PlannedSequence(i, SequenceWork.DECODE, rows[i][3], 1, True))
+        for i, g in zip(decodes, grants):
+            out.append(PlannedSequence(i, SequenceWork.DECODE, rows[i][3], 1 + g, True))
             why[i] |= Reason.DECODE
 
         self._plan._set(out, paused, n_res)
@@ -495,7 +547,7 @@ def _restore_plan(sequences: Any, paused: Any, num_residents: Any) -> StepPlan:
             num_prefill += 1
         rows.append(row)
     pauses = [as_int32(f"paused[{k}]", paused[k]) for k in range(len(paused))]
-    total = sum(r.query_length for r in rows[:num_prefill]) + len(rows) - num_prefill
+    total = sum(r.query_length for r in rows)
     if total > _errors.INT32_MAX:
         raise _errors.out_of_int32("total_tokens", total)
     _check_rows(rows, pauses, n)

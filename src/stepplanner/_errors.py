@@ -213,6 +213,37 @@ def reasons_array(problem: str) -> StepPlannerValueError:
     )
 
 
+# --- draft tokens (SPEC §8) ------------------------------------------------------------------
+
+
+_DRAFTS_ALLOWED = "a list or tuple of ints, or a 1-D numpy int32 array, one entry per resident"
+
+
+def drafts_type(value: object) -> StepPlannerTypeError:
+    return StepPlannerTypeError(f"drafts must be {_DRAFTS_ALLOWED}, got {_type_name(value)}")
+
+
+def drafts_array(dtype: object, ndim: int) -> StepPlannerTypeError:
+    return StepPlannerTypeError(
+        f"drafts array has dtype {dtype} and ndim={ndim}; allowed: {_DRAFTS_ALLOWED}"
+    )
+
+
+def drafts_length(length: int, count: int) -> StepPlannerValueError:
+    return StepPlannerValueError(f"drafts has len {length} < count={count}; allowed: len >= count")
+
+
+def drafts_negative(index: int, value: int) -> StepPlannerValueError:
+    return StepPlannerValueError(f"drafts[{index}]={value}; allowed: >= 0")
+
+
+def drafts_for_prompt(index: int, value: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"drafts[{index}]={value} but residents[{index}] is prompt-incomplete "
+        "(context_committed=False); allowed: 0 (drafts extend decode rows, SPEC §8)"
+    )
+
+
 # --- applying a plan -----------------------------------------------------------------------
 
 

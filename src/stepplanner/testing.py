@@ -57,6 +57,7 @@ __all__ = [
     "Row",
     "as_resident_array",
     "as_resident_states",
+    "draft_counts",
     "ledgers",
     "limits",
     "planning_cases",
@@ -289,3 +290,12 @@ def planning_cases(
     policy = draw(policies(chosen))
     rows = draw(_row_lists(chosen, policy.max_pause_steps))
     return PlanningCase(chosen, policy, rows)
+
+
+def draft_counts(lim: StepPlannerLimits, rows: Sequence[Row]) -> st.SearchStrategy[list[int]]:
+    """Valid ``drafts`` for ``plan(rows, drafts=...)`` (SPEC §8): 0 for a prompt-incomplete row;
+    for a decoding one none, a few (speculative decoding proposes 1–8) or up to past S_in − 1,
+    where the per-row cap binds."""
+    most = lim.max_input_length + 2
+    counts = st.one_of(st.just(0), st.integers(0, 8), st.integers(0, most))
+    return st.tuples(*(counts if r[4] else st.just(0) for r in rows)).map(list)

@@ -50,23 +50,29 @@ def _fail(message: str) -> None:
 
 
 def check_plan(
-    policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits, residents: Any, plan: Any
+    policy: ResolvedSchedulingPolicy,
+    limits: StepPlannerLimits,
+    residents: Any,
+    plan: Any,
+    drafts: Any = None,
 ) -> None:
     """Raise :class:`PlanInvariantError` if ``plan`` breaks a guarantee for this input.
 
     ``residents``: the list of ``ResidentState`` (either implementation), ``RESIDENT_DTYPE``
     array or list of row tuples the plan was made from; ``plan.num_residents`` (when the plan has
-    it) says how many leading rows it covered.
+    it) says how many leading rows it covered. ``drafts``: the per-resident draft counts the plan
+    was given (SPEC §8), if any.
     """
     count = getattr(plan, "num_residents", None)
     rows = _rows(residents, len(residents) if count is None else count)
     seqs = list(plan.sequences)
     paused = [int(i) for i in plan.paused]
+    proposed = [0] * len(rows) if drafts is None else [int(d) for d in drafts[: len(rows)]]
     _check_indices(rows, seqs, paused)
     _check_totals(plan, seqs)
     _check_layout(policy, rows, seqs)
     _check_chunks(policy, limits, rows, seqs)
-    _check_decodes(rows, seqs)
+    _check_decodes(limits, rows, seqs, proposed)
     _check_budget(policy, limits, plan, seqs)
     _check_pause(policy, rows, paused)
     _check_coverage(policy, rows, seqs, paused)
@@ -100,7 +106,7 @@ def _check_totals(plan: Any, seqs: list[Any]) -> None:
         "num_prefill": len(chunks),
         "num_decode": len(seqs) - len(chunks),
         "prefill_tokens": prefill_tokens,
-        "total_tokens": prefill_tokens + len(seqs) - len(chunks),
+        "total_tokens": sum(s.query_length for s in seqs),
     }
     for name, value in want.items():
         if getattr(plan, name) != value:
@@ -160,7 +166,10 @@ def _check_chunks(
             )
 
 
-def _check_decodes(rows: list[_Row], seqs: list[Any]) -> None:
+def _check_decodes(
+    limits: StepPlannerLimits, rows: list[_Row], seqs: list[Any], proposed: list[int]
+) -> None:
+    short = None  # the first decode row granted fewer drafts than it could hold (SPEC §8)
     for k, s in enumerate(seqs):
         if s.work != SequenceWork.DECODE:
             continue
@@ -168,13 +177,19 @@ def _check_decodes(rows: list[_Row], seqs: list[Any]) -> None:
         where = f"decode sequences[{k}] (resident {s.resident})"
         if not r.context_committed:
             _fail(f"{where} is for a prompt-incomplete resident")
-        if s.query_length != 1 or not s.select_last_token_logits:
+        most = 1 + min(proposed[s.resident], limits.max_input_length - 1)
+        if not 1 <= s.query_length <= most or not s.select_last_token_logits:
             _fail(
-                f"{where} must have query_length=1 and select_last_token_logits=True, got "
-                f"{s.query_length} and {bool(s.select_last_token_logits)}"
+                f"{where} must have query_length in 1..{most} (1 + its drafts) and "
+                f"select_last_token_logits=True, got {s.query_length} and "
+                f"{bool(s.select_last_token_logits)}"
             )
         if s.past_length != r.committed:
             _fail(f"{where} has past_length={s.past_length} but committed={r.committed}")
+        if short is not None and s.query_length > 1:
+            _fail(f"{where} verifies drafts although {short} was granted fewer than it could hold")
+        if short is None and s.query_length < most:
+            short = where
 
 
 def _check_budget(
@@ -287,9 +302,12 @@ def _check_skips(
         best = min(rows[i].priority for i in prompts)
         prompts = [i for i in prompts if rows[i].priority == best]
     num_decode = sum(1 for s in seqs if s.work == SequenceWork.DECODE)
+    drafts = sum(s.query_length - 1 for s in seqs if s.work == SequenceWork.DECODE)
     if policy.mode == IfbSchedulingMode.MIXED and num_decode:
-        budget, cap = policy.max_num_tokens - num_decode, policy.max_chunk_tokens
+        budget, cap = policy.max_num_tokens - num_decode - drafts, policy.max_chunk_tokens
         source = f"max_num_tokens={policy.max_num_tokens} - {num_decode} decode rows"
+        if drafts:
+            source += f" - {drafts} draft tokens"
     else:
         budget, cap = limits.t_max, limits.max_input_length
         source = f"T_max={limits.t_max}"
