@@ -9,6 +9,7 @@ the docs' table and ratios.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stepplanner import _core
@@ -50,6 +51,19 @@ def test_compiled(benchmark, scenario: str, batch: int, impl: str) -> None:
     planner.plan(ledger)
     benchmark.group = _group(scenario, batch)
     plan = benchmark(planner.plan, ledger)
+    assert plan.num_residents == batch
+
+
+def test_drafts(benchmark, scenario: str, batch: int) -> None:
+    """The array path with speculative decoding's input: 3 drafts proposed per decoding row
+    (SPEC §8), beside test_compiled's rows without any."""
+    rows = bench.steady_ledger(batch)
+    planner = bench.make_planner(_core, scenario, batch)
+    ledger = as_resident_array(rows)
+    drafts = np.array([3 if r[4] else 0 for r in rows], dtype=np.int32)
+    planner.plan(ledger, drafts=drafts)
+    benchmark.group = _group(scenario, batch)
+    plan = benchmark(planner.plan, ledger, None, None, drafts)
     assert plan.num_residents == batch
 
 
