@@ -130,18 +130,27 @@ class LedgerMachine(RuleBasedStateMachine):
         return admitted
 
     def _apply_model(
-        self, ids: list[int], sequences: list, paused: set, mask: np.ndarray | None, retire: bool
+        self,
+        ids: list[int],
+        sequences: list,
+        paused: set,
+        mask: np.ndarray | None,
+        retire: bool,
+        accepted: np.ndarray | None = None,
     ) -> list[int]:
-        """SPEC §6 and the output accounting, written out; returns the finished ids."""
+        """SPEC §6 (§8: a decode row commits and emits 1 + its accepted drafts) and the output
+        accounting, written out; returns the finished ids."""
         finished = []
         for k, seq in enumerate(sequences):
             rid = ids[seq["resident"]]
             row = self.resident[rid]
-            row["committed"] += seq["query_length"]
+            decode = seq["work"] == "DECODE"
+            taken = 1 + int(accepted[k]) if decode and accepted is not None else seq["query_length"]
+            row["committed"] += taken
             if seq["select_last_token_logits"]:
                 row["context_committed"] = True
                 account = self.accounts[rid]
-                account[0] += 1
+                account[0] += taken if decode else 1
                 hit = (account[1] and account[0] >= account[1]) or (mask is not None and mask[k])
                 if hit and not account[2]:
                     account[2] = 1
@@ -226,12 +235,35 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data(), retire=st.booleans())
     def plan_and_apply(self, data, retire):
         ids = self.ledger.request_ids.tolist()
-        plan = self.planner.plan(self.ledger.residents)
-        check_plan(self.policy, self.limits, self.ledger.residents, plan)
+        drafts = self._drafts(data, ids)
+        plan = self.planner.plan(self.ledger.residents, drafts=drafts)
+        check_plan(self.policy, self.limits, self.ledger.residents, plan, drafts=drafts)
         sequences, paused = self._plan_rows(plan)
         mask = self._mask(data, sequences)
-        got = self.ledger.apply(plan, mask, retire=retire).tolist()
-        assert got == self._apply_model(ids, sequences, paused, mask, retire)
+        accepted = None
+        if drafts is not None and data.draw(st.booleans()):
+            accepted = np.array(
+                [
+                    data.draw(st.integers(0, s["query_length"] - 1)) if s["work"] == "DECODE" else 0
+                    for s in sequences
+                ],
+                dtype=np.int32,
+            )
+        got = self.ledger.apply(plan, mask, accepted=accepted, retire=retire).tolist()
+        assert got == self._apply_model(ids, sequences, paused, mask, retire, accepted)
+
+    def _drafts(self, data, ids: list[int]) -> list[int] | None:
+        """None, or drafts for each decoding row that cannot take it past max_new_tokens."""
+        if not data.draw(st.booleans()):
+            return None
+        rows = self.ledger.residents
+        out = []
+        for i, rid in enumerate(ids):
+            emitted, max_new, done = self.accounts[rid]
+            room = max_new - emitted - 1 if max_new else 6
+            ok = rows[i]["context_committed"] and not done and room > 0
+            out.append(data.draw(st.integers(0, min(room, 6))) if ok else 0)
+        return out
 
     @rule()
     def retire_finished(self):

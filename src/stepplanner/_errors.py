@@ -244,6 +244,44 @@ def drafts_for_prompt(index: int, value: int) -> StepPlannerValueError:
     )
 
 
+def accepted_type(value: object) -> StepPlannerTypeError:
+    return StepPlannerTypeError(
+        "accepted must be a 1-D numpy int32 array, one count per plan row (the drafts the "
+        f"runtime accepted of those the row verified), got {_type_name(value)}"
+        + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
+    )
+
+
+def accepted_shape(shape: tuple[int, ...], rows: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"accepted has shape {shape}; allowed: ({rows},), one count per plan row"
+    )
+
+
+def accepted_range(index: int, resident: int, value: int, most: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"accepted[{index}]={value} for plan row {index} (resident {resident}); allowed: "
+        f"0..{most} (the drafts that row verified)"
+    )
+
+
+def emitted_past_max_new(
+    index: int, request_id: int, emitted: int, generated: int, max_new: int
+) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"plan row {index} (request {request_id}) would emit {emitted} tokens with "
+        f"{generated} of its max_new_tokens={max_new} out; allowed: at most {max_new - generated} "
+        "(accept fewer drafts; Ledger.step caps the drafts it plans)"
+    )
+
+
+def ledger_drafts(value: object) -> StepPlannerTypeError:
+    return StepPlannerTypeError(
+        "drafts must be an int (each decoding request proposes that many) or a mapping from "
+        f"request id to int, got {_type_name(value)}"
+    )
+
+
 # --- applying a plan -----------------------------------------------------------------------
 
 
@@ -389,9 +427,9 @@ def finished_without_token(row: int, resident: int) -> StepPlannerValueError:
     )
 
 
-def nothing_pending() -> StepPlannerValueError:
+def nothing_pending(field: str = "finished") -> StepPlannerValueError:
     return StepPlannerValueError(
-        "finished was given but no plan of this ledger's step() is waiting to be "
+        f"{field} was given but no plan of this ledger's step() is waiting to be "
         "applied (apply(), admit(), retire or load ran since); allowed: None"
     )
 

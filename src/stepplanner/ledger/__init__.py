@@ -41,8 +41,15 @@ The surface (both implementations):
   (the chunk completing a prompt emits the first, each decode row one more); a request is
   finished when it has emitted ``max_new_tokens`` or when the sampler's ``finished`` mask (a 1-D
   numpy bool array, one flag per plan row) says so. With neither, nothing finishes by itself.
+  Speculative decoding (SPEC §8): ``accepted`` (a 1-D int32 array, one count per plan row) says
+  how many of the drafts a decode row verified the runtime accepted; that row commits and emits
+  ``1 + accepted`` tokens, and the rejected positions are taken back. Without it every verified
+  draft counts. A row that would emit past ``max_new_tokens`` is refused before anything changes.
 * ``retire_finished()``, ``retire(request_ids)``, ``retire_rows(rows)``: swap-remove.
-* ``step(planner, finished=None, *, reasons=None)`` -> the plan: see above.
+* ``step(planner, finished=None, *, accepted=None, drafts=None, reasons=None)`` -> the plan: see
+  above. ``drafts``: an int (each decoding request proposes that many) or a mapping from request
+  id to int (requests no longer resident are passed over); each is capped so that the row cannot
+  emit past its request's ``max_new_tokens``, then planned by ``plan(..., drafts=...)``.
 * Views, each valid until the next call that changes it: ``residents`` (writable),
   ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only, and so is
   every array down their ``.base`` chain: the compiled ledger's are over memory Python cannot

@@ -89,6 +89,7 @@ class Ledger:
         plan: StepPlan,
         finished: npt.NDArray[np.bool_] | None = None,
         *,
+        accepted: npt.NDArray[np.int32] | None = None,
         retire: bool = False,
         now: float | None = None,
     ) -> npt.NDArray[np.int64]: ...
@@ -98,6 +99,8 @@ class Ledger:
         planner: StepPlanner,
         finished: npt.NDArray[np.bool_] | None = None,
         *,
+        accepted: npt.NDArray[np.int32] | None = None,
+        drafts: SupportsIndex | Mapping[SupportsIndex, SupportsIndex] | None = None,
         reasons: npt.NDArray[np.uint8] | None = None,
         now: float | None = None,
     ) -> StepPlan: ...

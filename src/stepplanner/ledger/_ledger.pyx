@@ -18,6 +18,7 @@ from libc.string cimport memcpy, memmove, memset
 from stepplanner._core cimport (
     STATUS_OK,
     WORK_CONTEXT,
+    WORK_DECODE,
     PlanC,
     ResidentC,
     SequenceC,
@@ -96,6 +97,7 @@ from stepplanner.ledger._shared import (
     check_worst_case,
     check_rows,
     check_waiting,
+    draft_request,
     pages_in_use,
     parse_records,
     plan_classes,
@@ -542,9 +544,30 @@ cdef bint rows_plannable(const TableC* t, int32_t max_input_length) noexcept nog
     return True
 
 
+cdef inline int32_t emitted(const SequenceC* s, const int32_t* accepted, int32_t k) noexcept nogil:
+    """Tokens plan row ``k`` emits (SPEC §8): a decode row 1 + its accepted drafts (all it
+    verified when ``accepted`` is NULL), a final chunk 1, a non-final chunk none."""
+    if s.work == WORK_DECODE:
+        return s.query_length if accepted == NULL else 1 + accepted[k]
+    return s.select_last_token_logits != 0
+
+
+cdef void reject_drafts(const PlanC* p, TableC* t, const int32_t* accepted) noexcept nogil:
+    """Take back the positions a decode row verified after its accepted drafts: applying the
+    plan committed all of them, and the next step writes over their KV."""
+    cdef int32_t k
+    cdef const SequenceC* s
+    for k in range(p.num_prefill + p.num_decode):
+        s = &p.sequences[k]
+        if s.work == WORK_DECODE:
+            t.rows[s.resident].committed -= s.query_length - 1 - accepted[k]
+
+
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
-                  double late_after, bint keep_due, int32_t never_below) noexcept nogil:
-    """Count each emitting row's token; mark finished by max_new_tokens or the sampler's mask.
+                  const int32_t* accepted, double late_after, bint keep_due,
+                  int32_t never_below) noexcept nogil:
+    """Count each emitting row's tokens (1, or 1 + its accepted drafts); mark finished by
+    max_new_tokens or the sampler's mask.
 
     ``keep_due`` (EDF, DEADLINE): each counted row's ``due`` moves to its next token's
     deadline, for the rank pass. ``late_after`` (DEADLINE; NaN: no check) is when the tokens
@@ -566,7 +589,7 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
         if not sequences[k].select_last_token_logits:
             continue
         r = sequences[k].resident
-        g = generated[r] + 1
+        g = generated[r] + emitted(&sequences[k], accepted, k)
         generated[r] = g
         if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
             if check_late and late_after > due[r] and t.klass[r] >= never_below:
@@ -915,6 +938,8 @@ cdef class Ledger:
     cdef object _fits               # the last planner step() found made for these limits
     cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
     cdef object _foreign_arrays     # the arrays _foreign points into
+    cdef object _accepted           # apply's accepted counts, contiguous, during the call
+    cdef object _drafts             # step()'s drafts per row: int32, capacity long
     cdef readonly object limits
     cdef readonly bint by_priority
     cdef readonly int32_t reserved_slots
@@ -1364,20 +1389,24 @@ cdef class Ledger:
     # --- the step -----------------------------------------------------------------------------
 
     @cython.critical_section
-    def apply(self, plan, finished=None, *, retire=False, now=None):
+    def apply(self, plan, finished=None, *, accepted=None, retire=False, now=None):
         """Advance the residents by ``plan`` (SPEC §6), count each emitted token, mark finished
-        requests; with ``retire`` also remove them. Returns ``finished_ids``."""
+        requests; with ``retire`` also remove them. ``accepted``: per plan row, the drafts the
+        runtime accepted of those a decode row verified (SPEC §8; None: all). Returns
+        ``finished_ids``."""
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
+        cdef const int32_t* acc = NULL
         cdef const PlanC* p
         self._acquire(CALL_BUSY)
         try:
             when = optional_now("apply", now, self.d.ranking, RANK_DEADLINE)
-            p = self._check_apply(plan, finished, &mask, &stride)
+            p = self._check_apply(plan, finished, accepted, &mask, &stride, &acc)
             self.t.num_relegated = 0
-            self._apply(plan, p, mask, stride, retire, NAN if when is None else when)
+            self._apply(plan, p, mask, stride, acc, retire, NAN if when is None else when)
             return self.finished_ids
         finally:
+            self._accepted = None
             self._release()
 
     cdef const PlanC* _plan_struct(self, object plan) except NULL:
@@ -1403,28 +1432,69 @@ cdef class Ledger:
         self._foreign.num_decode = len(seq)
         return &self._foreign
 
-    cdef const PlanC* _check_apply(self, object plan, object finished, const char** mask,
-                                   Py_ssize_t* stride) except NULL:
+    cdef const PlanC* _check_apply(self, object plan, object finished, object accepted,
+                                   const char** mask, Py_ssize_t* stride,
+                                   const int32_t** acc) except NULL:
         cdef const PlanC* p = self._plan_struct(plan)
         if p.num_residents != self.t.count:
             raise _errors.plan_count(p.num_residents, self.t.count)
         self._check_plan_rows(p)
         if self.pages != NULL:
             self._check_reserved(p)
-        if finished is None:
-            return p
-        cdef int32_t rows = p.num_prefill + p.num_decode, k
-        if not cnp.PyArray_Check(finished) or (<cnp.ndarray>finished).descr.type_num != cnp.NPY_BOOL:
-            raise _errors.finished_type(finished)
-        cdef cnp.ndarray arr = <cnp.ndarray>finished
-        if arr.ndim != 1 or cnp.PyArray_DIM(arr, 0) != rows:
-            raise _errors.finished_shape((<object>arr).shape, rows)
-        mask[0] = <const char*>cnp.PyArray_DATA(arr)
-        stride[0] = cnp.PyArray_STRIDE(arr, 0)
-        for k in range(rows):
-            if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
-                raise _errors.finished_without_token(k, p.sequences[k].resident)
+        cdef int32_t rows = p.num_prefill + p.num_decode, k, r
+        cdef cnp.ndarray arr
+        if finished is not None:
+            if (not cnp.PyArray_Check(finished)
+                    or (<cnp.ndarray>finished).descr.type_num != cnp.NPY_BOOL):
+                raise _errors.finished_type(finished)
+            arr = <cnp.ndarray>finished
+            if arr.ndim != 1 or cnp.PyArray_DIM(arr, 0) != rows:
+                raise _errors.finished_shape((<object>arr).shape, rows)
+            mask[0] = <const char*>cnp.PyArray_DATA(arr)
+            stride[0] = cnp.PyArray_STRIDE(arr, 0)
+            for k in range(rows):
+                if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
+                    raise _errors.finished_without_token(k, p.sequences[k].resident)
+        if accepted is not None:
+            acc[0] = self._check_accepted(p, accepted)
+        k = self._first_past_max_new(p, acc[0])
+        if k >= 0:
+            r = p.sequences[k].resident
+            raise _errors.emitted_past_max_new(
+                k, self.t.ids[r], emitted(&p.sequences[k], acc[0], k), self.t.generated[r],
+                self.t.max_new[r])
         return p
+
+    cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except NULL:
+        """SPEC §8's accepted counts, one per plan row, each within what the row verified."""
+        cdef int32_t rows = p.num_prefill + p.num_decode, k, most, a
+        cdef const SequenceC* s
+        if (not cnp.PyArray_Check(accepted)
+                or (<cnp.ndarray>accepted).descr.type_num != cnp.NPY_INT32):
+            raise _errors.accepted_type(accepted)
+        if (<cnp.ndarray>accepted).ndim != 1 or cnp.PyArray_DIM(<cnp.ndarray>accepted, 0) != rows:
+            raise _errors.accepted_shape((<object>accepted).shape, rows)
+        # Contiguous, kept until the call ends: account() reads it after apply_to() ran.
+        self._accepted = np.ascontiguousarray(accepted)
+        cdef const int32_t* acc = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>self._accepted)
+        for k in range(rows):
+            s = &p.sequences[k]
+            most = s.query_length - 1 if s.work == WORK_DECODE else 0
+            a = acc[k]
+            if a < 0 or a > most:
+                raise _errors.accepted_range(k, s.resident, a, most)
+        return acc
+
+    cdef int32_t _first_past_max_new(self, const PlanC* p, const int32_t* acc) noexcept:
+        """The first plan row whose tokens would take its request past max_new_tokens, or -1
+        (only a row verifying drafts can)."""
+        cdef int32_t k, r
+        for k in range(p.num_prefill + p.num_decode):
+            r = p.sequences[k].resident
+            if (not self.t.done[r] and self.t.max_new[r] > 0 and self.t.generated[r]
+                    + emitted(&p.sequences[k], acc, k) > self.t.max_new[r]):
+                return k
+        return -1
 
     cdef void _admit_waiting(self, double now):
         # The table's own methods hold its critical section; so does the ledger while its C
@@ -1477,7 +1547,7 @@ cdef class Ledger:
         return 0
 
     cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
-                bint retire, double now):
+                const int32_t* accepted, bint retire, double now):
         if apply_is_clean(p, &self.t):
             apply_plan(p, &self.t)
         else:  # it raises the matching error, or applies what it accepts
@@ -1486,7 +1556,10 @@ cdef class Ledger:
             # known to be in range again.
             self._check_plan_rows(p)
         self._pending = None
-        account(&self.t, p, mask, stride, now if self.d.ranking == RANK_DEADLINE else NAN,
+        if accepted != NULL:
+            reject_drafts(p, &self.t, accepted)
+        account(&self.t, p, mask, stride, accepted,
+                now if self.d.ranking == RANK_DEADLINE else NAN,
                 self.d.ranking != RANK_NONE, self.d.never_below)
         self._foreign_arrays = None
         if retire and self.t.num_done:
@@ -1505,14 +1578,18 @@ cdef class Ledger:
             self._release()
 
     @cython.critical_section
-    def step(self, planner, finished=None, *, reasons=None, now=None):
+    def step(self, planner, finished=None, *, accepted=None, drafts=None, reasons=None,
+             now=None):
         """One call per engine step: apply the plan of the previous ``step`` (with the sampler's
-        ``finished`` mask over its rows) and retire what finished, admit, rank (EDF, DEADLINE:
-        from ``now``, the runtime's clock), then plan."""
+        ``finished`` mask and, with speculative decoding, the ``accepted`` drafts over its rows)
+        and retire what finished, admit, rank (EDF, DEADLINE: from ``now``, the runtime's
+        clock), then plan, with ``drafts`` (an int for every decoding request, or a mapping
+        from request id) capped at each request's max_new_tokens (SPEC §8)."""
         self._acquire(CALL_BUSY)
         try:
-            return self._step(planner, finished, reasons, now)
+            return self._step(planner, finished, accepted, drafts, reasons, now)
         finally:
+            self._accepted = None
             self._release()
 
     @cython.critical_section
@@ -1539,7 +1616,8 @@ cdef class Ledger:
         finally:
             self._release()
 
-    cdef object _step(self, object planner, object finished, object reasons, object now):
+    cdef object _step(self, object planner, object finished, object accepted, object drafts,
+                      object reasons, object now):
         if planner is not self._fits:  # comparing limits allocates: once per planner
             if getattr(planner, "limits", None) != self.limits:
                 raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
@@ -1547,15 +1625,19 @@ cdef class Ledger:
         cdef object pending = self._pending
         cdef const char* mask = NULL
         cdef Py_ssize_t stride = 0
+        cdef const int32_t* acc = NULL
         cdef const PlanC* p = NULL
         cdef double when = NAN
         if type(now) is float and isfinite(<double>now):  # the loop's own call: nothing to check
             when = <double>now
         elif now is not None or self.d.ranking != RANK_NONE:
             when = optional_now("step", now, self.d.ranking, RANK_EDF)
+        proposed = None if drafts is None else draft_request(drafts)
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
+            if accepted is not None:
+                raise _errors.nothing_pending("accepted")
             # Rows that load() or the caller wrote are checked before anything changes (a
             # pending plan's rows were checked when it was made, and applying keeps them valid).
             if not rows_plannable(&self.t, self.limits.max_input_length):
@@ -1568,24 +1650,54 @@ cdef class Ledger:
                     raise _errors.pending_plan_changed()
             else:
                 check_pending(pending, self._foreign_version)
-            p = self._check_apply(pending, finished, &mask, &stride)
+            p = self._check_apply(pending, finished, accepted, &mask, &stride, &acc)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
         self.t.num_relegated = 0
         if not isnan(when):
             measure_step(&self.d, when, p != NULL and p.num_prefill + p.num_decode > 0)
         if pending is not None:
-            self._apply(pending, p, mask, stride, True, when)
+            self._apply(pending, p, mask, stride, acc, True, when)
         self._admit_waiting(when)
         if self.d.ranking != RANK_NONE:
             rank_rows(&self.t, &self.d, when)
-        plan = planner.plan(self.residents, None, reasons)
+        if proposed is None:
+            plan = planner.plan(self.residents, None, reasons)
+        else:
+            plan = planner.plan(self.residents, None, reasons, self._draft_counts(proposed))
         if isinstance(plan, StepPlan):
             self._pending_version = (<StepPlan>plan).version
         else:
             self._foreign_version = plan_version(plan)
         self._pending = plan
         return plan
+
+    cdef object _draft_counts(self, object proposed):
+        """Each row's drafts for this plan (SPEC §8): as proposed (a request not resident any
+        more, e.g. finished by this step, is passed over), never past the request's
+        max_new_tokens: a row verifying g drafts emits up to g + 1 tokens."""
+        cdef int32_t r, n = self.t.count, k = 0
+        cdef int64_t at, room
+        if self._drafts is None:
+            self._drafts = np.zeros(self.t.capacity, dtype=np.int32)
+        cdef int32_t[::1] out = self._drafts
+        cdef bint by_id = isinstance(proposed, dict)
+        if by_id:
+            out[:n] = 0
+            for rid, count in proposed.items():
+                at = map_find(&self.m, rid)
+                if at >= 0 and self.m.values[at] < 0:
+                    out[-(self.m.values[at] + 1)] = count
+        else:
+            k = proposed
+        for r in range(n):
+            if not by_id:
+                out[r] = k if self.t.rows[r].context_committed else 0
+            if self.t.rows[r].context_committed and self.t.max_new[r] > 0:
+                room = max(self.t.max_new[r] - self.t.generated[r] - 1, 0)
+                if out[r] > room:
+                    out[r] = <int32_t>room
+        return self._drafts[:n]
 
     @cython.critical_section
     def retire(self, request_ids):

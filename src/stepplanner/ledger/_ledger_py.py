@@ -18,7 +18,7 @@ from .. import _errors
 from ..planner._fields import as_int32
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._slo import due_of
-from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE
+from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SEQUENCE_DTYPE, SequenceWork
 from ._shared import (
     CLASS_SPAN,
     EDF_SPAN,
@@ -37,6 +37,7 @@ from ._shared import (
     STEP_TIME_WEIGHT,
     UINT64_MAX,
     DeadlineArgs,
+    accepted_counts,
     as_request_id,
     as_time,
     check_admits_args,
@@ -50,6 +51,8 @@ from ._shared import (
     check_rows,
     check_waiting,
     check_worst_case,
+    draft_request,
+    emitted_tokens,
     finished_mask,
     optional_now,
     pages_in_use,
@@ -531,16 +534,19 @@ class Ledger:
         plan: Any,
         finished: np.ndarray | None = None,
         *,
+        accepted: np.ndarray | None = None,
         retire: bool = False,
         now: float | None = None,
     ) -> np.ndarray:
         when = optional_now("apply", now, self._ranking, RANK_DEADLINE)
-        seq, mask = self._check_apply(plan, finished)
+        seq, mask, emitted = self._check_apply(plan, finished, accepted)
         self._relegated_ids = []
-        self._apply(plan, seq, mask, retire, when)
+        self._apply(plan, seq, mask, emitted, retire, when)
         return self.finished_ids
 
-    def _check_apply(self, plan: Any, finished: object) -> tuple[np.ndarray, np.ndarray | None]:
+    def _check_apply(
+        self, plan: Any, finished: object, accepted: object = None
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         if not isinstance(plan, plan_classes()):
             raise _errors.plan_type(plan, "StepPlan")
         n = plan.num_residents
@@ -558,7 +564,21 @@ class Ledger:
             if silent.size:
                 k = int(silent[0])
                 raise _errors.finished_without_token(k, int(seq["resident"][k]))
-        return seq, mask
+        emitted = emitted_tokens(seq, accepted_counts(accepted, seq))
+        self._check_emitted(seq, emitted)
+        return seq, mask, emitted
+
+    def _check_emitted(self, seq: np.ndarray, emitted: np.ndarray) -> None:
+        """No request emits past its max_new_tokens (only a row verifying drafts can)."""
+        rows = seq["resident"]
+        limit = self._max_new[rows]
+        over = (~self._done[rows]) & (limit > 0) & (self._generated[rows] + emitted > limit)
+        if over.any():
+            k = int(np.flatnonzero(over)[0])
+            r = int(rows[k])
+            raise _errors.emitted_past_max_new(
+                k, int(self._ids[r]), int(emitted[k]), int(self._generated[r]), int(limit[k])
+            )
 
     def _check_reserved(self, seq: np.ndarray) -> None:
         """No plan row writes KV beyond the pages its row holds."""
@@ -579,11 +599,18 @@ class Ledger:
         plan: Any,
         seq: np.ndarray,
         mask: np.ndarray | None,
+        emitted: np.ndarray,
         retire: bool,
         now: float | None = None,
     ) -> None:
         plan.apply_to(self.residents)  # checks overflow before it writes anything
         self._pending = None
+        # Rejected drafts (SPEC §8): apply_to committed every verified position; the ones after
+        # the accepted drafts are not committed (the next step writes over their KV).
+        decode = seq["work"] == SequenceWork.DECODE
+        rejected = np.where(decode, seq["query_length"] - emitted, 0)
+        if rejected.any():
+            self._rows["committed"][seq["resident"]] -= rejected.astype(np.int32)
         emitting = seq["select_last_token_logits"]
         rows = seq["resident"][emitting]
         if now is not None and self._ranking == RANK_DEADLINE:
@@ -595,7 +622,7 @@ class Ledger:
                 ):
                     self._relegated[row] = True
                     self._relegated_ids.append(int(self._ids[row]))
-        self._generated[rows] += 1
+        self._generated[rows] += emitted[emitting]
         limit = self._max_new[rows]
         done = (limit > 0) & (self._generated[rows] >= limit)
         if mask is not None:
@@ -624,22 +651,27 @@ class Ledger:
         planner: Any,
         finished: np.ndarray | None = None,
         *,
+        accepted: np.ndarray | None = None,
+        drafts: Any = None,
         reasons: np.ndarray | None = None,
         now: float | None = None,
     ) -> Any:
         if getattr(planner, "limits", None) != self.limits:
             raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
         when = optional_now("step", now, self._ranking, RANK_EDF)
+        proposed = None if drafts is None else draft_request(drafts)
         pending = self._pending
         if pending is None:
             if finished is not None:
                 raise _errors.nothing_pending()
+            if accepted is not None:
+                raise _errors.nothing_pending("accepted")
             # Rows that load() or the caller wrote are checked before anything changes (a
             # pending plan's rows were checked when it was made, and applying keeps them valid).
             planner.plan(self.residents)
         else:
             check_pending(pending, self._pending_version)
-            seq, mask = self._check_apply(pending, finished)
+            seq, mask, emitted = self._check_apply(pending, finished, accepted)
         if reasons is not None:
             _check_reasons(reasons, self.capacity)
         self._relegated_ids = []
@@ -648,14 +680,39 @@ class Ledger:
                 when, pending is not None and pending.num_prefill + pending.num_decode > 0
             )
         if pending is not None:
-            self._apply(pending, seq, mask, True, when)
+            self._apply(pending, seq, mask, emitted, True, when)
         self._admit(when)
         if when is not None and self._ranking != RANK_NONE:
             self._rank(when)
-        plan = planner.plan(self.residents, reasons=reasons)
+        if proposed is None:  # a planner of another kind need not know drafts
+            plan = planner.plan(self.residents, reasons=reasons)
+        else:
+            plan = planner.plan(
+                self.residents, reasons=reasons, drafts=self._draft_counts(proposed)
+            )
         self._pending = plan
         self._pending_version = plan_version(plan)
         return plan
+
+    def _draft_counts(self, proposed: int | dict[int, int]) -> np.ndarray:
+        """Each row's drafts for this plan (SPEC §8): as proposed (a request not resident any
+        more, e.g. finished by this step, is passed over), never past the request's
+        max_new_tokens: a row verifying g drafts emits up to g + 1 tokens."""
+        n = self._count
+        decoding = self.residents["context_committed"].astype(bool)
+        if isinstance(proposed, dict):
+            out = np.zeros(n, dtype=np.int64)
+            for rid, k in proposed.items():
+                row = self._row_of.get(rid)
+                if row is not None and row < n:
+                    out[row] = k
+        else:
+            out = np.where(decoding, proposed, 0).astype(np.int64)
+        limit = self._max_new[:n]
+        room = np.maximum(limit - self._generated[:n] - 1, 0)
+        capped = decoding & (limit > 0)
+        out[capped] = np.minimum(out[capped], room[capped])
+        return out.astype(np.int32)
 
     @_exclusive(_QUIET)
     def rank(self, now: float) -> None:

@@ -18,7 +18,13 @@ from ..kv.paging import worst_case_pages
 from ..planner._fields import as_bool, as_float, as_int, as_int32, as_uint64
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_reserved_slots
 from ..planner._slo import SLO, check_slo, check_slo_classes, slo_fields
-from ..planner._types import RESIDENT_DTYPE, RESIDENT_FIELDS, SchedulingPolicy, first_repeat
+from ..planner._types import (
+    RESIDENT_DTYPE,
+    RESIDENT_FIELDS,
+    SchedulingPolicy,
+    SequenceWork,
+    first_repeat,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT64_MAX = 2**64 - 1
@@ -549,6 +555,51 @@ def finished_mask(finished: object, rows: int) -> np.ndarray | None:
     if finished.shape != (rows,):
         raise _errors.finished_shape(finished.shape, rows)
     return finished
+
+
+def accepted_counts(accepted: object, seq: np.ndarray) -> np.ndarray | None:
+    """The runtime's accepted drafts checked: None, or a 1-D int32 array of one count per plan
+    row, each in 0..(the drafts that row verified) (SPEC §8: 0 for a chunk)."""
+    if accepted is None:
+        return None
+    if not isinstance(accepted, np.ndarray) or accepted.dtype != np.int32:
+        raise _errors.accepted_type(accepted)
+    if accepted.shape != (len(seq),):
+        raise _errors.accepted_shape(accepted.shape, len(seq))
+    most = np.where(seq["work"] == SequenceWork.DECODE, seq["query_length"] - 1, 0)
+    bad = np.flatnonzero((accepted < 0) | (accepted > most))
+    if bad.size:
+        k = int(bad[0])
+        raise _errors.accepted_range(k, int(seq["resident"][k]), int(accepted[k]), int(most[k]))
+    return accepted
+
+
+def emitted_tokens(seq: np.ndarray, accepted: np.ndarray | None) -> np.ndarray:
+    """Tokens each plan row emits (SPEC §8): a final chunk 1, a decode row 1 + its accepted
+    drafts (all it verified when ``accepted`` is None), a non-final chunk none."""
+    decode = seq["work"] == SequenceWork.DECODE
+    verified = seq["query_length"].astype(np.int64) - 1
+    drafts = verified if accepted is None else accepted.astype(np.int64)
+    return np.where(decode, 1 + drafts, seq["select_last_token_logits"].astype(np.int64))
+
+
+def draft_request(drafts: object) -> int | dict[int, int]:
+    """``Ledger.step``'s ``drafts`` checked before anything changes: a count for every decoding
+    request, or counts by request id."""
+    if isinstance(drafts, Mapping):
+        out = {}
+        for rid, k in drafts.items():
+            n = as_int32(f"drafts[{rid!r}]", k)
+            if n < 0:
+                raise _errors.drafts_negative(rid, n)
+            out[as_request_id(rid)] = n
+        return out
+    if isinstance(drafts, (bool, float, str)) or not hasattr(drafts, "__index__"):
+        raise _errors.ledger_drafts(drafts)
+    n = as_int32("drafts", drafts)
+    if n < 0:
+        raise _errors.out_of_range("drafts", n, ">= 0")
+    return n
 
 
 def records_of(rows: np.ndarray, ids: np.ndarray) -> list[dict[str, Any]]:

@@ -1,0 +1,164 @@
+"""SPEC §8 in the ledger: a decode row that verified g drafts of which the runtime accepted a
+emits a + 1 tokens; committed, output counts, max_new_tokens and per-token deadlines move by
+that much, and the rejected drafts leave nothing. On both ledgers, each with its own planner."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepplanner import (
+    SLO,
+    SchedulingOptions,
+    SchedulingPolicy,
+    SequenceWork,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+
+LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
+POLICY = resolve_scheduling_policy(SchedulingOptions(), LIMITS)
+
+
+@pytest.fixture
+def make(ledger_impl):
+    def build(policy=POLICY, **kw):
+        return ledger_impl.Ledger(LIMITS, policy, **kw), ledger_impl.StepPlanner(policy, LIMITS)
+
+    return build
+
+
+def decoding(make, prompts=(20, 20), max_new=None, **kw):
+    """A ledger whose requests have all taken their prompt (one token out each)."""
+    ledger, planner = make(**kw)
+    for rid, length in enumerate(prompts, 1):
+        ledger.submit(rid, length, max_new_tokens=max_new)
+    ledger.admit()
+    ledger.apply(planner.plan(ledger.residents))
+    assert ledger.residents["context_committed"].all()
+    return ledger, planner
+
+
+def test_a_verifying_row_emits_its_accepted_drafts_and_one_more(make) -> None:
+    ledger, planner = decoding(make)
+    committed = ledger.residents["committed"].tolist()  # [20, 20]
+    plan = planner.plan(ledger.residents, drafts=[3, 2])
+    assert [s.query_length for s in plan.sequences] == [4, 3]
+    ledger.apply(plan, accepted=np.array([1, 2], dtype=np.int32))
+    assert ledger.output_tokens.tolist() == [1 + 2, 1 + 3]
+    # 1 + accepted committed; the rejected draft of row 0 leaves nothing.
+    assert ledger.residents["committed"].tolist() == [committed[0] + 2, committed[1] + 3]
+
+
+def test_without_accepted_every_verified_draft_counts(make) -> None:
+    ledger, planner = decoding(make)
+    plan = planner.plan(ledger.residents, drafts=[3, 0])
+    ledger.apply(plan)
+    assert ledger.output_tokens.tolist() == [1 + 4, 1 + 1]
+    assert ledger.residents["committed"].tolist() == [24, 21]
+
+
+def test_no_drafts_accepted_is_one_token(make) -> None:
+    ledger, planner = decoding(make)
+    ledger.apply(planner.plan(ledger.residents, drafts=[5, 5]), accepted=np.zeros(2, np.int32))
+    assert ledger.output_tokens.tolist() == [2, 2]
+    assert ledger.residents["committed"].tolist() == [21, 21]
+
+
+def test_step_caps_drafts_at_max_new_tokens_and_finishes_on_time(make) -> None:
+    ledger, planner = make()
+    ledger.submit(1, 20, max_new_tokens=4)
+    plan = ledger.step(planner, drafts=8)  # the prompt: no drafts for a prompt
+    assert plan.draft_tokens == 0
+    plan = ledger.step(planner, drafts=8)  # 1 token out of 4: at most 2 drafts (+1 = 3)
+    assert plan.sequences[0].query_length == 3
+    ledger.step(planner, accepted=np.array([2], np.int32), drafts=8)
+    assert ledger.finished_ids.tolist() == [1]
+    assert ledger.count == 0
+
+
+def test_step_takes_drafts_by_request_id(make) -> None:
+    ledger, planner = make()
+    ledger.submit(7, 20)
+    ledger.submit(9, 20)
+    ledger.step(planner)
+    plan = ledger.step(planner, drafts={9: 5, 1234: 3})  # 1234: not resident, passed over
+    by_id = {int(ledger.request_ids[s.resident]): s.query_length for s in plan.sequences}
+    assert by_id == {7: 1, 9: 6}
+    ledger.step(planner, accepted=np.array([0, 5], np.int32))
+    assert dict(zip(ledger.request_ids.tolist(), ledger.output_tokens.tolist())) == {7: 2, 9: 7}
+
+
+def test_deadlines_move_by_the_tokens_emitted(make) -> None:
+    policy = resolve_scheduling_policy(
+        SchedulingOptions(scheduling_policy=SchedulingPolicy.DEADLINE), LIMITS
+    )
+    ledger, planner = make(policy)
+    ledger.submit(1, 20, slo=SLO(ttft=1.0, tpot=0.1), arrival_time=0.0)
+    ledger.step(planner, now=0.0)
+    plan = ledger.step(planner, drafts=3, now=0.5)  # the first token came at 0.5: on time
+    assert plan.sequences[0].query_length == 4
+    # Tokens 2..5 are due at 1.1, 1.2, 1.3, 1.4: all four at 1.15 is late for the first only,
+    # which relegates; at 1.05 none is late.
+    ledger.step(planner, accepted=np.array([3], np.int32), drafts=0, now=1.05)
+    assert ledger.relegated_ids.tolist() == []
+    assert ledger.output_tokens.tolist() == [5]
+    # Five tokens out: the sixth is due at 1.5 (had the count moved by one, at 1.2).
+    ledger.step(planner, now=1.45)
+    assert ledger.relegated_ids.tolist() == []
+    ledger.step(planner, now=1.65)  # the seventh was due at 1.6
+    assert ledger.relegated_ids.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("accepted", "error", "words"),
+    [
+        (np.array([4, 0], np.int32), ValueError, "accepted[0]=4 for plan row 0 (resident 0)"),
+        (np.array([-1, 0], np.int32), ValueError, "allowed: 0..3"),
+        (np.array([0], np.int32), ValueError, "accepted has shape (1,); allowed: (2,)"),
+        (np.array([0, 0], np.int64), TypeError, "accepted must be a 1-D numpy int32 array"),
+        ([0, 0], TypeError, "got list"),
+    ],
+)
+def test_bad_accepted_counts_leave_the_ledger_as_it_was(make, accepted, error, words) -> None:
+    ledger, planner = decoding(make)
+    plan = planner.plan(ledger.residents, drafts=[3, 0])
+    before = (ledger.to_records(), ledger.output_tokens.tolist())
+    with pytest.raises(error) as raised:
+        ledger.apply(plan, accepted=accepted)
+    assert words in str(raised.value)
+    assert (ledger.to_records(), ledger.output_tokens.tolist()) == before
+
+
+def test_accepting_past_max_new_tokens_is_refused(make) -> None:
+    ledger, planner = decoding(make, max_new=3)
+    plan = planner.plan(ledger.residents, drafts=[4, 0])  # planned without step()'s cap
+    before = ledger.to_records()
+    with pytest.raises(ValueError, match=r"would emit 4 tokens with 1 of its max_new_tokens=3"):
+        ledger.apply(plan, accepted=np.array([3, 0], np.int32))
+    assert ledger.to_records() == before
+    ledger.apply(plan, accepted=np.array([1, 0], np.int32))
+    assert ledger.finished_ids.tolist() == [1]
+
+
+@pytest.mark.parametrize(
+    ("drafts", "error", "words"),
+    [
+        (-1, ValueError, "drafts=-1"),
+        (1.5, TypeError, "drafts must be an int"),
+        ({1: -2}, ValueError, "drafts[1]=-2"),
+        ({1: "x"}, TypeError, "drafts[1] must be an integer"),
+    ],
+)
+def test_bad_step_drafts_leave_the_ledger_as_it_was(make, drafts, error, words) -> None:
+    ledger, planner = make()
+    ledger.submit(1, 20)
+    ledger.step(planner)
+    before = ledger.to_records()
+    with pytest.raises(error) as raised:
+        ledger.step(planner, drafts=drafts)
+    assert words in str(raised.value)
+    assert ledger.to_records() == before
+    plan = ledger.step(planner, drafts=2)  # the pending plan is still there to apply
+    assert plan.sequences[0].work == SequenceWork.DECODE
+    assert plan.sequences[0].query_length == 3
