@@ -21,6 +21,8 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
 
@@ -57,12 +59,27 @@ def model_dir(tmp_path_factory):
     return vllm_cpu.write_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
-@pytest.fixture(params=[False, True, 2, 4], ids=["sync", "async", "pp2", "pp4"])
+class Spec(NamedTuple):
+    """Speculative decoding (n-gram, ``k`` drafts a step), with async scheduling on or off."""
+
+    async_scheduling: bool
+    k: int = 3
+
+
+def is_async(overlap):
+    return overlap is True or (isinstance(overlap, Spec) and overlap.async_scheduling)
+
+
+@pytest.fixture(
+    params=[False, True, 2, 4, Spec(False), Spec(True)],
+    ids=["sync", "async", "pp2", "pp4", "sync-spec", "async-spec"],
+)
 def overlap(request):
     """How the engine overlaps steps: one at a time (async scheduling off), vLLM's async
     scheduling (the same class, as --scheduler-cls gives it), or pipeline parallelism 2 and 4
     deep (async scheduling off, as vLLM runs it with the V1 model runner): that many steps in
-    flight."""
+    flight; and the first two again with speculative decoding, whose decode rows verify drafts
+    that the fake runner proposes and partly accepts (``vllm_cpu.Drafting``)."""
     return request.param
 
 
@@ -88,9 +105,10 @@ def make(
         block_size=P,
         enable_prefix_caching=caching,
         policy=policy,
-        async_scheduling=overlap is True,
-        pipeline_parallel_size=1 if isinstance(overlap, bool) else overlap,
+        async_scheduling=is_async(overlap),
+        pipeline_parallel_size=overlap if type(overlap) is int else 1,
         max_loras=max_loras,
+        num_speculative_tokens=overlap.k if isinstance(overlap, Spec) else 0,
         stepplanner=stepplanner if cls is StepPlannerScheduler else None,
     )
 
@@ -166,26 +184,36 @@ class Checker:
         self.released = 0
         self.hits = []
         self.steps_with_withheld = 0
+        self.draft_rows = 0  # decode rows that verified drafts
+        self.drafting = sched.num_spec_tokens > 0
         sched.on_plan = self.on_plan
 
-    def on_plan(self, residents, plan, requests):
-        check_plan(self.sched.stepplanner_policy, self.sched.stepplanner_limits, residents, plan)
+    def on_plan(self, residents, plan, requests, drafts):
+        policy, limits = self.sched.stepplanner_policy, self.sched.stepplanner_limits
+        check_plan(policy, limits, residents, plan, drafts=drafts)
+        assert (drafts is not None) == self.drafting
         self.before = {}
         for i, req in enumerate(requests):
             ahead = req.num_output_placeholders
             if req.status == RequestStatus.RUNNING:
                 self.before[req.request_id] = req.num_computed_tokens
                 assert residents[i].committed == req.num_computed_tokens
-                # A request whose running step samples its last token has no row to plan.
-                assert req.num_output_tokens + ahead < req.max_tokens, req.request_id
+                # A request whose running step samples its last token has no row to plan (that
+                # step's drafts may all be rejected: it is sure of one token).
+                assert req.num_output_tokens + min(ahead, 1) < req.max_tokens, req.request_id
                 assert req.num_tokens + ahead < self.sched.max_model_len, req.request_id
+                if drafts is not None and drafts[i]:
+                    assert residents[i].context_committed
+                    assert drafts[i] <= len(req.spec_token_ids), req.request_id
             else:
                 self.before[req.request_id] = residents[i].committed
                 if residents[i].committed:
                     self.hits.append((req.request_id, residents[i].committed))
             assert ahead == 0 or self.overlap, req.request_id  # placeholders: async only
         self.decoding = {
-            requests[s.resident].request_id for s in plan.sequences if s.work == SequenceWork.DECODE
+            requests[s.resident].request_id: s.query_length
+            for s in plan.sequences
+            if s.work == SequenceWork.DECODE
         }
         self.ahead_rows += sum(
             requests[s.resident].num_output_placeholders > 0 for s in plan.sequences
@@ -205,8 +233,10 @@ class Checker:
         for rid, n in out.num_scheduled_tokens.items():
             assert last.planned[rid] == n, (step, rid)
             req = sched.requests[rid]
+            verified = out.scheduled_spec_decode_tokens.get(rid, [])
             if rid in self.decoding:
-                assert n == 1
+                assert n == self.decoding[rid] == 1 + len(verified), (step, rid)
+                self.draft_rows += bool(verified)
             elif req.num_computed_tokens < req.num_tokens:  # a non-final prompt chunk
                 assert req.num_computed_tokens % self.block == 0, (step, rid)
             assert self.before[rid] + n == req.num_computed_tokens
@@ -247,6 +277,7 @@ def run_checked(sched, arrivals, **kw):
     # With async scheduling, requests really are planned before their last token is back.
     assert (checker.ahead_rows > 0) == checker.overlap, checker.ahead_rows
     assert checker.max_in_flight == checker.depth  # the engine's queue filled
+    assert (checker.draft_rows > 0) == checker.drafting  # decode rows verified drafts
     return checker, steps
 
 
@@ -402,7 +433,9 @@ def test_prefix_cache_hit_is_committed_and_first_chunk_ends_on_a_block(model_dir
 
 
 def test_kv_pressure_withholds_rows_and_recompute_preemption_keeps_moving(model_dir, overlap):
-    num_blocks = 120  # 1,904 tokens of KV for up to 16 requests of up to ~300 tokens each
+    # 1,904 tokens of KV for up to 16 requests of up to ~300 tokens each; with drafts requests
+    # finish in fewer steps, so fewer are resident at once: less KV makes the same pressure.
+    num_blocks = 80 if isinstance(overlap, Spec) else 120
     sched = make(
         model_dir,
         overlap=overlap,
@@ -481,7 +514,7 @@ def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, ove
 
     vllm_cpu.run(sched, arrivals, after_schedule=after, before_step=abort, before_update=landed)
     kinds = {"paused", "prefill", "waiting", "chunk, in flight", "decode, in flight"}
-    if overlap is True:
+    if sched.scheduler_config.async_scheduling:
         kinds |= {"chunk, in two steps in flight", "decode, in two steps in flight"}
     assert set(aborted.values()) == kinds
     for req in all_requests(arrivals):
@@ -540,7 +573,7 @@ def virtual_clock(sched):
 def also_on_plan(sched, check):
     """Run ``check(residents, plan, requests)`` after the Checker's own on_plan."""
     checker_on_plan = sched.on_plan
-    sched.on_plan = lambda *args: (checker_on_plan(*args), check(*args))
+    sched.on_plan = lambda *args: (checker_on_plan(*args), check(*args[:3]))
 
 
 def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overlap):
@@ -578,8 +611,11 @@ def test_objectives_per_class_and_per_request_reach_the_ranker(model_dir, overla
         now = float(sched.current_step)
         for row, req in zip(residents, reqs):
             kind = "own" if req.sampling_params.extra_args else req.priority
+            # One token per step in flight, whatever drafts that step verifies.
             token = (
-                req.num_output_tokens + req.num_output_placeholders if row.context_committed else 0
+                req.num_output_tokens + min(req.num_output_placeholders, 1)
+                if row.context_committed
+                else 0
             )
             slo = objectives[kind]
             if slo is None or (token and slo[1] is None):
@@ -893,12 +929,50 @@ def test_request_slo_names_the_field_no_float_holds(field):
     assert "allowed: a finite number of seconds > 0" in message
 
 
+@pytest.mark.parametrize("spec", [Spec(False), Spec(True)], ids=["sync", "async"])
+def test_rejected_drafts_are_taken_back_as_vllm_takes_them_back(model_dir, spec):
+    """A decode row verifies 1 + g tokens; vLLM's update_from_output takes back the rejected
+    ones (num_computed_tokens, placeholders) and the next row starts after the accepted ones."""
+    sched = make(model_dir, overlap=spec, num_seqs=4, policy="priority", preemption="pause")
+    drafting = vllm_cpu.Drafting(acceptance=0.5, seed=11)
+    arrivals = stream(24, seed=9, max_prompt=60, max_tokens=40, per_step=2)
+    checker = Checker(sched).track_in_flight()
+    verifying = 0
+
+    def settled(step):
+        for req in sched.running:
+            if req.num_output_tokens and not req.num_output_placeholders:
+                # Every token computed is one sampled: none of a rejected draft is left.
+                assert req.num_computed_tokens == req.num_tokens - 1, (step, req.request_id)
+                blocks = sched.kv_cache_manager.get_blocks(req.request_id).get_block_ids()[0]
+                assert len(blocks) * P < req.num_tokens + spec.k + P  # none held for nothing
+
+    def landed(step, out):
+        nonlocal verifying
+        checker.landed(step, out)
+        verifying += sum(0 < len(v) for v in out.scheduled_spec_decode_tokens.values())
+
+    vllm_cpu.run(
+        sched,
+        arrivals,
+        after_schedule=checker.after,
+        before_update=landed,
+        before_step=settled,
+        drafting=drafting,
+    )
+    assert_completed(sched, arrivals, 600)
+    assert checker.draft_rows > 20 and verifying == checker.draft_rows
+    # Drafts were verified and some, not all, accepted: rows really were taken back.
+    assert 0 < drafting.accepted < drafting.verified
+    assert sched.stepplanner_stats.draft_tokens == drafting.verified
+
+
 # --- the same stream through vLLM's own scheduler (what the benchmark compares) -----------------
 
 
 def test_vllm_own_scheduler_finishes_the_same_stream(model_dir, overlap):
     # Scheduler without async scheduling, AsyncScheduler with it: what vLLM itself would pick.
-    sched = make(model_dir, overlap=overlap, cls=AsyncScheduler if overlap else Scheduler)
+    sched = make(model_dir, overlap=overlap, cls=AsyncScheduler if is_async(overlap) else Scheduler)
     arrivals = stream(100, seed=1)
     vllm_cpu.run(sched, arrivals)
     assert_completed(sched, arrivals, 600)
@@ -1031,14 +1105,44 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     assert any("pipeline parallel with async" in f for f in sp_vllm._unsupported_features(config))
     config.scheduler_config.async_scheduling = False
     config.parallel_config.pipeline_parallel_size = 1
-    for attr, feature in [
-        ("speculative_config", "speculative decoding"),
-        ("kv_transfer_config", "KV connectors"),
-    ]:
-        setattr(config, attr, object())
-        assert any(feature in f for f in sp_vllm._unsupported_features(config)), feature
-        setattr(config, attr, None)
+    config.kv_transfer_config = object()
+    assert any("KV connectors" in f for f in sp_vllm._unsupported_features(config))
+    config.kv_transfer_config = None
     assert sp_vllm._unsupported_features(config) == []
+
+
+def test_speculative_decoding_is_planned_but_not_every_method(model_dir):
+    sched = make(model_dir, overlap=Spec(False))
+    config = sched.vllm_config
+    assert config.speculative_config.method == "ngram"
+    assert sp_vllm._unsupported_features(config) == []  # planned: drafts per decode row (SPEC §8)
+    config.parallel_config.pipeline_parallel_size = 2
+    assert any(
+        "speculative decoding with pipeline parallelism" in f
+        for f in sp_vllm._unsupported_features(config)
+    )
+    config.parallel_config.pipeline_parallel_size = 1
+    # A method that drafts in slots of its own, and dynamic speculation: refused by name.
+    for stand_in, feature in [
+        (
+            SimpleNamespace(
+                method="draft_model",
+                max_num_new_slots_for_drafting=1,
+                uses_dynamic_speculative_decoding=lambda: False,
+            ),
+            "method 'draft_model', which drafts in 1 extra slot(s) per request",
+        ),
+        (
+            SimpleNamespace(
+                method="eagle3",
+                max_num_new_slots_for_drafting=0,
+                uses_dynamic_speculative_decoding=lambda: True,
+            ),
+            "dynamic speculative decoding",
+        ),
+    ]:
+        config.speculative_config = stand_in
+        assert any(feature in f for f in sp_vllm._unsupported_features(config)), feature
 
 
 def test_structured_output_request_finishes_with_an_error(model_dir, overlap, caplog):

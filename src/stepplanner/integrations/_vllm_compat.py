@@ -104,7 +104,9 @@ def output_fields(
         "encoder_input_updates": scheduler._get_encoder_input_updates(
             num_scheduled, new_reqs_data, {}
         ),
-        "skip_drafts": scheduler.can_skip_drafts,
+        # A step that verifies or feeds any row must draft for the next (vLLM decides per row;
+        # never skipping is always correct, and skipping only an empty step keeps it cheap).
+        "skip_drafts": scheduler.can_skip_drafts and not num_scheduled,
     }
 
 

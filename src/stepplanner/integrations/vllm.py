@@ -310,8 +310,24 @@ def _unsupported_features(vllm_config: VllmConfig) -> list[str]:
         vllm_config.scheduler_config,
         vllm_config.parallel_config,
     )
+    spec = vllm_config.speculative_config
+    slots = 0 if spec is None else spec.max_num_new_slots_for_drafting
     checks = [
-        (vllm_config.speculative_config is not None, "speculative decoding (speculative_config)"),
+        (
+            slots > 0,
+            f"speculative decoding with method {getattr(spec, 'method', None)!r}, which drafts in "
+            f"{slots} extra slot(s) per request (the plan counts 1 + drafts per decode row; "
+            "ngram, EAGLE, EAGLE3 and MTP need none)",
+        ),
+        (
+            spec is not None and spec.uses_dynamic_speculative_decoding(),
+            "dynamic speculative decoding (num_speculative_tokens_per_batch_size)",
+        ),
+        (
+            spec is not None and par.pipeline_parallel_size > 1,
+            "speculative decoding with pipeline parallelism (not tested; vLLM's own sync path "
+            "counts a row's drafts in flight as tokens to schedule again)",
+        ),
         (vllm_config.kv_transfer_config is not None, "KV connectors (kv_transfer_config)"),
         (
             vllm_config.ec_transfer_config is not None,
@@ -359,6 +375,7 @@ class StepPlannerStats:
     stale_prefix_rows: int = 0  # an admission whose cached prefix was evicted before allocation
     paused_rows: int = 0
     recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
+    draft_tokens: int = 0  # speculative decoding: drafts the decode rows verified (SPEC §8)
     relegated: int = 0  # DEADLINE: requests that can no longer meet their objectives
     shed: int = 0  # DEADLINE: relegated waiting requests handed back (finished with an error)
 
@@ -445,7 +462,8 @@ class StepPlannerScheduler(AsyncScheduler):
             for bad, name in (
                 (self.has_mamba_layers, "Mamba state caching (a hybrid KV cache config)"),
                 (self.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
-                (self.num_prefill_lookahead > 0, "multi-module MTP prefill lookahead"),
+                # EAGLE-family drafters read 1 token ahead, which no chunk end can cut short.
+                (self.num_prefill_lookahead > 1, "multi-module MTP prefill lookahead"),
             )
             if bad
         ]
@@ -460,9 +478,12 @@ class StepPlannerScheduler(AsyncScheduler):
         self.planner = StepPlanner(policy, limits)
         self.stepplanner_stats = StepPlannerStats()
         self.last_step = StepRecord({}, [], [], [], [])
-        # Called as on_plan(residents, plan, requests) after every plan() when set (tests use it
-        # to hold each plan to stepplanner.check_plan); the plan is overwritten by the next call.
-        self.on_plan: Callable[[list[ResidentState], StepPlan, list[Request]], None] | None = None
+        # Called as on_plan(residents, plan, requests, drafts) after every plan() when set (tests
+        # use it to hold each plan to stepplanner.check_plan); the plan is overwritten by the
+        # next call. drafts: the proposed drafts plan() was given, or None.
+        self.on_plan: (
+            Callable[[list[ResidentState], StepPlan, list[Request], list[int] | None], None] | None
+        ) = None
         self._rows: dict[str, ResidentState] = {}
         self._priority_order = orders_by_priority(policy.scheduling_policy)
         self._reserved = policy.priority_reserved_slots
@@ -476,6 +497,7 @@ class StepPlannerScheduler(AsyncScheduler):
         # do (vLLM's worker has that many adapter slots per step); 0: LoRA is off.
         lora = vllm_config.lora_config
         self._max_loras = lora.max_loras if lora is not None else 0
+        self._last_scheduled: set[str] = set()  # speculative decoding: the previous step's rows
         self.slo_classes = slo_classes
         self._ranked = policy.scheduling_policy in _RANKED
         if self._ranked:
@@ -590,7 +612,7 @@ class StepPlannerScheduler(AsyncScheduler):
         if self._pause_state == PauseState.PAUSED_ALL:
             self._ran = False
             self.last_step = StepRecord({}, [], [], [], [])
-            return self._make_output({}, {}, [], [], [])
+            return self._make_output({}, {}, [], [], [], {})
 
         shed: list[str] = []
         self._shed = shed
@@ -602,9 +624,10 @@ class StepPlannerScheduler(AsyncScheduler):
         requests = running + [c[0] for c in candidates]
         if now is not None:
             self._rank(residents, requests, now, relegated)
-        plan = self.planner.plan(residents)
+        drafts = self._proposed_drafts(running, residents) if self.num_spec_tokens else None
+        plan = self.planner.plan(residents, drafts=drafts)
         if self.on_plan is not None:
-            self.on_plan(residents, plan, requests)
+            self.on_plan(residents, plan, requests, drafts)
 
         rows = plan.as_array()
         row_req = rows["resident"].tolist()
@@ -683,7 +706,13 @@ class StepPlannerScheduler(AsyncScheduler):
         stats.withheld_rows += len(withheld)
         self.last_step = StepRecord(
             planned,
-            [requests[i].request_id for i in paused if i < n_running],
+            # A paused resident can still be the recompute-preemption victim: then it is not
+            # paused (running, unscheduled) but preempted.
+            [
+                requests[i].request_id
+                for i in paused
+                if i < n_running and requests[i].request_id not in preempted_ids
+            ],
             withheld,
             preempted_ids,
             [r.request_id for r in admitted],
@@ -694,7 +723,56 @@ class StepPlannerScheduler(AsyncScheduler):
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
             request.status = RequestStatus.RUNNING
-        return self._make_output(num_scheduled, new_blocks, scheduled_running, new_reqs, resumed)
+        spec = self._scheduled_drafts(scheduled_running, num_scheduled) if drafts else {}
+        if drafts is not None:
+            self._last_scheduled = set(num_scheduled)
+        return self._make_output(
+            num_scheduled, new_blocks, scheduled_running, new_reqs, resumed, spec
+        )
+
+    def _proposed_drafts(self, running: list[Request], residents: list[ResidentState]) -> list[int]:
+        """Each row's proposed drafts (SPEC §8): a decoding request's ``spec_token_ids``, at
+        most as many as fit before max_model_len (vLLM's own cut); admissions propose none.
+
+        Under async scheduling vLLM holds a request's drafts on the device and the scheduler
+        sees placeholders, valid only for a request the previous step ran: one that step left
+        out (paused, withheld) has none, or the worker would verify stale placeholders
+        (vLLM's own scheduler leaks them, vllm#36906)."""
+        out = [0] * len(residents)
+        max_len = self.max_model_len
+        for i, request in enumerate(running):
+            proposed = request.spec_token_ids
+            if not proposed:
+                continue
+            if self._async_scheduling and request.request_id not in self._last_scheduled:
+                request.spec_token_ids = []
+                continue
+            if residents[i].context_committed:
+                out[i] = min(len(proposed), max(max_len - request.num_computed_tokens - 2, 0))
+        return out
+
+    def _scheduled_drafts(
+        self, scheduled_running: list[Request], num_scheduled: dict[str, int]
+    ) -> dict[str, list[int]]:
+        """vLLM's ``scheduled_spec_decode_tokens`` for the decode rows: the leading drafts a
+        row verifies (its tokens beyond the one after ``committed``); as vLLM's ``schedule()``
+        does, a scheduled request's proposals are then used up."""
+        spec: dict[str, list[int]] = {}
+        drafts = 0
+        for request in scheduled_running:
+            rid = request.request_id
+            k = (
+                num_scheduled[rid]
+                + request.num_computed_tokens
+                - request.num_tokens
+                - request.num_output_placeholders
+            )
+            if k > 0 and request.spec_token_ids:
+                spec[rid] = request.spec_token_ids[:k]
+                drafts += len(spec[rid])
+            request.spec_token_ids = []
+        self.stepplanner_stats.draft_tokens += drafts
+        return spec
 
     def _update_after_schedule(self, scheduler_output: SchedulerOutput) -> None:
         if self._async_scheduling:
@@ -733,8 +811,10 @@ class StepPlannerScheduler(AsyncScheduler):
         out = []
         for request in self.running:
             ahead = request.num_output_placeholders
+            # The step in flight samples at least one token (its drafts may all be rejected):
+            # vLLM's own test, num_computed_tokens + 2 - placeholders >= prompt + max_tokens.
             if ahead and (
-                request.num_output_tokens + ahead >= request.max_tokens
+                request.num_output_tokens + 1 >= request.max_tokens
                 or request.num_tokens + ahead >= max_len
             ):
                 continue
@@ -935,7 +1015,8 @@ class StepPlannerScheduler(AsyncScheduler):
         rows["context_committed"] = decoding
         first_due, gap, generated, stamp, lost, classes = (a[:n] for a in self._rank_columns)
         records = [self._deadlines[r.request_id] for r in requests]
-        emitted = [r.num_output_tokens + r.num_output_placeholders for r in requests]
+        # One token per step in flight (async: at most one), whatever drafts it verifies.
+        emitted = [r.num_output_tokens + min(r.num_output_placeholders, 1) for r in requests]
         # A decode row's next token is due by first_due and the tokens emitted; a prefill's
         # (a recompute preemption's re-prefill included) by the token it ends with.
         first_due[:] = [
@@ -1099,6 +1180,7 @@ class StepPlannerScheduler(AsyncScheduler):
         scheduled_running: list[Request],
         new_reqs: list[Request],
         resumed: list[Request],
+        spec: dict[str, list[int]],
     ) -> SchedulerOutput:
         """vLLM's SchedulerOutput for these decisions (the tail of vLLM's own schedule())."""
         total = sum(num_scheduled.values())
@@ -1117,7 +1199,7 @@ class StepPlannerScheduler(AsyncScheduler):
             for r in new_reqs
         ]
         cached = self._make_cached_request_data(
-            scheduled_running, resumed, num_scheduled, {}, new_blocks
+            scheduled_running, resumed, num_scheduled, spec, new_blocks
         )
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.clear()
@@ -1131,7 +1213,7 @@ class StepPlannerScheduler(AsyncScheduler):
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=spec,
             scheduled_encoder_inputs={},
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,

@@ -5,14 +5,17 @@ What vLLM's own scheduler tests do, as a library: a model directory holding only
 with a fixed block count, and a fake ``ModelRunnerOutput`` per step that samples one token for
 every request whose prompt is complete. ``run`` steps a scheduler the way vLLM's ``EngineCore``
 does: with async scheduling, through its batch queue (step N+1 is scheduled before step N's
-output is processed). The tests and benchmarks of ``stepplanner.integrations.vllm`` use it; so
-can a runtime author checking a configuration.
+output is processed). With speculative decoding (``num_speculative_tokens``) a ``Drafting``
+proposes each request's drafts and accepts a seeded share of those a step verifies. The tests
+and benchmarks of ``stepplanner.integrations.vllm`` use it; so can a runtime author checking a
+configuration.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +30,7 @@ from vllm.config import (  # noqa: E402
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.lora.request import LoRARequest  # noqa: E402
@@ -40,7 +44,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheConfig,
     KVCacheGroupSpec,
 )
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -86,6 +90,7 @@ def make_scheduler(
     async_scheduling: bool = False,
     pipeline_parallel_size: int = 1,
     max_loras: int = 0,
+    num_speculative_tokens: int = 0,
     **scheduler_kwargs: Any,
 ) -> Scheduler:
     """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
@@ -95,7 +100,9 @@ def make_scheduler(
     ``pipeline_parallel_size`` > 1 makes the config's ``max_concurrent_batches`` that deep, so
     ``run`` keeps that many steps in flight, as ``EngineCore``'s batch queue does under pipeline
     parallelism. ``max_loras`` > 0 enables LoRA (``--enable-lora --max-loras N``): a step may
-    hold requests of at most that many distinct adapters."""
+    hold requests of at most that many distinct adapters. ``num_speculative_tokens`` > 0 turns on
+    n-gram speculative decoding with that many drafts per step (``run`` then proposes and
+    accepts them through a ``Drafting``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
@@ -118,6 +125,11 @@ def make_scheduler(
         device_config=DeviceConfig(device="cpu"),
         parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
         lora_config=LoRAConfig(max_loras=max_loras) if max_loras else None,
+        speculative_config=(
+            SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens)
+            if num_speculative_tokens
+            else None
+        ),
         additional_config=additional,
     )
     cache.num_gpu_blocks = num_blocks
@@ -179,18 +191,60 @@ def make_request(
     )
 
 
-def fake_output(scheduler: Scheduler, output: SchedulerOutput) -> ModelRunnerOutput:
-    """One sampled token for each scheduled request whose row is not a non-final prompt chunk.
+class Drafting:
+    """The fake model runner's speculative decoding, deterministic per request.
+
+    Without async scheduling, after each step every request it ran proposes 0..K drafts (as
+    ``EngineCore.post_step`` hands the drafter's output to ``update_draft_token_ids``); with it,
+    vLLM's scheduler holds K placeholders per request and the drafts stay on the device. A row
+    that verifies g drafts accepts each with probability ``acceptance``, in order, up to the first
+    rejection. Every draw is seeded by (seed, request, its count of such draws), so a request sees
+    the same proposals and acceptances under any scheduler, whatever order its rows take.
+    """
+
+    def __init__(self, acceptance: float = 0.6, seed: int = 0) -> None:
+        self.acceptance = acceptance
+        self.seed = seed
+        self._draws: dict[tuple[str, str], int] = {}
+        self.verified = 0  # drafts verified and accepted so far (the acceptance seen)
+        self.accepted = 0
+
+    def _rng(self, kind: str, rid: str) -> random.Random:
+        j = self._draws.get((kind, rid), 0)
+        self._draws[kind, rid] = j + 1
+        return random.Random(f"{self.seed}/{kind}/{rid}/{j}")
+
+    def propose(self, rid: str, k: int) -> int:
+        return self._rng("propose", rid).randint(0, k)
+
+    def accept(self, rid: str, verified: int) -> int:
+        rng = self._rng("accept", rid)
+        a = 0
+        while a < verified and rng.random() < self.acceptance:
+            a += 1
+        self.verified += verified
+        self.accepted += a
+        return a
+
+
+def fake_output(
+    scheduler: Scheduler, output: SchedulerOutput, drafting: Drafting | None = None
+) -> ModelRunnerOutput:
+    """One sampled token for each scheduled request whose row is not a non-final prompt chunk,
+    and with ``drafting`` one more per draft it accepts of those its row verifies.
 
     Call it right after ``schedule()`` (that is when the model runner sees the step): under async
     scheduling the next ``schedule()`` moves the requests on before this output is processed."""
     ids = list(output.num_scheduled_tokens)
     requests = scheduler.requests
+    spec = output.scheduled_spec_decode_tokens
     sampled = []
     for rid in ids:
         request = requests.get(rid)
         samples = request is not None and not request.is_prefill_chunk
-        sampled.append([SAMPLED_TOKEN] if samples else [])
+        verified = len(spec.get(rid, ()))
+        accepted = drafting.accept(rid, verified) if drafting is not None and verified else 0
+        sampled.append([SAMPLED_TOKEN] * (1 + accepted) if samples else [])
     return ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
     )
@@ -214,6 +268,7 @@ def engine_steps(
     after_schedule: Callable[[int, SchedulerOutput], None] | None = None,
     before_step: Callable[[int], None] | None = None,
     before_update: Callable[[int, SchedulerOutput], None] | None = None,
+    drafting: Drafting | None = None,
 ) -> Iterator[EngineStep]:
     """Step until every request has finished, yielding after each engine step.
 
@@ -224,9 +279,14 @@ def engine_steps(
     ``arrivals[step]`` are added before that step's ``schedule()``; ``before_step(step)`` runs
     next; ``after_schedule(step, output)`` right after a ``schedule()``;
     ``before_update(step, output)`` just before ``update_from_output`` of ``output`` (where the
-    engine processes aborts that came in while it ran).
+    engine processes aborts that came in while it ran). With speculative decoding on, ``drafting``
+    (default ``Drafting()``) proposes and accepts the drafts.
     """
     depth = scheduler.vllm_config.max_concurrent_batches
+    k = scheduler.num_spec_tokens
+    if k and drafting is None:
+        drafting = Drafting()
+    proposes = k > 0 and not scheduler.scheduler_config.async_scheduling
     queue: deque[tuple[SchedulerOutput, ModelRunnerOutput]] = deque()
     clock = time.perf_counter_ns
     step = 0
@@ -250,7 +310,7 @@ def engine_steps(
             in_schedule = clock() - t0
             if after_schedule is not None:
                 after_schedule(step, output)
-            queue.appendleft((output, fake_output(scheduler, output)))
+            queue.appendleft((output, fake_output(scheduler, output, drafting)))
             wait = len(queue) == depth or not (
                 output.total_num_scheduled_tokens > 0 or scheduler.has_requests()
             )
@@ -261,6 +321,10 @@ def engine_steps(
             t0 = clock()
             scheduler.update_from_output(output, model_output)
             in_update = clock() - t0
+            if proposes and drafting is not None and output.total_num_scheduled_tokens:
+                ids = list(output.num_scheduled_tokens)
+                drafts = [[SAMPLED_TOKEN] * drafting.propose(rid, k) for rid in ids]
+                scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
         yield EngineStep(step, saturated, in_schedule, in_update)
         step += 1
 
