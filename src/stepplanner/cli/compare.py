@@ -26,6 +26,8 @@ from .options import (
     queue_from,
     queue_options,
     run_options,
+    speculation_from,
+    speculation_options,
     workload_from,
     workload_options,
 )
@@ -72,6 +74,7 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
 @limit_options
 @run_options
 @queue_options
+@speculation_options
 @click.option(
     "--config",
     "configs",
@@ -133,7 +136,7 @@ def compare_command(
         check_plot_path(plot)
     fmt = output_format(fmt, as_json)
     limits, workload = limits_from(kw), workload_from(kw)
-    queue = queue_from(kw)
+    queue, speculation = queue_from(kw), speculation_from(kw)
     if loads is not None and not workload.has_objectives:
         raise InputError(
             "--load reports SLO attainment per load, and no request carries "
@@ -164,7 +167,12 @@ def compare_command(
     if loads is not None:
         with ProgressBar(len(workload), show, "saturation") as bar:
             saturation = saturation_throughput(
-                workload, limits, latency, max_steps=max_steps, progress=bar
+                workload,
+                limits,
+                latency,
+                max_steps=max_steps,
+                progress=bar,
+                speculation=speculation,
             )
         offered = [(load, load * saturation) for load in loads]
         workloads = [at_load(workload, load, saturation) for load in loads]
@@ -183,6 +191,7 @@ def compare_command(
                 label,
                 num_pages=pool,
                 queue=queue,
+                speculation=speculation,
             )
             pages = {} if occupancy is None else {"pages": occupancy.report()}
             warn_refused(result, config.name)

@@ -11,7 +11,7 @@ import click
 from .._errors import StepPlannerValueError
 from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
-from ..sim.simulator import DEFAULT_LIMITS, ServingQueue
+from ..sim.simulator import DEFAULT_LIMITS, ServingQueue, Speculation
 from ..sim.traces import read_trace
 from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload, synthetic
 from ..tuning.slo import parse_slo_classes
@@ -235,6 +235,32 @@ def queue_from(kw: dict[str, Any]) -> ServingQueue:
     return ServingQueue(
         kw.pop("max_waiting"), kw.pop("relegated_wait"), kw.pop("never_relegate_below")
     )
+
+
+speculation_options = compose(
+    click.option(
+        "--num-spec-tokens",
+        type=click.IntRange(min=0, max=64),
+        default=0,
+        show_default=True,
+        help="Speculative decoding: drafts each decoding request proposes a step (SPEC §8; "
+        "0 = off).",
+    ),
+    click.option(
+        "--spec-acceptance",
+        type=click.FloatRange(min=0, max=1),
+        default=0.7,
+        show_default=True,
+        help="Speculative decoding: the chance each verified draft is accepted, in order up to "
+        "the first rejection.",
+    ),
+)
+
+
+def speculation_from(kw: dict[str, Any]) -> Speculation | None:
+    """Pop the ``speculation_options`` values out of a command's keyword arguments."""
+    k, acceptance = kw.pop("num_spec_tokens"), kw.pop("spec_acceptance")
+    return Speculation(k, acceptance) if k else None
 
 
 def run_options_stopping_at(max_steps: int | None) -> Callable[[Any], Any]:

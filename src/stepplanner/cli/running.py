@@ -10,7 +10,7 @@ from rich.console import Console
 from ..planner._policy import StepPlannerLimits
 from ..sim.latency import EnginePace, LatencyModel
 from ..sim.paged import PageOccupancy, row_pages, simulate_paged
-from ..sim.simulator import ServingQueue, SimulationResult, simulate
+from ..sim.simulator import ServingQueue, SimulationResult, Speculation, simulate
 from ..sim.workloads import Workload
 from .errors import InputError
 
@@ -74,6 +74,7 @@ def run(
     pace: EnginePace | None = None,
     detailed: bool = False,
     queue: ServingQueue | None = None,
+    speculation: Speculation | None = None,
 ) -> tuple[SimulationResult, PageOccupancy | None]:
     """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on; with
     ``num_pages`` (checked by ``check_num_pages``) ``simulate_paged`` over a pool of that many
@@ -86,6 +87,7 @@ def run(
             "pace": pace,
             "detailed": detailed,
             "queue": queue,
+            "speculation": speculation,
         }
         if num_pages:
             return simulate_paged(workload, limits, options, latency, num_pages=num_pages, **common)

@@ -23,6 +23,8 @@ from .options import (
     queue_options,
     run_options,
     scheduling_options,
+    speculation_from,
+    speculation_options,
     workload_from,
     workload_options,
 )
@@ -42,6 +44,7 @@ from .tuning_render import write_json
 @format_options
 @num_pages_option
 @queue_options
+@speculation_options
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False),
@@ -80,7 +83,7 @@ def simulate_command(
     )
     fmt = output_format(fmt, as_json)
     limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
-    queue = queue_from(kw)
+    queue, speculation = queue_from(kw), speculation_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     latency = latency_of(latency_model, latency_text)
@@ -97,6 +100,7 @@ def simulate_command(
         num_pages=num_pages,
         detailed=save_detailed,
         queue=queue,
+        speculation=speculation,
     )
     warn_refused(result)
     report = result.report()

@@ -21,7 +21,7 @@ import numpy as np
 from .._errors import StepPlannerValueError
 from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from .latency import LatencyModel
-from .simulator import run_span, simulate
+from .simulator import Speculation, run_span, simulate
 from .workloads import Workload
 
 __all__ = ["at_load", "saturation_throughput"]
@@ -34,9 +34,11 @@ def saturation_throughput(
     *,
     max_steps: int | None = None,
     progress: Any = None,
+    speculation: Speculation | None = None,
 ) -> float:
     """Requests/s completed with every request of ``workload`` at t=0 under FCFS (the default
-    ``SchedulingOptions``, so the SPEC §2 default budgets) on ``limits`` and ``latency``."""
+    ``SchedulingOptions``, so the SPEC §2 default budgets) on ``limits`` and ``latency``, with
+    ``speculation`` when the engine decodes speculatively."""
     burst = workload.with_arrivals(np.zeros(len(workload)), f"{workload.source} at t=0")
     result = simulate(
         burst,
@@ -46,6 +48,7 @@ def saturation_throughput(
         max_steps=max_steps,
         progress=progress,
         progress_every=1024,
+        speculation=speculation,
     )
     completed = int((~np.isnan(result.finish_time)).sum())
     if completed == 0:

@@ -25,6 +25,7 @@ from .simulator import (
     ServingQueue,
     SimulationResult,
     SimulationRun,
+    Speculation,
     check_run_args,
 )
 from .workloads import Workload
@@ -100,6 +101,7 @@ def simulate_paged(
     pace: EnginePace | None = None,
     detailed: bool = False,
     queue: ServingQueue | None = None,
+    speculation: Speculation | None = None,
 ) -> tuple[SimulationResult, PageOccupancy]:
     """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
 
@@ -107,7 +109,7 @@ def simulate_paged(
     and counted as such, never dropped silently. ``progress``, ``pace`` and ``detailed`` as in
     ``simulate`` (objectives, deadlines and ``queue`` too: the run is ``SimulationRun``'s).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue)
+    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue, speculation)
     table = KVPageTable(
         limits.max_batch_size, row_pages(workload, limits), num_pages, limits.kv_page_size
     )
@@ -121,6 +123,7 @@ def simulate_paged(
         pace,
         detailed,
         queue,
+        speculation,
     )
     reserved: list[int] = []
     in_use: list[int] = []

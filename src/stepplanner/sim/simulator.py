@@ -61,6 +61,7 @@ from ..planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
     Reason,
+    SequenceWork,
 )
 from . import goodput
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
@@ -138,6 +139,42 @@ class ServingQueue:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in a run: every decoding request proposes ``num_spec_tokens``
+    drafts a step (capped by the ledger at what its max_new_tokens leaves), the plan grants what
+    the budget holds (SPEC §8), and each verified draft is accepted with probability
+    ``acceptance``, in order, up to the first rejection (the draft model agrees with the target
+    token by token), from a generator seeded by ``seed``."""
+
+    num_spec_tokens: int
+    acceptance: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_spec_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise StepPlannerValueError(
+                f"num_spec_tokens={k!r} is out of range; allowed: an int in 1..64"
+            )
+        a = self.acceptance
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            raise StepPlannerValueError(
+                f"acceptance={a!r} is out of range; allowed: a number in [0, 1]"
+            )
+
+    def accepted(self, rng: np.random.Generator, verified: np.ndarray) -> np.ndarray:
+        """How many of each row's ``verified`` drafts are accepted."""
+        if self.acceptance >= 1.0:
+            return verified.astype(np.int32)
+        if self.acceptance <= 0.0:
+            return np.zeros(len(verified), dtype=np.int32)
+        # Trials to the first rejection, less that one: the accepted run before it.
+        run = rng.geometric(1.0 - self.acceptance, size=len(verified)) - 1
+        accepted: np.ndarray = np.minimum(run, verified).astype(np.int32)
+        return accepted
+
+
 OnStep = Callable[[int, float, Ledger, Any], None]
 Progress = Callable[[int, float, int], None]
 
@@ -173,6 +210,10 @@ class SimulationResult:
     """Per request, the largest (emission time - deadline) over its emitted tokens, in seconds
     (> 0: a deadline missed; -inf: no token emitted, or no deadlines)."""
     late_tokens: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    speculation: Speculation | None = None
+    draft_tokens: int = 0
+    """Speculative decoding: the drafts the decode rows verified, and how many were accepted."""
+    accepted_drafts: int = 0
     """Per request, how many of its tokens came after their deadlines."""
     relegated: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=bool))
     """Per request, whether the DEADLINE policy relegated it (ledger.relegated_ids)."""
@@ -316,10 +357,31 @@ class SimulationResult:
         }
         if self.shed_time.size:
             report["queue"] = self.queue_report()
+        if self.speculation is not None:
+            report["speculation"] = self.speculation_report()
         attainment = self.attainment()
         if attainment is not None:
             report["slo_attainment"] = attainment
         return report
+
+    def speculation_report(self) -> dict[str, Any]:
+        """Speculative decoding: the settings, the drafts verified and accepted, and the output
+        tokens per decode row (1 + accepted drafts, averaged)."""
+        spec = self.speculation
+        assert spec is not None
+        decode_rows = float(self.steps["num_decode"].sum())
+        return {
+            "num_spec_tokens": spec.num_spec_tokens,
+            "acceptance": spec.acceptance,
+            "draft_tokens": self.draft_tokens,
+            "accepted_drafts": self.accepted_drafts,
+            "accepted_fraction": (
+                self.accepted_drafts / self.draft_tokens if self.draft_tokens else None
+            ),
+            "tokens_per_decode_row": (
+                (decode_rows + self.accepted_drafts) / decode_rows if decode_rows else None
+            ),
+        }
 
     def queue_report(self) -> dict[str, Any]:
         """The serving front: its options, the 429s, the requests handed back, and the longest
@@ -402,6 +464,7 @@ def simulate(
     pace: EnginePace | None = None,
     detailed: bool = False,
     queue: ServingQueue | None = None,
+    speculation: Speculation | None = None,
 ) -> SimulationResult:
     """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
 
@@ -411,8 +474,9 @@ def simulate(
     ``pace`` replays a real run's measured speed over time on ``latency`` (a diagnostic:
     :class:`~stepplanner.sim.latency.EnginePace`). ``detailed`` keeps every token's time
     (``SimulationResult.token_times``). ``queue``: the serving front (``ServingQueue``).
+    ``speculation``: speculative decoding (``Speculation``; None: off).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue)
+    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue, speculation)
     run = SimulationRun(
         workload,
         limits,
@@ -422,6 +486,7 @@ def simulate(
         pace=pace,
         detailed=detailed,
         queue=queue,
+        speculation=speculation,
     )
     return run.run(max_steps, on_step, progress, progress_every)
 
@@ -434,6 +499,7 @@ def check_run_args(
     max_steps: Any,
     pace: Any = None,
     queue: Any = None,
+    speculation: Any = None,
 ) -> ResolvedSchedulingPolicy:
     """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
     ``options`` resolve to under ``limits``."""
@@ -446,6 +512,10 @@ def check_run_args(
     if queue is not None and not isinstance(queue, ServingQueue):
         raise StepPlannerTypeError(
             f"queue must be a ServingQueue or None, got {type(queue).__name__}"
+        )
+    if speculation is not None and not isinstance(speculation, Speculation):
+        raise StepPlannerTypeError(
+            f"speculation must be a Speculation or None, got {type(speculation).__name__}"
         )
     if max_steps is not None and (
         isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
@@ -508,9 +578,15 @@ class SimulationRun:
         pace: EnginePace | None = None,
         detailed: bool = False,
         queue: ServingQueue | None = None,
+        speculation: Speculation | None = None,
     ) -> None:
         n = len(workload)
         self.queue = queue if queue is not None else ServingQueue()
+        self.speculation = speculation
+        self.spec_rng = np.random.default_rng(speculation.seed if speculation else 0)
+        self.accepted: np.ndarray | None = None  # per row of the pending plan
+        self.draft_tokens = 0
+        self.accepted_drafts = 0
         self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
         self.pace = pace  # its windows count from the first arrival
         self.planner = planner
@@ -624,7 +700,18 @@ class SimulationRun:
         """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
         ledger = self.ledger
         # now: when the previous plan's tokens were emitted (the end of the previous step).
-        plan = ledger.step(self.planner, reasons=self.reasons, now=self.now)
+        spec = self.speculation
+        if spec is None:
+            plan = ledger.step(self.planner, reasons=self.reasons, now=self.now)
+        else:
+            accepted, self.accepted = self.accepted, None
+            plan = ledger.step(
+                self.planner,
+                accepted=accepted,
+                drafts=spec.num_spec_tokens,
+                reasons=self.reasons,
+                now=self.now,
+            )
         return plan, ledger.finished_ids, ledger.admitted_ids
 
     def _arrivals(self) -> None:
@@ -671,8 +758,10 @@ class SimulationRun:
             on_step(len(self.records), start, ledger, plan)
 
         ids = ledger.request_ids
-        req = ids[rows[seq["select_last_token_logits"]]]  # one row per resident
+        emitting = seq["select_last_token_logits"]
+        req = ids[rows[emitting]]  # one row per resident
         emitted = self.generated[req]  # tokens each emitted before this one
+        extra = self._accept_drafts(seq)[emitting] if self.speculation is not None else None
         first = emitted == 0
         self.first_token_time[req[first]] = now
         later = req[~first]
@@ -687,12 +776,20 @@ class SimulationRun:
             late = now - (self.first_due[req] + emitted * self.gap[req])
             self.max_lateness[req] = np.maximum(self.max_lateness[req], late)
             missed = late > 0
-            if np.count_nonzero(missed):  # rows are distinct within a step
+            if extra is not None and extra.any():
+                # Tokens g .. g + extra all come now: those due before now are late.
+                due_before = np.ceil((now - self.first_due[req]) / self.gap[req]) - emitted
+                self.late_tokens[req] += np.clip(due_before, 0, 1 + extra).astype(np.int64)
+            elif np.count_nonzero(missed):  # rows are distinct within a step
                 self.late_tokens[req[missed]] += 1
+        if extra is not None and extra.any():
+            # Accepted drafts come with the row's token: gaps of 0 in the ITL sample.
+            more = np.repeat(req, extra)
+            self.apart.append((more, np.full(len(more), now), now))
         if self.token_log is not None:
-            self.token_log.append(req)
+            self.token_log.append(req if extra is None else np.repeat(req, 1 + extra))
         self.last_token_time[req] = now
-        self.generated[req] += 1
+        self.generated[req] += 1 if extra is None else 1 + extra
         paused = plan.paused_array()
         if paused.size:
             self.paused_steps[ids[paused]] += 1
@@ -715,6 +812,17 @@ class SimulationRun:
                 step_ns,
             )
         )
+
+    def _accept_drafts(self, seq: np.ndarray) -> np.ndarray:
+        """Draw, per plan row, the drafts accepted of those it verifies (0 for a chunk); kept
+        for the ledger's next step, which applies this plan."""
+        assert self.speculation is not None
+        verified = np.where(seq["work"] == SequenceWork.DECODE, seq["query_length"] - 1, 0)
+        accepted = self.speculation.accepted(self.spec_rng, verified)
+        self.accepted = accepted
+        self.draft_tokens += int(verified.sum())
+        self.accepted_drafts += int(accepted.sum())
+        return accepted
 
     def result(self, wall: float, truncated: bool) -> SimulationResult:
         table = (
@@ -755,6 +863,9 @@ class SimulationRun:
             queue_full=self.queue_full,
             queue=self.queue,
             refused_beside_relegated=self.refused_beside_relegated,
+            speculation=self.speculation,
+            draft_tokens=self.draft_tokens,
+            accepted_drafts=self.accepted_drafts,
             **self._tokens(),
         )
 
