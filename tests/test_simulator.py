@@ -432,3 +432,38 @@ def test_a_recording_made_with_max_step_tokens_replays_with_it() -> None:
     header["policy"] = {**header["policy"], "max_num_tokens": 64, "max_chunk_tokens": 48}
     uncapped = replay([json.dumps(header), *lines[1:]])
     assert uncapped.limits.max_step_tokens == 0 and uncapped.diffs
+
+
+def test_one_description_of_a_run_is_checked_where_it_is_made() -> None:
+    from stepplanner.sim.engine import Engine, RunSpec, ServingQueue, Speculation
+    from stepplanner.sim.paged import simulate_paged, simulate_paged_run
+    from stepplanner.sim.simulator import simulate_run
+
+    w = _workload(requests=60)
+    engine = Engine(LIMITS, CONFIGS["priority_pause"], queue=ServingQueue(max_waiting=40))
+    # The keyword forms are the description's: the same run, to the digit.
+    by_keywords = simulate(w, LIMITS, CONFIGS["priority_pause"], queue=ServingQueue(max_waiting=40))
+    assert (
+        simulate_run(RunSpec(w, engine)).report()["latency_s"] == by_keywords.report()["latency_s"]
+    )
+    paged = simulate_paged_run(RunSpec(w, engine.replace(num_pages=400)))
+    assert (
+        paged[1].report()
+        == simulate_paged(
+            w, LIMITS, CONFIGS["priority_pause"], queue=ServingQueue(max_waiting=40), num_pages=400
+        )[1].report()
+    )
+    cases = [
+        (lambda: Engine(LIMITS, num_pages=-1), ValueError, "num_pages=-1 is out of range"),
+        (lambda: Engine(LIMITS, queue=None), TypeError, "queue must be a ServingQueue, got"),
+        (lambda: Engine(LIMITS, speculation=3), TypeError, "speculation must be a Speculation"),
+        (lambda: Engine(LIMITS, SchedulingOptions(max_pause_steps=-1)), ValueError, "max_pause"),
+        (lambda: RunSpec(w, LIMITS), TypeError, "engine must be an Engine, got"),
+        (lambda: RunSpec(w, engine, max_steps=0), ValueError, "max_steps=0"),
+        (lambda: simulate_run(RunSpec(w, engine.replace(num_pages=8))), ValueError, "paged"),
+        (lambda: simulate_paged_run(RunSpec(w, engine)), ValueError, "needs a pool"),
+        (lambda: Engine(LIMITS, speculation=Speculation(3, 2.0)), ValueError, "acceptance=2.0"),
+    ]
+    for make, error, words in cases:
+        with pytest.raises(error, match=re.escape(words)):
+            make()

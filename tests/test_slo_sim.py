@@ -14,6 +14,7 @@ import pytest
 from stepplanner import SLO, LatencyModel, SchedulingOptions, StepPlannerLimits
 from stepplanner.planner._slo import deadline_of
 from stepplanner.sim import goodput, simulator
+from stepplanner.sim.engine import Engine
 from stepplanner.sim.load import at_load, saturation_throughput
 from stepplanner.sim.simulator import simulate
 from stepplanner.sim.traces import load_trace
@@ -435,7 +436,7 @@ def test_request_goodput_is_the_goodput_the_objectives_define(tmp_path: pathlib.
 def test_loads_keep_the_requests_and_hit_the_target_rate() -> None:
     w = synthetic(requests=400, rate=20, seed=5, slo_classes=DEFAULT_SLO_CLASSES)
     limits = StepPlannerLimits(32, 4096, 32)
-    saturation = saturation_throughput(w, limits, LatencyModel())
+    saturation = saturation_throughput(w, Engine(limits, latency=LatencyModel()))
     burst = simulate(w.with_arrivals(np.zeros(len(w)), "burst"), limits)
     assert saturation == pytest.approx(400 / burst.report()["throughput"]["simulated_seconds"])
     for load in (0.5, 1.0, 1.3):

@@ -39,6 +39,7 @@ from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..planner._types import PreemptionMode, SchedulingPolicy
 from ..sim import load as sim_load
 from ..sim import simulator, workloads
+from ..sim.engine import Engine, RunSpec
 from ..sim.latency import DEFAULT_LATENCY
 
 __all__ = ["DEADLINE_CASES", "DeadlineCost", "measure_deadline_cost", "render_deadline_cost"]
@@ -88,9 +89,9 @@ def _run(workload: Any, limits: StepPlannerLimits, policy: SchedulingPolicy) -> 
     options = SchedulingOptions(
         scheduling_policy=policy, preemption=PreemptionMode.PAUSE, max_pause_steps=8
     )
-    resolved = simulator.resolve_options(options, limits)
+    engine = Engine(limits, options, DEFAULT_LATENCY)
     return simulator.SimulationRun(
-        workload, limits, resolved, DEFAULT_LATENCY, _planner.StepPlanner(resolved, limits)
+        RunSpec(workload, engine), _planner.StepPlanner(engine.policy(), limits)
     )
 
 
@@ -143,7 +144,7 @@ def measure_case(batch: int, load: float, requests: int, repeats: int = REPEATS)
         simulator.DEFAULT_LIMITS.kv_page_size,
     )
     base = workloads.synthetic(requests, slo_classes=workloads.DEFAULT_SLO_CLASSES)
-    saturation = sim_load.saturation_throughput(base, limits, DEFAULT_LATENCY)
+    saturation = sim_load.saturation_throughput(base, Engine(limits, latency=DEFAULT_LATENCY))
     workload = sim_load.at_load(base, load, saturation)
     steps: dict[str, list[float]] = {name: [] for name in POLICIES}
     ratios: list[float] = []

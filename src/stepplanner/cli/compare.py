@@ -10,6 +10,7 @@ import click
 from .._errors import StepPlannerValueError
 from ..cli import tuning_extras
 from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
+from ..sim.engine import Engine, RunSpec
 from ..sim.load import at_load, saturation_throughput
 from ..sim.workloads import Workload
 from ..tuning.metrics import parse_number_list
@@ -160,39 +161,26 @@ def compare_command(
         warn_no_op_options(config.options, policy, config.name)
         check_num_pages(pool, workload, config.limits, f"config {config.name!r}: num_pages")
     latency = latency_of(latency_model, latency_text)
+    engine = Engine(limits, latency=latency, queue=queue, speculation=speculation)
+    engines = [
+        engine.replace(limits=config.limits, options=policy, num_pages=pool)
+        for config, policy, (_, pool) in zip(runs, policies, pools)
+    ]
     show = progress and fmt == "table"
     offered: list[tuple[float, float] | None] = [None]
     workloads = [workload]
     saturation = None
     if loads is not None:
         with ProgressBar(len(workload), show, "saturation") as bar:
-            saturation = saturation_throughput(
-                workload,
-                limits,
-                latency,
-                max_steps=max_steps,
-                progress=bar,
-                speculation=speculation,
-            )
+            saturation = saturation_throughput(workload, engine, max_steps=max_steps, progress=bar)
         offered = [(load, load * saturation) for load in loads]
         workloads = [at_load(workload, load, saturation) for load in loads]
     reports, results = [], []
     for w, load in zip(workloads, offered):
         where = "" if load is None else f"{load[0]:g}x "
-        for k, (config, policy, (_, pool)) in enumerate(zip(runs, policies, pools), start=1):
+        for k, (config, config_engine) in enumerate(zip(runs, engines), start=1):
             label = f"{where}{k}/{len(runs)} {config.name}"
-            result, occupancy = run(
-                w,
-                config.limits,
-                policy,
-                latency,
-                max_steps,
-                show,
-                label,
-                num_pages=pool,
-                queue=queue,
-                speculation=speculation,
-            )
+            result, occupancy = run(RunSpec(w, config_engine, max_steps), show, label)
             pages = {} if occupancy is None else {"pages": occupancy.report()}
             warn_refused(result, config.name)
             if plot and load == offered[0]:  # with --load, the figure is of the first load

@@ -12,6 +12,7 @@ import click
 from ..fidelity.compare import fidelity_report
 from ..fidelity.results import RunResults, read_results, served_workload
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
+from ..sim.engine import Engine, RunSpec
 from ..sim.latency_models import PACE_WINDOW, measured_pace, read_step_timings
 from ..sim.traces import read_trace
 from ..sim.workloads import Workload
@@ -155,17 +156,8 @@ def fidelity_command(
     workload = with_objectives_from(kw, workload, embedded=False)
     check_num_pages(num_pages, workload, limits)
     show = progress and fmt == "table"
-    result, _ = run(
-        workload,
-        limits,
-        policy,
-        latency,
-        max_steps,
-        show,
-        "simulating",
-        num_pages=num_pages,
-        pace=pace,
-    )
+    engine = Engine(limits, policy, latency, num_pages, pace=pace)
+    result, _ = run(RunSpec(workload, engine, max_steps), show, "simulating")
     warn_refused(result)
     fidelity = fidelity_report(matched, result)
     if pace is not None:

@@ -8,6 +8,7 @@ import click
 import numpy as np
 
 from ..planner._policy import resolve_scheduling_policy
+from ..sim.engine import Engine, RunSpec
 from ..sim.latency import LatencyModel
 from ..sim.simulator import StepRecorder
 from .errors import library_errors
@@ -44,16 +45,8 @@ def record_command(
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     recorder = StepRecorder(out, limits, policy)
-    result, _ = run(
-        workload,
-        limits,
-        policy,
-        LatencyModel.parse(latency_text),
-        max_steps,
-        progress,
-        "recording",
-        on_step=recorder,
-    )
+    engine = Engine(limits, policy, LatencyModel.parse(latency_text))
+    result, _ = run(RunSpec(workload, engine, max_steps), progress, "recording", on_step=recorder)
     warn_refused(result)
     warn_default_step_limit(
         result, DEFAULT_RECORD_STEPS, given(click.get_current_context(), "max_steps")

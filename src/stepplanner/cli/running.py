@@ -8,9 +8,9 @@ from typing import Any
 from rich.console import Console
 
 from ..planner._policy import StepPlannerLimits
-from ..sim.latency import EnginePace, LatencyModel
-from ..sim.paged import PageOccupancy, row_pages, simulate_paged
-from ..sim.simulator import ServingQueue, SimulationResult, Speculation, simulate
+from ..sim.engine import RunSpec
+from ..sim.paged import PageOccupancy, row_pages, simulate_paged_run
+from ..sim.simulator import SimulationResult, simulate_run
 from ..sim.workloads import Workload
 from .errors import InputError
 
@@ -61,37 +61,15 @@ class ProgressBar:
 
 
 def run(
-    workload: Workload,
-    limits: StepPlannerLimits,
-    options: Any,
-    latency: LatencyModel,
-    max_steps: int | None,
-    progress: bool,
-    label: str,
-    *,
-    num_pages: int = 0,
-    on_step: Any = None,
-    pace: EnginePace | None = None,
-    detailed: bool = False,
-    queue: ServingQueue | None = None,
-    speculation: Speculation | None = None,
+    spec: RunSpec, progress: bool, label: str, *, on_step: Any = None
 ) -> tuple[SimulationResult, PageOccupancy | None]:
-    """``simulate`` with a progress bar labelled ``label`` when ``progress`` is on; with
-    ``num_pages`` (checked by ``check_num_pages``) ``simulate_paged`` over a pool of that many
-    pages, which also returns the pool's occupancy (``on_step`` is the unpaged run's)."""
-    with ProgressBar(len(workload), progress, label) as bar:
-        common: dict[str, Any] = {
-            "max_steps": max_steps,
-            "progress": bar,
-            "progress_every": 1024,
-            "pace": pace,
-            "detailed": detailed,
-            "queue": queue,
-            "speculation": speculation,
-        }
-        if num_pages:
-            return simulate_paged(workload, limits, options, latency, num_pages=num_pages, **common)
-        return simulate(workload, limits, options, latency, on_step=on_step, **common), None
+    """The run ``spec`` describes, with a progress bar labelled ``label`` when ``progress`` is
+    on; on an engine with a page pool (``num_pages``, checked by ``check_num_pages``) the paged
+    simulator, which also returns the pool's occupancy (``on_step`` is the unpaged run's)."""
+    with ProgressBar(len(spec.workload), progress, label) as bar:
+        if spec.engine.num_pages:
+            return simulate_paged_run(spec, progress=bar, progress_every=1024)
+        return simulate_run(spec, on_step=on_step, progress=bar, progress_every=1024), None
 
 
 def check_num_pages(

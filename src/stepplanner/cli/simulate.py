@@ -9,6 +9,7 @@ import click
 from ..cli import tuning_extras
 from ..fidelity.simulated import results_document
 from ..planner._policy import resolve_scheduling_policy
+from ..sim.engine import Engine, RunSpec
 from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options, warn_refused
@@ -89,18 +90,9 @@ def simulate_command(
     latency = latency_of(latency_model, latency_text)
     show_progress = progress and fmt == "table"
     check_num_pages(num_pages, workload, limits)
+    engine = Engine(limits, policy, latency, num_pages, queue, speculation)
     result, occupancy = run(
-        workload,
-        limits,
-        policy,
-        latency,
-        max_steps,
-        show_progress,
-        "simulating",
-        num_pages=num_pages,
-        detailed=save_detailed,
-        queue=queue,
-        speculation=speculation,
+        RunSpec(workload, engine, max_steps, save_detailed), show_progress, "simulating"
     )
     warn_refused(result)
     report = result.report()

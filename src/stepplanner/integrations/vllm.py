@@ -723,8 +723,9 @@ class StepPlannerScheduler(AsyncScheduler):
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
         for request in admitted:
             request.status = RequestStatus.RUNNING
-        spec = self._scheduled_drafts(scheduled_running, num_scheduled) if drafts else {}
+        spec: dict[str, list[int]] = {}
         if drafts is not None:
+            spec = self._scheduled_drafts(scheduled_running, num_scheduled)
             self._last_scheduled = set(num_scheduled)
         return self._make_output(
             num_scheduled, new_blocks, scheduled_running, new_reqs, resumed, spec

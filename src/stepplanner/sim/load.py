@@ -19,9 +19,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import StepPlannerValueError
-from ..planner._policy import SchedulingOptions, StepPlannerLimits
-from .latency import LatencyModel
-from .simulator import Speculation, run_span, simulate
+from .engine import Engine, RunSpec
+from .simulator import run_span, simulate_run
 from .workloads import Workload
 
 __all__ = ["at_load", "saturation_throughput"]
@@ -29,27 +28,18 @@ __all__ = ["at_load", "saturation_throughput"]
 
 def saturation_throughput(
     workload: Workload,
-    limits: StepPlannerLimits,
-    latency: LatencyModel,
+    engine: Engine,
     *,
     max_steps: int | None = None,
     progress: Any = None,
-    speculation: Speculation | None = None,
 ) -> float:
     """Requests/s completed with every request of ``workload`` at t=0 under FCFS (the default
-    ``SchedulingOptions``, so the SPEC §2 default budgets) on ``limits`` and ``latency``, with
-    ``speculation`` when the engine decodes speculatively."""
+    ``SchedulingOptions``, so the SPEC §2 default budgets) on ``engine``'s limits, latency
+    model and speculative decoding (its options, page pool and serving front aside: the
+    measure is of the engine's speed, not of a policy)."""
     burst = workload.with_arrivals(np.zeros(len(workload)), f"{workload.source} at t=0")
-    result = simulate(
-        burst,
-        limits,
-        SchedulingOptions(),
-        latency,
-        max_steps=max_steps,
-        progress=progress,
-        progress_every=1024,
-        speculation=speculation,
-    )
+    fcfs = Engine(engine.limits, latency=engine.latency, speculation=engine.speculation)
+    result = simulate_run(RunSpec(burst, fcfs, max_steps), progress=progress, progress_every=1024)
     completed = int((~np.isnan(result.finish_time)).sum())
     if completed == 0:
         raise StepPlannerValueError(

@@ -15,22 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import StepPlannerValueError
 from ..core import StepPlanner
 from ..kv import KVPageTable
 from ..planner._policy import ResolvedSchedulingPolicy, SchedulingOptions, StepPlannerLimits
+from .engine import DEFAULT_LIMITS, Engine, RunSpec, ServingQueue, Speculation
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
-from .simulator import (
-    DEFAULT_LIMITS,
-    Progress,
-    ServingQueue,
-    SimulationResult,
-    SimulationRun,
-    Speculation,
-    check_run_args,
-)
+from .simulator import Progress, SimulationResult, SimulationRun
 from .workloads import Workload
 
-__all__ = ["PageOccupancy", "row_pages", "simulate_paged"]
+__all__ = ["PageOccupancy", "row_pages", "simulate_paged", "simulate_paged_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,28 +97,44 @@ def simulate_paged(
     queue: ServingQueue | None = None,
     speculation: Speculation | None = None,
 ) -> tuple[SimulationResult, PageOccupancy]:
-    """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens.
+    """``simulate`` with a pool of ``num_pages`` KV pages of ``limits.kv_page_size`` tokens:
+    the keyword form of ``simulate_paged_run(RunSpec(workload, Engine(..., num_pages=N)))``.
 
     A request whose worst case exceeds the whole pool (or whose prompt exceeds S_in) is refused
     and counted as such, never dropped silently. ``progress``, ``pace`` and ``detailed`` as in
     ``simulate`` (objectives, deadlines and ``queue`` too: the run is ``SimulationRun``'s).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue, speculation)
-    table = KVPageTable(
-        limits.max_batch_size, row_pages(workload, limits), num_pages, limits.kv_page_size
-    )
-    run = SimulationRun(
-        workload,
+    engine = Engine(
         limits,
-        policy,
+        options,
         latency,
-        StepPlanner(policy, limits),
-        table,
-        pace,
-        detailed,
-        queue,
+        num_pages,
+        ServingQueue() if queue is None else queue,
         speculation,
+        pace,
     )
+    return simulate_paged_run(
+        RunSpec(workload, engine, max_steps, detailed),
+        progress=progress,
+        progress_every=progress_every,
+    )
+
+
+def simulate_paged_run(
+    spec: RunSpec, *, progress: Progress | None = None, progress_every: int = 2048
+) -> tuple[SimulationResult, PageOccupancy]:
+    """The run ``spec`` describes, on its engine's pool of ``num_pages`` KV pages (>= 1)."""
+    engine, workload = spec.engine, spec.workload
+    limits = engine.limits
+    if engine.num_pages < 1:
+        raise StepPlannerValueError(
+            f"engine.num_pages={engine.num_pages}: a paged run needs a pool; allowed: >= 1 "
+            "(0, unlimited pages, is simulate_run's)"
+        )
+    table = KVPageTable(
+        limits.max_batch_size, row_pages(workload, limits), engine.num_pages, limits.kv_page_size
+    )
+    run = SimulationRun(spec, StepPlanner(engine.policy(), limits), table)
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []
@@ -136,7 +146,7 @@ def simulate_paged(
         in_use.append(ledger.kv_pages_in_use())
         held.append(ledger.held_back)
 
-    result = run.run(max_steps, record, progress, progress_every)
+    result = run.run(spec.max_steps, record, progress, progress_every)
     fits_s_in = (workload.prompt_tokens >= 1) & (workload.prompt_tokens <= limits.max_input_length)
     occupancy = PageOccupancy(
         table.num_pages,

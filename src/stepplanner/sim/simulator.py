@@ -45,16 +45,14 @@ from typing import IO, Any
 import numpy as np
 
 from .. import _errors
-from .._errors import QueueFullError, StepPlannerTypeError, StepPlannerValueError
+from .._errors import QueueFullError, StepPlannerValueError
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from ..ledger import RESIDENT_FIELDS, Ledger
-from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
 from ..planner._fields import enum_fields, enum_from_text
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
     StepPlannerLimits,
-    resolve_scheduling_policy,
 )
 from ..planner._slo import SLO
 from ..planner._types import (
@@ -64,6 +62,7 @@ from ..planner._types import (
     SequenceWork,
 )
 from . import goodput
+from .engine import DEFAULT_LIMITS, Engine, RunSpec, ServingQueue, Speculation, resolve_options
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .workloads import Workload, json_lines
 
@@ -73,6 +72,7 @@ __all__ = [
     "ServingQueue",
     "SimulationResult",
     "SimulationRun",
+    "Speculation",
     "StepRecorder",
     "policy_from_dict",
     "policy_to_dict",
@@ -81,11 +81,11 @@ __all__ = [
     "replay",
     "resolve_options",
     "simulate",
+    "simulate_run",
     "step_time_of",
     "weighted_percentile",
 ]
 
-DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
 RECORD_FORMAT = "stepplanner-steps/1"
 PERCENTILES = (50, 90, 99)
 STEP_FIELDS = (
@@ -104,75 +104,6 @@ STEP_FIELDS = (
 # The per-token gap of a request without a per-token objective: its tokens after the first are
 # due after any simulated time.
 NO_GAP = 1e300
-
-
-@dataclasses.dataclass(frozen=True)
-class ServingQueue:
-    """The serving front a run's ledger keeps: how many requests may wait (``None``: the whole
-    workload, nothing is pushed back), how long a relegated one may still wait (``None``: its
-    own TTFT objective; 0: handed back at once) and the classes never relegated (priority below
-    ``never_relegate_below``). The last two are the ledger's ``relegated_wait`` and
-    ``never_relegate_below``, checked by it."""
-
-    max_waiting: int | None = None
-    relegated_wait: float | None = None
-    never_relegate_below: int = NEVER_RELEGATE_BELOW
-
-    def __post_init__(self) -> None:
-        if self.max_waiting is not None and (
-            isinstance(self.max_waiting, bool)
-            or not isinstance(self.max_waiting, int)
-            or self.max_waiting < 1
-        ):
-            raise StepPlannerValueError(
-                f"max_waiting={self.max_waiting!r} is out of range; allowed: an int >= 1, or "
-                "None (every request may wait)"
-            )
-        check_relegation_args(self.relegated_wait, self.never_relegate_below)
-
-    def ledger_options(self, requests: int) -> dict[str, Any]:
-        """The ``Ledger`` keywords for a run of ``requests``."""
-        return {
-            "max_waiting": max(requests, 1) if self.max_waiting is None else self.max_waiting,
-            "relegated_wait": self.relegated_wait,
-            "never_relegate_below": self.never_relegate_below,
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class Speculation:
-    """Speculative decoding in a run: every decoding request proposes ``num_spec_tokens``
-    drafts a step (capped by the ledger at what its max_new_tokens leaves), the plan grants what
-    the budget holds (SPEC §8), and each verified draft is accepted with probability
-    ``acceptance``, in order, up to the first rejection (the draft model agrees with the target
-    token by token), from a generator seeded by ``seed``."""
-
-    num_spec_tokens: int
-    acceptance: float
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        k = self.num_spec_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
-            raise StepPlannerValueError(
-                f"num_spec_tokens={k!r} is out of range; allowed: an int in 1..64"
-            )
-        a = self.acceptance
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
-            raise StepPlannerValueError(
-                f"acceptance={a!r} is out of range; allowed: a number in [0, 1]"
-            )
-
-    def accepted(self, rng: np.random.Generator, verified: np.ndarray) -> np.ndarray:
-        """How many of each row's ``verified`` drafts are accepted."""
-        if self.acceptance >= 1.0:
-            return verified.astype(np.int32)
-        if self.acceptance <= 0.0:
-            return np.zeros(len(verified), dtype=np.int32)
-        # Trials to the first rejection, less that one: the accepted run before it.
-        run = rng.geometric(1.0 - self.acceptance, size=len(verified)) - 1
-        accepted: np.ndarray = np.minimum(run, verified).astype(np.int32)
-        return accepted
 
 
 OnStep = Callable[[int, float, Ledger, Any], None]
@@ -466,7 +397,8 @@ def simulate(
     queue: ServingQueue | None = None,
     speculation: Speculation | None = None,
 ) -> SimulationResult:
-    """Run ``workload`` through a planner with ``options`` on an engine with ``limits``.
+    """Run ``workload`` through a planner with ``options`` on an engine with ``limits``: the
+    keyword form of ``simulate_run(RunSpec(workload, Engine(...)))``.
 
     ``on_step(step, start_time, ledger, plan)`` runs after each plan, before it is applied
     (``StepPlanner`` is the one ``stepplanner`` selects). ``progress(steps, sim_time,
@@ -476,69 +408,38 @@ def simulate(
     (``SimulationResult.token_times``). ``queue``: the serving front (``ServingQueue``).
     ``speculation``: speculative decoding (``Speculation``; None: off).
     """
-    policy = check_run_args(workload, limits, options, latency, max_steps, pace, queue, speculation)
-    run = SimulationRun(
-        workload,
+    engine = Engine(
         limits,
-        policy,
+        options,
         latency,
-        StepPlanner(policy, limits),
-        pace=pace,
-        detailed=detailed,
-        queue=queue,
+        queue=ServingQueue() if queue is None else queue,
         speculation=speculation,
+        pace=pace,
     )
-    return run.run(max_steps, on_step, progress, progress_every)
+    return simulate_run(
+        RunSpec(workload, engine, max_steps, detailed),
+        on_step=on_step,
+        progress=progress,
+        progress_every=progress_every,
+    )
 
 
-def check_run_args(
-    workload: Any,
-    limits: StepPlannerLimits,
-    options: Any,
-    latency: Any,
-    max_steps: Any,
-    pace: Any = None,
-    queue: Any = None,
-    speculation: Any = None,
-) -> ResolvedSchedulingPolicy:
-    """The arguments ``simulate`` and ``simulate_paged`` share, checked; returns the policy
-    ``options`` resolve to under ``limits``."""
-    if not isinstance(workload, Workload):
-        raise _errors.wrong_type("workload", "Workload", workload)
-    if not isinstance(latency, LatencyModel):
-        raise _errors.wrong_type("latency", "LatencyModel", latency)
-    if pace is not None and not isinstance(pace, EnginePace):
-        raise StepPlannerTypeError(f"pace must be an EnginePace or None, got {type(pace).__name__}")
-    if queue is not None and not isinstance(queue, ServingQueue):
-        raise StepPlannerTypeError(
-            f"queue must be a ServingQueue or None, got {type(queue).__name__}"
-        )
-    if speculation is not None and not isinstance(speculation, Speculation):
-        raise StepPlannerTypeError(
-            f"speculation must be a Speculation or None, got {type(speculation).__name__}"
-        )
-    if max_steps is not None and (
-        isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1
-    ):
+def simulate_run(
+    spec: RunSpec,
+    *,
+    on_step: OnStep | None = None,
+    progress: Progress | None = None,
+    progress_every: int = 2048,
+) -> SimulationResult:
+    """The run ``spec`` describes, on an engine without a page pool (with one:
+    ``stepplanner.sim.paged.simulate_paged_run``); the hooks as in ``simulate``."""
+    if spec.engine.num_pages:
         raise StepPlannerValueError(
-            f"max_steps={max_steps!r} is out of range; allowed: None or >= 1"
+            f"engine.num_pages={spec.engine.num_pages}: a run with a KV page pool is "
+            "simulate_paged_run's; allowed here: 0"
         )
-    return resolve_options(options, limits)
-
-
-def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
-    """``options`` (SchedulingOptions, None for the defaults, or already resolved) under
-    ``limits``; anything else is a ``TypeError``."""
-    if isinstance(options, ResolvedSchedulingPolicy):
-        return options
-    if options is None:
-        options = SchedulingOptions()
-    if not isinstance(options, SchedulingOptions):
-        raise StepPlannerTypeError(
-            "options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
-            f"{type(options).__name__}"
-        )
-    return resolve_scheduling_policy(options, limits)
+    planner = StepPlanner(spec.engine.policy(), spec.engine.limits)
+    return SimulationRun(spec, planner).run(spec.max_steps, on_step, progress, progress_every)
 
 
 def step_time_of(
@@ -567,33 +468,25 @@ def step_time_of(
 class SimulationRun:
     """The mutable state of one simulation; request ids are workload row indices."""
 
-    def __init__(
-        self,
-        workload: Workload,
-        limits: StepPlannerLimits,
-        policy: ResolvedSchedulingPolicy,
-        latency: LatencyModel,
-        planner: Any,
-        page_table: Any = None,
-        pace: EnginePace | None = None,
-        detailed: bool = False,
-        queue: ServingQueue | None = None,
-        speculation: Speculation | None = None,
-    ) -> None:
+    def __init__(self, spec: RunSpec, planner: Any, page_table: Any = None) -> None:
+        engine = spec.engine
+        workload, limits, latency = spec.workload, engine.limits, engine.latency
+        detailed, speculation = spec.detailed, engine.speculation
         n = len(workload)
-        self.queue = queue if queue is not None else ServingQueue()
+        self.queue = engine.queue
         self.speculation = speculation
         self.spec_rng = np.random.default_rng(speculation.seed if speculation else 0)
         self.accepted: np.ndarray | None = None  # per row of the pending plan
         self.draft_tokens = 0
         self.accepted_drafts = 0
-        self.w, self.limits, self.policy, self.latency = workload, limits, policy, latency
-        self.pace = pace  # its windows count from the first arrival
+        self.w, self.limits, self.latency = workload, limits, latency
+        self.policy = engine.policy()
+        self.pace = engine.pace  # its windows count from the first arrival
         self.planner = planner
         # By default every request may wait: the workload is the whole demand.
         self.ledger = Ledger(
             limits,
-            policy,
+            self.policy,
             page_table=page_table,
             slo_classes=dict(workload.slo_classes or {}),
             step_time=step_time_of(latency, limits, workload),

@@ -1,0 +1,182 @@
+"""One description of a simulated run: the engine and the workload it serves.
+
+``Engine`` is what the run's engine is: its limits, its scheduling options, the latency model of
+its steps, its KV page pool (0: unlimited), its serving front (``ServingQueue``), speculative
+decoding (``Speculation``) and, as a diagnostic, a real run's pace (``EnginePace``). ``RunSpec``
+is one run: a workload on an engine, how many steps at most, and whether every token's time is
+kept. The simulator, the paged simulator, the saturation measurement and the command line pass
+these whole instead of a dozen loose values, each checked once, where it is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from .._errors import StepPlannerTypeError, StepPlannerValueError
+from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
+from ..planner._policy import (
+    ResolvedSchedulingPolicy,
+    SchedulingOptions,
+    StepPlannerLimits,
+    resolve_scheduling_policy,
+)
+from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
+from .workloads import Workload
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Engine",
+    "RunSpec",
+    "ServingQueue",
+    "Speculation",
+    "resolve_options",
+]
+
+DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingQueue:
+    """The serving front a run's ledger keeps: how many requests may wait (``None``: the whole
+    workload, nothing is pushed back), how long a relegated one may still wait (``None``: its
+    own TTFT objective; 0: handed back at once) and the classes never relegated (priority below
+    ``never_relegate_below``). The last two are the ledger's ``relegated_wait`` and
+    ``never_relegate_below``, checked by it."""
+
+    max_waiting: int | None = None
+    relegated_wait: float | None = None
+    never_relegate_below: int = NEVER_RELEGATE_BELOW
+
+    def __post_init__(self) -> None:
+        if self.max_waiting is not None and (
+            isinstance(self.max_waiting, bool)
+            or not isinstance(self.max_waiting, int)
+            or self.max_waiting < 1
+        ):
+            raise StepPlannerValueError(
+                f"max_waiting={self.max_waiting!r} is out of range; allowed: an int >= 1, or "
+                "None (every request may wait)"
+            )
+        check_relegation_args(self.relegated_wait, self.never_relegate_below)
+
+    def ledger_options(self, requests: int) -> dict[str, Any]:
+        """The ``Ledger`` keywords for a run of ``requests``."""
+        return {
+            "max_waiting": max(requests, 1) if self.max_waiting is None else self.max_waiting,
+            "relegated_wait": self.relegated_wait,
+            "never_relegate_below": self.never_relegate_below,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding in a run: every decoding request proposes ``num_spec_tokens``
+    drafts a step (capped by the ledger at what its max_new_tokens leaves), the plan grants what
+    the budget holds (SPEC §8), and each verified draft is accepted with probability
+    ``acceptance``, in order, up to the first rejection (the draft model agrees with the target
+    token by token), from a generator seeded by ``seed``."""
+
+    num_spec_tokens: int
+    acceptance: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        k = self.num_spec_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise StepPlannerValueError(
+                f"num_spec_tokens={k!r} is out of range; allowed: an int in 1..64"
+            )
+        a = self.acceptance
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
+            raise StepPlannerValueError(
+                f"acceptance={a!r} is out of range; allowed: a number in [0, 1]"
+            )
+
+    def accepted(self, rng: np.random.Generator, verified: np.ndarray) -> np.ndarray:
+        """How many of each row's ``verified`` drafts are accepted."""
+        if self.acceptance >= 1.0:
+            return verified.astype(np.int32)
+        if self.acceptance <= 0.0:
+            return np.zeros(len(verified), dtype=np.int32)
+        # Trials to the first rejection, less that one: the accepted run before it.
+        run = rng.geometric(1.0 - self.acceptance, size=len(verified)) - 1
+        accepted: np.ndarray = np.minimum(run, verified).astype(np.int32)
+        return accepted
+
+
+def resolve_options(options: Any, limits: StepPlannerLimits) -> ResolvedSchedulingPolicy:
+    """``options`` (SchedulingOptions, None for the defaults, or already resolved) under
+    ``limits``; anything else is a ``TypeError``."""
+    if isinstance(options, ResolvedSchedulingPolicy):
+        return options
+    if options is None:
+        options = SchedulingOptions()
+    if not isinstance(options, SchedulingOptions):
+        raise StepPlannerTypeError(
+            "options must be a SchedulingOptions or ResolvedSchedulingPolicy, got "
+            f"{type(options).__name__}"
+        )
+    return resolve_scheduling_policy(options, limits)
+
+
+def _check_type(field: str, value: object, kind: type, optional: bool = False) -> None:
+    if not (isinstance(value, kind) or (optional and value is None)):
+        name = kind.__name__
+        allowed = ("an " if name[0] in "AEIOU" else "a ") + name + (" or None" if optional else "")
+        raise StepPlannerTypeError(f"{field} must be {allowed}, got {type(value).__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """The engine of a simulated run. ``options`` resolve under ``limits`` (``policy()``);
+    ``num_pages`` > 0 gives the run a pool of that many KV pages (``simulate_paged``)."""
+
+    limits: StepPlannerLimits = DEFAULT_LIMITS
+    options: SchedulingOptions | ResolvedSchedulingPolicy | None = None
+    latency: LatencyModel = DEFAULT_LATENCY
+    num_pages: int = 0
+    queue: ServingQueue = dataclasses.field(default_factory=ServingQueue)
+    speculation: Speculation | None = None
+    pace: EnginePace | None = None
+
+    def __post_init__(self) -> None:
+        _check_type("limits", self.limits, StepPlannerLimits)
+        _check_type("latency", self.latency, LatencyModel)
+        _check_type("queue", self.queue, ServingQueue)
+        _check_type("speculation", self.speculation, Speculation, optional=True)
+        _check_type("pace", self.pace, EnginePace, optional=True)
+        n = self.num_pages
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise StepPlannerValueError(
+                f"num_pages={n!r} is out of range; allowed: 0 (unlimited pages) or an int >= 1"
+            )
+        self.policy()  # options that do not resolve under these limits: refused here
+
+    def policy(self) -> ResolvedSchedulingPolicy:
+        """The scheduling policy ``options`` resolve to under ``limits``."""
+        return resolve_options(self.options, self.limits)
+
+    def replace(self, **changes: Any) -> Engine:
+        """This engine with ``changes`` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One simulated run: ``workload`` on ``engine``, cut short after ``max_steps`` steps
+    (None: to the end), keeping every token's time when ``detailed``."""
+
+    workload: Workload
+    engine: Engine = dataclasses.field(default_factory=Engine)
+    max_steps: int | None = None
+    detailed: bool = False
+
+    def __post_init__(self) -> None:
+        _check_type("workload", self.workload, Workload)
+        _check_type("engine", self.engine, Engine)
+        m = self.max_steps
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise StepPlannerValueError(f"max_steps={m!r} is out of range; allowed: None or >= 1")
