@@ -162,3 +162,9 @@ def test_bad_step_drafts_leave_the_ledger_as_it_was(make, drafts, error, words) 
     plan = ledger.step(planner, drafts=2)  # the pending plan is still there to apply
     assert plan.sequences[0].work == SequenceWork.DECODE
     assert plan.sequences[0].query_length == 3
+
+
+def test_an_empty_plan_takes_an_empty_accepted(make) -> None:
+    ledger, planner = make()
+    plan = planner.plan(ledger.residents, drafts=[])
+    assert ledger.apply(plan, accepted=np.zeros(0, np.int32)).tolist() == []

@@ -264,6 +264,26 @@ cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int
     return num_paused
 
 
+cdef int32_t grant_drafts(const ConfigC* cfg, const ResidentC* residents, const int32_t* drafts,
+                          ScratchC* scratch, int32_t num_decode, int32_t num_prompts) noexcept nogil:
+    """SPEC §8: each decode row's drafts (into ``scratch.grants``), in order, from what the step
+    holds beyond one token per decode row, less what the first prompt needs to reach its next
+    page end (so it still advances); returns their sum. Out of plan_step's body, which a step
+    without drafts runs as before."""
+    cdef int32_t k, g, draft_tokens = 0, page = cfg.kv_page_size
+    cdef int32_t spare = (cfg.max_num_tokens if cfg.mode == MODE_MIXED else cfg.t_max) - num_decode
+    cdef const ResidentC* r
+    if num_prompts > 0:
+        r = &residents[scratch.prompts[0]]
+        spare -= min(r.prompt_length - r.committed, page - r.committed % page)
+    for k in range(num_decode):
+        g = min(drafts[scratch.decodes[k]], cfg.max_input_length - 1, spare)
+        scratch.grants[k] = g
+        spare -= g
+        draft_tokens += g
+    return draft_tokens
+
+
 cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                     ScratchC* scratch, PlanC* out, uint8_t* reasons,
                     const int32_t* drafts) noexcept nogil:
@@ -275,8 +295,7 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
     cdef const ResidentC* r
     cdef SequenceC* seq
     cdef int32_t i, k, num_prompts = 0, num_decode = 0, num_prefill = 0, prefill_tokens = 0
-    cdef int32_t budget, cap, rem, n, best, kept, spare, g, draft_tokens = 0
-    cdef int32_t* grants = scratch.grants
+    cdef int32_t budget, cap, rem, n, best, kept, draft_tokens = 0
     cdef int32_t page = cfg.kv_page_size, s_in = cfg.max_input_length
     cdef bint active, decoding
 
@@ -324,18 +343,8 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
                 if r.context_committed or (by_priority and r.priority != best):
                     reasons[i] = REASON_HELD_PREFILL_FIRST
 
-    # Drafts (SPEC §8), in order, from what the step holds beyond one token per decode row, less
-    # what the first prompt needs to reach its next page end (so it still advances).
     if drafts != NULL and num_decode > 0:
-        spare = (cfg.max_num_tokens if cfg.mode == MODE_MIXED else cfg.t_max) - num_decode
-        if num_prompts > 0:
-            r = &residents[prompts[0]]
-            spare -= min(r.prompt_length - r.committed, page - r.committed % page)
-        for k in range(num_decode):
-            g = min(drafts[decodes[k]], s_in - 1, spare)
-            grants[k] = g
-            spare -= g
-            draft_tokens += g
+        draft_tokens = grant_drafts(cfg, residents, drafts, scratch, num_decode, num_prompts)
         budget -= draft_tokens
 
     # Prompt chunks, in order; a resident that gets nothing is skipped, later ones may still fit.
@@ -375,7 +384,7 @@ cdef void plan_step(const ConfigC* cfg, const ResidentC* residents, int32_t coun
             reasons[i] |= REASON_DECODE
     if draft_tokens > 0:
         for k in range(num_decode):
-            seq[k].query_length += grants[k]
+            seq[k].query_length += scratch.grants[k]
 
     out.num_prefill = num_prefill
     out.num_decode = num_decode

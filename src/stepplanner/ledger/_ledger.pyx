@@ -1465,7 +1465,7 @@ cdef class Ledger:
                 self.t.max_new[r])
         return p
 
-    cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except NULL:
+    cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except? NULL:
         """SPEC §8's accepted counts, one per plan row, each within what the row verified."""
         cdef int32_t rows = p.num_prefill + p.num_decode, k, most, a
         cdef const SequenceC* s
