@@ -2,7 +2,8 @@
 
 Each step: requests that have arrived are submitted to the ``Ledger`` (with their output length
 as ``max_new_tokens``); one ``ledger.step(planner)`` call applies the previous step's plan, counts
-the tokens it emitted (the chunk completing a prompt emits the first, each decode row one more),
+the tokens it emitted (the chunk completing a prompt emits the first, each decode row one more;
+with speculative decoding, ``Speculation``, one more per draft it accepted),
 retires the requests that have produced all their output tokens, admits into the free slots and
 plans; the step then takes ``LatencyModel`` seconds of simulated time. With nobody resident the
 clock jumps to the next arrival.
