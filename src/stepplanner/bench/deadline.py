@@ -91,7 +91,7 @@ def _run(workload: Any, limits: StepPlannerLimits, policy: SchedulingPolicy) -> 
     )
     engine = Engine(limits, options, DEFAULT_LATENCY)
     return simulator.SimulationRun(
-        RunSpec(workload, engine), _planner.StepPlanner(engine.policy(), limits)
+        RunSpec(workload, engine), _planner.StepPlanner(engine.policy, limits)
     )
 
 

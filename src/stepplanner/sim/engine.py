@@ -11,6 +11,7 @@ these whole instead of a dozen loose values, each checked once, where it is made
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -131,7 +132,7 @@ def _check_type(field: str, value: object, kind: type, optional: bool = False) -
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """The engine of a simulated run. ``options`` resolve under ``limits`` (``policy()``);
+    """The engine of a simulated run. ``options`` resolve under ``limits`` (``policy``);
     ``num_pages`` > 0 gives the run a pool of that many KV pages (``simulate_paged``)."""
 
     limits: StepPlannerLimits = DEFAULT_LIMITS
@@ -153,10 +154,11 @@ class Engine:
             raise StepPlannerValueError(
                 f"num_pages={n!r} is out of range; allowed: 0 (unlimited pages) or an int >= 1"
             )
-        self.policy()  # options that do not resolve under these limits: refused here
+        _ = self.policy  # options that do not resolve under these limits: refused here
 
+    @functools.cached_property
     def policy(self) -> ResolvedSchedulingPolicy:
-        """The scheduling policy ``options`` resolve to under ``limits``."""
+        """The scheduling policy ``options`` resolve to under ``limits`` (resolved once)."""
         return resolve_options(self.options, self.limits)
 
     def replace(self, **changes: Any) -> Engine:

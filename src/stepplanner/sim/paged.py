@@ -134,7 +134,7 @@ def simulate_paged_run(
     table = KVPageTable(
         limits.max_batch_size, row_pages(workload, limits), engine.num_pages, limits.kv_page_size
     )
-    run = SimulationRun(spec, StepPlanner(engine.policy(), limits), table)
+    run = SimulationRun(spec, StepPlanner(engine.policy, limits), table)
     reserved: list[int] = []
     in_use: list[int] = []
     held: list[int] = []

@@ -439,7 +439,7 @@ def simulate_run(
             f"engine.num_pages={spec.engine.num_pages}: a run with a KV page pool is "
             "simulate_paged_run's; allowed here: 0"
         )
-    planner = StepPlanner(spec.engine.policy(), spec.engine.limits)
+    planner = StepPlanner(spec.engine.policy, spec.engine.limits)
     return SimulationRun(spec, planner).run(spec.max_steps, on_step, progress, progress_every)
 
 
@@ -481,7 +481,7 @@ class SimulationRun:
         self.draft_tokens = 0
         self.accepted_drafts = 0
         self.w, self.limits, self.latency = workload, limits, latency
-        self.policy = engine.policy()
+        self.policy = engine.policy
         self.pace = engine.pace  # its windows count from the first arrival
         self.planner = planner
         # By default every request may wait: the workload is the whole demand.
