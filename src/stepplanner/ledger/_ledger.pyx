@@ -1486,13 +1486,18 @@ cdef class Ledger:
         return acc
 
     cdef int32_t _first_past_max_new(self, const PlanC* p, const int32_t* acc) noexcept:
-        """The first plan row whose tokens would take its request past max_new_tokens, or -1
-        (only a row verifying drafts can)."""
+        """The first plan row whose tokens would take its request past max_new_tokens, or -1.
+        Only a row verifying drafts can (any other emits at most one token, and a request not
+        done has one left), so a plan without drafts costs a test per row."""
         cdef int32_t k, r
+        cdef const SequenceC* s
         for k in range(p.num_prefill + p.num_decode):
-            r = p.sequences[k].resident
-            if (not self.t.done[r] and self.t.max_new[r] > 0 and self.t.generated[r]
-                    + emitted(&p.sequences[k], acc, k) > self.t.max_new[r]):
+            s = &p.sequences[k]
+            if s.work != WORK_DECODE or s.query_length == 1:
+                continue
+            r = s.resident
+            if (not self.t.done[r] and self.t.max_new[r] > 0
+                    and self.t.generated[r] + emitted(s, acc, k) > self.t.max_new[r]):
                 return k
         return -1
 
