@@ -291,6 +291,7 @@ def test_ledger_implementations_have_the_same_surface(compiled):
             "step_time",
             "relegated_wait",
             "never_relegate_below",
+            "max_loras",
         ]
     )
     ranker, compiled_ranker = _ledger_reference.Ranker, _ledger_core.Ranker

@@ -715,8 +715,15 @@ def _apply_op(op, ledger, planner, plans, k, rng, now, next_id):
         )
         timed = prio != 2 or own is not None or rng.random() < 0.5
         length, max_new = int(rng.integers(1, 80)), int(rng.integers(1, 30))
+        lora = int(rng.integers(0, 4))  # the ledgers' max_loras decides whether it matters
         return ledger.submit(
-            next_id, length, prio, max_new, arrival_time=now if timed else None, slo=own
+            next_id,
+            length,
+            prio,
+            max_new,
+            arrival_time=now if timed else None,
+            slo=own,
+            lora_id=lora,
         )
     if op == "step":
         plan = plans[k]
@@ -751,9 +758,10 @@ def _outcome(call):
     page=st.sampled_from([1, 16]),
     wait=st.sampled_from([None, 0.0, 0.05]),
     floor=st.sampled_from([0, 1, -5]),
+    loras=st.sampled_from([None, 1, 2]),
 )
 def test_compiled_and_twin_agree_under_deadline_policies(
-    ops, name, pause, measured, page, wait, floor
+    ops, name, pause, measured, page, wait, floor, loras
 ):
     limits = sp.StepPlannerLimits(max_batch_size=3, max_input_length=64, kv_page_size=page)
     pol = policy(name, pause, limits=limits, max_pause_steps=2)
@@ -770,6 +778,7 @@ def test_compiled_and_twin_agree_under_deadline_policies(
                 step_time=step_time,
                 relegated_wait=wait,
                 never_relegate_below=floor,
+                max_loras=loras,
             ),
             c.StepPlanner(pol, limits),
         )

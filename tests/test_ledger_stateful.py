@@ -47,6 +47,7 @@ class Waiting:
     priority: int
     arrival: int
     max_new: int  # 0: no limit
+    lora: int  # its adapter, 0: the base model
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -64,8 +65,9 @@ class LedgerMachine(RuleBasedStateMachine):
         max_pause=st.integers(0, 3),
         reserved=st.integers(0, 5),
         max_waiting=st.integers(0, 12),
+        max_loras=st.sampled_from([None, 1, 2]),
     )
-    def start(self, b, s_in, page, by_priority, pause, max_pause, reserved, max_waiting):
+    def start(self, b, s_in, page, by_priority, pause, max_pause, reserved, max_waiting, max_loras):
         # Limits with rd(T_max) < B + P admit no policy; those are the config layer's tests.
         s_in = max(s_in, 2 * page + 1)
         self.limits = StepPlannerLimits(b, s_in, page)
@@ -87,12 +89,16 @@ class LedgerMachine(RuleBasedStateMachine):
             ledger_type, planner_type = _ledger_core.Ledger, _core.StepPlanner
         else:
             ledger_type, planner_type = _ledger_reference.Ledger, _reference.StepPlanner
-        self.ledger = ledger_type(self.limits, self.policy, max_waiting=max_waiting)
+        self.ledger = ledger_type(
+            self.limits, self.policy, max_waiting=max_waiting, max_loras=max_loras
+        )
         self.planner = planner_type(self.policy, self.limits)
         # Plans for refused calls come from another planner: planning on the ledger's own
         # between two step() calls changes its pending plan, which step() then refuses.
         self.side_planner = planner_type(self.policy, self.limits)
         self.max_waiting = max_waiting
+        self.max_loras = max_loras or 0
+        self.lora_of: dict[int, int] = {}  # request id -> its adapter
         self.resident: dict[int, dict] = {}
         self.accounts: dict[int, list[int]] = {}
         self.waiting: list[Waiting] = []
@@ -108,14 +114,23 @@ class LedgerMachine(RuleBasedStateMachine):
 
     def _admit_model(self) -> list[int]:
         admitted = []
-        while len(self.resident) < self.limits.max_batch_size and self.waiting:
+        # LoRA: the residents hold at most max_loras distinct adapters; a request whose adapter
+        # cannot join is passed over this pass (it keeps its place), and the queue read on.
+        held = {self.lora_of[rid] for rid in self.resident} - {0}
+        candidates = list(self.waiting)
+        while len(self.resident) < self.limits.max_batch_size and candidates:
             free = self.limits.max_batch_size - len(self.resident)
-            best = min(self.waiting, key=self._key)
+            best = min(candidates, key=self._key)
             if best.priority >= 0 and free <= self.ledger.reserved_slots:
-                urgent = [w for w in self.waiting if w.priority < 0]
+                urgent = [w for w in candidates if w.priority < 0]
                 if not urgent:
                     break
                 best = min(urgent, key=self._key)
+            candidates.remove(best)
+            if self.max_loras and best.lora and best.lora not in held:
+                if len(held) == self.max_loras:
+                    continue
+                held.add(best.lora)
             self.waiting.remove(best)
             self.resident[best.rid] = {
                 "priority": best.priority,
@@ -196,13 +211,17 @@ class LedgerMachine(RuleBasedStateMachine):
             length = data.draw(st.integers(1, self.limits.max_input_length))
             priority = data.draw(st.integers(-2, 2))
             max_new = data.draw(st.one_of(st.none(), st.integers(1, 4)))
+            lora = data.draw(st.integers(0, 3))
             if len(self.waiting) >= self.max_waiting:
                 with pytest.raises(QueueFullError, match="max_waiting"):
-                    self.ledger.submit(self.next_id, length, priority, max_new)
+                    self.ledger.submit(self.next_id, length, priority, max_new, lora_id=lora)
                 return
-            arrival = self.ledger.submit(self.next_id, length, priority, max_new)
+            arrival = self.ledger.submit(self.next_id, length, priority, max_new, lora_id=lora)
             assert arrival == self.next_arrival
-            self.waiting.append(Waiting(self.next_id, length, priority, arrival, max_new or 0))
+            self.lora_of[self.next_id] = lora
+            self.waiting.append(
+                Waiting(self.next_id, length, priority, arrival, max_new or 0, lora)
+            )
             self.next_id += 1
             self.next_arrival += 1
 
@@ -342,6 +361,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     lambda: self.ledger.submit(self.next_id, self.limits.max_input_length + 1),
                     lambda: self.ledger.submit(self.next_id, 0),
                     lambda: self.ledger.submit(self.next_id, 1, 0, 0),
+                    lambda: self.ledger.submit(self.next_id, 1, lora_id=-1),
                     lambda: self.ledger.submit(
                         next(iter(self.resident), -1) if self.resident else "id", 1
                     ),
@@ -391,6 +411,10 @@ class LedgerMachine(RuleBasedStateMachine):
         got = {r["request_id"]: {f: r[f] for f in RESIDENT_FIELDS} for r in records}
         assert len(got) == len(records) == self.ledger.count  # each request once
         assert got == self.resident
+        loras = {r["request_id"]: r.get("lora_id", 0) for r in records}
+        assert loras == {rid: self.lora_of[rid] for rid in self.resident}
+        if self.max_loras:
+            assert len(set(loras.values()) - {0}) <= self.max_loras
         tokens = dict(zip(self.ledger.request_ids.tolist(), self.ledger.output_tokens.tolist()))
         assert tokens == {rid: a[0] for rid, a in self.accounts.items()}
         assert self.ledger.waiting_ids() == [w.rid for w in sorted(self.waiting, key=self._key)]

@@ -33,6 +33,10 @@ The surface (both implementations):
 * ``submit(request_id, prompt_length, priority=0, max_new_tokens=None)`` -> arrival stamp;
   O(log n). Past ``max_waiting`` it raises ``QueueFullError`` (a ``RuntimeError``): the
   backpressure signal a server turns into HTTP 429.
+* LoRA (docs/decisions.md, "LoRA adapters"): ``Ledger(..., max_loras=N)`` and ``submit(...,
+  lora_id=k)`` (0, the default: the base model). The residents hold at most N distinct
+  adapters; admission passes over a request whose adapter cannot join (it keeps its place) and
+  admits the requests behind it whose adapters can. ``max_loras=None``: no limit.
 * ``cancel(request_id)``: out of the queue (O(log n)) or out of its row, wherever it is; a
   resident of the pending ``step`` plan leaves with that plan (see Threads below).
 * ``admit()`` -> the admitted ids (a list); ``admitted_ids`` is the same as a view.
@@ -64,7 +68,8 @@ The surface (both implementations):
   before anything changes.
 * ``Ledger.__init__`` runs once: called again it raises "already initialised", as
   ``KVPageTable``, ``StepInputs`` and ``StepPlanner`` do.
-* ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); ``waiting_ids()``.
+* ``load(records)`` / ``to_records()``: snapshots (explain, record/replay); a record carries
+  ``lora_id`` when its row has an adapter; ``waiting_ids()``.
 * Deadlines (docs/scheduling.md): ``Ledger(..., slo_classes={priority: SLO}, step_time=(base,
   per_token) or None)``, ``submit(..., arrival_time=, slo=)``; under ``SchedulingPolicy.EDF`` and
   ``DEADLINE`` the ledger ranks the rows before each plan from the runtime's clock (``step(...,

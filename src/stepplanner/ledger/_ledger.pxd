@@ -40,6 +40,7 @@ ctypedef struct WaitingC:
     double gap                # its per-token objective (0: none)
     double wait               # how long it may wait once relegated (seconds)
     double shed_at            # relegated: when it is handed back (shed_ids); inf before
+    int64_t lora              # its LoRA adapter (0: the base model)
 
 # A binary min-heap of pool slots by queue key (its ORDER_*).
 ctypedef struct HeapC:
@@ -91,11 +92,22 @@ ctypedef struct TableC:
     uint64_t* stamp           # the submission stamp (rows' arrival holds the rank under EDF/DEADLINE)
     int32_t* klass            # the request's own priority (rows' priority holds the rank)
     uint8_t* relegated        # DEADLINE gave up on its objectives: served after the rest
+    int64_t* lora             # each row's LoRA adapter, 0: the base model (NULL in a Ranker's)
     int64_t* relegated_ids    # ids the last call relegated (rows and waiting requests)
     int32_t num_relegated
     int32_t count
     int32_t capacity          # B
     int32_t reserved_slots
+
+
+# LoRA admission (docs/decisions.md, "LoRA adapters"; _shared.AdapterSlots is the same rule in
+# Python): the residents hold at most `most` distinct adapters, and admission passes over a
+# request whose adapter cannot join, to put it back in its heap once the pass is over.
+ctypedef struct AdaptersC:
+    int32_t most              # 0: no limit
+    int32_t num_held
+    int64_t* held             # min(most, B) entries: the adapters the residents hold (scratch)
+    int32_t* passed           # max_waiting pool slots: the requests this pass passed over
 
 
 # What the rank pass needs (docs/scheduling.md): the policy's ranking and the step-time estimate.

@@ -84,6 +84,7 @@ from stepplanner.ledger._shared import (
     LEVEL_STRIDE,
     CLASS_SPAN,
     STEP_TIME_WEIGHT,
+    as_lora_id,
     as_request_id,
     as_time,
     check_admits_args,
@@ -396,8 +397,33 @@ cdef inline int64_t worst_case(const WaitingC* w, const PageTableC* pages) noexc
     return pages_for(<int64_t>w.prompt_length + w.max_new_tokens, pages.page_size)
 
 
+cdef bint adapter_joins(AdaptersC* a, int64_t lora) noexcept nogil:
+    """Whether a request of adapter ``lora`` may join the residents now; if it may, its adapter
+    is held from then on (``_shared.AdapterSlots.join``)."""
+    cdef int32_t k
+    if lora == 0 or a.most == 0:
+        return True
+    for k in range(a.num_held):
+        if a.held[k] == lora:
+            return True
+    if a.num_held >= a.most:
+        return False
+    a.held[a.num_held] = lora
+    a.num_held += 1
+    return True
+
+
+cdef void hold_resident_adapters(AdaptersC* a, const TableC* t) noexcept nogil:
+    """The residents' distinct adapters into ``a.held`` (at most ``a.most`` of them: admission
+    never admits past it, and ``load`` refuses more)."""
+    cdef int32_t r
+    a.num_held = 0
+    for r in range(t.count):
+        adapter_joins(a, t.lora[r])
+
+
 cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
-                           const DeadlineC* d, double now) noexcept nogil:
+                           const DeadlineC* d, AdaptersC* a, double now) noexcept nogil:
     """Move waiting requests into free rows in queue order; returns how many. With ``pages``
     each admitted row gets its worst case, and the first request whose worst case the free pool
     cannot hold stops admission: nothing overtakes it, so it is never starved. Under DEADLINE
@@ -405,8 +431,11 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     moves behind every request that still can (the relegated heap), and so does every waiting
     request that can no longer make it (``relegate_hopeless``); relegated requests whose wait
     is over are handed back (``shed_expired``). Classes below ``never_below`` are never
-    relegated."""
-    cdef int32_t n = 0, h, slot, row
+    relegated. With ``a.most`` adapters at most, a request whose adapter cannot join the
+    residents' is passed over: out of its heap for the rest of the pass (so the queue is read on
+    behind it), then pushed back, its key and so its place unchanged."""
+    cdef int32_t n = 0, h, slot, row, k, num_passed = 0
+    cdef bint held = False  # a.held is filled at the first request with an adapter
     cdef int64_t need = 0
     cdef HeapC* heap
     cdef WaitingC* w
@@ -427,6 +456,15 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
                 and too_late(d, w.prompt_length, w.first_due, now)):
             lose_waiting(q, m, t, slot, now)
             continue
+        if a.most and w.lora:
+            if not held:
+                hold_resident_adapters(a, t)
+                held = True
+            if not adapter_joins(a, w.lora):
+                heap_remove(q, slot)
+                a.passed[num_passed] = slot
+                num_passed += 1
+                continue
         row = t.count
         if pages != NULL:
             need = worst_case(w, pages)
@@ -454,12 +492,15 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         t.stamp[row] = w.arrival
         t.klass[row] = w.priority
         t.relegated[row] = w.heap == HEAP_LOSING
+        t.lora[row] = w.lora
         map_set(m, w.request_id, -(row + 1))
         q.free[q.num_free] = slot
         q.num_free += 1
         t.count += 1
         t.admitted[n] = w.request_id
         n += 1
+    for k in range(num_passed):
+        heap_push(q, a.passed[k])
     t.num_admitted = n
     q.num_reported = q.num_shed
     return n
@@ -637,6 +678,7 @@ cdef void remove_marked(TableC* t, IdMapC* m, PageTableC* pages, uint8_t* mark,
                 t.stamp[row] = t.stamp[last]
                 t.klass[row] = t.klass[last]
                 t.relegated[row] = t.relegated[last]
+                t.lora[row] = t.lora[last]
                 map_set(m, t.ids[row], -(row + 1))
             mark[row] = 0
             memset(&t.rows[last], 0, sizeof(ResidentC))
@@ -929,6 +971,7 @@ cdef class Ledger:
     cdef list _relegated_views, _shed_views
     cdef _CoreMemory _shed_memory
     cdef DeadlineC d                # the rank pass's policy and step-time estimate
+    cdef AdaptersC a                # LoRA: the most distinct adapters the residents hold
     cdef dict _classes              # slo_classes: priority -> SLO
     cdef object _policy_name
     cdef object _pending            # the plan of step() not yet applied, or None
@@ -953,10 +996,11 @@ cdef class Ledger:
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                   slo_classes=None, step_time=None, relegated_wait=None,
-                  never_relegate_below=_NEVER_RELEGATE_BELOW):
-        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation = (
+                  never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None):
+        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation, loras = (
             check_constructor(limits, policy, max_waiting, slo_classes, step_time,
-                              relegated_wait, never_relegate_below))
+                              relegated_wait, never_relegate_below, max_loras))
+        self.a.most = loras
         self._classes = set_deadlines(&self.d, limits, deadlines, relegation)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
         cdef PageTableC* pages
@@ -994,6 +1038,10 @@ cdef class Ledger:
         self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
         self.t.klass = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self.t.lora = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
+        if self.a.most:
+            self.a.held = <int64_t*>PyMem_Calloc(max(min(self.a.most, b), 1), sizeof(int64_t))
+            self.a.passed = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self._lock = PyThread_allocate_lock()
         self.q.capacity = w
         self.q.pool = <WaitingC*>PyMem_Calloc(max(w, 1), sizeof(WaitingC))
@@ -1024,6 +1072,8 @@ cdef class Ledger:
                 or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
                 or self.t.due == NULL
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
+                or self.t.lora == NULL
+                or (self.a.most and (self.a.held == NULL or self.a.passed == NULL))
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.q.heaps[2].slots == NULL or self.q.scratch == NULL
@@ -1048,7 +1098,7 @@ cdef class Ledger:
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                  slo_classes=None, step_time=None, relegated_wait=None,
-                 never_relegate_below=_NEVER_RELEGATE_BELOW):
+                 never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None):
         # Everything was checked and allocated by __cinit__; a second call would leave the old
         # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
         if self._initialised:
@@ -1066,6 +1116,9 @@ cdef class Ledger:
         PyMem_Free(self.t.stamp)
         PyMem_Free(self.t.klass)
         PyMem_Free(self.t.relegated)
+        PyMem_Free(self.t.lora)
+        PyMem_Free(self.a.held)
+        PyMem_Free(self.a.passed)
         if self._lock != NULL:
             PyThread_free_lock(self._lock)
         PyMem_Free(self.q.pool)
@@ -1095,6 +1148,11 @@ cdef class Ledger:
     @property
     def waiting(self):
         return self.q.capacity - self.q.num_free
+
+    @property
+    def max_loras(self):
+        """The most distinct LoRA adapters the residents hold (None: no limit)."""
+        return self.a.most or None
 
     @property
     def relegated_waiting(self):
@@ -1234,19 +1292,20 @@ cdef class Ledger:
 
     @cython.critical_section
     def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None, *,
-               arrival_time=None, slo=None):
+               arrival_time=None, slo=None, lora_id=0):
         """Queue a request; returns its arrival stamp. Safe from any thread: it waits for the
         call under way (see ``_acquire``)."""
         self._acquire(CALL_GUEST)
         try:
             return self._submit(request_id, prompt_length, priority, max_new_tokens,
-                                arrival_time, slo)
+                                arrival_time, slo, lora_id)
         finally:
             self._release()
 
     cdef object _submit(self, object request_id, object prompt_length, object priority,
-                        object max_new_tokens, object arrival_time, object slo):
-        cdef int64_t rid, limit = 0
+                        object max_new_tokens, object arrival_time, object slo,
+                        object lora_id):
+        cdef int64_t rid, limit = 0, lora
         cdef int32_t length, prio
         if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
                 and (max_new_tokens is None or type(max_new_tokens) is int)
@@ -1259,6 +1318,7 @@ cdef class Ledger:
         else:  # the shared checks raise the shared messages (and may run caller code)
             rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                                   max_new_tokens, self.limits.max_input_length)
+        lora = lora_id if type(lora_id) is int and 0 <= lora_id < 2**63 else as_lora_id(lora_id)
         cdef double due = INFINITY, gap = 0.0, ttft = INFINITY
         if slo is not None or arrival_time is not None or self._classes:
             due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
@@ -1290,6 +1350,7 @@ cdef class Ledger:
         w.gap = gap
         w.wait = ttft if isnan(self.d.relegated_wait) else self.d.relegated_wait
         w.shed_at = INFINITY
+        w.lora = lora
         if due < self.q.earliest_due and prio >= self.d.never_below:
             self.q.earliest_due = due
         w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
@@ -1506,10 +1567,10 @@ cdef class Ledger:
         # changes the table, so that another thread's ensure or release cannot interleave with
         # it on a free-threaded build (a no-op under the GIL).
         if self.pages == NULL:
-            admit_waiting(&self.q, &self.t, &self.m, NULL, &self.d, now)
+            admit_waiting(&self.q, &self.t, &self.m, NULL, &self.d, &self.a, now)
         else:
             with cython.critical_section(self.page_table):
-                admit_waiting(&self.q, &self.t, &self.m, self.pages, &self.d, now)
+                admit_waiting(&self.q, &self.t, &self.m, self.pages, &self.d, &self.a, now)
 
     cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
         """Swap-remove the marked rows. Every removal takes the cancelled rows with it (they
@@ -1778,10 +1839,11 @@ cdef class Ledger:
         if self.d.ranking != RANK_NONE:
             raise _errors.ledger_load_with_deadlines(self._policy_name)
         # Every record is read (caller code: a Mapping's __getitem__) before the ledger is.
-        table, ids = parse_records(residents, self.t.capacity)
+        table, ids, loras = parse_records(residents, self.t.capacity, self.a.most)
         check_waiting(table, ids, self._waiting_stamps())
         cdef int32_t n = len(table), row
         cdef const int64_t[::1] new_ids = ids
+        cdef const int64_t[::1] new_loras = loras
         self._pending = None
         for row in range(self.t.count):  # the old residents leave the id map; the waiting stay
             map_delete(&self.m, self.t.ids[row])
@@ -1789,8 +1851,10 @@ cdef class Ledger:
         if n:  # parse_records made it: a new C-contiguous RESIDENT_DTYPE array of n rows
             memcpy(self.t.rows, cnp.PyArray_DATA(table), n * sizeof(ResidentC))
         memset(self.t.ids, 0xFF, self.t.capacity * sizeof(int64_t))
+        memset(self.t.lora, 0, self.t.capacity * sizeof(int64_t))
         for row in range(n):
             self.t.ids[row] = new_ids[row]
+            self.t.lora[row] = new_loras[row]
             map_set(&self.m, new_ids[row], -(row + 1))
         memset(self.t.generated, 0, self.t.capacity * sizeof(int64_t))
         memset(self.t.max_new, 0, self.t.capacity * sizeof(int64_t))
@@ -1816,7 +1880,10 @@ cdef class Ledger:
         self._acquire(CALL_QUIET)
         try:
             ids = np.frombuffer(self._ids, dtype=_INT64_DESCR, count=self.t.count)
-            return records_of(self._own_rows(), ids)
+            loras = np.empty(self.t.count, dtype=_INT64_DESCR)
+            if self.t.count:
+                memcpy(cnp.PyArray_DATA(loras), self.t.lora, self.t.count * sizeof(int64_t))
+            return records_of(self._own_rows(), ids, loras)
         finally:
             self._release()
 

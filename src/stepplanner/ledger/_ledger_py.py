@@ -10,7 +10,7 @@ import heapq
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 import numpy as np
 
@@ -36,8 +36,10 @@ from ._shared import (
     RANK_NONE,
     STEP_TIME_WEIGHT,
     UINT64_MAX,
+    AdapterSlots,
     DeadlineArgs,
     accepted_counts,
+    as_lora_id,
     as_request_id,
     as_time,
     check_admits_args,
@@ -148,10 +150,11 @@ class Ledger:
         step_time: tuple[float, float] | None = None,
         relegated_wait: float | None = None,
         never_relegate_below: int = NEVER_RELEGATE_BELOW,
+        max_loras: SupportsIndex | None = None,
     ) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
-        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation = (
+        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation, loras = (
             check_constructor(
                 limits,
                 policy,
@@ -160,8 +163,10 @@ class Ledger:
                 step_time,
                 relegated_wait,
                 never_relegate_below,
+                max_loras,
             )
         )
+        self._max_loras = loras  # 0: no limit
         self._d = _Deadlines(limits, deadlines, relegation)
         self._ranking = self._d.ranking
         self._classes = deadlines[1]
@@ -200,6 +205,7 @@ class Ledger:
         self._stamp = np.zeros(b, dtype=np.uint64)
         self._klass = np.zeros(b, dtype=np.int32)
         self._relegated = np.zeros(b, dtype=bool)
+        self._lora = np.zeros(b, dtype=np.int64)  # each row's adapter (0: the base model)
         self._relegated_ids: list[int] = []
         self._count = 0
         self._next_arrival = 0
@@ -239,6 +245,10 @@ class Ledger:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def max_loras(self) -> int | None:
+        return self._max_loras or None
 
     @property
     def relegated_waiting(self) -> int:
@@ -325,10 +335,12 @@ class Ledger:
         *,
         arrival_time: float | None = None,
         slo: Any = None,
+        lora_id: SupportsIndex = 0,
     ) -> int:
         rid, length, prio, limit = submission(
             request_id, prompt_length, priority, max_new_tokens, self.limits.max_input_length
         )
+        lora = as_lora_id(lora_id)
         due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self._table is not None:
             check_worst_case(rid, length, limit, self._kv.geometry(self._table))
@@ -350,7 +362,10 @@ class Ledger:
         else:
             key = (prio, arrival) if self.by_priority else (arrival,)
         wait = ttft if math.isnan(self._d.relegated_wait) else self._d.relegated_wait
+        # The fields: key, id, prompt, class, stamp, max_new, live, first due, gap, relegated,
+        # wait once relegated, shed at, adapter (the compiled WaitingC's).
         entry = [key, rid, length, prio, arrival, limit, True, due, gap, False, wait, math.inf]
+        entry.append(lora)
         if due < self._earliest and prio >= self._d.never_below:
             self._earliest = due
         heapq.heappush(self._urgent if prio < 0 else self._normal, entry)
@@ -456,6 +471,8 @@ class Ledger:
         if now is not None and self._ranking == RANK_DEADLINE:
             self._relegate_hopeless(now)
             self._shed_expired(now)
+        slots = AdapterSlots(self._max_loras, self._lora[: self._count].tolist())
+        passed: list[tuple[list[list[Any]], list[Any]]] = []  # (its heap, entry): put back after
         while self._count < len(self._rows):
             heap = self._next_heap()
             if heap is None:
@@ -473,11 +490,16 @@ class Ledger:
                 heapq.heappop(heap)
                 self._lose(head, now)
                 continue
+            if not slots.join(head[12]):
+                # Its adapter cannot join this step: it keeps its place, the queue is read on.
+                passed.append((heap, heapq.heappop(heap)))
+                continue
             # No overtaking: the first request whose worst case the free pool cannot hold
             # stops admission, so a large request is never starved by smaller ones behind it.
             if table is not None and not self._fits(heap[0]):
                 break
-            _, rid, length, prio, arrival, limit, _, due, gap, lost, _, _ = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            _, rid, length, prio, arrival, limit, _, due, gap, lost, _, _, lora = entry
             del self._waiting[rid]
             row = self._count
             self._rows[row] = (prio, arrival, length, 0, False, 0)
@@ -486,6 +508,7 @@ class Ledger:
             self._stamp[row] = arrival
             self._klass[row] = prio
             self._relegated[row] = lost
+            self._lora[row] = lora
             self._ids[row] = rid
             self._generated[row] = 0
             self._max_new[row] = limit
@@ -496,6 +519,8 @@ class Ledger:
             self._count += 1
             self._admitted[n] = rid
             n += 1
+        for heap, entry in passed:
+            heapq.heappush(heap, entry)
         self._num_admitted = n
         self._shed_reported = len(self._shed)
 
@@ -791,6 +816,7 @@ class Ledger:
                     self._stamp,
                     self._klass,
                     self._relegated,
+                    self._lora,
                 ):
                     column[row] = column[last]
                 self._row_of[int(self._ids[row])] = row
@@ -807,7 +833,7 @@ class Ledger:
             raise _errors.ledger_load_with_pages()
         if self._ranking != RANK_NONE:
             raise _errors.ledger_load_with_deadlines(self._policy_name)
-        table, ids = parse_records(residents, self.capacity)
+        table, ids, loras = parse_records(residents, self.capacity, self._max_loras)
         check_waiting(table, ids, {rid: entry[4] for rid, entry in self._waiting.items()})
         n = len(table)
         self._pending = None
@@ -821,6 +847,8 @@ class Ledger:
         self._first_due[:] = np.inf
         self._gap[:] = 0.0
         self._relegated[:] = False
+        self._lora[:] = 0
+        self._lora[:n] = loras
         self._cancelled = set()
         self._num_finished = self._num_admitted = 0
         self._row_of = {rid: row for row, rid in enumerate(ids.tolist())}
@@ -830,7 +858,8 @@ class Ledger:
 
     @_exclusive(_QUIET)
     def to_records(self) -> list[dict[str, Any]]:
-        return records_of(self._rows[: self._count], self._ids[: self._count])
+        count = self._count
+        return records_of(self._rows[:count], self._ids[:count], self._lora[:count])
 
 
 # --- deadlines: the rank pass (docs/scheduling.md), as the compiled ledger's C ---------------

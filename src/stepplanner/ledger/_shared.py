@@ -7,7 +7,7 @@ cannot check differently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -229,15 +229,76 @@ def check_constructor(
     step_time: object,
     relegated_wait: object = None,
     never_relegate_below: object = 0,
-) -> tuple[tuple[bool, int, int], DeadlineArgs, tuple[float, int]]:
+    max_loras: object = None,
+) -> tuple[tuple[bool, int, int], DeadlineArgs, tuple[float, int], int]:
     """A new ledger's arguments, checked in one order for both ledgers (``check_ledger_args``,
-    ``check_deadline_args``, then ``check_relegation_args``: limits, policy, max_waiting,
-    slo_classes, step_time, relegated_wait, never_relegate_below; the page table is checked
-    after, by the caller), so that any mix of bad arguments is refused with the same error by
-    both."""
+    ``check_deadline_args``, ``check_relegation_args``, then ``check_max_loras``: limits, policy,
+    max_waiting, slo_classes, step_time, relegated_wait, never_relegate_below, max_loras; the
+    page table is checked after, by the caller), so that any mix of bad arguments is refused
+    with the same error by both."""
     ledger_args = check_ledger_args(limits, policy, max_waiting)
     deadlines = check_deadline_args(policy, limits, slo_classes, step_time)
-    return ledger_args, deadlines, check_relegation_args(relegated_wait, never_relegate_below)
+    relegation = check_relegation_args(relegated_wait, never_relegate_below)
+    return ledger_args, deadlines, relegation, check_max_loras(max_loras)
+
+
+# --- LoRA adapters (docs/decisions.md, "LoRA adapters") ----------------------------------------
+
+
+def check_max_loras(value: object) -> int:
+    """``max_loras`` as the most distinct adapters the residents may hold; 0 for None (no
+    limit)."""
+    if value is None:
+        return 0
+    most = as_int("max_loras", value)
+    if not 1 <= most <= 2**31 - 1:
+        raise _errors.out_of_range("max_loras", most, f"1..{2**31 - 1}, or None for no limit")
+    return most
+
+
+def as_lora_id(value: object, field: str = "lora_id") -> int:
+    """A request's adapter: 0 for the base model, else the runtime's adapter id (vLLM's
+    ``lora_int_id``)."""
+    lora = as_int(field, value)
+    if lora > INT64_MAX:
+        raise _errors.not_int64(field, lora)
+    if lora < 0:
+        raise _errors.out_of_range(field, lora, f"0 (the base model)..{INT64_MAX}")
+    return lora
+
+
+class AdapterSlots:
+    """The rule of LoRA admission: the residents hold at most ``most`` distinct adapters (the
+    base model, 0, is none), so every step's rows do. ``join`` asks, in queue order, whether a
+    request may be admitted; a request it turns away waits and the caller reads on. The
+    pure-Python ledger and the vLLM integration use this class; the compiled ledger's
+    ``admit_waiting`` is its C twin."""
+
+    __slots__ = ("held", "most")
+
+    def __init__(self, most: int, resident: Iterable[int]) -> None:
+        self.most = most  # 0: no limit (and ``resident`` is not read)
+        self.held = {lora for lora in resident if lora} if most else set()
+
+    def join(self, lora: int) -> bool:
+        """Whether a request of adapter ``lora`` may join the residents now; if it may, its
+        adapter is held from then on (the caller admits it)."""
+        if not lora or not self.most or lora in self.held:
+            return True
+        if len(self.held) >= self.most:
+            return False
+        self.held.add(lora)
+        return True
+
+
+def check_resident_loras(loras: np.ndarray, most: int) -> None:
+    """``load()``'s adapters: at most ``most`` distinct ones (0: any number)."""
+    held = np.unique(loras[loras != 0])
+    if most and held.size > most:
+        raise _errors.StepPlannerValueError(
+            f"the residents hold {held.size} distinct lora_id values ({held[: most + 1].tolist()}"
+            f"{', ...' if held.size > most + 1 else ''}); allowed: at most max_loras={most}"
+        )
 
 
 # Relegation (docs/scheduling.md, "Overload"): who may be given up on, and how long a request
@@ -385,9 +446,10 @@ def check_rank_arrays(
 
 
 def parse_records(
-    residents: Sequence[Mapping[str, Any]], capacity: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``load()``'s records as (RESIDENT_DTYPE table, int64 ids), checked against each other.
+    residents: Sequence[Mapping[str, Any]], capacity: int, max_loras: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``load()``'s records as (RESIDENT_DTYPE table, int64 ids, int64 adapters), checked
+    against each other (at most ``max_loras`` distinct adapters; 0: any number).
 
     Every record is read here, before the ledger's own state is: the records' code (a Mapping's
     ``__getitem__``) runs before ``check_waiting`` sees the queue."""
@@ -397,8 +459,9 @@ def parse_records(
         )
     table = np.zeros(len(residents), dtype=RESIDENT_DTYPE)
     ids = np.arange(len(residents), dtype=np.int64)
+    loras = np.zeros(len(residents), dtype=np.int64)
     for i, record in enumerate(residents):
-        table[i], rid = _row(i, record)
+        table[i], rid, loras[i] = _row(i, record)
         if rid is not None:
             ids[i] = rid
     for name, column in (("arrival", table["arrival"]), ("request_id", ids)):
@@ -406,7 +469,8 @@ def parse_records(
             raise _errors.StepPlannerValueError(
                 f"two residents have the same {name}; allowed: unique values"
             )
-    return table, ids
+    check_resident_loras(loras, max_loras)
+    return table, ids, loras
 
 
 def check_waiting(table: np.ndarray, ids: np.ndarray, waiting: Mapping[int, int]) -> None:
@@ -420,16 +484,16 @@ def check_waiting(table: np.ndarray, ids: np.ndarray, waiting: Mapping[int, int]
             raise _errors.load_arrival_taken(i, arrival, stamps[arrival])
 
 
-def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None]:
+def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | None, int]:
     if not isinstance(record, Mapping):
         raise _errors.StepPlannerTypeError(
             f"residents[{index}] must be an object/dict, got {type(record).__name__}"
         )
-    unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id"}
+    unknown = set(record) - set(RESIDENT_FIELDS) - {"request_id", "lora_id"}
     if unknown:
         raise _errors.StepPlannerValueError(
             f"residents[{index}] has unknown field(s) {sorted(unknown)}; allowed: "
-            f"{', '.join(RESIDENT_FIELDS)}, request_id"
+            f"{', '.join(RESIDENT_FIELDS)}, request_id, lora_id"
         )
     get = record.get
     where = f"residents[{index}]."
@@ -441,10 +505,11 @@ def _row(index: int, record: Mapping[str, Any]) -> tuple[tuple[Any, ...], int | 
         as_bool(where + "context_committed", get("context_committed", False)),
         as_int32(where + "consecutive_paused_steps", get("consecutive_paused_steps", 0)),
     )
+    lora = as_lora_id(get("lora_id", 0), where + "lora_id")
     # Absent means the row index; present must be an id (a None is refused, like any field's).
     if "request_id" not in record:
-        return row, None
-    return row, as_request_id(record["request_id"], where + "request_id")
+        return row, None, lora
+    return row, as_request_id(record["request_id"], where + "request_id"), lora
 
 
 def rows_argument(rows: object) -> list[int]:
@@ -602,12 +667,15 @@ def draft_request(drafts: object) -> int | dict[int, int]:
     return n
 
 
-def records_of(rows: np.ndarray, ids: np.ndarray) -> list[dict[str, Any]]:
+def records_of(rows: np.ndarray, ids: np.ndarray, loras: np.ndarray) -> list[dict[str, Any]]:
+    """The residents as dicts; a row with an adapter also carries its ``lora_id``."""
     out = []
-    for row, rid in zip(rows.tolist(), ids.tolist()):
+    for row, rid, lora in zip(rows.tolist(), ids.tolist(), loras.tolist()):
         record = dict(zip(RESIDENT_FIELDS, row))
         record["context_committed"] = bool(record["context_committed"])
         record["request_id"] = rid
+        if lora:
+            record["lora_id"] = lora
         out.append(record)
     return out
 
