@@ -71,7 +71,7 @@ from ..core import (  # noqa: E402
     resolve_scheduling_policy,
 )
 from ..ledger import Ranker  # noqa: E402
-from ..ledger._shared import check_relegation_args  # noqa: E402
+from ..ledger._shared import AdapterSlots, check_relegation_args  # noqa: E402
 from ..planner._fields import enum_from_text  # noqa: E402
 from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
@@ -1056,24 +1056,18 @@ class StepPlannerScheduler(AsyncScheduler):
             if now is None or relegated is None
             else self._deadline_order(free, out, now, relegated)
         )
-        loras = self._running_loras() if self._max_loras else None
+        # LoRA: the ledgers' rule (docs/decisions.md), over the running requests (paused and in
+        # flight included).
+        adapters = AdapterSlots(self._max_loras, map(_lora_id, self.running))
         for request in order:  # lazily: the next one is taken only while there is room
-            if loras is not None:
-                lora = _lora_id(request)
-                if lora and lora not in loras:
-                    if len(loras) == self._max_loras:
-                        continue  # it waits; later requests whose adapters can join may
-                    loras.add(lora)
+            if not adapters.join(_lora_id(request)):
+                continue  # it waits; later requests whose adapters can join may
             blocks, hit = self._prefix_hit(request)
             out.append((request, blocks, hit))
             wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
                 break
         return out
-
-    def _running_loras(self) -> set[int]:
-        """The distinct adapters of the running requests (paused and in flight included)."""
-        return {lora for r in self.running if (lora := _lora_id(r))}
 
     def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
         """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
