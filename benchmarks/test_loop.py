@@ -44,3 +44,13 @@ def test_fused_step_by_policy(benchmark, deadline_batch: int, policy: str) -> No
     run = bench_loop.fused_batch(deadline_batch, calls=1, policy=policy)
     benchmark.group = f"policy B={deadline_batch:>4}"
     benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
+
+
+@pytest.mark.parametrize("adapters", [4, 8])
+def test_fused_step_lora(benchmark, adapters: int) -> None:
+    """LoRA admission (docs/performance.md): requests on ``adapters`` adapters and the base
+    model, ``max_loras=4``. With 4 every request can join; with 8 the requests of the adapters
+    without a slot are passed over, and pushed back, by every admission pass."""
+    run = bench_loop.fused_batch(256, calls=1, adapters=adapters)
+    benchmark.group = "loop B= 256"
+    benchmark.pedantic(run, rounds=2000, warmup_rounds=20)

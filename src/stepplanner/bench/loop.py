@@ -85,11 +85,21 @@ POLICIES = {
 class Stream:
     """A seeded stream of requests and sampler masks for one ledger of B slots."""
 
-    def __init__(self, batch: int, seed: int = 0, policy: str = "mixed", classes: int = 3) -> None:
+    def __init__(
+        self,
+        batch: int,
+        seed: int = 0,
+        policy: str = "mixed",
+        classes: int = 3,
+        adapters: int = 0,
+    ) -> None:
         self.limits = StepPlannerLimits(batch, MAX_INPUT_LENGTH, KV_PAGE_SIZE)
         self.policy = resolve_scheduling_policy(POLICIES[policy], self.limits)
         self.deadlines = policy == "deadline"
         self.classes = classes
+        # LoRA: requests draw their adapter from 0 (the base model) .. adapters, and the ledger
+        # holds at most LORA_SLOTS of them (docs/performance.md, "LoRA admission").
+        self.adapters = adapters
         self.rng = np.random.default_rng(seed)
         self.next_id = 0
         self.now = 0.0  # the runtime's clock: one modelled step per step
@@ -112,6 +122,7 @@ class Stream:
         prompts = self.rng.integers(16, 2049, short)
         outputs = self.rng.integers(16, 513, short)
         priorities = self.rng.integers(0, self.classes, short)
+        loras = self.rng.integers(0, self.adapters + 1, short) if self.adapters else None
         arrival = self.now if self.deadlines else None
         for k in range(short):
             ledger.submit(
@@ -120,6 +131,7 @@ class Stream:
                 int(priorities[k]),
                 max_new_tokens=int(outputs[k]),
                 arrival_time=arrival,
+                lora_id=0 if loras is None else int(loras[k]),
             )
             self.next_id += 1
 
@@ -128,6 +140,8 @@ class Stream:
         extra: dict[str, Any] = (
             {"slo_classes": SLO_CLASSES, "step_time": STEP_TIME} if self.deadlines else {}
         )
+        if self.adapters:
+            extra["max_loras"] = LORA_SLOTS
         return _ledger.Ledger(
             self.limits,
             self.policy,
@@ -153,6 +167,7 @@ class Stream:
         return self.masks[rows]
 
 
+LORA_SLOTS = 4  # max_loras of a stream with adapters
 WARM_STEPS = 600  # about twice the mean output: every slot has turned over
 # A paged ledger's rows hold the stream's largest worst case (2048 + 512 tokens), and its pool
 # every row's at once: pages never hold a request back, so the figure is the bookkeeping's cost.
@@ -160,10 +175,15 @@ PAGED_ROW_PAGES = -(-(2048 + 512) // KV_PAGE_SIZE)
 
 
 def _steady(
-    batch: int, seed: int = 0, paged: bool = False, policy: str = "mixed", classes: int = 3
+    batch: int,
+    seed: int = 0,
+    paged: bool = False,
+    policy: str = "mixed",
+    classes: int = 3,
+    adapters: int = 0,
 ) -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
-    stream = Stream(batch, seed, policy, classes)
+    stream = Stream(batch, seed, policy, classes, adapters)
     planner = _planner.StepPlanner(stream.policy, stream.limits)
     table = (
         _kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
@@ -183,11 +203,19 @@ def _steady(
 
 
 def fused_batch(
-    batch: int, calls: int, paged: bool = False, policy: str = "mixed", classes: int = 3
+    batch: int,
+    calls: int,
+    paged: bool = False,
+    policy: str = "mixed",
+    classes: int = 3,
+    adapters: int = 0,
 ) -> Callable[[], float]:
     """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)`` (with the
-    runtime's ``now`` under ``deadline``); ns per step."""
-    stream, planner, ledger, plan = _steady(batch, paged=paged, policy=policy, classes=classes)
+    runtime's ``now`` under ``deadline``; with ``adapters``, requests on that many LoRA adapters
+    and the base model, ``LORA_SLOTS`` at a time); ns per step."""
+    stream, planner, ledger, plan = _steady(
+        batch, paged=paged, policy=policy, classes=classes, adapters=adapters
+    )
     state = [plan]
     finished_for = stream.finished_for
     step = ledger.step
