@@ -46,11 +46,11 @@ def test_fused_step_by_policy(benchmark, deadline_batch: int, policy: str) -> No
     benchmark.pedantic(run, rounds=2000, warmup_rounds=20)
 
 
-@pytest.mark.parametrize("adapters", [4, 8])
+@pytest.mark.parametrize("adapters", [4, 8, 32])
 def test_fused_step_lora(benchmark, adapters: int) -> None:
     """LoRA admission (docs/performance.md): requests on ``adapters`` adapters and the base
-    model, ``max_loras=4``. With 4 every request can join; with 8 the requests of the adapters
-    without a slot are passed over, and pushed back, by every admission pass."""
+    model, ``max_loras=4``. With 4 every request can join; with 8 and 32 the requests of the
+    adapters without a slot are passed over (parked until a slot drains)."""
     run = bench_loop.fused_batch(256, calls=1, adapters=adapters)
     benchmark.group = "loop B= 256"
     benchmark.pedantic(run, rounds=2000, warmup_rounds=20)

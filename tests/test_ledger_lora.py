@@ -260,3 +260,33 @@ def test_a_bad_resident_lora_id_in_load_names_the_record(make):
     with pytest.raises(ValueError, match=r"residents\[1\]\.lora_id=-2 is out of range"):
         ledger.load([{}, {"lora_id": -2}])
     assert ledger.count == 0
+
+
+def test_a_passed_over_request_can_be_cancelled_and_the_rest_keep_their_places(make):
+    ledger = make(max_loras=1)
+    submit_all(ledger, [1, 2, 3, 2, 0])
+    assert ledger.admit() == [0, 4]
+    assert ledger.waiting_ids() == [1, 2, 3]
+    ledger.cancel(2)  # passed over (adapter 3): it leaves the queue, the others stay as they were
+    assert ledger.waiting_ids() == [1, 3]
+    with pytest.raises(ValueError, match="is not waiting or resident"):
+        ledger.cancel(2)
+    ledger.submit(5, 8, lora_id=1)
+    assert ledger.admit() == [5]
+    ledger.retire([0, 5])
+    assert ledger.admit() == [1, 3]
+    assert ledger.waiting == 0
+
+
+def test_passed_over_requests_join_once_a_loaded_table_frees_their_adapter(make):
+    ledger = make(max_loras=1)
+    submit_all(ledger, [1, 2])
+    assert ledger.admit() == [0]
+    records = ledger.to_records()
+    ledger.load([])  # the adapter-1 resident is gone: adapter 2 may join
+    assert ledger.admit() == [1]
+    assert resident_adapters(ledger) == {2}
+    ledger.submit(3, 8, lora_id=1)
+    assert ledger.admit() == []
+    ledger.load(records)  # back to adapter 1 resident: 3 (adapter 1) joins, nothing else waits
+    assert ledger.admit() == [3]

@@ -102,12 +102,19 @@ ctypedef struct TableC:
 
 # LoRA admission (docs/decisions.md, "LoRA adapters"; _shared.AdapterSlots is the same rule in
 # Python): the residents hold at most `most` distinct adapters, and admission passes over a
-# request whose adapter cannot join, to put it back in its heap once the pass is over.
+# request whose adapter cannot join. A passed-over request is parked: out of its heap (its
+# position then -1 - its index in `parked`), so that later passes do not walk it again, until
+# the residents' adapters are no longer `parked_held` (one of them has left: it may join now).
+# Under DEADLINE a waiting request must meet the head's "too late" check whenever it would be
+# the head, so there every pass puts its parked requests back when it ends.
 ctypedef struct AdaptersC:
     int32_t most              # 0: no limit
     int32_t num_held
     int64_t* held             # min(most, B) entries: the adapters the residents hold (scratch)
-    int32_t* passed           # max_waiting pool slots: the requests this pass passed over
+    int32_t* parked           # max_waiting pool slots: the requests kept out of the heaps
+    int32_t num_parked
+    int64_t* parked_held      # min(most, B) entries: the residents' adapters when they were
+    int32_t num_parked_held   #   parked (all `most` of them: none of the parked could join)
 
 
 # What the rank pass needs (docs/scheduling.md): the policy's ranking and the step-time estimate.

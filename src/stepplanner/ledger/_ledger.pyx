@@ -422,6 +422,47 @@ cdef void hold_resident_adapters(AdaptersC* a, const TableC* t) noexcept nogil:
         adapter_joins(a, t.lora[r])
 
 
+cdef bint holds_parked_adapters(const AdaptersC* a) noexcept nogil:
+    """Whether ``a.held`` (the residents' adapters now) is the set the parked requests were
+    parked under: then none of them can join yet."""
+    cdef int32_t i, k
+    if a.num_held != a.num_parked_held:
+        return False
+    for i in range(a.num_held):
+        for k in range(a.num_parked_held):
+            if a.parked_held[k] == a.held[i]:
+                break
+        else:
+            return False
+    return True
+
+
+cdef void park(AdaptersC* a, QueueC* q, int32_t slot) noexcept nogil:
+    """Take a waiting request that cannot join out of its heap, into ``a.parked``."""
+    heap_remove(q, slot)
+    q.pool[slot].position = -(a.num_parked + 1)
+    a.parked[a.num_parked] = slot
+    a.num_parked += 1
+
+
+cdef void unpark_all(AdaptersC* a, QueueC* q) noexcept nogil:
+    """Every parked request back into its heap, where its key puts it."""
+    cdef int32_t k
+    for k in range(a.num_parked):
+        heap_push(q, a.parked[k])
+    a.num_parked = 0
+
+
+cdef void drop_parked(AdaptersC* a, QueueC* q, int32_t slot) noexcept nogil:
+    """Take a parked request out of ``a.parked`` (it is cancelled): the last one moves into its
+    place."""
+    cdef int32_t k = -q.pool[slot].position - 1
+    cdef int32_t last = a.parked[a.num_parked - 1]
+    a.num_parked -= 1
+    a.parked[k] = last
+    q.pool[last].position = -(k + 1)
+
+
 cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
                            const DeadlineC* d, AdaptersC* a, double now) noexcept nogil:
     """Move waiting requests into free rows in queue order; returns how many. With ``pages``
@@ -432,9 +473,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     request that can no longer make it (``relegate_hopeless``); relegated requests whose wait
     is over are handed back (``shed_expired``). Classes below ``never_below`` are never
     relegated. With ``a.most`` adapters at most, a request whose adapter cannot join the
-    residents' is passed over: out of its heap for the rest of the pass (so the queue is read on
-    behind it), then pushed back, its key and so its place unchanged."""
-    cdef int32_t n = 0, h, slot, row, k, num_passed = 0
+    residents' is passed over: parked out of its heap (so the queue is read on behind it), its
+    key and so its place unchanged; the parked go back into their heaps once the residents'
+    adapters change, or under DEADLINE when the pass ends (``AdaptersC``)."""
+    cdef int32_t n = 0, h, slot, row
     cdef bint held = False  # a.held is filled at the first request with an adapter
     cdef int64_t need = 0
     cdef HeapC* heap
@@ -444,6 +486,11 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     if d.ranking == RANK_DEADLINE and not isnan(now):
         relegate_hopeless(q, m, t, d, now)
         shed_expired(q, m, now)
+    if a.num_parked and t.count < t.capacity:
+        hold_resident_adapters(a, t)
+        held = True
+        if not holds_parked_adapters(a):
+            unpark_all(a, q)
     while t.count < t.capacity:
         h = next_heap(q, t.capacity - t.count, t.reserved_slots)
         if h < 0:
@@ -461,9 +508,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
                 hold_resident_adapters(a, t)
                 held = True
             if not adapter_joins(a, w.lora):
-                heap_remove(q, slot)
-                a.passed[num_passed] = slot
-                num_passed += 1
+                if not a.num_parked:  # the adapters it was parked under: all `most` of them
+                    memcpy(a.parked_held, a.held, a.num_held * sizeof(int64_t))
+                    a.num_parked_held = a.num_held
+                park(a, q, slot)
                 continue
         row = t.count
         if pages != NULL:
@@ -499,8 +547,8 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         t.count += 1
         t.admitted[n] = w.request_id
         n += 1
-    for k in range(num_passed):
-        heap_push(q, a.passed[k])
+    if d.ranking == RANK_DEADLINE:
+        unpark_all(a, q)
     t.num_admitted = n
     q.num_reported = q.num_shed
     return n
@@ -1041,7 +1089,9 @@ cdef class Ledger:
         self.t.lora = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
         if self.a.most:
             self.a.held = <int64_t*>PyMem_Calloc(max(min(self.a.most, b), 1), sizeof(int64_t))
-            self.a.passed = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
+            self.a.parked_held = <int64_t*>PyMem_Calloc(max(min(self.a.most, b), 1),
+                                                        sizeof(int64_t))
+            self.a.parked = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self._lock = PyThread_allocate_lock()
         self.q.capacity = w
         self.q.pool = <WaitingC*>PyMem_Calloc(max(w, 1), sizeof(WaitingC))
@@ -1073,7 +1123,8 @@ cdef class Ledger:
                 or self.t.due == NULL
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
                 or self.t.lora == NULL
-                or (self.a.most and (self.a.held == NULL or self.a.passed == NULL))
+                or (self.a.most and (self.a.held == NULL or self.a.parked == NULL
+                                     or self.a.parked_held == NULL))
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.q.heaps[2].slots == NULL or self.q.scratch == NULL
@@ -1118,7 +1169,8 @@ cdef class Ledger:
         PyMem_Free(self.t.relegated)
         PyMem_Free(self.t.lora)
         PyMem_Free(self.a.held)
-        PyMem_Free(self.a.passed)
+        PyMem_Free(self.a.parked)
+        PyMem_Free(self.a.parked_held)
         if self._lock != NULL:
             PyThread_free_lock(self._lock)
         PyMem_Free(self.q.pool)
@@ -1383,7 +1435,10 @@ cdef class Ledger:
             raise _errors.not_in_ledger(rid)
         cdef int32_t value = self.m.values[at]
         if value >= 0:
-            heap_remove(&self.q, value)
+            if self.q.pool[value].position < 0:
+                drop_parked(&self.a, &self.q, value)
+            else:
+                heap_remove(&self.q, value)
             map_delete(&self.m, rid)
             self.q.free[self.q.num_free] = value
             self.q.num_free += 1
@@ -1427,23 +1482,33 @@ cdef class Ledger:
         finally:
             self._release()
 
-    cdef list _waiting_ids(self):
+    cdef list _waiting_slots(self):
+        """Every waiting request's pool slot: the heaps', then the parked ones."""
         cdef int32_t h, k
-        cdef WaitingC* w
-        entries = []
+        slots = []
         for h in range(3):
             for k in range(self.q.heaps[h].size):
-                w = &self.q.pool[self.q.heaps[h].slots[k]]
-                if h == HEAP_LOSING:
-                    entries.append(((True, w.shed_at, w.arrival), w.request_id))
-                elif self.d.ranking == RANK_DEADLINE:
-                    entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
-                elif self.d.ranking == RANK_EDF:
-                    entries.append(((False, w.first_due, w.arrival), w.request_id))
-                elif self.by_priority:
-                    entries.append(((w.priority, w.arrival), w.request_id))
-                else:
-                    entries.append(((w.arrival,), w.request_id))
+                slots.append(self.q.heaps[h].slots[k])
+        for k in range(self.a.num_parked):
+            slots.append(self.a.parked[k])
+        return slots
+
+    cdef list _waiting_ids(self):
+        cdef int32_t slot
+        cdef WaitingC* w
+        entries = []
+        for slot in self._waiting_slots():
+            w = &self.q.pool[slot]
+            if w.heap == HEAP_LOSING:
+                entries.append(((True, w.shed_at, w.arrival), w.request_id))
+            elif self.d.ranking == RANK_DEADLINE:
+                entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
+            elif self.d.ranking == RANK_EDF:
+                entries.append(((False, w.first_due, w.arrival), w.request_id))
+            elif self.by_priority:
+                entries.append(((w.priority, w.arrival), w.request_id))
+            else:
+                entries.append(((w.arrival,), w.request_id))
         entries.sort()
         return [rid for _, rid in entries]
 
@@ -1815,13 +1880,10 @@ cdef class Ledger:
     # --- snapshots ----------------------------------------------------------------------------
 
     def _waiting_stamps(self):
-        cdef int32_t h, k
-        cdef WaitingC* w
+        cdef int32_t slot
         stamps = {}
-        for h in range(3):
-            for k in range(self.q.heaps[h].size):
-                w = &self.q.pool[self.q.heaps[h].slots[k]]
-                stamps[w.request_id] = w.arrival
+        for slot in self._waiting_slots():
+            stamps[self.q.pool[slot].request_id] = self.q.pool[slot].arrival
         return stamps
 
     @cython.critical_section
