@@ -154,6 +154,45 @@ def test_with_a_page_table_a_passed_over_request_holds_no_pages_and_no_one_back(
     assert ledger.admit() == [0, 2]
     assert ledger.reserved_pages == 8
     assert ledger.waiting_ids() == [1, 3, 4]
+    # held_back reads the request admission takes next, the first that can join: 3.
+    assert ledger.held_back == 3
+    ledger.cancel(3)
+    assert ledger.held_back == 0  # 4 fits; 1 does not, but admission passes it over anyway
+    assert ledger.waiting_ids() == [1, 4]  # a read moves nothing
+    assert ledger.admit() == [4]
+
+
+def test_held_back_counts_a_request_behind_a_passed_over_one_that_would_fit(paged_impl):
+    limits = StepPlannerLimits(4, 32, 4)
+    table = paged_impl.KVPageTable(4, 16, 12, 4)
+    ledger = paged_impl.Ledger(limits, page_table=table, max_loras=1)
+    ledger.submit(0, 8, max_new_tokens=8, lora_id=1)  # 4 pages
+    ledger.submit(1, 8, max_new_tokens=8)  # 4 pages
+    ledger.submit(2, 4, max_new_tokens=4, lora_id=2)  # 2 pages: fits, cannot join
+    ledger.submit(3, 32, max_new_tokens=8)  # 10 pages: does not fit the 4 left
+    assert ledger.admit() == [0, 1]
+    assert ledger.held_back == 2
+    assert ledger.waiting_ids() == [2, 3]
+    ledger.retire([0])  # adapter 1 leaves: 2 can join, and fits the 8 pages now free
+    assert ledger.held_back == 0
+    assert ledger.admit() == [2]
+    assert ledger.held_back == 1  # 3 needs 10 pages, 6 are free
+
+
+def test_held_back_with_every_row_taken_and_more_slots_than_rows(paged_impl):
+    # max_loras past B: the residents hold B adapters and an urgent request (which the next
+    # free row would take first) brings one more; reading held_back must not write past them.
+    limits = StepPlannerLimits(2, 32, 4)
+    table = paged_impl.KVPageTable(2, 16, 12, 4)
+    ledger = paged_impl.Ledger(limits, page_table=table, max_loras=3)
+    ledger.submit(0, 8, max_new_tokens=8, lora_id=1)
+    ledger.submit(1, 8, max_new_tokens=8, lora_id=2)
+    assert ledger.admit() == [0, 1]
+    ledger.submit(2, 8, -1, max_new_tokens=8, lora_id=3)  # 4 pages: fits the 4 free
+    ledger.submit(3, 32, -1, max_new_tokens=8)  # 10 pages: would not
+    assert ledger.held_back == 0
+    ledger.cancel(2)
+    assert ledger.held_back == 1
 
 
 def test_under_deadline_a_passed_over_request_is_still_relegated_and_shed(ledger_impl):

@@ -35,7 +35,7 @@ ctypedef struct WaitingC:
     int32_t priority
     int32_t prompt_length
     int32_t heap              # HEAP_NORMAL, HEAP_URGENT or HEAP_LOSING
-    int32_t position          # index in that heap
+    int32_t position          # index in that heap; -1 - its index in AdaptersC.parked if parked
     double first_due          # its first token's deadline (inf: no objectives)
     double gap                # its per-token objective (0: none)
     double wait               # how long it may wait once relegated (seconds)
@@ -110,7 +110,7 @@ ctypedef struct TableC:
 ctypedef struct AdaptersC:
     int32_t most              # 0: no limit
     int32_t num_held
-    int64_t* held             # min(most, B) entries: the adapters the residents hold (scratch)
+    int64_t* held             # min(most, B) + 1 entries: the residents' adapters (scratch)
     int32_t* parked           # max_waiting pool slots: the requests kept out of the heaps
     int32_t num_parked
     int64_t* parked_held      # min(most, B) entries: the residents' adapters when they were

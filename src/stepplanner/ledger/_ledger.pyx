@@ -438,7 +438,11 @@ cdef bint holds_parked_adapters(const AdaptersC* a) noexcept nogil:
 
 
 cdef void park(AdaptersC* a, QueueC* q, int32_t slot) noexcept nogil:
-    """Take a waiting request that cannot join out of its heap, into ``a.parked``."""
+    """Take a waiting request that cannot join ``a.held`` out of its heap, into ``a.parked``;
+    the first one parked notes the adapters they are all parked under (all ``most`` of them)."""
+    if not a.num_parked:
+        memcpy(a.parked_held, a.held, a.num_held * sizeof(int64_t))
+        a.num_parked_held = a.num_held
     heap_remove(q, slot)
     q.pool[slot].position = -(a.num_parked + 1)
     a.parked[a.num_parked] = slot
@@ -508,9 +512,6 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
                 hold_resident_adapters(a, t)
                 held = True
             if not adapter_joins(a, w.lora):
-                if not a.num_parked:  # the adapters it was parked under: all `most` of them
-                    memcpy(a.parked_held, a.held, a.num_held * sizeof(int64_t))
-                    a.num_parked_held = a.num_held
                 park(a, q, slot)
                 continue
         row = t.count
@@ -1088,7 +1089,9 @@ cdef class Ledger:
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.lora = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
         if self.a.most:
-            self.a.held = <int64_t*>PyMem_Calloc(max(min(self.a.most, b), 1), sizeof(int64_t))
+            # One past what the residents can hold: held_back's walk with every row taken may
+            # join one more adapter before it stops (admission never does).
+            self.a.held = <int64_t*>PyMem_Calloc(min(self.a.most, b) + 1, sizeof(int64_t))
             self.a.parked_held = <int64_t*>PyMem_Calloc(max(min(self.a.most, b), 1),
                                                         sizeof(int64_t))
             self.a.parked = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
@@ -1275,7 +1278,8 @@ cdef class Ledger:
     @property
     def held_back(self):
         """Requests waiting for pages: all of ``waiting`` when the request admission takes next
-        needs more pages than are free (nothing overtakes it), else 0."""
+        (with ``max_loras``: the first whose adapter can join) needs more pages than are free
+        (nothing overtakes it), else 0."""
         if self.pages == NULL:
             return 0  # nothing waits for pages: a view, read without the lock (as the twin)
         self._acquire(CALL_QUIET)  # the queue's heads move under a submit from another thread
@@ -1285,12 +1289,32 @@ cdef class Ledger:
             self._release()
 
     cdef int32_t _held_back(self) noexcept:
-        cdef int32_t h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
-        if h < 0:
-            return 0
-        if worst_case(&self.q.pool[self.q.heaps[h].slots[0]], self.pages) <= self.pages.num_free:
-            return 0
-        return self.q.capacity - self.q.num_free
+        # The request admission takes next is the first whose adapter can join: the ones
+        # before it are parked for the walk (as admission would) and put back after it, so
+        # that a read leaves the queue as it was (under DEADLINE nothing stays parked).
+        cdef int32_t h, k, slot, held = 0, parked_before = 0
+        cdef WaitingC* w
+        if self.a.most:
+            hold_resident_adapters(&self.a, &self.t)
+            if self.a.num_parked and not holds_parked_adapters(&self.a):
+                unpark_all(&self.a, &self.q)  # as the next admission pass will
+            parked_before = self.a.num_parked
+        while True:
+            h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
+            if h < 0:
+                break
+            slot = self.q.heaps[h].slots[0]
+            w = &self.q.pool[slot]
+            if self.a.most and w.lora and not adapter_joins(&self.a, w.lora):
+                park(&self.a, &self.q, slot)
+                continue
+            if worst_case(w, self.pages) > self.pages.num_free:
+                held = self.q.capacity - self.q.num_free
+            break
+        for k in range(parked_before, self.a.num_parked):
+            heap_push(&self.q, self.a.parked[k])
+        self.a.num_parked = parked_before
+        return held
 
     def kv_pages_in_use(self):
         """Pages that hold committed KV now: ``sum(ceil(committed / kv_page_size))``."""

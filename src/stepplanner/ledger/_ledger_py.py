@@ -305,8 +305,19 @@ class Ledger:
 
     @_exclusive(_QUIET)  # _next_heap pops cancelled entries: never beside a submit
     def _held_back(self) -> int:
-        heap = self._next_heap()
-        return 0 if heap is None or self._fits(heap[0]) else len(self._waiting)
+        # The request admission takes next: the first whose adapter can join (the compiled
+        # ledger's walk; the ones passed over go back as they were).
+        slots = AdapterSlots(self._max_loras, self._lora[: self._count].tolist())
+        passed: list[tuple[list[list[Any]], list[Any]]] = []
+        try:
+            while (heap := self._next_heap()) is not None:
+                if slots.join(heap[0][12]):
+                    return 0 if self._fits(heap[0]) else len(self._waiting)
+                passed.append((heap, heapq.heappop(heap)))
+            return 0
+        finally:
+            for heap, entry in passed:
+                heapq.heappush(heap, entry)
 
     def kv_pages_in_use(self) -> int:
         return pages_in_use(self._rows["committed"][: self._count], self.limits.kv_page_size)
