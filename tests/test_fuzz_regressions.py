@@ -304,6 +304,15 @@ FOUND = {  # name: (KNOWN_ISSUES entries to switch on, base64 of the libFuzzer c
         "39/f39/f39/f39/f39/f39/f39/f39/fi9/f39/f39/f398739/f35/f39/f3zI3ODAwNTHM"
         "//8AAAB2dt8yNzgwMDUxzP//AAAAdnYJdnZ2dgSsdvs3",
     ),
+    "held-back-passed-over": (
+        set(),  # issue 34: held_back read a head admission passes over for its adapter
+        "TFBBCxPgHpiQnuQSbtW2sd7Bv2C/lFvGk00fQx6nLaQkgnc3iPlMNJG3GTThm76acwh+jzkh"
+        "WY46khnvBwVpDyfI3FZ2p9KvbJZLi4i+3CHvMYmNxIfjltelTy3dGMj8742LNv0+5qPr1H5b"
+        "qFdXfQeFWI10u0NGaIsDGJCslAeb/yV1Ef+tDQ/H/WOiOfaOa04thR+5O0pnV852Pklg27/Q"
+        "eZqRxKBv29zzP8dZz+TEJL3yv/dtts489OS+0Se/aBsWSD12C7XoSPj40JOPNVub3YUSVTHP"
+        "IRnBXsvq4DlPfUCH5evneu3gXw349xyIbP1TCGQk/hiZ0M/6ymW0z7aUifAPrunei1NQAnOv"
+        "UQ==",
+    ),
     "lying-table-inputs": (
         set(),  # issue 20 A.1: a KVPageTable subclass's properties
         "TFBUPFQNDQ0NDQ0NDQ0NDQ0NDQ0NDQ0NPA0NLnEvf71ZEuJ8fKgnJDw03FZQLqdi8dRlUPMJ"
@@ -362,8 +371,9 @@ SEEDS = HARNESS.parent / "fuzz_seeds"
 def test_marker_seeds_reach_what_they_mark(monkeypatch):
     """The seeds .ci/run starts its fuzz smoke from: each reaches the episode its marker bytes
     select (a capped T_max; ledgers with page tables that hold rows; subclassed tables and
-    tampered views), so the 45 s smoke covers max_step_tokens, the paged ledger and the object
-    protocol moves from its first input."""
+    tampered views; LoRA adapters, with a request passed over for its adapter while a slot was
+    free, paged and not), so the 45 s smoke covers max_step_tokens, the paged ledger, the object
+    protocol moves and adapter admission from its first input."""
     harness = load_harness()
     seen = {"capped": 0, "rows": 0, "tables": 0}
     make_limits, check_pages = harness.make_limits, harness.check_pages
@@ -397,13 +407,27 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
         seen["tampered"] += 1
         tamper_view(view, move)
 
-    seen.update(liars=0, liar_rows=0, tampered=0)
+    check_after = harness.check_after
+
+    def passed_over_seen(op, ok, ledger, model):
+        check_after(op, ok, ledger, model)
+        held = {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
+        if ledger.max_loras is None or len(held) < ledger.max_loras or not ledger.free_slots:
+            return
+        if any(model.lora.get(r, 0) not in held | {0} for r in ledger.waiting_ids()):
+            key = "paged_passed_over" if ledger.page_table is not None else "passed_over"
+            seen[key] += 1
+
+    seen.update(liars=0, liar_rows=0, tampered=0, passed_over=0, paged_passed_over=0)
     monkeypatch.setattr(harness, "lying_tables", lies_seen)
     monkeypatch.setattr(harness, "tamper_view", tamper_seen)
+    monkeypatch.setattr(harness, "check_after", passed_over_seen)
     names = sorted(p.name for p in SEEDS.iterdir())
     assert names == [
+        "adapters-ledger",
         "capped-paged-ledger",
         "capped-planner",
+        "paged-adapters-ledger",
         "paged-ledger",
         "tampered-ledger",
         "tampered-paged-ledger",
@@ -412,3 +436,4 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
         harness.one_input((SEEDS / name).read_bytes())
     assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen
     assert seen["liars"] >= 1 and seen["liar_rows"] >= 2 and seen["tampered"] >= 2, seen
+    assert seen["passed_over"] >= 1 and seen["paged_passed_over"] >= 1, seen

@@ -22,7 +22,10 @@ and the reserved-slot rule (see ``ledger_episode``). After ``LEDGER_MARKER``, ``
 gives both ledgers a KV page table (compiled and reference) over a fuzzed pool. After those,
 ``TAMPER_MARKER`` adds the object-protocol moves (issue 20): page tables of a subclass whose
 properties lie about the table (or whose methods do nothing), and handed-out views whose dtype,
-shape, strides or flags are set, or whose ``.base`` chain is resized. Before either kind,
+shape, strides or flags are set, or whose ``.base`` chain is resized. Last, ``ADAPTERS_MARKER``
+gives both ledgers a fuzzed ``max_loras`` and each submit a fuzzed ``lora_id`` (issue 34): the
+compiled ledger parks the requests whose adapter cannot join, the twin walks past them, and
+the two must still agree on every admission and on ``waiting_ids()``. Before either kind,
 ``STEP_CAP_MARKER`` gives the limits a fuzzed ``max_step_tokens`` (SPEC §1). Markers are
 bytes, not decoded choices, so that every earlier input decodes as it did.
 
@@ -67,6 +70,7 @@ LEDGER_MARKER = b"L"  # an input starting with it is a ledger episode
 PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
 TAMPER_MARKER = b"T"  # after those: subclassed tables and tampered views (object protocol)
 STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
+ADAPTERS_MARKER = b"A"  # last of a ledger's markers: LoRA adapters (max_loras, lora_id)
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
@@ -472,6 +476,7 @@ class LedgerModel:
         self.leaving: set[int] = set()  # cancelled while a step() plan was pending: still rows
         self.priority: dict[int, int] = {}
         self.max_new: dict[int, int] = {}
+        self.lora: dict[int, int] = {}  # a submitted request's adapter (0: the base model)
         self.step_plans: dict[int, object] = {}  # id(ledger) -> what its last step() returned
 
     def check(self, ledger: Ledger) -> None:
@@ -547,7 +552,11 @@ def ledger_outcome(call, ledger, planner) -> tuple:
 
 
 def ledger_episode(
-    fdp: atheris.FuzzedDataProvider, capped: bool = False, paged: bool = False, tamper: bool = False
+    fdp: atheris.FuzzedDataProvider,
+    capped: bool = False,
+    paged: bool = False,
+    tamper: bool = False,
+    adapters: bool = False,
 ) -> None:
     """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
     compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
@@ -559,7 +568,9 @@ def ledger_episode(
     compiled one) over the same fuzzed pool; the tables must agree page for page and keep their
     invariants, and admission may hold requests back only for want of pages. With ``tamper``,
     the tables may be of a subclass that lies (``lying_tables``) and an operation may tamper
-    with a view the ledger handed out (``tamper_op``)."""
+    with a view the ledger handed out (``tamper_op``). With ``adapters``, the ledgers take a
+    fuzzed ``max_loras`` and requests a ``lora_id``; the residents must never hold more
+    adapters than that, and admission may leave a request waiting for want of one."""
     b = fdp.ConsumeIntInRange(1, 8)
     s_in, page = fdp.ConsumeIntInRange(1, 40), fdp.ConsumeIntInRange(1, 16)
     floor = max(b, page)  # the least max_step_tokens allowed; at or past B × S_in it caps nothing
@@ -578,6 +589,7 @@ def ledger_episode(
     except ALLOWED:
         return  # e.g. rd(T_max) < B + P: no policy exists for these limits
     max_waiting = None if fdp.ConsumeBool() else fdp.ConsumeIntInRange(0, 6)
+    max_loras = int_or_hostile(fdp, 1, 3) if adapters else None
     tables: tuple = (None, None)
     if paged:  # a pool from a page short of one row's worst case to more than all rows hold
         max_pages = fdp.ConsumeIntInRange(1, 12)
@@ -600,10 +612,12 @@ def ledger_episode(
                 classes[1](b, max_pages, num_pages, page),
             )
     made = [
-        plain_outcome(cls, limits, policy, max_waiting=max_waiting, page_table=table)
+        plain_outcome(
+            cls, limits, policy, max_waiting=max_waiting, page_table=table, max_loras=max_loras
+        )
         for cls, table in zip((_ledger_core.Ledger, _ledger_reference.Ledger), tables)
     ]
-    same("Ledger()", made[0][:3], made[1][:3], (limits, tables))
+    same("Ledger()", made[0][:3], made[1][:3], (limits, tables, max_loras))
     if made[0][0] == "err":
         return
     ledgers = (made[0][3], made[1][3])
@@ -615,7 +629,7 @@ def ledger_episode(
         op = fdp.ConsumeIntInRange(0, 10 if tamper else 9)
         for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
             before = [ledger_snapshot(ledger) for ledger in ledgers]
-            call, accepted = ledger_op(fdp, op, ledgers[0], model, limits)
+            call, accepted = ledger_op(fdp, op, ledgers[0], model, limits, adapters)
             results = [
                 ledger_outcome(call, ledger, planner) for ledger, planner in zip(ledgers, planners)
             ]
@@ -637,10 +651,24 @@ def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
     table = ledger.page_table
     if table is not None:
         check_pages(ledger, table, model)
+    most = ledger.max_loras
+    held = {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
+    if most is not None and len(held) > most:
+        raise Disagreement(f"residents hold adapters {sorted(held)} past max_loras={most}")
+    if most is not None and table is not None:
+        # ``held_back`` reads the queue's head, which admission may have passed over for its
+        # adapter while a request behind it waits for pages: the twin's walk is the check here.
+        return
     if ok and op in (1, 8) and not ledger.held_back:
         # An admission ran: nothing admissible may be left waiting (``held_back``: the next
-        # request's worst case does not fit the free pages, and nothing may overtake it).
-        waiting = ledger.waiting_ids()
+        # request's worst case does not fit the free pages, and nothing may overtake it; with
+        # ``max_loras``: a request whose adapter would be one too many).
+        joins = most is None or len(held) < most
+        waiting = [
+            r
+            for r in ledger.waiting_ids()
+            if joins or model.lora.get(r, 0) == 0 or model.lora[r] in held
+        ]
         normal = [r for r in waiting if model.priority[r] >= 0]
         urgent = [r for r in waiting if model.priority[r] < 0]
         if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
@@ -821,7 +849,12 @@ def some_mask(fdp: atheris.FuzzedDataProvider, plan: object) -> object:
 
 
 def ledger_op(
-    fdp: atheris.FuzzedDataProvider, op: int, ledger: Ledger, model: LedgerModel, limits: object
+    fdp: atheris.FuzzedDataProvider,
+    op: int,
+    ledger: Ledger,
+    model: LedgerModel,
+    limits: object,
+    adapters: bool = False,
 ) -> tuple:
     """(call(ledger, planner), accepted(result)): one operation with its arguments drawn once,
     for both ledgers; ``accepted`` updates the model after the ledgers took it."""
@@ -839,14 +872,18 @@ def ledger_op(
             max_new = None if fdp.ConsumeBool() else int_or_hostile(fdp, 0, 4)
         else:  # a ledger with pages refuses a request without max_new_tokens: mostly give one
             max_new = None if fdp.ConsumeProbability() < 0.1 else int_or_hostile(fdp, 0, 6)
+        lora = int_or_hostile(fdp, 0, 4) if adapters else 0
 
         def accepted(_: object) -> None:
             model.live.add(rid)  # accepted: rid and prio were ints in range
             model.priority[rid] = prio
+            model.lora[rid] = int(lora)
             if max_new is not None:
                 model.max_new[rid] = int(max_new)
 
-        return (lambda led, _p: led.submit(rid, length, prio, max_new)), accepted
+        if not adapters:  # the call as before the marker existed
+            return (lambda led, _p: led.submit(rid, length, prio, max_new)), accepted
+        return (lambda led, _p: led.submit(rid, length, prio, max_new, lora_id=lora)), accepted
     if op == 1:
         return (lambda led, _p: led.admit()), nothing
     if op in (2, 3):  # a step by hand: plan on each side, then apply with a mask
@@ -884,7 +921,8 @@ def ledger_op(
         untouched = True  # (comparing a hostile numpy scalar with an int may itself raise)
         if records and fdp.ConsumeProbability() < 0.5:
             i = fdp.ConsumeIntInRange(0, len(records) - 1)
-            field = fdp.PickValueInList(list(FIELDS) + ["request_id", "extra"])
+            extra = ["lora_id"] if adapters else []  # (the pick's range as before without it)
+            field = fdp.PickValueInList(list(FIELDS) + ["request_id", "extra"] + extra)
             records[i][field] = int_or_hostile(fdp, -1, 50)
             untouched = False
         elif fdp.ConsumeProbability() < 0.2:
@@ -949,7 +987,9 @@ def one_input(data: bytes) -> None:
         data = data[1:] if paged else data
         tamper = data[:1] == TAMPER_MARKER
         data = data[1:] if tamper else data
-        ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper)
+        adapters = data[:1] == ADAPTERS_MARKER
+        data = data[1:] if adapters else data
+        ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper, adapters)
     else:
         planner_episode(atheris.FuzzedDataProvider(data), capped)
 
