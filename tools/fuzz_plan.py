@@ -655,14 +655,11 @@ def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
     held = {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
     if most is not None and len(held) > most:
         raise Disagreement(f"residents hold adapters {sorted(held)} past max_loras={most}")
-    if most is not None and table is not None:
-        # ``held_back`` reads the queue's head, which admission may have passed over for its
-        # adapter while a request behind it waits for pages: the twin's walk is the check here.
-        return
     if ok and op in (1, 8) and not ledger.held_back:
         # An admission ran: nothing admissible may be left waiting (``held_back``: the next
-        # request's worst case does not fit the free pages, and nothing may overtake it; with
-        # ``max_loras``: a request whose adapter would be one too many).
+        # request admission takes, the first whose adapter can join, does not fit the free
+        # pages, and nothing may overtake it; with ``max_loras``: a request whose adapter would
+        # be one too many may wait).
         joins = most is None or len(held) < most
         waiting = [
             r
