@@ -411,12 +411,8 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
 
     def passed_over_seen(op, ok, ledger, model):
         check_after(op, ok, ledger, model)
-        held = {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
-        if ledger.max_loras is None or len(held) < ledger.max_loras or not ledger.free_slots:
-            return
-        if any(model.lora.get(r, 0) not in held | {0} for r in ledger.waiting_ids()):
-            key = "paged_passed_over" if ledger.page_table is not None else "passed_over"
-            seen[key] += 1
+        if ledger.free_slots and harness.cannot_join(ledger, model):
+            seen["paged_passed_over" if ledger.page_table is not None else "passed_over"] += 1
 
     seen.update(liars=0, liar_rows=0, tampered=0, passed_over=0, paged_passed_over=0)
     monkeypatch.setattr(harness, "lying_tables", lies_seen)

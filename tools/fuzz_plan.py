@@ -651,21 +651,16 @@ def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
     table = ledger.page_table
     if table is not None:
         check_pages(ledger, table, model)
-    most = ledger.max_loras
-    held = {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
-    if most is not None and len(held) > most:
-        raise Disagreement(f"residents hold adapters {sorted(held)} past max_loras={most}")
+    held = resident_adapters(ledger)
+    if ledger.max_loras is not None and len(held) > ledger.max_loras:
+        raise Disagreement(f"residents hold {sorted(held)}: max_loras={ledger.max_loras}")
     if ok and op in (1, 8) and not ledger.held_back:
         # An admission ran: nothing admissible may be left waiting (``held_back``: the next
         # request admission takes, the first whose adapter can join, does not fit the free
         # pages, and nothing may overtake it; with ``max_loras``: a request whose adapter would
         # be one too many may wait).
-        joins = most is None or len(held) < most
-        waiting = [
-            r
-            for r in ledger.waiting_ids()
-            if joins or model.lora.get(r, 0) == 0 or model.lora[r] in held
-        ]
+        blocked = cannot_join(ledger, model)
+        waiting = [r for r in ledger.waiting_ids() if r not in blocked]
         normal = [r for r in waiting if model.priority[r] >= 0]
         urgent = [r for r in waiting if model.priority[r] < 0]
         if ledger.free_slots and (urgent or (normal and ledger.free_slots > ledger.reserved_slots)):
@@ -673,6 +668,20 @@ def check_after(op: int, ok: bool, ledger: Ledger, model: LedgerModel) -> None:
                 f"admission left {waiting} waiting with {ledger.free_slots} free "
                 f"slots ({ledger.reserved_slots} reserved)"
             )
+
+
+def resident_adapters(ledger: Ledger) -> set[int]:
+    """The distinct adapters the residents hold (the base model, 0, is none)."""
+    return {r.get("lora_id", 0) for r in ledger.to_records()} - {0}
+
+
+def cannot_join(ledger: Ledger, model: LedgerModel) -> set[int]:
+    """Waiting requests whose adapter cannot join the residents' now: all ``max_loras`` adapter
+    slots are held, and not by theirs."""
+    held = resident_adapters(ledger)
+    if ledger.max_loras is None or len(held) < ledger.max_loras:
+        return set()
+    return {r for r in ledger.waiting_ids() if model.lora.get(r, 0) not in held | {0}}
 
 
 def check_pages(ledger: Ledger, table: object, model: LedgerModel) -> None:
@@ -878,8 +887,6 @@ def ledger_op(
             if max_new is not None:
                 model.max_new[rid] = int(max_new)
 
-        if not adapters:  # the call as before the marker existed
-            return (lambda led, _p: led.submit(rid, length, prio, max_new)), accepted
         return (lambda led, _p: led.submit(rid, length, prio, max_new, lora_id=lora)), accepted
     if op == 1:
         return (lambda led, _p: led.admit()), nothing

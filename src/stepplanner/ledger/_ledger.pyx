@@ -457,6 +457,14 @@ cdef void unpark_all(AdaptersC* a, QueueC* q) noexcept nogil:
     a.num_parked = 0
 
 
+cdef void hold_adapters_and_unpark(AdaptersC* a, QueueC* q, const TableC* t) noexcept nogil:
+    """The residents' adapters into ``a.held``; if they are no longer the set the parked
+    requests were parked under, every parked request goes back into its heap (it may join)."""
+    hold_resident_adapters(a, t)
+    if a.num_parked and not holds_parked_adapters(a):
+        unpark_all(a, q)
+
+
 cdef void drop_parked(AdaptersC* a, QueueC* q, int32_t slot) noexcept nogil:
     """Take a parked request out of ``a.parked`` (it is cancelled): the last one moves into its
     place."""
@@ -491,10 +499,8 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         relegate_hopeless(q, m, t, d, now)
         shed_expired(q, m, now)
     if a.num_parked and t.count < t.capacity:
-        hold_resident_adapters(a, t)
+        hold_adapters_and_unpark(a, q, t)
         held = True
-        if not holds_parked_adapters(a):
-            unpark_all(a, q)
     while t.count < t.capacity:
         h = next_heap(q, t.capacity - t.count, t.reserved_slots)
         if h < 0:
@@ -1295,9 +1301,7 @@ cdef class Ledger:
         cdef int32_t h, k, slot, held = 0, parked_before = 0
         cdef WaitingC* w
         if self.a.most:
-            hold_resident_adapters(&self.a, &self.t)
-            if self.a.num_parked and not holds_parked_adapters(&self.a):
-                unpark_all(&self.a, &self.q)  # as the next admission pass will
+            hold_adapters_and_unpark(&self.a, &self.q, &self.t)  # as the next admission will
             parked_before = self.a.num_parked
         while True:
             h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
