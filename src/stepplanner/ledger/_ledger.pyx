@@ -1298,20 +1298,26 @@ cdef class Ledger:
         # The request admission takes next is the first whose adapter can join: the ones
         # before it are parked for the walk (as admission would) and put back after it, so
         # that a read leaves the queue as it was (under DEADLINE nothing stays parked).
-        cdef int32_t h, k, slot, held = 0, parked_before = 0
+        cdef int32_t h, k, slot, held = 0, parked_before
+        cdef bint adapters = False  # self.a.held is filled when first needed, as in admission
         cdef WaitingC* w
-        if self.a.most:
+        if self.a.num_parked:
             hold_adapters_and_unpark(&self.a, &self.q, &self.t)  # as the next admission will
-            parked_before = self.a.num_parked
+            adapters = True
+        parked_before = self.a.num_parked
         while True:
             h = next_heap(&self.q, self.t.capacity - self.t.count, self.t.reserved_slots)
             if h < 0:
                 break
             slot = self.q.heaps[h].slots[0]
             w = &self.q.pool[slot]
-            if self.a.most and w.lora and not adapter_joins(&self.a, w.lora):
-                park(&self.a, &self.q, slot)
-                continue
+            if self.a.most and w.lora:
+                if not adapters:
+                    hold_resident_adapters(&self.a, &self.t)
+                    adapters = True
+                if not adapter_joins(&self.a, w.lora):
+                    park(&self.a, &self.q, slot)
+                    continue
             if worst_case(w, self.pages) > self.pages.num_free:
                 held = self.q.capacity - self.q.num_free
             break
