@@ -176,3 +176,121 @@ def test_bad_drafts_name_the_field_the_value_and_what_is_allowed(core, drafts, e
         planner.plan(residents, drafts=drafts)
     assert words in str(raised.value)
     assert kept.to_dict() == before
+
+
+# --- inputs read once: code run while one input is read cannot change another (issue 41) ------
+
+
+WORKED = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0)]
+
+
+def _worked_planner(core: Any) -> Any:
+    limits = StepPlannerLimits(4, 64, 16)
+    options = SchedulingOptions(max_num_tokens=52, max_chunk_tokens=32)
+    return core.StepPlanner(resolve_scheduling_policy(options, limits), limits)
+
+
+class _Meddling(list):
+    """A drafts (or residents) list whose reads run ``meddle`` first, as user code may."""
+
+    def __init__(self, items: Any, meddle: Any) -> None:
+        super().__init__(items)
+        self.meddle = meddle
+
+    def __getitem__(self, index: Any) -> Any:
+        self.meddle()
+        return super().__getitem__(index)
+
+
+def test_drafts_read_before_the_array_rows_so_a_change_they_make_is_checked(core):
+    """A drafts list's __getitem__ that breaks an array row already passed its check: the rows
+    are read (copied and checked) after the drafts, so the broken row is refused by name."""
+    planner = _worked_planner(core)
+    residents = as_resident_array(WORKED)
+    kept = planner.plan(residents).to_dict()
+
+    def meddle() -> None:
+        residents["committed"][1] = -7
+
+    with pytest.raises(ValueError, match=r"residents\[1\]\.committed=-7 is negative"):
+        planner.plan(residents, drafts=_Meddling([4, 0, 0], meddle))
+    assert planner.plan.__self__ is planner
+    assert kept == planner.plan(as_resident_array(WORKED)).to_dict()
+
+
+def test_drafts_that_grow_a_decode_row_past_its_check_are_planned_as_checked(core):
+    """The change a drafts list makes to the rows happens before the rows are read: the plan is
+    the one the changed rows give (a check-then-plan of the same values), never a mix."""
+    planner = _worked_planner(core)
+    residents = as_resident_array(WORKED)
+
+    def meddle() -> None:
+        residents["committed"][0] = 50  # still a valid decoding row
+
+    plan = planner.plan(residents, drafts=_Meddling([4, 0, 0], meddle))
+    assert [s.past_length for s in plan.sequences if s.resident == 0] == [50]
+    check_plan(planner.policy, planner.limits, residents, plan, drafts=[4, 0, 0])
+
+
+def test_a_drafts_array_shrunk_while_the_residents_list_is_read_is_read_before(core):
+    """Residents as a list run code that resizes the drafts array: the drafts were copied
+    first, so nothing is read past the array's end and the plan is the one it gave."""
+    planner = _worked_planner(core)
+    drafts = np.array([4, 0, 0], dtype=np.int32)
+    states = as_resident_states(WORKED, core.ResidentState)
+
+    def meddle() -> None:
+        drafts.resize(0, refcheck=False)
+
+    plan = planner.plan(_Meddling(states, meddle), drafts=drafts)
+    assert plan.draft_tokens == 4
+    assert [(s.resident, s.query_length) for s in plan.sequences] == [(1, 32), (0, 5)]
+
+
+def test_a_reasons_array_resized_while_the_residents_are_read_is_checked_again(core):
+    """reasons is checked again after the last user code ran: one shrunk below count by a
+    residents list's __getitem__ is refused (and the plan kept), never written past its end."""
+    planner = _worked_planner(core)
+    states = as_resident_states(WORKED, core.ResidentState)
+    kept = planner.plan(states).to_dict()
+    reasons = np.zeros(3, dtype=np.uint8)
+
+    def meddle() -> None:
+        reasons.resize(1, refcheck=False)
+
+    with pytest.raises(ValueError, match=r"reasons has len 1 < count=3"):
+        planner.plan(_Meddling(states, meddle), reasons=reasons)
+    assert kept == planner.plan(states).to_dict()
+
+
+def test_an_ndarray_subclass_is_measured_by_its_shape_not_its_len(core):
+    """len() of an ndarray subclass is user code; the rows read are those its shape holds."""
+
+    class Lying(np.ndarray):
+        def __len__(self) -> int:
+            return 4
+
+    planner = _worked_planner(core)
+    residents = as_resident_array(WORKED[:2]).view(Lying)
+    assert planner.plan(residents).num_residents == 2
+    with pytest.raises(ValueError, match=r"count=3 exceeds"):
+        planner.plan(residents, count=3)
+
+
+@pytest.mark.parametrize("field", ["drafts", "residents", "reasons"])
+def test_masked_arrays_are_refused_by_name(core, field):
+    """A masked entry has no value: both cores refuse a masked array, before anything changes
+    (the compiled one had read the data under the mask, the reference raised numpy's
+    MaskError)."""
+    planner = _worked_planner(core)
+    residents = as_resident_array(WORKED)
+    kept = planner.plan(residents).to_dict()
+    given: dict[str, Any] = {
+        "residents": residents,
+        "drafts": np.zeros(3, dtype=np.int32),
+        "reasons": np.zeros(3, dtype=np.uint8),
+    }
+    given[field] = np.ma.masked_array(given[field], mask=[True, False, False])
+    with pytest.raises(TypeError, match=rf"^{field} is a numpy masked array; allowed: a plain"):
+        planner.plan(given["residents"], reasons=given["reasons"], drafts=given["drafts"])
+    assert kept == planner.plan(residents).to_dict()

@@ -458,3 +458,14 @@ def test_the_readme_serving_loop_runs_every_request_to_completion(paged_impl):
     assert sorted(served) == list(range(10))
     assert pages.num_free_pages == pages.num_pages
     assert waited_for_pages  # 93 worst-case pages over a pool of 72: the pool did bind
+
+
+def test_a_row_verifying_drafts_gives_logits_at_every_position(worked):
+    """SPEC §8: the runtime reads logits at all 1 + g positions of a verifying decode row, so
+    logits_indices lists each of them; a decode row without drafts and a final chunk give one."""
+    _table, inputs = worked
+    # Resident 1 decodes at 9 verifying 2 drafts (positions 9, 10, 11); resident 0 completes
+    # its prompt (3 tokens after 3); resident 2 decodes at 0 with no drafts.
+    inputs.prepare(plan_rows((0, 0, 3, 3, 1), (1, 1, 9, 3, 1), (2, 1, 0, 1, 1)))
+    assert inputs.cu_seqlens_q.tolist() == [0, 3, 6, 7]
+    assert inputs.logits_indices.tolist() == [2, 3, 4, 5, 6]

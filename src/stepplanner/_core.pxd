@@ -160,10 +160,10 @@ cdef class StepPlanner:
     cdef bint _planning       # plan() is reading the residents: a nested plan() is refused
     cdef void _free_buffers(self) noexcept
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1
-    cdef const ResidentC* _load_array(self, object arr, int32_t n,
+    cdef const ResidentC* _read_array(self, object residents, int32_t n,
                                       const uint8_t* reasons) except NULL
     cdef const ResidentC* _in_place(self, object arr, int32_t n, const uint8_t* reasons)
-    cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL
-    cdef const int32_t* _load_drafts(self, object drafts, const ResidentC* rows,
-                                     int32_t n) except NULL
+    cdef int _copy_objects(self, object residents, int32_t n) except -1
+    cdef int _copy_drafts(self, object drafts, int32_t n) except -1
+    cdef int _check_draft_values(self, const ResidentC* rows, int32_t n) except -1
     cdef object _kernel_loop(self, object residents, Py_ssize_t iterations)

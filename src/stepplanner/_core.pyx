@@ -230,6 +230,16 @@ cdef int check_row(const ResidentC* row, int32_t max_input_length) noexcept nogi
     return STATUS_OK
 
 
+cdef int32_t first_bad_row(const ResidentC* rows, int32_t n, int32_t max_input_length) noexcept nogil:
+    """The index of the first row that fails ``check_row``, or -1. (Every row passes in a valid
+    step, so check_row's branches are predicted: fewer instructions than a branch-free test.)"""
+    cdef int32_t i
+    for i in range(n):
+        if check_row(&rows[i], max_input_length) != STATUS_OK:
+            return i
+    return -1
+
+
 cdef int32_t pause_residents(const ConfigC* cfg, const ResidentC* residents, int32_t count,
                              const int32_t* order, uint8_t* paused, int32_t* out_paused,
                              uint8_t* reasons) noexcept nogil:
@@ -472,6 +482,7 @@ del _layout, _name, _dtype, _size, _offsets
 cdef cnp.dtype _RESIDENT_DESCR = RESIDENT_DTYPE
 cdef cnp.dtype _UINT8_DESCR = np.dtype(np.uint8)
 cdef tuple _WORKS = (SequenceWork.CONTEXT, SequenceWork.DECODE)
+cdef type _MaskedArray = np.ma.MaskedArray
 
 
 # ============================================================================================
@@ -1202,14 +1213,16 @@ cdef class StepPlanner:
         tuple of ints or a 1-D int32 array, len >= count); decode rows verify what the budget
         grants of them (SPEC §8).
 
-        The returned plan is overwritten by the next call; ``copy()`` what you keep. Everything
-        is checked before anything is written: a call that raises leaves the previous plan.
+        Inputs whose reading runs Python code (a list's ``__getitem__``, an int's ``__index__``)
+        are copied into the planner's buffers first; then the arrays are checked and planned
+        with no Python code in between, so nothing the caller's code does during the call
+        reaches the kernel unchecked. A call that raises leaves the previous plan.
         """
         if self.rows == NULL:
             raise _errors.not_initialised("StepPlanner")
         cdef bint is_array = cnp.PyArray_Check(residents)
         if is_array:
-            _check_resident_array(<cnp.ndarray>residents)
+            _check_resident_array(residents)
         elif not isinstance(residents, (list, tuple)):
             raise _errors.residents_type(residents)
         if count is not None and type(count) is not int:
@@ -1218,31 +1231,43 @@ cdef class StepPlanner:
                 count = operator.index(count)
             except TypeError:
                 raise _errors.not_integer("count", count) from None
-        cdef Py_ssize_t length = len(residents)
+        # An array's length is its shape: an ndarray subclass's __len__ is not asked.
+        cdef Py_ssize_t length = ((<cnp.ndarray>residents).shape[0] if is_array
+                                  else len(residents))
         cdef Py_ssize_t n = self._count(count, length)
         cdef uint8_t* reasons_ptr = NULL
         if reasons is not None:
             reasons_ptr = _reasons_pointer(reasons, n)
         if drafts is not None:
             _check_drafts(drafts, n)
-        cdef const ResidentC* rows
-        cdef const int32_t* drafts_ptr = NULL
+        # Reading a list (its __getitem__) or an int (its __index__) runs Python code, which may
+        # change any input: the arrays are read, and reasons' pointer taken, after it has run.
+        cdef bint ran_code = not is_array or (drafts is not None
+                                              and not cnp.PyArray_Check(drafts))
+        cdef const ResidentC* rows = NULL
         with cython.critical_section(self._plan):
-            # Reading a list subclass runs its code, which may call plan() on this planner; that
-            # call would overwrite the rows this one has copied in so far. It is refused instead
-            # (no Python code runs here otherwise, so on GIL builds no other thread gets in).
+            # That code may call plan() on this planner, which would overwrite the rows this
+            # call has copied in so far: it is refused instead (no Python code runs here
+            # otherwise, so on GIL builds no other thread gets in).
             if self._planning:
                 raise _errors.plan_reentered()
             self._planning = True
             try:
-                if is_array:
-                    rows = self._load_array(residents, <int32_t>n, reasons_ptr)
-                else:
-                    rows = self._load_objects(residents, <int32_t>n)
                 if drafts is not None:
-                    drafts_ptr = self._load_drafts(drafts, rows, <int32_t>n)
-                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c, reasons_ptr,
-                          drafts_ptr)
+                    self._copy_drafts(drafts, <int32_t>n)
+                if not is_array:
+                    self._copy_objects(residents, <int32_t>n)
+                    rows = self.rows
+                if reasons is not None and ran_code:
+                    reasons_ptr = _reasons_pointer(reasons, n)
+                # No Python code runs from here to the kernel: the rows checked are the rows
+                # planned, whether read in place or copied.
+                if is_array:
+                    rows = self._read_array(residents, <int32_t>n, reasons_ptr)
+                if drafts is not None:
+                    self._check_draft_values(rows, <int32_t>n)
+                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c,
+                          reasons_ptr, self.scratch.drafts if drafts is not None else NULL)
                 self._plan.version += 1
             finally:
                 self._planning = False
@@ -1262,38 +1287,39 @@ cdef class StepPlanner:
             raise _errors.count_over_length(count, length)
         return count
 
-    cdef const ResidentC* _load_array(self, object residents, int32_t n,
+    cdef const ResidentC* _read_array(self, object residents, int32_t n,
                                       const uint8_t* reasons) except NULL:
-        """The validated rows: the array's own memory when the kernel can read it in place
-        (see ``_in_place``), else a copy in ``self.rows``."""
+        """The array's first n rows, checked: its own memory when the kernel can read it in
+        place (see ``_in_place``), else a copy in ``self.rows``. Its dtype and length are
+        checked again: a drafts list's code may have changed them."""
         cdef cnp.ndarray arr = <cnp.ndarray>residents
+        _check_resident_array(arr)
+        if arr.shape[0] < n:
+            self._planning = False  # building the error runs Python code: not in plan()
+            raise _errors.count_over_length(n, arr.shape[0])
         cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
-        cdef const ResidentC* rows
-        cdef int32_t i, s_in = self.cfg.max_input_length
-        cdef int status
+        cdef int32_t i, bad, s_in = self.cfg.max_input_length
         if n > 1 and abs(stride) < <Py_ssize_t>sizeof(ResidentC):
-            self._planning = False  # building the error runs Python code: not in plan()
+            self._planning = False
             raise _errors.rows_overlap(stride, sizeof(ResidentC))
-        rows = self._in_place(arr, n, reasons)
+        cdef const ResidentC* rows = self._in_place(arr, n, reasons)
         if rows == NULL:
             for i in range(n):
                 memcpy(&self.rows[i], data + i * stride, sizeof(ResidentC))
             rows = self.rows
-        for i in range(n):
-            status = check_row(&rows[i], s_in)
-            if status != STATUS_OK:
-                self._planning = False  # building the error runs Python code: not in plan()
-                raise _row_error(status, i, &rows[i], s_in, 0)
+        bad = first_bad_row(rows, n, s_in)
+        if bad >= 0:
+            self._planning = False
+            raise _row_error(check_row(&rows[bad], s_in), bad, &rows[bad], s_in, 0)
         # An empty array's data pointer may be NULL, which is this method's error value.
         return rows if n > 0 else self.rows
 
     @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
-    cdef const int32_t* _load_drafts(self, object drafts, const ResidentC* rows,
-                                     int32_t n) except NULL:
-        """The drafts (checked by ``_check_drafts``) copied into scratch, each checked against
-        its row: SPEC §8's validation, in index order."""
-        cdef int32_t i, v
+    cdef int _copy_drafts(self, object drafts, int32_t n) except -1:
+        """The drafts (checked by ``_check_drafts``) copied into scratch as int32; their values
+        are checked against the rows by ``_check_draft_values``, once the rows are in."""
+        cdef int32_t i
         cdef int overflow = 0
         cdef long long big
         cdef object item
@@ -1307,34 +1333,42 @@ cdef class StepPlanner:
             stride = arr.strides[0]
             for i in range(n):
                 memcpy(&out[i], data + i * stride, sizeof(int32_t))
-        else:
-            if len(drafts) < n:  # a list subclass may have shrunk since _check_drafts
-                self._planning = False
-                raise _errors.drafts_length(len(drafts), n)
-            for i in range(n):
-                item = drafts[i]
-                if type(item) is int:  # no field name is made unless it is needed
-                    big = PyLong_AsLongLongAndOverflow(item, &overflow)
-                    if not overflow and INT32_MIN <= big <= INT32_MAX:
-                        out[i] = <int32_t>big
-                        continue
-                try:
-                    out[i] = as_int32(f"drafts[{i}]", item)
-                except Exception:
-                    self._planning = False
-                    raise
+            return 0
+        if len(drafts) < n:  # a list subclass's code may have shrunk it since _check_drafts
+            self._planning = False
+            raise _errors.drafts_length(len(drafts), n)
         for i in range(n):
-            v = out[i]
+            item = drafts[i]
+            if type(item) is int:  # no field name is made unless it is needed
+                big = PyLong_AsLongLongAndOverflow(item, &overflow)
+                if not overflow and INT32_MIN <= big <= INT32_MAX:
+                    out[i] = <int32_t>big
+                    continue
+            try:
+                out[i] = as_int32(f"drafts[{i}]", item)
+            except Exception:
+                self._planning = False
+                raise
+        return 0
+
+    cdef int _check_draft_values(self, const ResidentC* rows, int32_t n) except -1:
+        """SPEC §8's checks of the copied drafts against the checked rows, in index order."""
+        cdef int32_t i, v
+        cdef const int32_t* drafts = self.scratch.drafts
+        for i in range(n):
+            v = drafts[i]
             if v < 0:
                 self._planning = False  # building the error runs Python code: not in plan()
                 raise _errors.drafts_negative(i, v)
             if v > 0 and not rows[i].context_committed:
                 self._planning = False
                 raise _errors.drafts_for_prompt(i, v)
-        return out
+        return 0
 
     @cython.boundscheck(True)  # a list subclass's __getitem__ may have shrunk it
-    cdef const ResidentC* _load_objects(self, object residents, int32_t n) except NULL:
+    cdef int _copy_objects(self, object residents, int32_t n) except -1:
+        """Each element's row copied into ``self.rows`` and checked there, in index order (a
+        later element's code cannot reach a row already copied)."""
         cdef int32_t i, j, s_in = self.cfg.max_input_length
         cdef int status
         cdef object item
@@ -1354,7 +1388,7 @@ cdef class StepPlanner:
             if status != STATUS_OK:
                 self._planning = False
                 raise _row_error(status, i, &rows[i], s_in, 0)
-        return rows
+        return 0
 
     cdef object _kernel_loop(self, object residents, Py_ssize_t iterations):
         """Rerun the kernel over the rows of the last successful ``plan(residents)``; ns taken.
@@ -1367,8 +1401,8 @@ cdef class StepPlanner:
         cdef const ResidentC* rows = NULL
         cdef cnp.ndarray arr
         if cnp.PyArray_Check(residents):
+            _check_resident_array(residents)
             arr = <cnp.ndarray>residents
-            _check_resident_array(arr)
             if arr.shape[0] < n:
                 raise _errors.count_over_length(n, arr.shape[0])
             rows = self._in_place(arr, n, NULL)
@@ -1399,8 +1433,11 @@ cdef class StepPlanner:
         return <const ResidentC*>data
 
 
-cdef int _check_resident_array(cnp.ndarray arr) except -1:
+cdef int _check_resident_array(object residents) except -1:
     """A 1-D array of RESIDENT_DTYPE (or a dtype numpy says is the same), as the kernel reads."""
+    if not cnp.PyArray_CheckExact(residents) and isinstance(residents, _MaskedArray):
+        raise _errors.masked_array("residents")
+    cdef cnp.ndarray arr = <cnp.ndarray>residents
     if not (arr.descr is _RESIDENT_DESCR or cnp.PyArray_EquivTypes(arr.descr, _RESIDENT_DESCR)):
         raise _errors.array_dtype(arr.dtype, RESIDENT_DTYPE)
     if arr.ndim != 1:
@@ -1414,9 +1451,11 @@ cdef inline bint _overlaps(const void* a, size_t a_size, const void* b, size_t b
 
 
 cdef int _check_drafts(object drafts, Py_ssize_t n) except -1:
-    """SPEC §8's checks of the drafts container, before any row is read (values: _load_drafts)."""
+    """SPEC §8's checks of the drafts container, before any row is read (values: _copy_drafts)."""
     cdef cnp.ndarray arr
     if cnp.PyArray_Check(drafts):
+        if not cnp.PyArray_CheckExact(drafts) and isinstance(drafts, _MaskedArray):
+            raise _errors.masked_array("drafts")
         arr = <cnp.ndarray>drafts
         if arr.ndim != 1 or arr.dtype != np.int32:
             raise _errors.drafts_array(arr.dtype, arr.ndim)
@@ -1433,6 +1472,8 @@ cdef int _check_drafts(object drafts, Py_ssize_t n) except -1:
 cdef uint8_t* _reasons_pointer(object reasons, Py_ssize_t n) except? NULL:
     if not cnp.PyArray_Check(reasons):
         raise _errors.reasons_array(f"is a {type(reasons).__name__}")
+    if not cnp.PyArray_CheckExact(reasons) and isinstance(reasons, _MaskedArray):
+        raise _errors.masked_array("reasons")
     cdef cnp.ndarray arr = <cnp.ndarray>reasons
     if not cnp.PyArray_EquivTypes(arr.descr, _UINT8_DESCR) or arr.ndim != 1:
         raise _errors.reasons_array(f"has dtype {arr.dtype} and ndim={arr.ndim}")

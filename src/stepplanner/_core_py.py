@@ -253,8 +253,9 @@ def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
             count = operator.index(count)
         except TypeError:
             raise _errors.not_integer("count", count) from None
-    # Measured after count.__index__ ran: user code there may have changed the list.
-    length = len(residents)
+    # Measured after count.__index__ ran: user code there may have changed the list. An array's
+    # length is its shape: an ndarray subclass's __len__ is not asked.
+    length = residents.shape[0] if isinstance(residents, np.ndarray) else len(residents)
     if count is None:
         count = length
     if count < 0:
@@ -268,6 +269,8 @@ def _count_of(residents: Any, count: Any, max_batch_size: int) -> int:
 
 def _check_resident_array(residents: np.ndarray) -> None:
     """A 1-D array of RESIDENT_DTYPE, as plan() and apply_to() read (the core's twin)."""
+    if isinstance(residents, np.ma.MaskedArray):
+        raise _errors.masked_array("residents")
     if residents.dtype != RESIDENT_DTYPE:
         raise _errors.array_dtype(residents.dtype, RESIDENT_DTYPE)
     if residents.ndim != 1:
@@ -275,8 +278,12 @@ def _check_resident_array(residents: np.ndarray) -> None:
 
 
 def _load_rows(residents: Any, count: int, max_input_length: int) -> list[tuple[Any, ...]]:
-    """The first ``count`` rows as field tuples, each checked (type, then values) in index order."""
+    """The first ``count`` rows as field tuples, each checked (type, then values) in index order.
+    An array's dtype and length are checked again: a drafts list's code may have changed them."""
     if isinstance(residents, np.ndarray):
+        _check_resident_array(residents)
+        if residents.shape[0] < count:
+            raise _errors.count_over_length(count, residents.shape[0])
         _check_no_overlap(residents, count)
         rows = [tuple(row) for row in residents[:count].tolist()]
     else:
@@ -332,6 +339,8 @@ def _check_reasons(reasons: Any, count: int) -> None:
         return
     if not isinstance(reasons, np.ndarray):
         raise _errors.reasons_array(f"is a {type(reasons).__name__}")
+    if isinstance(reasons, np.ma.MaskedArray):
+        raise _errors.masked_array("reasons")
     if reasons.dtype != np.uint8 or reasons.ndim != 1:
         raise _errors.reasons_array(f"has dtype {reasons.dtype} and ndim={reasons.ndim}")
     if not reasons.flags.writeable:
@@ -343,8 +352,10 @@ def _check_reasons(reasons: Any, count: int) -> None:
 
 
 def _check_drafts(drafts: Any, count: int) -> None:
-    """SPEC §8's checks of the drafts container, before any row is read (values: _load_drafts)."""
+    """SPEC §8's checks of the drafts container, before any row is read (values: _copy_drafts)."""
     if isinstance(drafts, np.ndarray):
+        if isinstance(drafts, np.ma.MaskedArray):
+            raise _errors.masked_array("drafts")
         if drafts.ndim != 1 or drafts.dtype != np.int32:
             raise _errors.drafts_array(drafts.dtype, drafts.ndim)
     elif not isinstance(drafts, (list, tuple)):
@@ -353,20 +364,22 @@ def _check_drafts(drafts: Any, count: int) -> None:
         raise _errors.drafts_length(len(drafts), count)
 
 
-def _load_drafts(drafts: Any, rows: list[tuple[Any, ...]], count: int) -> list[int]:
-    """Each resident's drafts, checked against its row in index order (SPEC §8)."""
+def _copy_drafts(drafts: Any, count: int) -> list[int]:
+    """Each resident's drafts as an int (checked by ``_check_drafts``); values: _check_drafts_of."""
     if isinstance(drafts, np.ndarray):
-        values = [int(v) for v in drafts[:count]]
-    else:
-        if len(drafts) < count:  # a list subclass may have shrunk since _check_drafts
-            raise _errors.drafts_length(len(drafts), count)
-        values = [as_int32(f"drafts[{i}]", drafts[i]) for i in range(count)]
+        return [int(v) for v in drafts[:count]]
+    if len(drafts) < count:  # a list subclass's code may have shrunk it since _check_drafts
+        raise _errors.drafts_length(len(drafts), count)
+    return [as_int32(f"drafts[{i}]", drafts[i]) for i in range(count)]
+
+
+def _check_drafts_of(values: list[int], rows: list[tuple[Any, ...]]) -> None:
+    """SPEC §8's checks of the copied drafts against the copied rows, in index order."""
     for i, v in enumerate(values):
         if v < 0:
             raise _errors.drafts_negative(i, v)
         if v > 0 and not rows[i][4]:
             raise _errors.drafts_for_prompt(i, v)
-    return values
 
 
 class StepPlanner:
@@ -404,8 +417,13 @@ class StepPlanner:
             raise _errors.plan_reentered()
         self._planning = True
         try:
+            # Every input is copied before any is checked against another, and drafts first:
+            # reading a list runs its code, which may change the other inputs (the core's order).
+            proposed = None if drafts is None else _copy_drafts(drafts, n_res)
             rows = _load_rows(residents, n_res, lim.max_input_length)
-            proposed = None if drafts is None else _load_drafts(drafts, rows, n_res)
+            _check_reasons(reasons, n_res)
+            if proposed is not None:
+                _check_drafts_of(proposed, rows)
         finally:
             self._planning = False
 

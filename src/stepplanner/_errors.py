@@ -129,6 +129,15 @@ def array_dtype(dtype: object, expected: object) -> StepPlannerTypeError:
     )
 
 
+def masked_array(name: str) -> StepPlannerTypeError:
+    # A masked entry has no value to plan with, and the two cores would read it differently
+    # (the data under the mask, or numpy's MaskError): refused by name in both.
+    return StepPlannerTypeError(
+        f"{name} is a numpy masked array; allowed: a plain numpy array (a masked entry has no "
+        f"value: pass {name}.filled(...) with the value each masked entry should take)"
+    )
+
+
 def array_ndim(ndim: int) -> StepPlannerValueError:
     return StepPlannerValueError(f"residents array has ndim={ndim}; allowed: 1")
 

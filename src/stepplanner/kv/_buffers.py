@@ -83,7 +83,8 @@ def input_buffers(
         "cu_seqlens_q": ((b + 1,), np.int32),
         "seq_lens_k": ((b,), np.int32),
         "slot_mapping": ((t,), np.int64),
-        "logits_indices": ((b,), np.int32),
+        # One per row, or every position of a row that verifies drafts: at most T.
+        "logits_indices": ((t,), np.int32),
         "block_table": ((block_table_rows(b), m), np.int32),
         "kv_indptr": ((b + 1,), np.int32),
         "kv_indices": ((b * m,), np.int32),

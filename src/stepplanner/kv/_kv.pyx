@@ -18,7 +18,7 @@ from libc.string cimport memcpy, memset
 import numpy as np
 
 from .. import _errors
-from stepplanner._core cimport StepPlan, _CoreMemory
+from stepplanner._core cimport WORK_DECODE, StepPlan, _CoreMemory
 from ..planner._fields import as_int32
 from . import _buffers
 from ._buffers import block_table_rows, input_buffers, view_of
@@ -176,9 +176,16 @@ cdef void fill_tokens(const PageTableC* t, const SequenceC* rows, int32_t count,
                 page_index += 1
         cu_seqlens_q[i + 1] = tokens
         seq_lens_k[i] = end
-        # Branch-free: a decode step's rows all sample, a prefill step's mostly not.
-        logits_indices[logits] = tokens - 1
-        logits += rows[i].select_last_token_logits != 0
+        if rows[i].work == WORK_DECODE and rows[i].query_length > 1:
+            # A row verifying drafts (SPEC §8): the runtime reads logits at every position.
+            n = rows[i].query_length
+            for k in range(n):
+                logits_indices[logits + k] = tokens - n + k
+            logits += n
+        else:
+            # Branch-free: a decode step's rows all sample, a prefill step's mostly not.
+            logits_indices[logits] = tokens - 1
+            logits += rows[i].select_last_token_logits != 0
     out.num_tokens = tokens
     out.num_logits = logits
 

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _errors
 from ..planner._fields import as_int32
 from ..planner._policy import StepPlannerLimits
-from ..planner._types import SEQUENCE_DTYPE
+from ..planner._types import SEQUENCE_DTYPE, SequenceWork
 from ._buffers import PADDED, block_table_rows, input_buffers, read_only, view_of
 from ._checks import Geometry, check_page_table, inputs_arguments, table_arguments
 
@@ -245,7 +245,7 @@ class StepInputs:
         out["cu_seqlens_q"][0] = 0
         if page_list:
             out["kv_indptr"][0] = 0
-        for i, (resident, _work, past, query, logits) in enumerate(rows.tolist()):
+        for i, (resident, work, past, query, logits) in enumerate(rows.tolist()):
             pages = pages_of[resident]
             end = past + query
             for pos in range(past, end):
@@ -267,7 +267,10 @@ class StepInputs:
                 kv += used
                 out["kv_indptr"][i + 1] = kv
                 out["kv_last_page_len"][i] = end - (used - 1) * p
-            if logits:
+            if work == SequenceWork.DECODE and query > 1:  # verifying drafts: every position
+                out["logits_indices"][n_logits : n_logits + query] = range(t - query, t)
+                n_logits += query
+            elif logits:
                 out["logits_indices"][n_logits] = t - 1
                 n_logits += 1
         self._sizes = {"rows": len(rows), "tokens": t, "kv": kv, "logits": n_logits}
