@@ -423,6 +423,7 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
         "adapters-ledger",
         "capped-paged-ledger",
         "capped-planner",
+        "drafts-planner",
         "paged-adapters-ledger",
         "paged-ledger",
         "tampered-ledger",
@@ -433,3 +434,23 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
     assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen
     assert seen["liars"] >= 1 and seen["liar_rows"] >= 2 and seen["tampered"] >= 2, seen
     assert seen["passed_over"] >= 1 and seen["paged_passed_over"] >= 1, seen
+
+
+def test_the_drafts_seed_plans_drafts_and_meddling_reads(monkeypatch):
+    """tools/fuzz_seeds/drafts-planner (marker D) reaches plans that grant drafts and a plan
+    whose drafts list changed the residents while it was read (issue 41), so the CI smoke
+    compares the two cores there from its first input."""
+    harness = load_harness()
+    seen = {"granted": 0, "meddled": 0}
+    plan_outcome = harness.Lane.plan_outcome
+
+    def outcome_seen(lane, count, reasons, drafts=None):
+        result = plan_outcome(lane, count, reasons, drafts)
+        if result[0] == "ok":
+            seen["granted"] += result[2] > 0
+            seen["meddled"] += isinstance(drafts, harness._MeddlingDrafts)
+        return result
+
+    monkeypatch.setattr(harness.Lane, "plan_outcome", outcome_seen)
+    harness.one_input((SEEDS / "drafts-planner").read_bytes())
+    assert seen["granted"] >= 1 and seen["meddled"] >= 1, seen

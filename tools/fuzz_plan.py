@@ -71,6 +71,7 @@ PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
 TAMPER_MARKER = b"T"  # after those: subclassed tables and tampered views (object protocol)
 STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
 ADAPTERS_MARKER = b"A"  # last of a ledger's markers: LoRA adapters (max_loras, lora_id)
+DRAFTS_MARKER = b"D"  # a planner episode (after S, if any) whose plans are given drafts
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
@@ -238,12 +239,17 @@ class Lane:
         self.container: object = None
         self.plan = None  # the planner's one StepPlan, once a call has returned it
 
-    def plan_outcome(self, count: object, reasons: object) -> tuple:
+    def plan_outcome(self, count: object, reasons: object, drafts: object = None) -> tuple:
         before = None if self.plan is None else self.plan.to_dict()
-        result = outcome(self.planner.plan, self.container, count, reasons)
+        result = outcome(self.planner.plan, self.container, count, reasons, drafts)
         if result[0] == "ok":
             self.plan = result[1]
-            return ("ok", self.plan.to_dict(), None if reasons is None else reasons.tolist())
+            return (
+                "ok",
+                self.plan.to_dict(),
+                self.plan.draft_tokens,
+                None if reasons is None else reasons.tolist(),
+            )
         after = None if self.plan is None else self.plan.to_dict()
         if before != after:
             raise Disagreement(
@@ -380,6 +386,81 @@ def reasons_from(recipe: tuple | None) -> object:
     ][bad]
 
 
+def make_drafts(fdp: atheris.FuzzedDataProvider, n: int) -> tuple | None:
+    """A recipe for drafts (SPEC §8; each lane gets its own made from it): values valid for the
+    rows or hostile, in a list, tuple, int32 array (contiguous or strided) or a container the
+    planner must refuse (masked, big-endian, int64), or a list whose reads change the lane's
+    residents (issue 41: what the planner checked must be what it plans)."""
+    roll = fdp.ConsumeProbability()
+    if roll < 0.25:
+        return None
+    length = max(0, n + (fdp.ConsumeIntInRange(-1, 1) if fdp.ConsumeProbability() < 0.1 else 0))
+    values: list[object] = [fdp.ConsumeIntInRange(0, 6) for _ in range(length)]
+    if values and fdp.ConsumeProbability() < 0.15:
+        values[fdp.ConsumeIntInRange(0, length - 1)] = hostile_scalar(fdp)
+    kind = fdp.ConsumeIntInRange(0, 7)
+    meddle = None
+    if kind == 7:  # the list's reads change one row of the residents to a fuzzed field value
+        meddle = (
+            fdp.ConsumeIntInRange(0, max(n - 1, 0)),
+            fdp.PickValueInList(["committed", "prompt_length", "context_committed"]),
+            fdp.ConsumeIntInRange(-8, 80),
+        )
+    return (kind, values, meddle)
+
+
+def drafts_from(recipe: tuple | None, container: object) -> object:
+    if recipe is None:
+        return None
+    kind, values, meddle = recipe
+    if meddle is not None:
+        return _MeddlingDrafts(values, container, meddle)
+    if kind >= 2 and not all(type(v) is int and INT32_MIN <= v <= INT32_MAX for v in values):
+        kind = 0  # an array cannot hold a hostile value: the list carries it
+    if kind == 0:
+        return list(values)
+    if kind == 1:
+        return tuple(values)
+    arr = np.array(values, dtype=np.int32)
+    if kind == 2:
+        return arr
+    if kind == 3:  # every other entry of a larger array
+        big = np.zeros(2 * len(values), dtype=np.int32)
+        big[::2] = arr
+        return big[::2]
+    if kind == 4:
+        return np.ma.masked_array(arr, mask=[i % 2 == 0 for i in range(len(values))])
+    if kind == 5:
+        return arr.astype(">i4")
+    return arr.astype(np.int64)
+
+
+class _MeddlingDrafts(list):
+    """Drafts whose every read first sets one field of one resident in the lane's container."""
+
+    def __init__(self, items: list, container: object, meddle: tuple) -> None:
+        super().__init__(items)
+        self.container, self.meddle = container, meddle
+
+    def __getitem__(self, index):
+        row, field, value = self.meddle
+        try:
+            if isinstance(self.container, np.ndarray) and self.container.flags.writeable:
+                if row < self.container.shape[0] and self.container.dtype.names:
+                    self.container[field][row] = value
+            elif isinstance(self.container, list | tuple) and row < len(self.container):
+                target = (
+                    list.__getitem__(self.container, row)
+                    if isinstance(self.container, list)
+                    else self.container[row]
+                )
+                if hasattr(target, "_astuple"):
+                    setattr(target, field, value)
+        except ALLOWED:
+            pass  # a value the field cannot take: both lanes refuse it alike
+        return super().__getitem__(index)
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -410,7 +491,11 @@ def resident_state_parity(fdp: atheris.FuzzedDataProvider) -> None:
 
 
 def step(
-    fdp: atheris.FuzzedDataProvider, lanes: list[Lane], rows: list[tuple], limits: object
+    fdp: atheris.FuzzedDataProvider,
+    lanes: list[Lane],
+    rows: list[tuple],
+    limits: object,
+    drafts: bool = False,
 ) -> list[tuple]:
     """Plan (and apply) one step on both lanes; return the ledger rows for the next step."""
     shape = fdp.ConsumeIntInRange(0, 11)
@@ -423,14 +508,21 @@ def step(
         lane.container = build_container(lane.impl, rows, shape, foreign)
     counts = make_count(fdp, len(rows), lanes, bad_container=shape >= 8)
     recipe = make_reasons(fdp, len(rows))
+    proposal = make_drafts(fdp, len(rows)) if drafts else None
     results = [
-        lane.plan_outcome(c, reasons_from(recipe)) for lane, c in zip(lanes, counts, strict=True)
+        lane.plan_outcome(c, reasons_from(recipe), drafts_from(proposal, lane.container))
+        for lane, c in zip(lanes, counts, strict=True)
     ]
-    context = (rows, shape, counts[0], recipe)
+    context = (rows, shape, counts[0], recipe, proposal)
     same("plan", results[0], results[1], context)
     if results[0][0] != "ok":
         return rows
-    check_plan(lanes[1].planner.policy, limits, rows, lanes[1].plan)
+    if proposal is not None and proposal[2] is not None:  # the rows as the drafts' reads left them
+        rows = rows_of(lanes[1].container)
+        same("meddled rows", rows_of(lanes[0].container), rows, context)
+    planned = lanes[1].plan.num_residents
+    given = None if proposal is None else [int(v) for v in proposal[1][:planned]]
+    check_plan(lanes[1].planner.policy, limits, rows[:planned], lanes[1].plan, drafts=given)
     return apply_both(lanes, rows, context)
 
 
@@ -995,10 +1087,14 @@ def one_input(data: bytes) -> None:
         data = data[1:] if adapters else data
         ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper, adapters)
     else:
-        planner_episode(atheris.FuzzedDataProvider(data), capped)
+        drafts = data[:1] == DRAFTS_MARKER
+        data = data[1:] if drafts else data
+        planner_episode(atheris.FuzzedDataProvider(data), capped, drafts)
 
 
-def planner_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False) -> None:
+def planner_episode(
+    fdp: atheris.FuzzedDataProvider, capped: bool = False, drafts: bool = False
+) -> None:
     if fdp.ConsumeProbability() < 0.1:
         resident_state_parity(fdp)
     try:
@@ -1026,7 +1122,7 @@ def planner_episode(fdp: atheris.FuzzedDataProvider, capped: bool = False) -> No
     rows = [make_row(fdp, s_in, i) for i in range(n)]
     arrival = n
     for _ in range(fdp.ConsumeIntInRange(1, MAX_STEPS)):
-        rows = step(fdp, lanes, rows, limits)
+        rows = step(fdp, lanes, rows, limits, drafts)
         rows = evolve(fdp, rows, s_in, arrival)
         arrival += MAX_ROWS
 
