@@ -278,10 +278,8 @@ def build_container(impl, rows: list[tuple], shape: int, foreign: object) -> obj
     arr = np.array(rows, dtype=stepplanner.RESIDENT_DTYPE)
     if shape == 3:
         return arr
-    if shape == 4:  # every other row of a larger array
-        big = np.zeros(2 * len(rows), dtype=stepplanner.RESIDENT_DTYPE)
-        big[::2] = arr
-        return big[::2]
+    if shape == 4:
+        return every_other(arr)
     if shape == 5:  # reversed view, negative stride
         return arr[::-1].copy()[::-1]
     if shape == 6:  # unaligned rows inside a bytearray
@@ -299,6 +297,13 @@ def build_container(impl, rows: list[tuple], shape: int, foreign: object) -> obj
     if shape == 10:
         return arr.reshape(1, -1) if len(rows) else arr.reshape(0, 1)
     return foreign  # not a container at all
+
+
+def every_other(arr: np.ndarray) -> np.ndarray:
+    """``arr``'s values as every other entry of an array twice as long: a strided view."""
+    big = np.zeros(2 * len(arr), dtype=arr.dtype)
+    big[::2] = arr
+    return big[::2]
 
 
 class _ListSub(list):
@@ -424,10 +429,8 @@ def drafts_from(recipe: tuple | None, container: object) -> object:
     arr = np.array(values, dtype=np.int32)
     if kind == 2:
         return arr
-    if kind == 3:  # every other entry of a larger array
-        big = np.zeros(2 * len(values), dtype=np.int32)
-        big[::2] = arr
-        return big[::2]
+    if kind == 3:
+        return every_other(arr)
     if kind == 4:
         return np.ma.masked_array(arr, mask=[i % 2 == 0 for i in range(len(values))])
     if kind == 5:
