@@ -14,7 +14,8 @@ Layout: one module per command, each defining one click command that ``main`` ad
 shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
 ``running`` (a simulation with its progress bar), ``render`` (every report in every
 ``--format``), ``notices`` (warnings on stderr), ``errors`` (which exceptions become one-line
-errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``
+errors, and exit statuses), ``counts`` (``--requests`` and ``-B`` against the memory available),
+``files`` (input files read, output paths checked) and ``plot``
 (the figures of simulate and fidelity, and the helpers ``compare_plot``, compare's figure, uses);
 ``tuning_options``, ``tuning_render``, ``tuning_progress`` and ``tuning_extras`` are the same for
 the tuning commands and for the SLO and vLLM-metric additions to ``simulate`` and ``compare``.
