@@ -195,3 +195,105 @@ def test_help_still_lists_the_choices() -> None:
     result = _invoke("simulate", "--help")
     assert "--policy [fcfs|priority|edf|deadline]" in result.output
     assert "--mode [auto|mixed|prefill_first]" in result.output
+
+
+# --- sweep: a verdict on top, one name per figure, a table at 80 columns ------------------------
+
+
+def _record(label: str, checks: list[tuple[str, float | None, float]], **extra):
+    slo = [
+        {
+            "slo": key,
+            "observed_s": seen,
+            "threshold_s": limit,
+            "met": seen is not None and seen <= limit,
+        }
+        for key, seen, limit in checks
+    ]
+    return {"label": label, "slo": slo, "meets_slo": all(c["met"] for c in slo), **extra}
+
+
+def test_the_verdict_names_the_closest_when_none_meets() -> None:
+    from stepplanner.cli.tuning_render import verdict
+    from stepplanner.tuning.slo import parse_slos
+
+    slos = parse_slos(["ttft_p99=500ms", "tpot_p99=15ms"])
+    records = [
+        # First by goodput, but 2x over on TTFT; the second is 1.04x over on TPOT alone.
+        _record("768/512", [("ttft_p99", 1.0, 0.5), ("tpot_p99", 0.0150, 0.015)]),
+        _record("640/256", [("ttft_p99", 0.48, 0.5), ("tpot_p99", 0.0156, 0.015)]),
+        _record("broken", [("ttft_p99", None, 0.5), ("tpot_p99", None, 0.015)]),
+        {"label": "unresolved", "error": "max_chunk_tokens=512 is out of range"},
+    ]
+    found = verdict(records, slos)
+    assert found is not None
+    assert f"{found.label} {found.text}" == (
+        "verdict no configuration meets every SLO; closest: #2 640/256 (tpot_p99 15.6 ms > 15 ms)"
+    )
+    records[2] = _record("640/320", [("ttft_p99", 0.47, 0.5), ("tpot_p99", 0.0145, 0.015)])
+    found = verdict(records, slos)
+    assert found is not None
+    assert found.text == "1 of 3 configurations meet every SLO; the best by goodput: #3 640/320"
+    assert verdict(records, []) is None
+
+
+def _sweep(*args: str, columns: str = "160"):
+    return CliRunner(env={"COLUMNS": columns}).invoke(
+        main,
+        ["sweep", "--requests", "200", "--rate", "40", "-B", "32", "--no-progress", *args],
+        catch_exceptions=False,
+    )
+
+
+def test_sweep_says_on_top_when_nothing_meets_the_slos(tmp_path) -> None:
+    import json
+
+    saved = tmp_path / "sweep.json"
+    result = _sweep(
+        "--grid", "max_num_tokens=256,512", "--slo", "ttft_p99=1ms", "--save-result", str(saved)
+    )
+    assert result.exit_code == 0, result.output
+    ran = json.loads(saved.read_text())["results"]
+    closest = min(range(2), key=lambda k: ran[k]["slo"][0]["observed_s"])
+    seen = ran[closest]["slo"][0]["observed_s"] * 1e3
+    lines = result.output.splitlines()
+    assert lines[1] == (
+        f"verdict no configuration meets every SLO; closest: #{closest + 1} "
+        f"{ran[closest]['label']} (ttft_p99 {seen:,.1f} ms > 1 ms)"
+    )
+
+
+def test_sweep_names_its_two_goodputs_apart() -> None:
+    result = _sweep("--grid", "max_num_tokens=256,512", "--slo", "ttft_p99=1s", "--format", "csv")
+    assert result.exit_code == 0, result.output
+    header = result.output.splitlines()[0].split(",")
+    assert header[:6] == [
+        "#",
+        "configuration",
+        "mode budget/chunk",
+        "goodput req/s",
+        "deadlines attained",
+        "attained req/s",
+    ]
+    assert not [h for h in header if h.startswith("SLO goodput")]
+
+
+def test_sweep_stays_a_table_at_80_columns() -> None:
+    result = _sweep(
+        "--grid",
+        "max_num_tokens=256,512",
+        "--slo",
+        "ttft_p99=1s",
+        "--slo",
+        "tpot_p99=50ms",
+        columns="80",
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    grid = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert len(grid) >= 7 and all(len(line) <= 80 for line in grid), result.output
+    assert any("goodput" in line for line in grid) and any("SLOs" in line for line in grid)
+    assert (
+        "left out at 80 columns: mode budget/chunk, deadlines attained, attained req/s, TTFT "
+        "p99, TPOT p99, ITL p99, E2E p99"
+    ) in " ".join(result.output.split())
