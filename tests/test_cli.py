@@ -155,7 +155,10 @@ def test_simulate_plot_without_matplotlib_says_how_to_get_it(monkeypatch) -> Non
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     result = _invoke("simulate", *SMALL, "--plot", "out.png")
     assert result.exit_code == 1
-    assert "pip install 'stepplanner[plot]'" in result.output
+    assert result.output == (
+        "Error: --plot needs matplotlib, which is not installed; install it with: "
+        "pip install 'matplotlib>=3.7'\n"
+    )
 
 
 def test_compare_configs_side_by_side_as_json() -> None:

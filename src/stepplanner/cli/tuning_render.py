@@ -11,7 +11,11 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..tuning.slo import SloTarget
+from .plot import latency_axis, new_figure
+from .plot import save as save_figure
 from .render import Block, Column, Line, TableData
 from .slo_render import (
     CAPACITY_COLUMNS,
@@ -346,41 +350,59 @@ def _finite(value: Any) -> Any:
 def plot_front(
     path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], title: str
 ) -> None:
-    """TTFT p99 against TPOT p99, coloured by throughput; the front ringed and labelled; the
-    TTFT/TPOT p99 objectives drawn as the corner of the region that meets them."""
-    importlib.import_module("matplotlib").use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    save_figure(front_figure(records, slos, title), path)
+
+
+def front_figure(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], title: str) -> Any:
+    """TTFT p99 against TPOT p99, coloured by goodput, the figure the table ranks by; the front
+    ringed and labelled; the TTFT/TPOT p99 objectives drawn as the corner of the region that
+    meets them. Axes in plain milliseconds (``latency_axis``). The colours are binned at the
+    goodputs' quantiles, so that each band holds as many configurations and a few far below the
+    rest (a budget too small to keep up) do not leave the others one colour."""
+    colors = importlib.import_module("matplotlib.colors")
     ok = [r for r in records if r.get("error") is None]
-    fig, ax = plt.subplots(figsize=(9, 6))
+    tpot = np.array([r["metrics"]["p99_tpot_ms"] for r in ok], dtype=np.float64)
+    ttft = np.array([r["metrics"]["p99_ttft_ms"] for r in ok], dtype=np.float64)
+    good = np.array([r["goodput"] for r in ok], dtype=np.float64)
+    fig = new_figure(figsize=(9, 6), layout="tight")
+    ax = fig.subplots()
+    bounds = np.unique(np.quantile(good, np.linspace(0, 1, 9))) if good.size else good
+    norm = (
+        colors.BoundaryNorm(bounds, 256)
+        if bounds.size > 1
+        else colors.Normalize(good.min() - 0.5, good.max() + 0.5)
+        if good.size
+        else None
+    )
     sc = ax.scatter(
-        [r["metrics"]["p99_tpot_ms"] for r in ok],
-        [r["metrics"]["p99_ttft_ms"] for r in ok],
-        c=[r["throughput"] for r in ok],
+        tpot,
+        ttft,
+        c=good,
         cmap="viridis",
+        norm=norm,
         s=36,
         edgecolors=["red" if r["pareto"] else "none" for r in ok],
         linewidths=1.2,
     )
-    fig.colorbar(sc, ax=ax, label="throughput (req/s)")
+    bar = fig.colorbar(sc, ax=ax, label="goodput (req/s within every SLO)")
+    if bounds.size > 1:
+        bar.set_ticks(bounds)
+        bar.set_ticklabels([f"{b:,.2f}" for b in bounds])
     labelled: set[tuple[float, float]] = set()
-    for r in ok:
-        point = (r["metrics"]["p99_tpot_ms"], r["metrics"]["p99_ttft_ms"])
+    for r, point in zip(ok, zip(tpot.tolist(), ttft.tolist())):
         if r["pareto"] and point not in labelled:
             labelled.add(point)
             ax.annotate(_short(r), point, fontsize=7, xytext=(4, 4), textcoords="offset points")
+    drawn = {"tpot": [tpot], "ttft": [ttft]}
     for slo in slos:
-        if slo.priority is None and slo.percentile == 99 and slo.metric in ("tpot", "ttft"):
+        if slo.priority is None and slo.percentile == 99 and slo.metric in drawn:
             draw = ax.axvline if slo.metric == "tpot" else ax.axhline
             draw(slo.seconds * 1e3, color="grey", ls="--", lw=1)
-    ax.set(
-        xlabel="TPOT p99 (ms, simulated)",
-        ylabel="TTFT p99 (ms, simulated)",
-        yscale="log",
-        title=f"{title}: {len(ok)} configurations",
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            drawn[slo.metric].append(np.array([slo.seconds * 1e3]))
+    latency_axis(ax, np.concatenate(drawn["tpot"]), "TPOT p99 (ms, simulated)")
+    latency_axis(ax, np.concatenate(drawn["ttft"]), "TTFT p99 (ms, simulated)", which="y")
+    ax.set_title(f"{title}: {len(ok)} configurations")
+    return fig
 
 
 def _short(record: dict[str, Any]) -> str:
