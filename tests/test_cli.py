@@ -465,8 +465,8 @@ def test_bench_usage_names_the_command_it_was_run_as() -> None:
     )
     assert proc.returncode == 0
     assert proc.stdout.startswith("usage: python -m stepplanner.bench")
-    result = _invoke("bench", "--help")
-    assert result.output.startswith("usage: stepplanner bench")
+    result = CliRunner().invoke(main, ["bench", "--help"], prog_name="stepplanner")
+    assert result.output.startswith("Usage: stepplanner bench [OPTIONS]")
 
 
 # --- output formats and widths ---------------------------------------------------------------

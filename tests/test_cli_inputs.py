@@ -22,7 +22,9 @@ SLOTS_RANGE = (
 
 
 def _invoke(*args: str):
-    return CliRunner(env={"COLUMNS": "160"}).invoke(main, list(args), catch_exceptions=False)
+    return CliRunner(env={"COLUMNS": "160"}).invoke(
+        main, list(args), prog_name="stepplanner", catch_exceptions=False
+    )
 
 
 @pytest.fixture
@@ -297,3 +299,65 @@ def test_sweep_stays_a_table_at_80_columns() -> None:
         "left out at 80 columns: mode budget/chunk, deadlines attained, attained req/s, TTFT "
         "p99, TPOT p99, ITL p99, E2E p99"
     ) in " ".join(result.output.split())
+
+
+# --- bench: a click command like the others ----------------------------------------------------
+
+
+def test_bench_help_reads_like_the_other_commands() -> None:
+    bench_help = _invoke("bench", "--help").output
+    simulate_help = _invoke("simulate", "--help").output
+    assert bench_help.startswith("Usage: stepplanner bench [OPTIONS]\n")
+    assert simulate_help.startswith("Usage: stepplanner simulate [OPTIONS]\n")
+    for text in (bench_help, simulate_help):
+        assert "\nOptions:\n" in text and "-h, --help  " in text
+    assert "--scenario [mixed|prefill_first|priority_pause]" in bench_help
+    assert "[default: 8,64,256,1024]" in " ".join(bench_help.split())
+
+
+def test_bench_choices_and_defaults_are_stepplanner_benchs() -> None:
+    from stepplanner import bench
+    from stepplanner.bench import planner
+    from stepplanner.cli import bench as bench_command
+
+    assert bench_command.SCENARIOS == tuple(sorted(planner.SCENARIOS))
+    assert bench_command.BATCH_SIZES == ",".join(map(str, planner.BATCH_SIZES))
+    defaults = vars(bench._parser("x").parse_args([]))
+    assert defaults["reference_max_batch"] == 1024 and defaults["loop"] == "on"
+    assert defaults["scenario"] == "priority_pause"
+
+
+def test_bench_hands_its_values_to_stepplanner_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepplanner import bench
+
+    seen = {}
+
+    def fake_main(argv, prog):
+        seen.update(argv=argv, prog=prog)
+        return 0
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    result = _invoke("bench", "--batch-sizes", "8, 64", "--loop", "off", "--json")
+    assert result.exit_code == 0, result.output
+    assert seen == {
+        "argv": [
+            "--batch-sizes",
+            "8,64",
+            "--scenario",
+            "priority_pause",
+            "--loop",
+            "off",
+            "--reference-max-batch",
+            "1024",
+            "--json",
+        ],
+        "prog": "stepplanner bench",
+    }
+
+
+@pytest.mark.parametrize("sizes", ["0", "8,20971521"])
+def test_bench_batch_sizes_are_counts_too(ten_gib, sizes: str) -> None:
+    _refused(
+        _invoke("bench", "--batch-sizes", sizes),
+        f"--batch-sizes={sizes.split(',')[-1]} is out of range; {SLOTS_RANGE}",
+    )

@@ -3,7 +3,7 @@
 Commands: ``simulate`` (one configuration on one workload), ``compare`` (several side by side),
 ``explain`` (one ledger -> its plan, every resident's reason, and which SPEC §2 rule set each
 budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diffed) and
-``bench`` (forwarded to ``stepplanner.bench``); ``sweep`` (a grid of configurations against
+``bench`` (``stepplanner.bench``'s micro-benchmarks); ``sweep`` (a grid of configurations against
 SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency model fitted to
 measured step times); ``serve-trace`` (a trace served for real through transformers' continuous
 batching: the measurements ``calibrate`` and ``fidelity`` start from; it needs the
