@@ -8,7 +8,6 @@ from enum import IntEnum
 from typing import Any
 
 import click
-from click.shell_completion import CompletionItem
 
 from .._errors import StepPlannerValueError
 from ..planner._fields import as_enum
@@ -158,36 +157,26 @@ limit_options = compose(
 )
 
 
-class EnumOption(click.ParamType):
-    """An enum option as the API and ``--config`` take it (``as_enum``: a name in any case, or
-    its number), refused with the same message; shown in ``--help`` as ``[fcfs|priority|...]``."""
+def enum_option(*names: str, field: str, enum: type[IntEnum], **kw: Any) -> Callable[[Any], Any]:
+    """An enum flag as the API and ``--config`` take it (``as_enum``: a name in any case, or its
+    number) and refused with the same message; ``--help`` shows ``[fcfs|priority|...]``."""
 
-    def __init__(self, field: str, enum: type[IntEnum]) -> None:
-        self.field, self.enum = field, enum
-        self.name = enum.__name__
-
-    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
-        return "[" + "|".join(m.name.lower() for m in self.enum) + "]"
-
-    def shell_complete(
-        self, ctx: click.Context, param: click.Parameter, incomplete: str
-    ) -> list[CompletionItem]:
-        names = (m.name.lower() for m in self.enum)
-        return [CompletionItem(n) for n in names if n.startswith(incomplete.lower())]
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         try:
-            return as_enum(self.field, value, self.enum)
+            return as_enum(field, value, enum)
         except StepPlannerValueError as exc:
             raise InputError(str(exc)) from None
 
+    metavar = "[" + "|".join(m.name.lower() for m in enum) + "]"
+    return click.option(*names, metavar=metavar, callback=convert, show_default=True, **kw)
+
 
 scheduling_options = compose(
-    click.option(
+    enum_option(
         "--mode",
-        type=EnumOption("ifb_scheduling_mode", IfbSchedulingMode),
+        field="ifb_scheduling_mode",
+        enum=IfbSchedulingMode,
         default="auto",
-        show_default=True,
         help="ifb_scheduling_mode.",
     ),
     click.option(
@@ -206,19 +195,19 @@ scheduling_options = compose(
         show_default=True,
         help="Largest prompt chunk (0 = SPEC §2 default).",
     ),
-    click.option(
+    enum_option(
         "--policy",
         "scheduling_policy",
-        type=EnumOption("scheduling_policy", SchedulingPolicy),
+        field="scheduling_policy",
+        enum=SchedulingPolicy,
         default="fcfs",
-        show_default=True,
         help="scheduling_policy.",
     ),
-    click.option(
+    enum_option(
         "--preemption",
-        type=EnumOption("preemption", PreemptionMode),
+        field="preemption",
+        enum=PreemptionMode,
         default="none",
-        show_default=True,
         help="PAUSE withholds worse priorities (MIXED+PRIORITY).",
     ),
     click.option(
