@@ -93,7 +93,7 @@ def out_of_uint64(field: str, value: int) -> StepPlannerOverflowError:
     )
 
 
-def enum_spellings(enum_type: type) -> str:
+def _enum_spellings(enum_type: type) -> str:
     """The allowed values of an enum option, spelled one way wherever one is refused or listed
     (API, ``--config``, ``--grid``, the command line): ``fcfs, priority, edf, deadline (any
     case) or 0..3``."""
@@ -108,7 +108,7 @@ def enum_spellings(enum_type: type) -> str:
 def not_enum(field: str, value: object, enum_type: type) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"{field}={_shown(value, repr)} is not a {enum_type.__name__}; "
-        f"allowed: {enum_spellings(enum_type)}"
+        f"allowed: {_enum_spellings(enum_type)}"
     )
 
 
