@@ -87,11 +87,12 @@ def test_plot_is_written(tmp_path: pathlib.Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def tick_labels(ax) -> list:
-    """The x axis's drawn tick labels, major and minor, that have text: those of ticks inside
-    the view (matplotlib labels the ticks on either side of it too, and does not draw them)."""
-    lo, hi = sorted(ax.get_xlim())
-    x = ax.xaxis
+def tick_labels(ax, axis=None) -> list:
+    """The drawn tick labels of ``axis`` (default: the x axis), major and minor, that have
+    text: those of ticks inside the view (matplotlib labels the ticks on either side of it too,
+    and does not draw them)."""
+    x = ax.xaxis if axis is None else axis
+    lo, hi = sorted(ax.get_xlim() if x is ax.xaxis else ax.get_ylim())
     ticks = [
         (loc, tick)
         for locs, get in (
@@ -140,3 +141,66 @@ def test_every_fidelity_panel_has_labelled_ticks_that_do_not_overlap(
             ax.get_title(),
             [t.get_text() for t in labels],
         )
+
+
+# --- issue 44: the hint names the one package; the sweep plot reads in plain numbers -------------
+
+
+def test_the_plot_hint_names_the_plot_extras_one_package() -> None:
+    import importlib.metadata
+
+    from stepplanner.cli.plot import PLOT_REQUIREMENT
+
+    extra = [
+        r.split(";")[0].strip()
+        for r in importlib.metadata.requires("stepplanner") or []
+        if r.replace(" ", "").endswith('extra=="plot"')
+    ]
+    assert extra == [PLOT_REQUIREMENT]
+
+
+def _front_records(goodputs, ttft_ms, tpot_ms):
+    return [
+        {
+            "label": f"c{k}",
+            "goodput": g,
+            "pareto": k == 0,
+            "policy": {"mode": "MIXED", "max_num_tokens": 256 + 64 * k, "max_chunk_tokens": 128},
+            "metrics": {"p99_ttft_ms": t, "p99_tpot_ms": p},
+        }
+        for k, (g, t, p) in enumerate(zip(goodputs, ttft_ms, tpot_ms))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("ttft_ms", "tpot_ms"),
+    [
+        ([218.0, 355.0, 497.0, 696.0, 989.0, 2013.0], [10.9, 12.9, 15.3, 15.7, 16.2, 16.7]),
+        ([40.0, 400.0, 4_000.0, 9_000.0, 20_000.0, 40_000.0], [5.0, 9.0, 20.0, 40.0, 60.0, 90.0]),
+    ],
+)
+def test_the_sweep_plot_ticks_in_plain_numbers(ttft_ms, tpot_ms) -> None:
+    pytest.importorskip("matplotlib")
+    from stepplanner.cli.tuning_render import front_figure
+    from stepplanner.tuning.slo import parse_slos
+
+    records = _front_records([26.5, 26.4, 26.3, 24.3, 13.1, 10.9], ttft_ms, tpot_ms)
+    fig = drawn(front_figure(records, parse_slos(["ttft_p99=500ms", "tpot_p99=15ms"]), "t"))
+    ax = fig.axes[0]
+    for axis in (ax.xaxis, ax.yaxis):
+        texts = [t.get_text() for t in tick_labels(ax, axis)]
+        assert len(texts) >= 2, texts
+        assert all(t.replace(",", "").replace(".", "").isdigit() for t in texts), texts
+
+
+def test_the_sweep_plot_colours_set_close_goodputs_apart() -> None:
+    """Two configurations far below the rest used to leave the others one colour: the bands
+    follow the goodputs' quantiles, so six goodputs get six colours."""
+    pytest.importorskip("matplotlib")
+    from stepplanner.cli.tuning_render import front_figure
+
+    goodputs = [26.5, 26.45, 26.4, 26.35, 13.1, 10.9]
+    records = _front_records(goodputs, [300.0] * 6, [12.0, 12.5, 13.0, 13.5, 14.0, 14.5])
+    fig = drawn(front_figure(records, [], "t"))
+    faces = fig.axes[0].collections[0].get_facecolors()
+    assert len({tuple(np.round(f, 3)) for f in faces}) == len(goodputs)

@@ -44,7 +44,7 @@ def raises_naming(exc_type, *fragments):
 @pytest.mark.parametrize("value", [0, -1])
 def test_limits_below_one(field, value):
     args = {"max_batch_size": 4, "max_input_length": 64, "kv_page_size": 16, field: value}
-    with raises_naming(ValueError, f"{field}={value}", ">= 1"):
+    with raises_naming(ValueError, f"{field}={value}", "allowed: 1..2147483647"):
         StepPlannerLimits(**args)
 
 
@@ -119,7 +119,7 @@ def test_max_step_tokens_replaces_b_times_s_in_in_resolution():
     "field", ["max_num_tokens", "max_chunk_tokens", "max_pause_steps", "priority_reserved_slots"]
 )
 def test_option_fields_negative(field):
-    with raises_naming(ValueError, f"{field}=-1", ">= 0"):
+    with raises_naming(ValueError, f"{field}=-1", "allowed: 0..2147483647"):
         SchedulingOptions(**{field: -1})
 
 
@@ -144,7 +144,11 @@ def test_priority_reserved_slots_top_of_range():
 
 
 def test_option_enum_fields():
-    with raises_naming(ValueError, "ifb_scheduling_mode=7", "AUTO(0)", "PREFILL_FIRST(2)"):
+    with raises_naming(
+        ValueError,
+        "ifb_scheduling_mode=7",
+        "allowed: auto, mixed, prefill_first (any case) or 0..2",
+    ):
         SchedulingOptions(ifb_scheduling_mode=7)
     with raises_naming(TypeError, "max_num_tokens", "float"):
         SchedulingOptions(max_num_tokens=1.5)
@@ -382,3 +386,100 @@ def test_large_page_defaults_build_a_planner(core, data):
     lim = data.draw(limits_strategy(max_batch_size=64, max_input_length=8192, max_page_size=4096))
     policy = data.draw(policies(lim))
     core.StepPlanner(policy, lim)
+
+
+# --- enum options by the names a person types (issue 44) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"scheduling_policy": "priority"}, {"scheduling_policy": SchedulingPolicy.PRIORITY}),
+        ({"scheduling_policy": " EDF "}, {"scheduling_policy": SchedulingPolicy.EDF}),
+        ({"scheduling_policy": "3"}, {"scheduling_policy": SchedulingPolicy.DEADLINE}),
+        ({"ifb_scheduling_mode": "Prefill-First"}, {"ifb_scheduling_mode": PREFILL_FIRST}),
+        ({"ifb_scheduling_mode": "mixed"}, {"ifb_scheduling_mode": MIXED}),
+        ({"preemption": "Pause"}, {"preemption": PreemptionMode.PAUSE}),
+    ],
+)
+def test_options_take_enum_names_in_any_case(core, fields, expected):
+    options = SchedulingOptions(**fields)
+    for name, member in expected.items():
+        assert getattr(options, name) is member
+    # The same options plan alike on both implementations, given as names or as members.
+    lim = StepPlannerLimits(4, 64, 16)
+    by_name = resolve_scheduling_policy(options, lim)
+    assert by_name == resolve_scheduling_policy(SchedulingOptions(**expected), lim)
+    assert core.StepPlanner(by_name, lim).policy == by_name
+
+
+def test_a_resolved_policy_takes_enum_names(core):
+    policy = ResolvedSchedulingPolicy(
+        mode="mixed", max_num_tokens=52, max_chunk_tokens=32, scheduling_policy="Priority"
+    )
+    assert policy == hand_built(scheduling_policy=SchedulingPolicy.PRIORITY)
+    assert core.StepPlanner(policy, LIMITS).policy is policy
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        (
+            "scheduling_policy",
+            "prio",
+            "scheduling_policy='prio' is not a SchedulingPolicy; allowed: fcfs, priority, edf, "
+            "deadline (any case) or 0..3",
+        ),
+        (
+            "scheduling_policy",
+            9,
+            "scheduling_policy=9 is not a SchedulingPolicy; allowed: fcfs, priority, edf, "
+            "deadline (any case) or 0..3",
+        ),
+        (
+            "ifb_scheduling_mode",
+            "prefill first",
+            "ifb_scheduling_mode='prefill first' is not a IfbSchedulingMode; allowed: auto, "
+            "mixed, prefill_first (any case) or 0..2",
+        ),
+        (
+            "preemption",
+            "",
+            "preemption='' is not a PreemptionMode; allowed: none, pause (any case) or 0..1",
+        ),
+    ],
+)
+def test_an_unknown_enum_name_lists_the_spellings(field, value, message):
+    with pytest.raises(ValueError) as info:
+        SchedulingOptions(**{field: value})
+    assert str(info.value) == message
+
+
+# --- one range per field, below it or past int32 (issue 44) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "exc"), [(0, ValueError), (-1, ValueError), (99_999_999_999_999, OverflowError)]
+)
+def test_a_limit_states_one_range_either_side(value, exc):
+    with pytest.raises(exc) as info:
+        StepPlannerLimits(value, 64, 16)
+    verb = "does not fit int32" if exc is OverflowError else "is out of range"
+    assert str(info.value) == f"max_batch_size={value} {verb}; allowed: 1..2147483647"
+
+
+@pytest.mark.parametrize(("value", "exc"), [(8, ValueError), (2**31, OverflowError)])
+def test_max_step_tokens_states_one_range_either_side(value, exc):
+    with pytest.raises(exc) as info:
+        StepPlannerLimits(16, 64, 4, value)
+    assert str(info.value).endswith(
+        "allowed: 0 (= max_batch_size * max_input_length) or max(kv_page_size, "
+        "max_batch_size) = 16..2147483647"
+    )
+
+
+@pytest.mark.parametrize(("value", "exc"), [(-1, ValueError), (2**40, OverflowError)])
+def test_an_option_states_one_range_either_side(value, exc):
+    with pytest.raises(exc) as info:
+        SchedulingOptions(max_pause_steps=value)
+    assert str(info.value).endswith("; allowed: 0..2147483647")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 
 import numpy as np
@@ -212,3 +213,31 @@ def test_a_rate_that_overflows_is_none_like_a_span_of_zero() -> None:
     assert Workload(np.array([0.0, 5e-324]), one, one, one).summary()["rate_per_s"] is None
     assert Workload(np.array([0.0, 0.0]), one, one, one).summary()["rate_per_s"] is None
     assert Workload(np.array([0.0, 0.5]), one, one, one).summary()["rate_per_s"] == 2.0
+
+
+# --- issue 44: a rate's ceiling and the seed's range, in the API as on the command line -------
+
+
+@pytest.mark.parametrize("rate", [0, -1.0, math.inf, 1e308, math.nan, 1e6 + 1, True])
+def test_synthetic_refuses_a_rate_past_its_ceiling(rate) -> None:
+    from stepplanner.sim.workloads import synthetic
+
+    with pytest.raises(ValueError) as info:
+        synthetic(requests=10, rate=rate)
+    assert str(info.value) == (
+        f"rate={rate!r} is out of range; allowed: 0 < rate <= 1,000,000 requests/s"
+    )
+
+
+def test_synthetic_runs_at_the_ceiling_rate() -> None:
+    from stepplanner.sim.workloads import MAX_RATE, synthetic
+
+    assert len(synthetic(requests=10, rate=MAX_RATE)) == 10
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0"])
+def test_synthetic_refuses_a_seed_numpy_refuses(seed) -> None:
+    from stepplanner.sim.workloads import synthetic
+
+    with pytest.raises(ValueError, match=r"allowed: an integer >= 0 \(numpy's seeds\)"):
+        synthetic(requests=10, seed=seed)

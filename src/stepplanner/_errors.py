@@ -76,7 +76,12 @@ def not_bool(field: str, value: object) -> StepPlannerTypeError:
     )
 
 
-def out_of_int32(field: str, value: int) -> StepPlannerOverflowError:
+def out_of_int32(field: str, value: int, allowed: str = "") -> StepPlannerOverflowError:
+    """``allowed``: the field's own range when it is narrower than int32 (``1..2147483647``)."""
+    if allowed:
+        return StepPlannerOverflowError(
+            f"{field}={_shown(value)} does not fit int32; allowed: {allowed}"
+        )
     return StepPlannerOverflowError(
         f"{field}={value} does not fit int32; allowed [{INT32_MIN}, {INT32_MAX}]"
     )
@@ -88,10 +93,22 @@ def out_of_uint64(field: str, value: int) -> StepPlannerOverflowError:
     )
 
 
+def _enum_spellings(enum_type: type) -> str:
+    """The allowed values of an enum option, spelled one way wherever one is refused or listed
+    (API, ``--config``, ``--grid``, the command line): ``fcfs, priority, edf, deadline (any
+    case) or 0..3``."""
+    members = list(enum_type)  # type: ignore[call-overload]
+    names = ", ".join(m.name.lower() for m in members)
+    numbers = [int(m) for m in members]
+    if numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{names} (any case) or {numbers[0]}..{numbers[-1]}"
+    return f"{names} (any case) or {', '.join(map(str, numbers))}"
+
+
 def not_enum(field: str, value: object, enum_type: type) -> StepPlannerValueError:
-    allowed = ", ".join(f"{m.name}({int(m)})" for m in enum_type)  # type: ignore[attr-defined]
     return StepPlannerValueError(
-        f"{field}={value!r} is not a {enum_type.__name__}; allowed: {allowed}"
+        f"{field}={_shown(value, repr)} is not a {enum_type.__name__}; "
+        f"allowed: {_enum_spellings(enum_type)}"
     )
 
 

@@ -3,7 +3,7 @@
 Commands: ``simulate`` (one configuration on one workload), ``compare`` (several side by side),
 ``explain`` (one ledger -> its plan, every resident's reason, and which SPEC §2 rule set each
 budget), ``record``/``replay`` (per-step ledger+plan traces, re-planned and diffed) and
-``bench`` (forwarded to ``stepplanner.bench``); ``sweep`` (a grid of configurations against
+``bench`` (``stepplanner.bench``'s micro-benchmarks); ``sweep`` (a grid of configurations against
 SLOs), ``capacity`` (the highest rate meeting them) and ``calibrate`` (a latency model fitted to
 measured step times); ``serve-trace`` (a trace served for real through transformers' continuous
 batching: the measurements ``calibrate`` and ``fidelity`` start from; it needs the
@@ -14,7 +14,8 @@ Layout: one module per command, each defining one click command that ``main`` ad
 shared by them: ``options`` (the flags), ``config`` (the ``KEY=VALUE`` configuration syntax),
 ``running`` (a simulation with its progress bar), ``render`` (every report in every
 ``--format``), ``notices`` (warnings on stderr), ``errors`` (which exceptions become one-line
-errors, and exit statuses), ``files`` (input files read, output paths checked) and ``plot``
+errors, and exit statuses), ``counts`` (``--requests`` and ``-B`` against the memory available),
+``files`` (input files read, output paths checked) and ``plot``
 (the figures of simulate and fidelity, and the helpers ``compare_plot``, compare's figure, uses);
 ``tuning_options``, ``tuning_render``, ``tuning_progress`` and ``tuning_extras`` are the same for
 the tuning commands and for the SLO and vLLM-metric additions to ``simulate`` and ``compare``.

@@ -8,8 +8,10 @@ from typing import Any
 
 import click
 
+from ..sim.workloads import MAX_RATE, check_rate
 from ..tuning.capacity import ScaledTrace, SyntheticRates, capacity
 from ..tuning.grid import grid_size, parse_grid
+from .counts import check_requests, runs_at_once
 from .errors import InputError, library_errors
 from .files import check_files
 from .options import (
@@ -59,10 +61,10 @@ from .tuning_render import capacity_blocks, conditions, document, save
 )
 @click.option(
     "--max-rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=10_000.0,
     show_default=True,
-    help="Stop doubling here (req/s).",
+    help=f"Stop doubling here (req/s; at most {MAX_RATE:,.0f}).",
 )
 @output_options("'options' and 'capacity' (req/s) per configuration")
 @format_options
@@ -102,22 +104,26 @@ def capacity_command(
             "capacity needs at least one --slo when --no-stability drops the "
             "stability condition (without either every rate is sustainable)"
         )
+    check_rate("max_rate", max_rate)  # before the search: 1e308 doubles for minutes
     check_files(
         {"--save-result": save_result, "--csv": csv_path},
         {"--trace": kw["trace"], "--latency-model": latency_model_file()},
     )
-    limits, options = limits_from(kw), options_from(kw)
+    grid = parse_grid(grid_texts)
+    total = grid_size(grid)
+    runs = runs_at_once(workers, total)
+    limits = limits_from(kw, runs)
+    options = options_from(kw, limits)
     trace = trace_from(kw)
     source: Any
     if trace is not None:
         source = ScaledTrace(with_objectives_from(kw, trace, embedded=False))
     else:
+        check_requests(kw["requests"], runs)
         rates = SyntheticRates(kw["requests"], kw["seed"], kw["rate"], kw["burstiness"])
         embedded = with_objectives_from(kw, rates.at(rates.rate), embedded=True)
         source = dataclasses.replace(rates, slo_classes=dict(embedded.slo_classes or {}))
     latency = latency_of(latency_model, latency_text)
-    grid = parse_grid(grid_texts)
-    total = grid_size(grid)
     with ConfigProgress(total, progress and fmt == "table", "capacity") as tick:
         records, outcome = capacity(
             source,

@@ -220,7 +220,8 @@ def _configuration(
 ) -> tuple[StepPlannerLimits, SchedulingOptions]:
     """The limits and options to simulate: the flags given on the command line, and for every
     other field the run's own (a stepplanner results file), else the flag's default."""
-    limits, options = limits_from(kw), options_from(kw)
+    limits = limits_from(kw)
+    options = options_from(kw, limits)
     if results.limits is not None:
         limits = dataclasses.replace(
             results.limits,

@@ -4,17 +4,28 @@ functions that turn their parsed values into library objects."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import IntEnum
 from typing import Any
 
 import click
 
 from .._errors import StepPlannerValueError
-from ..planner._policy import SchedulingOptions, StepPlannerLimits
+from ..planner._fields import as_enum
+from ..planner._policy import SchedulingOptions, StepPlannerLimits, check_reserved_slots
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.simulator import DEFAULT_LIMITS, ServingQueue, Speculation
 from ..sim.traces import read_trace
-from ..sim.workloads import DEFAULT_RATE, DEFAULT_REQUESTS, DEFAULT_SLO_CLASSES, Workload, synthetic
+from ..sim.workloads import (
+    DEFAULT_RATE,
+    DEFAULT_REQUESTS,
+    DEFAULT_SLO_CLASSES,
+    MAX_RATE,
+    Workload,
+    synthetic,
+)
 from ..tuning.slo import parse_slo_classes
+from .counts import check_requests, check_slots
+from .errors import InputError
 from .render import FORMATS
 
 
@@ -76,19 +87,20 @@ workload_options = compose(
         "--requests",
         "--num-prompts",
         "requests",
-        type=click.IntRange(min=1),
+        type=int,
         default=DEFAULT_REQUESTS,
         show_default=True,
-        help="Synthetic workload: number of requests.",
+        help="Synthetic workload: number of requests (at most what the available memory "
+        "holds, about 2.5 KB a request).",
     ),
     click.option(
         "--rate",
         "--request-rate",
         "rate",
-        type=click.FloatRange(min=0, min_open=True),
+        type=float,
         default=DEFAULT_RATE,
         show_default=True,
-        help="Synthetic workload: Poisson arrivals per second.",
+        help=f"Synthetic workload: Poisson arrivals per second (0 < rate <= {MAX_RATE:,.0f}).",
     ),
     click.option(
         "--seed", type=int, default=0, show_default=True, help="Synthetic workload: random seed."
@@ -145,16 +157,26 @@ limit_options = compose(
 )
 
 
-def _choice(enum: Any) -> click.Choice[str]:
-    return click.Choice([m.name.lower() for m in enum], case_sensitive=False)
+def enum_option(*names: str, field: str, enum: type[IntEnum], **kw: Any) -> Callable[[Any], Any]:
+    """An enum flag as the API and ``--config`` take it (``as_enum``: a name in any case, or its
+    number) and refused with the same message; ``--help`` shows ``[fcfs|priority|...]``."""
+
+    def convert(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        try:
+            return as_enum(field, value, enum)
+        except StepPlannerValueError as exc:
+            raise InputError(str(exc)) from None
+
+    metavar = "[" + "|".join(m.name.lower() for m in enum) + "]"
+    return click.option(*names, metavar=metavar, callback=convert, show_default=True, **kw)
 
 
 scheduling_options = compose(
-    click.option(
+    enum_option(
         "--mode",
-        type=_choice(IfbSchedulingMode),
+        field="ifb_scheduling_mode",
+        enum=IfbSchedulingMode,
         default="auto",
-        show_default=True,
         help="ifb_scheduling_mode.",
     ),
     click.option(
@@ -173,19 +195,19 @@ scheduling_options = compose(
         show_default=True,
         help="Largest prompt chunk (0 = SPEC §2 default).",
     ),
-    click.option(
+    enum_option(
         "--policy",
         "scheduling_policy",
-        type=_choice(SchedulingPolicy),
+        field="scheduling_policy",
+        enum=SchedulingPolicy,
         default="fcfs",
-        show_default=True,
         help="scheduling_policy.",
     ),
-    click.option(
+    enum_option(
         "--preemption",
-        type=_choice(PreemptionMode),
+        field="preemption",
+        enum=PreemptionMode,
         default="none",
-        show_default=True,
         help="PAUSE withholds worse priorities (MIXED+PRIORITY).",
     ),
     click.option(
@@ -208,7 +230,7 @@ scheduling_options = compose(
 queue_options = compose(
     click.option(
         "--max-waiting",
-        type=click.IntRange(min=1),
+        type=int,
         default=None,
         help="Bound the waiting queue: a request that finds it full is refused (a server's "
         "HTTP 429) and counted as a miss (default: every request may wait).",
@@ -323,8 +345,10 @@ def output_format(fmt: str, as_json: bool) -> str:
     return "json" if as_json else fmt
 
 
-def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:
-    """Pop the ``limit_options`` values out of a command's keyword arguments."""
+def limits_from(kw: dict[str, Any], runs: int = 1) -> StepPlannerLimits:
+    """Pop the ``limit_options`` values out of a command's keyword arguments; ``-B`` checked
+    against the memory ``runs`` simulations at once need for their slots."""
+    check_slots(kw["max_batch_size"], runs)
     return StepPlannerLimits(
         kw.pop("max_batch_size"),
         kw.pop("max_input_length"),
@@ -333,26 +357,33 @@ def limits_from(kw: dict[str, Any]) -> StepPlannerLimits:
     )
 
 
-def options_from(kw: dict[str, Any]) -> SchedulingOptions:
-    """Pop the ``scheduling_options`` values out of a command's keyword arguments."""
+def options_from(kw: dict[str, Any], limits: StepPlannerLimits | None = None) -> SchedulingOptions:
+    """Pop the ``scheduling_options`` values out of a command's keyword arguments; with the
+    ``limits`` they run under, ``--priority-reserved-slots`` is refused with its one range (below
+    B) whether it is negative or too large."""
+    if limits is not None:
+        check_reserved_slots(kw["priority_reserved_slots"], limits)
     return SchedulingOptions(
-        ifb_scheduling_mode=IfbSchedulingMode[kw.pop("mode").upper()],
+        ifb_scheduling_mode=kw.pop("mode"),
         max_num_tokens=kw.pop("max_num_tokens"),
         max_chunk_tokens=kw.pop("max_chunk_tokens"),
-        scheduling_policy=SchedulingPolicy[kw.pop("scheduling_policy").upper()],
-        preemption=PreemptionMode[kw.pop("preemption").upper()],
+        scheduling_policy=kw.pop("scheduling_policy"),
+        preemption=kw.pop("preemption"),
         priority_reserved_slots=kw.pop("priority_reserved_slots"),
         max_pause_steps=kw.pop("max_pause_steps"),
     )
 
 
-def workload_from(kw: dict[str, Any]) -> Workload:
-    """Pop the ``workload_options`` values and load or generate the workload, with the
-    objectives ``objective_options`` ask for."""
+def workload_from(kw: dict[str, Any], runs: int = 1) -> Workload:
+    """Pop the ``workload_options`` values and load or generate the workload (``--requests``
+    checked against the memory ``runs`` simulations at once need), with the objectives
+    ``objective_options`` ask for."""
     trace = trace_from(kw)
     requests, rate, seed, burstiness = (
         kw.pop(k) for k in ("requests", "rate", "seed", "burstiness")
     )
+    if trace is None:
+        check_requests(requests, runs)
     workload = (
         trace
         if trace is not None

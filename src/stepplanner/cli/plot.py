@@ -24,13 +24,18 @@ from .render import class_name
 TIMELINE_BINS = 400  # about one per horizontal pixel pair of the 12-inch figure at 110 dpi
 
 
+# The one package the ``plot`` extra installs (pyproject.toml; a test holds them equal). The hint
+# names it rather than the extra: ``pip install ".[plot]"`` in a checkout rebuilds the core.
+PLOT_REQUIREMENT = "matplotlib>=3.7"
+
+
 def require_matplotlib() -> None:
     try:
         importlib.import_module("matplotlib")
     except ImportError:
         raise click.ClickException(
             "--plot needs matplotlib, which is not installed; install it with: "
-            "pip install 'stepplanner[plot]'"
+            f"pip install '{PLOT_REQUIREMENT}'"
         ) from None
 
 
@@ -87,16 +92,19 @@ def cdf(ax: Any, seconds: np.ndarray, *args: Any, **kw: Any) -> np.ndarray:
     return values
 
 
-def latency_axis(ax: Any, values_ms: np.ndarray, label: str, max_labels: int = 8) -> None:
-    """An x axis of milliseconds that has labelled, non-overlapping ticks whatever the range of
-    ``values_ms``: log when they span more than a decade, ticked at 1, 2 and 5 times each power
-    of ten (each power alone where that would be over ``max_labels`` labels: a panel's width
-    holds about 8 at 110 dpi), the numbers written plainly; linear, with
-    matplotlib's own ticks, within a decade. (A log axis within one decade may have no major
-    tick at all, and the minor labels matplotlib then adds overlap.) The limits come from
-    ``values_ms``, so panels given the same values agree."""
+def latency_axis(
+    ax: Any, values_ms: np.ndarray, label: str, max_labels: int = 8, which: str = "x"
+) -> None:
+    """An axis (``which``: ``"x"`` or ``"y"``) of milliseconds that has labelled,
+    non-overlapping ticks whatever the range of ``values_ms``: log when they span more than a
+    decade, ticked at 1, 2 and 5 times each power of ten (each power alone where that would be
+    over ``max_labels`` labels: a panel's width holds about 8 at 110 dpi), the numbers written
+    plainly; linear, with matplotlib's own ticks, within a decade. (A log axis within one
+    decade may have no major tick at all, and the minor labels matplotlib then adds overlap.)
+    The limits come from ``values_ms``, so panels given the same values agree."""
     ticker = importlib.import_module("matplotlib.ticker")
-    ax.set_xlabel(label)
+    getattr(ax, f"set_{which}label")(label)
+    set_lim, axis = getattr(ax, f"set_{which}lim"), getattr(ax, f"{which}axis")
     shown = values_ms[np.isfinite(values_ms) & (values_ms > 0)]
     if shown.size == 0:
         return
@@ -104,14 +112,14 @@ def latency_axis(ax: Any, values_ms: np.ndarray, label: str, max_labels: int = 8
     decades = math.log10(hi / lo)
     if decades <= 1.0:
         pad = 0.03 * (hi - lo) or 0.05 * hi
-        ax.set_xlim(max(0.0, lo - pad), hi + pad)
+        set_lim(max(0.0, lo - pad), hi + pad)
         return
-    ax.set_xscale("log")
-    ax.set_xlim(lo / 10 ** (0.03 * decades), hi * 10 ** (0.03 * decades))
+    getattr(ax, f"set_{which}scale")("log")
+    set_lim(lo / 10 ** (0.03 * decades), hi * 10 ** (0.03 * decades))
     subs = (1.0, 2.0, 5.0) if 3 * decades <= max_labels else (1.0,)
-    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(plain_number))
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(ticker.FuncFormatter(plain_number))
+    axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def plain_number(value: float, _position: Any = None) -> str:

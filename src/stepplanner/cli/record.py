@@ -41,7 +41,8 @@ def record_command(
 ) -> None:
     """Simulate and write every step's ledger and plan to OUT (JSON Lines)."""
     check_files({"OUT": out.name}, {"--trace": kw["trace"]})  # OUT is opened on first write
-    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    limits = limits_from(kw)
+    options, workload = options_from(kw, limits), workload_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     recorder = StepRecorder(out, limits, policy)

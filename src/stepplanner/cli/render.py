@@ -62,6 +62,9 @@ class Column:
     spec: str = ""
     left: bool = False
     wrap: bool = False
+    drop: int = 0
+    """Where a terminal too narrow for the whole grid leaves this column out: rank 1 first, then
+    2, ...; 0 never (``print_table``). Formats other than ``table`` keep every column."""
 
     @property
     def name(self) -> str:
@@ -169,13 +172,32 @@ def fit_widths(
     return widths
 
 
+def _narrowed(
+    table: TableData, texts: list[list[str]], width: int
+) -> tuple[list[int], list[int]] | None:
+    """The columns kept (indices) and their widths when the grid fits ``width`` uncut once the
+    droppable columns are left out, by rank, as few ranks as it takes; None if it never does."""
+    ranks = sorted({c.drop for c in table.columns if c.drop})
+    for dropped in [0, *ranks]:
+        kept = [k for k, c in enumerate(table.columns) if not 0 < c.drop <= dropped]
+        widths = fit_widths(
+            [table.columns[k] for k in kept], [[row[k] for k in kept] for row in texts], width
+        )
+        if widths is not None:
+            return kept, widths
+    return None
+
+
 def print_table(console: Console, table: TableData) -> None:
-    """The table as a grid when it fits ``console.width`` uncut, else row by row."""
+    """The table as a grid when it fits ``console.width`` uncut, leaving out droppable columns
+    if it must (a note names them), else row by row."""
     texts = [[cell(c, v) for c, v in zip(table.columns, row)] for row in table.rows]
-    widths = fit_widths(table.columns, texts, console.width)
-    if widths is not None:
+    fitted = _narrowed(table, texts, console.width)
+    if fitted is not None:
+        kept, widths = fitted
+        columns = [table.columns[k] for k in kept]
         grid = Table(title=escape(table.title) or None, title_justify="left")
-        for column, w in zip(table.columns, widths):
+        for column, w in zip(columns, widths):
             grid.add_column(
                 escape(column.header),
                 justify="left" if column.left else "right",
@@ -184,8 +206,14 @@ def print_table(console: Console, table: TableData) -> None:
                 overflow="fold",
             )
         for row in texts:
-            grid.add_row(*(escape(text) for text in row))
+            grid.add_row(*(escape(row[k]) for k in kept))
         console.print(grid)
+        left_out = [c.name for k, c in enumerate(table.columns) if k not in kept]
+        if left_out:
+            console.print(
+                f"[bold]left out[/] at {console.width} columns: {escape(', '.join(left_out))} "
+                "(a wider terminal, or --format md, csv or json, shows them)"
+            )
         return
     if table.title:
         console.print(f"[bold]{escape(table.title)}[/]")

@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .._errors import INT32_MAX
 from ..planner._policy import StepPlannerLimits
 from ..sim.engine import RunSpec
 from ..sim.paged import PageOccupancy, row_pages, simulate_paged_run
@@ -75,16 +76,17 @@ def run(
 def check_num_pages(
     num_pages: int, workload: Workload, limits: StepPlannerLimits, option: str = "--num-pages"
 ) -> None:
-    """``option``: 0 (unlimited) or a pool that holds the workload's largest request, the way a
-    serving engine refuses to start with a KV cache too small for one longest sequence."""
-    if num_pages < 0:
-        raise InputError(
-            f"{option}={num_pages} is negative; allowed: 0 (unlimited pages) or a pool size >= 1"
-        )
-    need = row_pages(workload, limits) if num_pages else 0
-    if num_pages < need:
-        raise InputError(
-            f"{option}={num_pages} cannot hold the workload's largest request: its prompt "
-            f"(at most S_in={limits.max_input_length}) + output tokens need {need} pages of "
-            f"{limits.kv_page_size} tokens; allowed: 0 (unlimited) or >= {need}"
-        )
+    """``option``: 0 (unlimited) or a pool from one that holds the workload's largest request
+    (the way a serving engine refuses to start with a KV cache too small for one longest
+    sequence) up to one that holds B of them, past which pages can never be in use at once (and
+    a pool of billions only takes memory and time to set up)."""
+    need = row_pages(workload, limits)
+    most = min(limits.max_batch_size * need, INT32_MAX)
+    if num_pages == 0 or need <= num_pages <= most:
+        return
+    raise InputError(
+        f"{option}={num_pages} is out of range; allowed: 0 (unlimited) or {need}..{most} "
+        f"(the workload's largest request, prompt at most S_in={limits.max_input_length} + "
+        f"output tokens, needs {need} pages of {limits.kv_page_size} tokens; "
+        f"B={limits.max_batch_size} of them at most {most})"
+    )

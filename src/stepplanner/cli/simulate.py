@@ -83,7 +83,8 @@ def simulate_command(
         {"--trace": kw["trace"], "--latency-model": latency_model_file()},
     )
     fmt = output_format(fmt, as_json)
-    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
+    limits = limits_from(kw)
+    options, workload = options_from(kw, limits), workload_from(kw)
     queue, speculation = queue_from(kw), speculation_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)

@@ -9,6 +9,7 @@ import click
 
 from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
+from .counts import runs_at_once
 from .errors import library_errors
 from .files import check_files
 from .options import (
@@ -86,10 +87,13 @@ def sweep_command(
         {"--save-result": save_result, "--csv": csv_path, "--plot": plot},
         {"--trace": kw["trace"], "--latency-model": latency_model_file()},
     )
-    limits, options, workload = limits_from(kw), options_from(kw), workload_from(kw)
-    latency = latency_of(latency_model, latency_text)
     grid = parse_grid(grid_texts)
     total = grid_size(grid)
+    runs = runs_at_once(workers, total)
+    limits = limits_from(kw, runs)
+    options = options_from(kw, limits)
+    workload = workload_from(kw, runs)
+    latency = latency_of(latency_model, latency_text)
     with ConfigProgress(total, progress and fmt == "table", "sweeping") as tick:
         records, outcome = sweep(
             workload,

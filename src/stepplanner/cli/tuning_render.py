@@ -11,12 +11,16 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..tuning.slo import SloTarget
+from .plot import latency_axis, new_figure
+from .plot import save as save_figure
 from .render import Block, Column, Line, TableData
 from .slo_render import (
     CAPACITY_COLUMNS,
-    DEFINITIONS,
     SWEEP_COLUMNS,
+    SWEEP_DEFINITIONS,
     capacity_attainment,
     sweep_attainment,
 )
@@ -52,23 +56,73 @@ def _errors(records: Sequence[dict[str, Any]]) -> list[Block]:
     ]
 
 
+def _worst_miss(record: dict[str, Any]) -> float:
+    """How far a record is from its SLOs: the largest observed / threshold (inf for a check
+    that observed nothing, or a run cut short), what 'closest' ranks by."""
+    if record.get("truncated"):
+        return math.inf
+    ratios = [
+        math.inf if c["observed_s"] is None else c["observed_s"] / c["threshold_s"]
+        for c in record.get("slo", [])
+    ]
+    return max(ratios, default=0.0)
+
+
+def _misses(record: dict[str, Any]) -> str:
+    """``ttft_p99 177.5 ms > 100 ms, tpot_p99 12.5 ms > 10 ms``: the checks a record missed."""
+    missed = [
+        f"{c['slo']} {_check_ms({**c, 'met': True})} ms > {c['threshold_s'] * 1e3:g} ms"
+        for c in record.get("slo", [])
+        if not c["met"]
+    ]
+    if record.get("truncated"):
+        missed.append("run stopped by --max-steps")
+    return ", ".join(missed)
+
+
+def verdict(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget]) -> Line | None:
+    """One line for the top of a sweep: whether any configuration meets every SLO, and which
+    to read first (the best by goodput that meets them, else the closest: the smallest worst
+    observed / threshold). None without SLOs."""
+    ran = [(rank, r) for rank, r in enumerate((r for r in records if r.get("error") is None), 1)]
+    if not slos or not ran:
+        return None
+    meeting = [(rank, r) for rank, r in ran if r["meets_slo"]]
+    if meeting:
+        rank, best = meeting[0]
+        return Line(
+            "verdict",
+            f"{len(meeting)} of {len(ran)} configurations meet every SLO; the best by goodput: "
+            f"#{rank} {best['label']}",
+        )
+    rank, closest = min(ran, key=lambda item: (_worst_miss(item[1]), item[0]))
+    return Line(
+        "verdict",
+        f"no configuration meets every SLO; closest: #{rank} {closest['label']} "
+        f"({_misses(closest)})",
+    )
+
+
 def sweep_blocks(
     records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], header: str
 ) -> list[Block]:
-    """Configurations by goodput, the Pareto front marked, then those that did not resolve."""
+    """The verdict, then configurations by goodput with the Pareto front marked, then those
+    that did not resolve. At 80 columns the grid leaves out what the SLO columns repeat and the
+    tail latencies (``Column.drop``) rather than turning into rows of ``name value`` lines."""
+    on_slo = {s.metric for s in slos if s.priority is None and s.percentile == 99}
     columns = [
         Column("#"),
-        Column("configuration", left=True),
-        Column("mode budget/\nchunk", left=True),
-        Column("goodput", ".2f"),
+        Column("configuration", left=True, wrap=True),
+        Column("mode budget/\nchunk", left=True, drop=5),
+        Column("goodput\nreq/s", ".2f"),
         Column("req/s", ".2f"),
-        Column("TTFT\np99", _MS),
-        Column("TPOT\np99", _MS),
-        Column("ITL\np99", _MS),
-        Column("E2E\np99", _MS),
+        Column("TTFT\np99", _MS, drop=6 if "ttft" in on_slo else 9),
+        Column("TPOT\np99", _MS, drop=7 if "tpot" in on_slo else 10),
+        Column("ITL\np99", _MS, drop=2),
+        Column("E2E\np99", _MS, drop=1),
         *(Column(f"{s.key}\n≤ {s.seconds * 1e3:g} ms") for s in slos),
         Column("SLOs", left=True),
-        Column("front", left=True),
+        Column("front", left=True, drop=8),
     ]
     deadlines = any(r.get("attainment") for r in records)
     if deadlines:
@@ -93,8 +147,10 @@ def sweep_blocks(
                 "*" if r["pareto"] else "",
             ]
         )
+    found = verdict(records, slos)
     return [
         Line("sweep", header),
+        *([found] if found is not None else []),
         TableData(
             "configurations by goodput (* = Pareto front on TTFT p99, TPOT p99, throughput)",
             columns,
@@ -107,7 +163,7 @@ def sweep_blocks(
             "latencies in ms of simulated time; goodput = requests/s within every "
             "SLO (✗ = an SLO missed)",
         ),
-        *([DEFINITIONS] if deadlines else []),
+        *([SWEEP_DEFINITIONS] if deadlines else []),
     ]
 
 
@@ -247,8 +303,8 @@ def flat(record: dict[str, Any]) -> dict[str, Any]:
             row[key] = record[key]
     overall = ((record.get("attainment") or {}).get("classes") or {}).get("all")
     if overall is not None:
-        row["slo_attainment"] = overall["attainment"]
-        row["slo_goodput"] = overall["goodput_rps"]
+        row["deadlines_attained"] = overall["attainment"]
+        row["attained_rps"] = overall["goodput_rps"]
     for target, found in (record.get("attainment_capacity") or {}).items():
         row[f"capacity_attainment_{target}"] = found["capacity"]
     for check in record.get("slo", []):
@@ -294,41 +350,59 @@ def _finite(value: Any) -> Any:
 def plot_front(
     path: str, records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], title: str
 ) -> None:
-    """TTFT p99 against TPOT p99, coloured by throughput; the front ringed and labelled; the
-    TTFT/TPOT p99 objectives drawn as the corner of the region that meets them."""
-    importlib.import_module("matplotlib").use("Agg")
-    plt = importlib.import_module("matplotlib.pyplot")
+    save_figure(front_figure(records, slos, title), path)
+
+
+def front_figure(records: Sequence[dict[str, Any]], slos: Sequence[SloTarget], title: str) -> Any:
+    """TTFT p99 against TPOT p99, coloured by goodput, the figure the table ranks by; the front
+    ringed and labelled; the TTFT/TPOT p99 objectives drawn as the corner of the region that
+    meets them. Axes in plain milliseconds (``latency_axis``). The colours are binned at the
+    goodputs' quantiles, so that each band holds as many configurations and a few far below the
+    rest (a budget too small to keep up) do not leave the others one colour."""
+    colors = importlib.import_module("matplotlib.colors")
     ok = [r for r in records if r.get("error") is None]
-    fig, ax = plt.subplots(figsize=(9, 6))
+    tpot = np.array([r["metrics"]["p99_tpot_ms"] for r in ok], dtype=np.float64)
+    ttft = np.array([r["metrics"]["p99_ttft_ms"] for r in ok], dtype=np.float64)
+    good = np.array([r["goodput"] for r in ok], dtype=np.float64)
+    fig = new_figure(figsize=(9, 6), layout="tight")
+    ax = fig.subplots()
+    bounds = np.unique(np.quantile(good, np.linspace(0, 1, 9))) if good.size else good
+    norm = (
+        colors.BoundaryNorm(bounds, 256)
+        if bounds.size > 1
+        else colors.Normalize(good.min() - 0.5, good.max() + 0.5)
+        if good.size
+        else None
+    )
     sc = ax.scatter(
-        [r["metrics"]["p99_tpot_ms"] for r in ok],
-        [r["metrics"]["p99_ttft_ms"] for r in ok],
-        c=[r["throughput"] for r in ok],
+        tpot,
+        ttft,
+        c=good,
         cmap="viridis",
+        norm=norm,
         s=36,
         edgecolors=["red" if r["pareto"] else "none" for r in ok],
         linewidths=1.2,
     )
-    fig.colorbar(sc, ax=ax, label="throughput (req/s)")
+    bar = fig.colorbar(sc, ax=ax, label="goodput (req/s within every SLO)")
+    if bounds.size > 1:
+        bar.set_ticks(bounds)
+        bar.set_ticklabels([f"{b:,.2f}" for b in bounds])
     labelled: set[tuple[float, float]] = set()
-    for r in ok:
-        point = (r["metrics"]["p99_tpot_ms"], r["metrics"]["p99_ttft_ms"])
+    for r, point in zip(ok, zip(tpot.tolist(), ttft.tolist())):
         if r["pareto"] and point not in labelled:
             labelled.add(point)
             ax.annotate(_short(r), point, fontsize=7, xytext=(4, 4), textcoords="offset points")
+    drawn = {"tpot": [tpot], "ttft": [ttft]}
     for slo in slos:
-        if slo.priority is None and slo.percentile == 99 and slo.metric in ("tpot", "ttft"):
+        if slo.priority is None and slo.percentile == 99 and slo.metric in drawn:
             draw = ax.axvline if slo.metric == "tpot" else ax.axhline
             draw(slo.seconds * 1e3, color="grey", ls="--", lw=1)
-    ax.set(
-        xlabel="TPOT p99 (ms, simulated)",
-        ylabel="TTFT p99 (ms, simulated)",
-        yscale="log",
-        title=f"{title}: {len(ok)} configurations",
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            drawn[slo.metric].append(np.array([slo.seconds * 1e3]))
+    latency_axis(ax, np.concatenate(drawn["tpot"]), "TPOT p99 (ms, simulated)")
+    latency_axis(ax, np.concatenate(drawn["ttft"]), "TTFT p99 (ms, simulated)", which="y")
+    ax.set_title(f"{title}: {len(ok)} configurations")
+    return fig
 
 
 def _short(record: dict[str, Any]) -> str:

@@ -72,7 +72,7 @@ from ..core import (  # noqa: E402
 )
 from ..ledger import Ranker  # noqa: E402
 from ..ledger._shared import AdapterSlots, check_relegation_args  # noqa: E402
-from ..planner._fields import enum_from_text  # noqa: E402
+from ..planner._fields import as_enum  # noqa: E402
 from ..planner._slo import check_slo_classes, due_of, slo_fields  # noqa: E402
 from ..planner._types import RESIDENT_DTYPE, orders_by_priority  # noqa: E402
 
@@ -123,7 +123,7 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
             )
         with _named_in_config():
             values[key] = (
-                enum_from_text(key, value, _ENUM_FIELDS[key])
+                as_enum(key, value, _ENUM_FIELDS[key])
                 if key in _ENUM_FIELDS
                 else _strict_int(key, value)
             )

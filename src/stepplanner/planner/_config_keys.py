@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._errors import StepPlannerValueError
-from ._fields import enum_fields, enum_from_text
+from ._fields import as_enum, enum_fields
 from ._policy import SchedulingOptions, StepPlannerLimits
 
 __all__ = [
@@ -67,7 +67,7 @@ def field_value(field: str, value: Any, what: str = "") -> Any:
     """``value`` (text, or already a number or member) as ``field`` holds it; a value of the wrong
     kind is a ``ValueError`` (``TypeError`` for enums) naming ``what``, the field and the value."""
     if field in ENUMS:
-        return enum_from_text(field, value, ENUMS[field])
+        return as_enum(field, value, ENUMS[field])
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     try:

@@ -45,6 +45,23 @@ def as_int32(field: str, value: object) -> int:
     return v
 
 
+def as_int32_in(field: str, value: object, low: int, high: int = _errors.INT32_MAX) -> int:
+    """An int32 field whose range is ``low..high``, stated the same way whether the value falls
+    below it or past int32: one range per field."""
+    v = as_int(field, value)
+    if not low <= v <= high:
+        raise out_of_field_range(field, v, f"{low}..{high}")
+    return v
+
+
+def out_of_field_range(field: str, value: int, allowed: str) -> Exception:
+    """``value`` refused with the field's one range ``allowed``: an OverflowError past int32
+    (what ``as_int32`` raises), a ValueError within it."""
+    if not _errors.INT32_MIN <= value <= _errors.INT32_MAX:
+        return _errors.out_of_int32(field, value, allowed)
+    return _errors.out_of_range(field, value, allowed)
+
+
 def as_uint64(field: str, value: object) -> int:
     v = as_int(field, value)
     if not 0 <= v <= _errors.UINT64_MAX:
@@ -79,26 +96,24 @@ RESIDENT_CONVERTERS: dict[str, Callable[[str, object], object]] = {
 
 
 def as_enum(field: str, value: object, enum_type: type[E]) -> E:
+    """A member, its number, or its name as a person types it: any case, ``-`` for ``_``,
+    spaces around it ignored (``"priority"``, ``"Prefill-First"``, ``"1"``). The one conversion
+    for every place that takes an enum option: the configuration dataclasses (so both planner
+    implementations), config files, the command line and the runtime adapters."""
     if isinstance(value, enum_type):
         return value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return as_enum(field, int(text), enum_type)
+        try:
+            return enum_type[text.upper().replace("-", "_")]
+        except KeyError:
+            raise _errors.not_enum(field, value, enum_type) from None
     v = as_int(field, value)
     try:
         return enum_type(v)
     except ValueError:
-        raise _errors.not_enum(field, value, enum_type) from None
-
-
-def enum_from_text(field: str, value: object, enum_type: type[E]) -> E:
-    """A member as a config file or command line writes it: by name in any case (``-`` for
-    ``_``) or by number; members and integers pass through ``as_enum``."""
-    if not isinstance(value, str):
-        return as_enum(field, value, enum_type)
-    text = value.strip()
-    if text.lstrip("-").isdigit():
-        return as_enum(field, int(text), enum_type)
-    try:
-        return enum_type[text.upper().replace("-", "_")]
-    except KeyError:
         raise _errors.not_enum(field, value, enum_type) from None
 
 

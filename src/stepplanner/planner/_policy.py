@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from .. import _errors
-from ._fields import as_enum, as_int32
+from ._fields import as_enum, as_int, as_int32_in, out_of_field_range
 from ._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 
 __all__ = [
@@ -59,20 +59,17 @@ class StepPlannerLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_input_length", "kv_page_size"):
-            v = as_int32(name, getattr(self, name))
-            if v < 1:
-                raise _errors.out_of_range(name, v, ">= 1")
-            _set(self, name, v)
-        step = as_int32("max_step_tokens", self.max_step_tokens)
+            _set(self, name, as_int32_in(name, getattr(self, name), 1))
+        step = as_int("max_step_tokens", self.max_step_tokens)
         floor = max(self.kv_page_size, self.max_batch_size)
-        if step != 0 and step < floor:
+        if step != 0 and not floor <= step <= _errors.INT32_MAX:
             # Below one page, a non-final chunk could never reach a page boundary (the first
             # prompt in order would stall); below B, a step of B decode rows would not fit.
-            raise _errors.out_of_range(
+            raise out_of_field_range(
                 "max_step_tokens",
                 step,
-                f"0 (= max_batch_size * max_input_length) or >= max(kv_page_size, "
-                f"max_batch_size) = {floor}",
+                "0 (= max_batch_size * max_input_length) or max(kv_page_size, max_batch_size) "
+                f"= {floor}..{_errors.INT32_MAX}",
             )
         _set(self, "max_step_tokens", step)
         full = self._uncapped_t_max
@@ -146,17 +143,14 @@ def _normalise(obj: SchedulingOptions | ResolvedSchedulingPolicy, mode_field: st
         "priority_reserved_slots",
         "max_pause_steps",
     ):
-        v = as_int32(name, getattr(obj, name))
-        if v < 0:
-            raise _errors.out_of_range(name, v, ">= 0")
-        _set(obj, name, v)
+        _set(obj, name, as_int32_in(name, getattr(obj, name), 0))
 
 
 def check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
     b = limits.max_batch_size
     if not 0 <= value < b:
-        raise _errors.out_of_range(
-            "priority_reserved_slots", value, f"0 <= value < max_batch_size={b}"
+        raise out_of_field_range(
+            "priority_reserved_slots", value, f"0..{b - 1} (fewer than max_batch_size={b})"
         )
 
 

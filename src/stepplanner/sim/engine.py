@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import StepPlannerTypeError, StepPlannerValueError
+from .._errors import INT32_MAX, StepPlannerTypeError, StepPlannerValueError
 from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
@@ -55,10 +55,10 @@ class ServingQueue:
         if self.max_waiting is not None and (
             isinstance(self.max_waiting, bool)
             or not isinstance(self.max_waiting, int)
-            or self.max_waiting < 1
+            or not 1 <= self.max_waiting <= INT32_MAX
         ):
             raise StepPlannerValueError(
-                f"max_waiting={self.max_waiting!r} is out of range; allowed: an int >= 1, or "
+                f"max_waiting={self.max_waiting!r} is out of range; allowed: 1..{INT32_MAX}, or "
                 "None (every request may wait)"
             )
         check_relegation_args(self.relegated_wait, self.never_relegate_below)

@@ -49,7 +49,7 @@ from .. import _errors
 from .._errors import QueueFullError, StepPlannerValueError
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from ..ledger import RESIDENT_FIELDS, Ledger
-from ..planner._fields import enum_fields, enum_from_text
+from ..planner._fields import enum_fields
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -838,11 +838,7 @@ def policy_from_dict(data: dict[str, Any]) -> ResolvedSchedulingPolicy:
         raise StepPlannerValueError(
             f"policy has unknown field(s) {sorted(unknown)}; allowed: {', '.join(sorted(fields))}"
         )
-    values = dict(data)
-    for key, enum in _ENUMS.items():
-        if isinstance(values.get(key), str):
-            values[key] = enum_from_text(key, values[key], enum)
-    return ResolvedSchedulingPolicy(**values)
+    return ResolvedSchedulingPolicy(**data)  # enums by name or number: planner._fields.as_enum
 
 
 # --- record / replay -------------------------------------------------------------------------

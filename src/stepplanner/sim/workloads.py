@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_RATE",
     "DEFAULT_REQUESTS",
     "DEFAULT_SLO_CLASSES",
+    "MAX_RATE",
     "PriorityClass",
     "Workload",
     "synthetic",
@@ -55,6 +56,10 @@ SLO_COLUMNS = ("ttft_slo_ms", "tpot_slo_ms")
 # The embedded default workload, which `stepplanner simulate` runs with no arguments.
 DEFAULT_REQUESTS = 6000
 DEFAULT_RATE = 28.0
+# The highest arrival rate a workload may have, in requests/s: a microsecond between arrivals,
+# when a step takes milliseconds, so a faster one only means every request arrives at once
+# (docs/simulator.md, "Ceilings"). Capacity searches stop there too.
+MAX_RATE = 1e6
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -229,8 +234,7 @@ class Workload:
             raise StepPlannerValueError(
                 "a workload needs at least two requests at different times to be scaled to a rate"
             )
-        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-            raise StepPlannerValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
+        check_rate("rate", rate)
         start = self.arrival_time[0]
         return self.with_arrivals(
             start + (self.arrival_time - start) * (own / rate),
@@ -366,6 +370,15 @@ DEFAULT_SLO_CLASSES: Mapping[int, SLO] = types.MappingProxyType(
 BURSTY_STREAM = 1
 
 
+def check_rate(field: str, rate: object) -> None:
+    """``rate`` is an arrival rate in requests/s, 0 < rate <= ``MAX_RATE`` (infinity and 1e308
+    alike are past it)."""
+    if isinstance(rate, bool) or not (isinstance(rate, (int, float)) and 0 < rate <= MAX_RATE):
+        raise StepPlannerValueError(
+            f"{field}={rate!r} is out of range; allowed: 0 < {field} <= {MAX_RATE:,.0f} requests/s"
+        )
+
+
 def synthetic(
     requests: int = DEFAULT_REQUESTS,
     rate: float = DEFAULT_RATE,
@@ -393,8 +406,11 @@ def synthetic(
         raise StepPlannerValueError(
             f"requests={requests!r} is out of range; allowed: an integer >= 1"
         )
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-        raise StepPlannerValueError(f"rate={rate!r} is out of range; allowed: requests/s > 0")
+    check_rate("rate", rate)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise StepPlannerValueError(
+            f"seed={seed!r} is out of range; allowed: an integer >= 0 (numpy's seeds)"
+        )
     if (
         isinstance(burstiness, bool)
         or not isinstance(burstiness, (int, float))

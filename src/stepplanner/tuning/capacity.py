@@ -38,7 +38,7 @@ from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..planner._slo import SLO
 from ..sim.latency import LatencyModel
 from ..sim.simulator import simulate
-from ..sim.workloads import Workload, synthetic
+from ..sim.workloads import Workload, check_rate, synthetic
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
 from .slo import STABILITY, SloTarget, slo_report
@@ -115,11 +115,12 @@ def find_capacity(
 ) -> CapacityResult:
     """Highest rate r (to within ``tolerance``) with ``meets(r)``; 0 when even ``tolerance``
     req/s fails."""
-    for name, value in (("start", start), ("tolerance", tolerance), ("max_rate", max_rate)):
+    for name, value in (("start", start), ("tolerance", tolerance)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise StepPlannerValueError(
                 f"{name}={value!r} is out of range; allowed: a finite rate > 0"
             )
+    check_rate("max_rate", max_rate)
     probes: list[tuple[float, bool]] = []
 
     def probe(rate: float) -> bool:
@@ -315,6 +316,7 @@ def capacity(
         )
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance > 0):
         raise StepPlannerValueError(f"tolerance={tolerance!r} is out of range; allowed: req/s > 0")
+    check_rate("max_rate", max_rate)
     points = expand_grid(grid, base_limits, base_options)
     tasks = [
         CapacityTask(p, source, latency, tuple(slos), float(tolerance), float(max_rate), stability)
