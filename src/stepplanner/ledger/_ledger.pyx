@@ -1036,7 +1036,8 @@ cdef class Ledger:
     cdef object _fits               # the last planner step() found made for these limits
     cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
     cdef object _foreign_arrays     # the arrays _foreign points into
-    cdef object _accepted           # apply's accepted counts, contiguous, during the call
+    cdef int32_t* _accepted         # apply's accepted counts, read once (B entries)
+    cdef uint8_t* _mask_copy        # the sampler's mask, read once (B entries)
     cdef object _drafts             # step()'s drafts per row: int32, capacity long
     cdef readonly object limits
     cdef readonly bint by_priority
@@ -1093,6 +1094,8 @@ cdef class Ledger:
         self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
         self.t.klass = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self._accepted = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))  # a plan has <= B rows
+        self._mask_copy = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.lora = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
         if self.a.most:
             # One past what the residents can hold: held_back's walk with every row taken may
@@ -1131,7 +1134,7 @@ cdef class Ledger:
                 or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
                 or self.t.due == NULL
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
-                or self.t.lora == NULL
+                or self.t.lora == NULL or self._accepted == NULL or self._mask_copy == NULL
                 or (self.a.most and (self.a.held == NULL or self.a.parked == NULL
                                      or self.a.parked_held == NULL))
                 or self.q.pool == NULL or self.q.free == NULL
@@ -1177,6 +1180,8 @@ cdef class Ledger:
         PyMem_Free(self.t.klass)
         PyMem_Free(self.t.relegated)
         PyMem_Free(self.t.lora)
+        PyMem_Free(self._accepted)
+        PyMem_Free(self._mask_copy)
         PyMem_Free(self.a.held)
         PyMem_Free(self.a.parked)
         PyMem_Free(self.a.parked_held)
@@ -1566,7 +1571,6 @@ cdef class Ledger:
             self._apply(plan, p, mask, stride, acc, retire, NAN if when is None else when)
             return self.finished_ids
         finally:
-            self._accepted = None
             self._release()
 
     cdef const PlanC* _plan_struct(self, object plan) except NULL:
@@ -1610,11 +1614,14 @@ cdef class Ledger:
             arr = <cnp.ndarray>finished
             if arr.ndim != 1 or cnp.PyArray_DIM(arr, 0) != rows:
                 raise _errors.finished_shape((<object>arr).shape, rows)
-            mask[0] = <const char*>cnp.PyArray_DATA(arr)
-            stride[0] = cnp.PyArray_STRIDE(arr, 0)
+            # Read once, into the ledger's own bytes: the mask may be a view of memory that
+            # applying the plan or counting its tokens writes (the residents' rows).
+            self._copy_mask(<const char*>cnp.PyArray_DATA(arr), cnp.PyArray_STRIDE(arr, 0), rows)
             for k in range(rows):
-                if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
+                if self._mask_copy[k] and not p.sequences[k].select_last_token_logits:
                     raise _errors.finished_without_token(k, p.sequences[k].resident)
+            mask[0] = <const char*>self._mask_copy
+            stride[0] = 1
         if accepted is not None:
             acc[0] = self._check_accepted(p, accepted)
         k = self._first_past_max_new(p, acc[0])
@@ -1625,18 +1632,29 @@ cdef class Ledger:
                 self.t.max_new[r])
         return p
 
+    cdef void _copy_mask(self, const char* data, Py_ssize_t stride, int32_t rows) noexcept:
+        cdef int32_t k
+        for k in range(rows):
+            self._mask_copy[k] = data[k * stride] != 0
+
     cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except? NULL:
-        """SPEC §8's accepted counts, one per plan row, each within what the row verified."""
+        """SPEC §8's accepted counts, one per plan row, each within what the row verified:
+        native int32 only (another byte order is refused, never read as native), read once into
+        the ledger's own buffer, which the checks, the rejected drafts and the accounting read
+        (``accepted`` may be a view of the rows that applying the plan writes)."""
         cdef int32_t rows = p.num_prefill + p.num_decode, k, most, a
         cdef const SequenceC* s
         if (not cnp.PyArray_Check(accepted)
-                or (<cnp.ndarray>accepted).descr.type_num != cnp.NPY_INT32):
+                or (<cnp.ndarray>accepted).descr.type_num != cnp.NPY_INT32
+                or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>accepted)):
             raise _errors.accepted_type(accepted)
         if (<cnp.ndarray>accepted).ndim != 1 or cnp.PyArray_DIM(<cnp.ndarray>accepted, 0) != rows:
             raise _errors.accepted_shape((<object>accepted).shape, rows)
-        # Contiguous, kept until the call ends: account() reads it after apply_to() ran.
-        self._accepted = np.ascontiguousarray(accepted)
-        cdef const int32_t* acc = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>self._accepted)
+        cdef const char* data = <const char*>cnp.PyArray_DATA(<cnp.ndarray>accepted)
+        cdef Py_ssize_t stride = cnp.PyArray_STRIDE(<cnp.ndarray>accepted, 0)
+        cdef int32_t* acc = self._accepted
+        for k in range(rows):  # memcpy: the array may be unaligned
+            memcpy(&acc[k], data + k * stride, sizeof(int32_t))
         for k in range(rows):
             s = &p.sequences[k]
             most = s.query_length - 1 if s.work == WORK_DECODE else 0
@@ -1754,7 +1772,6 @@ cdef class Ledger:
         try:
             return self._step(planner, finished, accepted, drafts, reasons, now)
         finally:
-            self._accepted = None
             self._release()
 
     @cython.critical_section
@@ -1838,9 +1855,10 @@ cdef class Ledger:
         return plan
 
     cdef object _draft_counts(self, object proposed):
-        """Each row's drafts for this plan (SPEC §8): as proposed (a request not resident any
-        more, e.g. finished by this step, is passed over), never past the request's
-        max_new_tokens: a row verifying g drafts emits up to g + 1 tokens."""
+        """Each row's drafts for this plan (SPEC §8): as proposed, for the requests decoding
+        now (an entry for one that is not, a request waiting, prefilling or gone since the
+        proposer saw it decode, is passed over), never past the request's max_new_tokens: a row
+        verifying g drafts emits up to g + 1 tokens."""
         cdef int32_t r, n = self.t.count, k = 0
         cdef int64_t at, room
         if self._drafts is None:
@@ -1852,7 +1870,9 @@ cdef class Ledger:
             for rid, count in proposed.items():
                 at = map_find(&self.m, rid)
                 if at >= 0 and self.m.values[at] < 0:
-                    out[-(self.m.values[at] + 1)] = count
+                    r = -(self.m.values[at] + 1)
+                    if self.t.rows[r].context_committed:
+                        out[r] = count
         else:
             k = proposed
         for r in range(n):
