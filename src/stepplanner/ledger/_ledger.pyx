@@ -156,6 +156,8 @@ if (KEY_ZERO_, KEY_SPAN_, KEY_NONE_, EDF_SPAN_, LEVEL_DUE_, LEVEL_AT_RISK_, LEVE
 # ============================================================================================
 
 cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noexcept nogil:
+    if order == ORDER_FCFS:  # the plain queue first: it pays one test for the orders it lacks
+        return a.arrival < b.arrival
     if order == ORDER_SHED:
         if a.shed_at != b.shed_at:
             return a.shed_at < b.shed_at
@@ -659,8 +661,15 @@ cdef void reject_drafts(const PlanC* p, TableC* t, const int32_t* accepted) noex
             t.rows[s.resident].committed -= s.query_length - 1 - accepted[k]
 
 
+cdef inline bint plan_drafted(const PlanC* p, const PlanC* foreign) noexcept nogil:
+    """Whether a decode row of ``p`` may verify drafts. A compiled plan says so in its totals
+    (made, or unpickled, from its rows: ``total_tokens`` = prefill + decode rows + drafts); a
+    reference plan's rows (``foreign``) are read row by row."""
+    return p == foreign or p.total_tokens - p.prefill_tokens - p.num_decode != 0
+
+
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
-                  const int32_t* accepted, double late_after, bint keep_due,
+                  const int32_t* accepted, bint drafted, double late_after, bint keep_due,
                   int32_t never_below) noexcept nogil:
     """Count each emitting row's tokens (1, or 1 + its accepted drafts); mark finished by
     max_new_tokens or the sampler's mask.
@@ -679,13 +688,14 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
     cdef double* due = t.due
     cdef const SequenceC* sequences = p.sequences
     cdef bint check_late = not isnan(late_after)
+    cdef bint plain = accepted == NULL and not drafted  # each emitting row emits one token
     cdef int32_t k, r, n = 0, rows = p.num_prefill + p.num_decode
     cdef int64_t g
     for k in range(rows):
         if not sequences[k].select_last_token_logits:
             continue
         r = sequences[k].resident
-        g = generated[r] + emitted(&sequences[k], accepted, k)
+        g = generated[r] + (1 if plain else emitted(&sequences[k], accepted, k))
         generated[r] = g
         if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
             if check_late and late_after > due[r] and t.klass[r] >= never_below:
@@ -1634,8 +1644,11 @@ cdef class Ledger:
 
     cdef void _copy_mask(self, const char* data, Py_ssize_t stride, int32_t rows) noexcept:
         cdef int32_t k
+        if stride == 1:
+            memcpy(self._mask_copy, data, rows)  # account() reads a flag as != 0
+            return
         for k in range(rows):
-            self._mask_copy[k] = data[k * stride] != 0
+            self._mask_copy[k] = data[k * stride]
 
     cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except? NULL:
         """SPEC §8's accepted counts, one per plan row, each within what the row verified:
@@ -1666,9 +1679,11 @@ cdef class Ledger:
     cdef int32_t _first_past_max_new(self, const PlanC* p, const int32_t* acc) noexcept:
         """The first plan row whose tokens would take its request past max_new_tokens, or -1.
         Only a row verifying drafts can (any other emits at most one token, and a request not
-        done has one left), so a plan without drafts costs a test per row."""
+        done has one left), so a plan without drafts costs nothing."""
         cdef int32_t k, r
         cdef const SequenceC* s
+        if not plan_drafted(p, &self._foreign):
+            return -1
         for k in range(p.num_prefill + p.num_decode):
             s = &p.sequences[k]
             if s.work != WORK_DECODE or s.query_length == 1:
@@ -1741,7 +1756,7 @@ cdef class Ledger:
         self._pending = None
         if accepted != NULL:
             reject_drafts(p, &self.t, accepted)
-        account(&self.t, p, mask, stride, accepted,
+        account(&self.t, p, mask, stride, accepted, plan_drafted(p, &self._foreign),
                 now if self.d.ranking == RANK_DEADLINE else NAN,
                 self.d.ranking != RANK_NONE, self.d.never_below)
         self._foreign_arrays = None
