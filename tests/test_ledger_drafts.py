@@ -116,7 +116,7 @@ def test_deadlines_move_by_the_tokens_emitted(make) -> None:
         (np.array([4, 0], np.int32), ValueError, "accepted[0]=4 for plan row 0 (resident 0)"),
         (np.array([-1, 0], np.int32), ValueError, "allowed: 0..3"),
         (np.array([0], np.int32), ValueError, "accepted has shape (1,); allowed: (2,)"),
-        (np.array([0, 0], np.int64), TypeError, "accepted must be a 1-D numpy int32 array in native"),
+        (np.array([0, 0], np.int64), TypeError, "a 1-D numpy int32 array in native byte order"),
         ([0, 0], TypeError, "got list"),
     ],
 )
