@@ -414,7 +414,21 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
         if ledger.free_slots and harness.cannot_join(ledger, model):
             seen["paged_passed_over" if ledger.page_table is not None else "passed_over"] += 1
 
+    some_drafts = harness.some_drafts
+
+    def drafts_seen(fdp, ledger, model):
+        proposed = some_drafts(fdp, ledger, model)
+        if isinstance(proposed, dict):  # an entry for a request that does not decode this step
+            ids = ledger.request_ids.tolist()
+            decoding = ledger.residents["context_committed"].astype(bool).tolist()
+            seen["not_decoding"] += any(
+                rid not in ids or not decoding[ids.index(rid)] for rid in proposed
+            )
+        return proposed
+
     seen.update(liars=0, liar_rows=0, tampered=0, passed_over=0, paged_passed_over=0)
+    seen.update(not_decoding=0)
+    monkeypatch.setattr(harness, "some_drafts", drafts_seen)
     monkeypatch.setattr(harness, "lying_tables", lies_seen)
     monkeypatch.setattr(harness, "tamper_view", tamper_seen)
     monkeypatch.setattr(harness, "check_after", passed_over_seen)
@@ -423,6 +437,7 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
         "adapters-ledger",
         "capped-paged-ledger",
         "capped-planner",
+        "drafts-ledger",
         "drafts-planner",
         "paged-adapters-ledger",
         "paged-ledger",
@@ -434,6 +449,7 @@ def test_marker_seeds_reach_what_they_mark(monkeypatch):
     assert seen["capped"] >= 1 and seen["tables"] >= 2 and seen["rows"] >= 2, seen
     assert seen["liars"] >= 1 and seen["liar_rows"] >= 2 and seen["tampered"] >= 2, seen
     assert seen["passed_over"] >= 1 and seen["paged_passed_over"] >= 1, seen
+    assert seen["not_decoding"] >= 1, seen
 
 
 def test_the_drafts_seed_plans_drafts_and_meddling_reads(monkeypatch):

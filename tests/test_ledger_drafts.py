@@ -116,7 +116,7 @@ def test_deadlines_move_by_the_tokens_emitted(make) -> None:
         (np.array([4, 0], np.int32), ValueError, "accepted[0]=4 for plan row 0 (resident 0)"),
         (np.array([-1, 0], np.int32), ValueError, "allowed: 0..3"),
         (np.array([0], np.int32), ValueError, "accepted has shape (1,); allowed: (2,)"),
-        (np.array([0, 0], np.int64), TypeError, "accepted must be a 1-D numpy int32 array"),
+        (np.array([0, 0], np.int64), TypeError, "a 1-D numpy int32 array in native byte order"),
         ([0, 0], TypeError, "got list"),
     ],
 )
@@ -168,3 +168,110 @@ def test_an_empty_plan_takes_an_empty_accepted(make) -> None:
     ledger, planner = make()
     plan = planner.plan(ledger.residents, drafts=[])
     assert ledger.apply(plan, accepted=np.zeros(0, np.int32)).tolist() == []
+
+
+# --- issue 41: drafts by id for requests that are not decoding this step; accepted read once --
+
+
+def test_drafts_for_a_prefilling_resident_are_passed_over(make) -> None:
+    # A proposer makes drafts for the requests that decoded last step; by this step's plan one of
+    # them may be prefilling (admitted by this step), waiting or gone: each entry that names no
+    # decoding resident is passed over, as one for a non-resident is.
+    ledger, planner = make()
+    ledger.submit(7, 20)
+    ledger.step(planner)  # 7's prompt
+    ledger.submit(9, 40)
+    plan = ledger.step(planner, drafts={7: 2, 9: 5})  # 9 is admitted here: a prompt
+    by_id = {int(ledger.request_ids[s.resident]): s for s in plan.sequences}
+    assert by_id[7].work == SequenceWork.DECODE and by_id[7].query_length == 3
+    assert by_id[9].work == SequenceWork.CONTEXT
+    assert plan.draft_tokens == 2
+
+
+def test_drafts_for_a_waiting_request_are_passed_over(make) -> None:
+    ledger, planner = make()
+    for rid in range(1, 6):  # B = 4: request 5 waits
+        ledger.submit(rid, 20)
+    ledger.step(planner)
+    plan = ledger.step(planner, drafts={5: 3, 1: 1})
+    assert ledger.waiting == 1
+    assert plan.draft_tokens == 1
+
+
+def test_drafts_naming_a_prefilling_resident_lose_no_shed_request_under_deadline(make) -> None:
+    # The issue's case: under DEADLINE the step hands a relegated request back (shed_ids) before
+    # it plans; a step that then raised on the entry lost it (no later shed_ids named it). Now
+    # the entry is passed over and the step reports what it shed.
+    options = SchedulingOptions(
+        scheduling_policy=SchedulingPolicy.DEADLINE, max_num_tokens=32, max_chunk_tokens=16
+    )
+    policy = resolve_scheduling_policy(options, LIMITS)
+    ledger, planner = make(policy, relegated_wait=0.0, step_time=(0.01, 0.0))
+    slo = SLO(ttft=100.0, tpot=1.0)
+    ledger.submit(1, 20, slo=slo, arrival_time=0.0)
+    ledger.step(planner, now=0.0)  # 1's prompt; from now on 1 decodes, 31 tokens for prompts
+    for rid in (2, 3, 4):  # every slot taken; a prompt of 60 advances 16 a step at most
+        ledger.submit(rid, 60, slo=slo, arrival_time=0.0)
+    ledger.submit(5, 60, 1, slo=SLO(ttft=0.1, tpot=1.0), arrival_time=0.0)  # a lower class: waits
+    ledger.step(planner, now=0.0)
+    assert ledger.waiting_ids() == [5]
+    assert not ledger.residents["context_committed"][1]  # request 2: prefilling
+    plan = ledger.step(planner, drafts={1: 1, 2: 4}, now=0.5)  # 5 can no longer make it
+    assert plan.draft_tokens == 1
+    assert ledger.shed_ids.tolist() == [5]
+    assert ledger.waiting == 0
+
+
+@pytest.mark.parametrize(
+    ("drafts", "error", "words"),
+    [
+        ({7: -1}, ValueError, "drafts[7]=-1"),
+        ({7: 2**31}, OverflowError, "drafts[7]"),
+        ({7: 1.0}, TypeError, "drafts[7]"),
+        ({"x": 1}, TypeError, "request_id"),
+    ],
+)
+def test_bad_draft_values_are_refused_by_request_id_before_anything_changes(
+    make, drafts, error, words
+) -> None:
+    ledger, planner = make()
+    ledger.submit(7, 20)
+    ledger.step(planner)
+    ledger.submit(8, 20)  # waiting: a step that went ahead would admit it
+    before = (ledger.to_records(), ledger.waiting_ids())
+    with pytest.raises(error) as raised:
+        ledger.step(planner, drafts=drafts)
+    assert words in str(raised.value)
+    assert (ledger.to_records(), ledger.waiting_ids()) == before
+
+
+@pytest.mark.parametrize("order", [">i4", "<i4"])
+def test_accepted_in_a_foreign_byte_order_is_refused(make, order) -> None:
+    ledger, planner = decoding(make)
+    plan = planner.plan(ledger.residents, drafts=[3, 0])
+    accepted = np.array([2, 0], dtype=order)
+    if accepted.dtype.isnative:
+        ledger.apply(plan, accepted=accepted)  # the native spelling is int32 itself
+        assert ledger.output_tokens.tolist() == [1 + 3, 1 + 1]
+        return
+    before = (ledger.to_records(), ledger.output_tokens.tolist())
+    with pytest.raises(TypeError, match=r"dtype >i4 \(non-native byte order\)"):
+        ledger.apply(plan, accepted=accepted)
+    with pytest.raises(TypeError, match=r"non-native byte order"):
+        ledger.apply(plan, accepted=np.array([2**24, 0], dtype=order))
+    assert (ledger.to_records(), ledger.output_tokens.tolist()) == before
+
+
+def test_accepted_aliasing_the_residents_is_read_once(make) -> None:
+    # accepted over the ledger's own rows: the counts are the ones checked, read before the plan
+    # is applied (the compiled ledger read them again after writing the rows).
+    ledger, planner = decoding(make, prompts=(20,), max_new=3)
+    plan = planner.plan(ledger.residents, drafts=[1])  # verifies 1 draft
+    words = ledger.residents.view(np.int32)
+    field = ledger.residents.dtype.fields["consecutive_paused_steps"][1] // 4
+    accepted = words[field : field + 1]  # the row's consecutive_paused_steps, 0 now
+    assert accepted.tolist() == [0]
+    ledger.residents["consecutive_paused_steps"] = 1  # accepted reads 1 (all it verified)
+    ledger.apply(plan, accepted=accepted)
+    assert ledger.output_tokens.tolist() == [1 + 2]  # 1 accepted + 1: max_new_tokens exactly
+    assert ledger.residents["committed"].tolist() == [20 + 2]

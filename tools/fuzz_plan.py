@@ -70,8 +70,9 @@ LEDGER_MARKER = b"L"  # an input starting with it is a ledger episode
 PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
 TAMPER_MARKER = b"T"  # after those: subclassed tables and tampered views (object protocol)
 STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
-ADAPTERS_MARKER = b"A"  # last of a ledger's markers: LoRA adapters (max_loras, lora_id)
-DRAFTS_MARKER = b"D"  # a planner episode (after S, if any) whose plans are given drafts
+ADAPTERS_MARKER = b"A"  # after those: LoRA adapters (max_loras, lora_id)
+DRAFTS_MARKER = b"V"  # last of a ledger's markers: steps that verify drafts (drafts, accepted)
+PLANNER_DRAFTS_MARKER = b"D"  # a planner episode (after S, if any) whose plans are given drafts
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 FIELDS = stepplanner.RESIDENT_DTYPE.names
@@ -652,6 +653,7 @@ def ledger_episode(
     paged: bool = False,
     tamper: bool = False,
     adapters: bool = False,
+    drafts: bool = False,
 ) -> None:
     """Ledger operations in a fuzzed order with fuzzed (sometimes hostile) arguments, on the
     compiled ledger (with the compiled planner) and the pure-Python twin (with the reference
@@ -665,7 +667,11 @@ def ledger_episode(
     the tables may be of a subclass that lies (``lying_tables``) and an operation may tamper
     with a view the ledger handed out (``tamper_op``). With ``adapters``, the ledgers take a
     fuzzed ``max_loras`` and requests a ``lora_id``; the residents must never hold more
-    adapters than that, and admission may leave a request waiting for want of one."""
+    adapters than that, and admission may leave a request waiting for want of one. With
+    ``drafts``, one more operation is the fused step with ``drafts`` (an int, or a mapping that
+    names decoding, prefilling, waiting and unknown requests, with hostile values) and
+    ``accepted`` counts (valid, out of range, big-endian, or a view of ``ledger.residents``
+    itself) over the pending plan (``drafted_step``)."""
     b = fdp.ConsumeIntInRange(1, 8)
     s_in, page = fdp.ConsumeIntInRange(1, 40), fdp.ConsumeIntInRange(1, 16)
     floor = max(b, page)  # the least max_step_tokens allowed; at or past B × S_in it caps nothing
@@ -721,7 +727,10 @@ def ledger_episode(
     for _ in range(fdp.ConsumeIntInRange(1, 24)):
         if not fdp.remaining_bytes():
             break  # an exhausted provider answers 0 to everything: submits of nothing
-        op = fdp.ConsumeIntInRange(0, 10 if tamper else 9)
+        top = 10 if tamper else 9
+        op = fdp.ConsumeIntInRange(0, top + 1 if drafts else top)
+        if op == top + 1:  # (drafts only: every earlier input draws its ops as before)
+            op = DRAFTED_STEP
         for _ in range(fdp.ConsumeIntInRange(1, 4) if op == 0 else 1):  # arrivals in bursts
             before = [ledger_snapshot(ledger) for ledger in ledgers]
             call, accepted = ledger_op(fdp, op, ledgers[0], model, limits, adapters)
@@ -1066,7 +1075,59 @@ def ledger_op(
             return got
 
         return fused, lambda _: retire_gone(ledger, model)
+    if op == DRAFTED_STEP:  # the fused step verifying drafts: both sides draw the same values
+        draw = fdp.ConsumeBytes(24)
+
+        def drafted(led: Ledger, planner: object) -> object:
+            d = atheris.FuzzedDataProvider(draw)
+            plan = model.step_plans.get(id(led)) if led.count else None
+            mask = some_mask(d, plan)
+            accepted = some_accepted(d, plan, led)
+            proposed = some_drafts(d, led, model)
+            got = led.step(planner, mask, accepted=accepted, drafts=proposed)
+            model.step_plans[id(led)] = got  # (check_plan does not know the drafts it planned)
+            return got
+
+        return drafted, lambda _: retire_gone(ledger, model)
     return (lambda led, _p: led.retire_finished()), lambda _: retire_gone(ledger, model)
+
+
+DRAFTED_STEP = 11  # ledger_op's fused step with drafts and accepted counts (the V marker)
+
+
+def some_accepted(fdp: atheris.FuzzedDataProvider, plan: object, ledger: Ledger) -> object:
+    """``accepted`` for ``plan``'s rows: None, valid counts, one out of range, the same counts
+    big-endian, or the ledger's own rows seen as int32 (aliasing ``ledger.residents``)."""
+    if plan is None or fdp.ConsumeProbability() < 0.2:
+        return None
+    seq = plan.as_array()
+    most = np.where(
+        seq["work"] == stepplanner.SequenceWork.DECODE, seq["query_length"].astype(np.int64) - 1, 0
+    )
+    counts = np.array([fdp.ConsumeIntInRange(0, int(m)) for m in most.tolist()], dtype=np.int32)
+    roll = fdp.ConsumeProbability()
+    if roll < 0.1 and len(counts):
+        counts[fdp.ConsumeIntInRange(0, len(counts) - 1)] = fdp.PickValueInList([-1, 1, 2**24])
+    elif roll < 0.3:
+        return counts.astype(">i4")
+    elif roll < 0.5:
+        words = ledger.residents.view(np.int32)  # the rows apply() writes
+        start = fdp.ConsumeIntInRange(0, max(len(words) - len(counts), 0))
+        if start + len(counts) <= len(words):
+            return words[start : start + len(counts)]
+    return counts
+
+
+def some_drafts(fdp: atheris.FuzzedDataProvider, ledger: Ledger, model: LedgerModel) -> object:
+    """``step``'s ``drafts``: None, an int, or a mapping naming residents (decoding or
+    prefilling), waiting requests and unknown ids, with counts that may be hostile."""
+    roll = fdp.ConsumeProbability()
+    if roll < 0.1:
+        return None
+    if roll < 0.3:
+        return int_or_hostile(fdp, 0, 4)
+    pool = ledger.request_ids.tolist() + ledger.waiting_ids() + [some_id(fdp, model)]
+    return {rid: int_or_hostile(fdp, 0, 4) for rid in pick_distinct(fdp, pool)}
 
 
 def retire_gone(ledger: Ledger, model: LedgerModel) -> None:
@@ -1088,9 +1149,11 @@ def one_input(data: bytes) -> None:
         data = data[1:] if tamper else data
         adapters = data[:1] == ADAPTERS_MARKER
         data = data[1:] if adapters else data
-        ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper, adapters)
-    else:
         drafts = data[:1] == DRAFTS_MARKER
+        data = data[1:] if drafts else data
+        ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper, adapters, drafts)
+    else:
+        drafts = data[:1] == PLANNER_DRAFTS_MARKER
         data = data[1:] if drafts else data
         planner_episode(atheris.FuzzedDataProvider(data), capped, drafts)
 

@@ -271,10 +271,13 @@ def drafts_for_prompt(index: int, value: int) -> StepPlannerValueError:
 
 
 def accepted_type(value: object) -> StepPlannerTypeError:
+    dtype = getattr(value, "dtype", None)
+    swapped = getattr(dtype, "isnative", True) is False  # >i4 on a little-endian machine
     return StepPlannerTypeError(
-        "accepted must be a 1-D numpy int32 array, one count per plan row (the drafts the "
-        f"runtime accepted of those the row verified), got {_type_name(value)}"
-        + (f" of dtype {value.dtype}" if hasattr(value, "dtype") else "")
+        "accepted must be a 1-D numpy int32 array in native byte order, one count per plan row "
+        f"(the drafts the runtime accepted of those the row verified), got {_type_name(value)}"
+        + (f" of dtype {dtype}" if dtype is not None else "")
+        + (" (non-native byte order)" if swapped else "")
     )
 
 

@@ -52,8 +52,13 @@ The surface (both implementations):
 * ``retire_finished()``, ``retire(request_ids)``, ``retire_rows(rows)``: swap-remove.
 * ``step(planner, finished=None, *, accepted=None, drafts=None, reasons=None)`` -> the plan: see
   above. ``drafts``: an int (each decoding request proposes that many) or a mapping from request
-  id to int (requests no longer resident are passed over); each is capped so that the row cannot
+  id to int (an entry for a request that is not decoding in this step's plan, whether waiting,
+  prefilling or no longer resident, is passed over; a value that is bad in itself is refused,
+  naming the request id, before anything changes); each is capped so that the row cannot
   emit past its request's ``max_new_tokens``, then planned by ``plan(..., drafts=...)``.
+  ``accepted`` must be native int32 (another byte order is a ``TypeError``, never read as
+  native); it and ``finished`` are read once, before the plan is applied, into the ledger's own
+  buffers, so a view of memory the step writes (``residents``) cannot change them midway.
 * Views, each valid until the next call that changes it: ``residents`` (writable),
   ``request_ids``, ``output_tokens``, ``finished_ids``, ``admitted_ids`` (read-only, and so is
   every array down their ``.base`` chain: the compiled ledger's are over memory Python cannot

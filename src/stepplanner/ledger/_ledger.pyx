@@ -156,6 +156,8 @@ if (KEY_ZERO_, KEY_SPAN_, KEY_NONE_, EDF_SPAN_, LEVEL_DUE_, LEVEL_AT_RISK_, LEVE
 # ============================================================================================
 
 cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noexcept nogil:
+    if order == ORDER_FCFS:  # the plain queue first: it pays one test for the orders it lacks
+        return a.arrival < b.arrival
     if order == ORDER_SHED:
         if a.shed_at != b.shed_at:
             return a.shed_at < b.shed_at
@@ -659,8 +661,15 @@ cdef void reject_drafts(const PlanC* p, TableC* t, const int32_t* accepted) noex
             t.rows[s.resident].committed -= s.query_length - 1 - accepted[k]
 
 
+cdef inline bint plan_drafted(const PlanC* p, const PlanC* foreign) noexcept nogil:
+    """Whether a decode row of ``p`` may verify drafts. A compiled plan says so in its totals
+    (made, or unpickled, from its rows: ``total_tokens`` = prefill + decode rows + drafts); a
+    reference plan's rows (``foreign``) are read row by row."""
+    return p == foreign or p.total_tokens - p.prefill_tokens - p.num_decode != 0
+
+
 cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
-                  const int32_t* accepted, double late_after, bint keep_due,
+                  const int32_t* accepted, bint drafted, double late_after, bint keep_due,
                   int32_t never_below) noexcept nogil:
     """Count each emitting row's tokens (1, or 1 + its accepted drafts); mark finished by
     max_new_tokens or the sampler's mask.
@@ -679,13 +688,14 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
     cdef double* due = t.due
     cdef const SequenceC* sequences = p.sequences
     cdef bint check_late = not isnan(late_after)
+    cdef bint plain = accepted == NULL and not drafted  # each emitting row emits one token
     cdef int32_t k, r, n = 0, rows = p.num_prefill + p.num_decode
     cdef int64_t g
     for k in range(rows):
         if not sequences[k].select_last_token_logits:
             continue
         r = sequences[k].resident
-        g = generated[r] + emitted(&sequences[k], accepted, k)
+        g = generated[r] + (1 if plain else emitted(&sequences[k], accepted, k))
         generated[r] = g
         if keep_due and not relegated[r]:  # a relegated row's deadlines are read no more
             if check_late and late_after > due[r] and t.klass[r] >= never_below:
@@ -1036,7 +1046,8 @@ cdef class Ledger:
     cdef object _fits               # the last planner step() found made for these limits
     cdef PlanC _foreign             # a reference StepPlan's rows, seen as the C plan struct
     cdef object _foreign_arrays     # the arrays _foreign points into
-    cdef object _accepted           # apply's accepted counts, contiguous, during the call
+    cdef int32_t* _accepted         # apply's accepted counts, read once (B entries)
+    cdef uint8_t* _mask_copy        # the sampler's mask, read once (B entries)
     cdef object _drafts             # step()'s drafts per row: int32, capacity long
     cdef readonly object limits
     cdef readonly bint by_priority
@@ -1093,6 +1104,8 @@ cdef class Ledger:
         self.t.stamp = <uint64_t*>PyMem_Calloc(b, sizeof(uint64_t))
         self.t.klass = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))
         self.t.relegated = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
+        self._accepted = <int32_t*>PyMem_Calloc(b, sizeof(int32_t))  # a plan has <= B rows
+        self._mask_copy = <uint8_t*>PyMem_Calloc(b, sizeof(uint8_t))
         self.t.lora = <int64_t*>PyMem_Calloc(b, sizeof(int64_t))
         if self.a.most:
             # One past what the residents can hold: held_back's walk with every row taken may
@@ -1131,7 +1144,7 @@ cdef class Ledger:
                 or self.t.cancelled == NULL or self.t.first_due == NULL or self.t.gap == NULL
                 or self.t.due == NULL
                 or self.t.stamp == NULL or self.t.relegated == NULL or self.t.klass == NULL
-                or self.t.lora == NULL
+                or self.t.lora == NULL or self._accepted == NULL or self._mask_copy == NULL
                 or (self.a.most and (self.a.held == NULL or self.a.parked == NULL
                                      or self.a.parked_held == NULL))
                 or self.q.pool == NULL or self.q.free == NULL
@@ -1177,6 +1190,8 @@ cdef class Ledger:
         PyMem_Free(self.t.klass)
         PyMem_Free(self.t.relegated)
         PyMem_Free(self.t.lora)
+        PyMem_Free(self._accepted)
+        PyMem_Free(self._mask_copy)
         PyMem_Free(self.a.held)
         PyMem_Free(self.a.parked)
         PyMem_Free(self.a.parked_held)
@@ -1566,7 +1581,6 @@ cdef class Ledger:
             self._apply(plan, p, mask, stride, acc, retire, NAN if when is None else when)
             return self.finished_ids
         finally:
-            self._accepted = None
             self._release()
 
     cdef const PlanC* _plan_struct(self, object plan) except NULL:
@@ -1610,11 +1624,14 @@ cdef class Ledger:
             arr = <cnp.ndarray>finished
             if arr.ndim != 1 or cnp.PyArray_DIM(arr, 0) != rows:
                 raise _errors.finished_shape((<object>arr).shape, rows)
-            mask[0] = <const char*>cnp.PyArray_DATA(arr)
-            stride[0] = cnp.PyArray_STRIDE(arr, 0)
+            # Read once, into the ledger's own bytes: the mask may be a view of memory that
+            # applying the plan or counting its tokens writes (the residents' rows).
+            self._copy_mask(<const char*>cnp.PyArray_DATA(arr), cnp.PyArray_STRIDE(arr, 0), rows)
             for k in range(rows):
-                if mask[0][k * stride[0]] and not p.sequences[k].select_last_token_logits:
+                if self._mask_copy[k] and not p.sequences[k].select_last_token_logits:
                     raise _errors.finished_without_token(k, p.sequences[k].resident)
+            mask[0] = <const char*>self._mask_copy
+            stride[0] = 1
         if accepted is not None:
             acc[0] = self._check_accepted(p, accepted)
         k = self._first_past_max_new(p, acc[0])
@@ -1625,18 +1642,32 @@ cdef class Ledger:
                 self.t.max_new[r])
         return p
 
+    cdef void _copy_mask(self, const char* data, Py_ssize_t stride, int32_t rows) noexcept:
+        cdef int32_t k
+        if stride == 1:
+            memcpy(self._mask_copy, data, rows)  # account() reads a flag as != 0
+            return
+        for k in range(rows):
+            self._mask_copy[k] = data[k * stride]
+
     cdef const int32_t* _check_accepted(self, const PlanC* p, object accepted) except? NULL:
-        """SPEC §8's accepted counts, one per plan row, each within what the row verified."""
+        """SPEC §8's accepted counts, one per plan row, each within what the row verified:
+        native int32 only (another byte order is refused, never read as native), read once into
+        the ledger's own buffer, which the checks, the rejected drafts and the accounting read
+        (``accepted`` may be a view of the rows that applying the plan writes)."""
         cdef int32_t rows = p.num_prefill + p.num_decode, k, most, a
         cdef const SequenceC* s
         if (not cnp.PyArray_Check(accepted)
-                or (<cnp.ndarray>accepted).descr.type_num != cnp.NPY_INT32):
+                or (<cnp.ndarray>accepted).descr.type_num != cnp.NPY_INT32
+                or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>accepted)):
             raise _errors.accepted_type(accepted)
         if (<cnp.ndarray>accepted).ndim != 1 or cnp.PyArray_DIM(<cnp.ndarray>accepted, 0) != rows:
             raise _errors.accepted_shape((<object>accepted).shape, rows)
-        # Contiguous, kept until the call ends: account() reads it after apply_to() ran.
-        self._accepted = np.ascontiguousarray(accepted)
-        cdef const int32_t* acc = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>self._accepted)
+        cdef const char* data = <const char*>cnp.PyArray_DATA(<cnp.ndarray>accepted)
+        cdef Py_ssize_t stride = cnp.PyArray_STRIDE(<cnp.ndarray>accepted, 0)
+        cdef int32_t* acc = self._accepted
+        for k in range(rows):  # memcpy: the array may be unaligned
+            memcpy(&acc[k], data + k * stride, sizeof(int32_t))
         for k in range(rows):
             s = &p.sequences[k]
             most = s.query_length - 1 if s.work == WORK_DECODE else 0
@@ -1648,9 +1679,11 @@ cdef class Ledger:
     cdef int32_t _first_past_max_new(self, const PlanC* p, const int32_t* acc) noexcept:
         """The first plan row whose tokens would take its request past max_new_tokens, or -1.
         Only a row verifying drafts can (any other emits at most one token, and a request not
-        done has one left), so a plan without drafts costs a test per row."""
+        done has one left), so a plan without drafts costs nothing."""
         cdef int32_t k, r
         cdef const SequenceC* s
+        if not plan_drafted(p, &self._foreign):
+            return -1
         for k in range(p.num_prefill + p.num_decode):
             s = &p.sequences[k]
             if s.work != WORK_DECODE or s.query_length == 1:
@@ -1723,7 +1756,7 @@ cdef class Ledger:
         self._pending = None
         if accepted != NULL:
             reject_drafts(p, &self.t, accepted)
-        account(&self.t, p, mask, stride, accepted,
+        account(&self.t, p, mask, stride, accepted, plan_drafted(p, &self._foreign),
                 now if self.d.ranking == RANK_DEADLINE else NAN,
                 self.d.ranking != RANK_NONE, self.d.never_below)
         self._foreign_arrays = None
@@ -1754,7 +1787,6 @@ cdef class Ledger:
         try:
             return self._step(planner, finished, accepted, drafts, reasons, now)
         finally:
-            self._accepted = None
             self._release()
 
     @cython.critical_section
@@ -1838,9 +1870,10 @@ cdef class Ledger:
         return plan
 
     cdef object _draft_counts(self, object proposed):
-        """Each row's drafts for this plan (SPEC §8): as proposed (a request not resident any
-        more, e.g. finished by this step, is passed over), never past the request's
-        max_new_tokens: a row verifying g drafts emits up to g + 1 tokens."""
+        """Each row's drafts for this plan (SPEC §8): as proposed, for the requests decoding
+        now (an entry for one that is not, a request waiting, prefilling or gone since the
+        proposer saw it decode, is passed over), never past the request's max_new_tokens: a row
+        verifying g drafts emits up to g + 1 tokens."""
         cdef int32_t r, n = self.t.count, k = 0
         cdef int64_t at, room
         if self._drafts is None:
@@ -1852,7 +1885,9 @@ cdef class Ledger:
             for rid, count in proposed.items():
                 at = map_find(&self.m, rid)
                 if at >= 0 and self.m.values[at] < 0:
-                    out[-(self.m.values[at] + 1)] = count
+                    r = -(self.m.values[at] + 1)
+                    if self.t.rows[r].context_committed:
+                        out[r] = count
         else:
             k = proposed
         for r in range(n):

@@ -731,16 +731,17 @@ class Ledger:
         return plan
 
     def _draft_counts(self, proposed: int | dict[int, int]) -> np.ndarray:
-        """Each row's drafts for this plan (SPEC §8): as proposed (a request not resident any
-        more, e.g. finished by this step, is passed over), never past the request's
-        max_new_tokens: a row verifying g drafts emits up to g + 1 tokens."""
+        """Each row's drafts for this plan (SPEC §8): as proposed, for the requests decoding
+        now (an entry for one that is not, a request waiting, prefilling or gone since the
+        proposer saw it decode, is passed over), never past the request's max_new_tokens: a row
+        verifying g drafts emits up to g + 1 tokens."""
         n = self._count
         decoding = self.residents["context_committed"].astype(bool)
         if isinstance(proposed, dict):
             out = np.zeros(n, dtype=np.int64)
             for rid, k in proposed.items():
                 row = self._row_of.get(rid)
-                if row is not None and row < n:
+                if row is not None and row < n and decoding[row]:
                     out[row] = k
         else:
             out = np.where(decoding, proposed, 0).astype(np.int64)

@@ -612,14 +612,15 @@ def plan_classes() -> tuple[Any, ...]:
 
 
 def finished_mask(finished: object, rows: int) -> np.ndarray | None:
-    """The sampler's mask checked: None, or a 1-D bool array of one flag per plan row."""
+    """The sampler's mask checked: None, or a 1-D bool array of one flag per plan row, copied
+    (read once: it may be a view of the rows that applying the plan writes)."""
     if finished is None:
         return None
     if not isinstance(finished, np.ndarray) or finished.dtype != np.bool_:
         raise _errors.finished_type(finished)
     if finished.shape != (rows,):
         raise _errors.finished_shape(finished.shape, rows)
-    return finished
+    return finished.copy()
 
 
 def accepted_counts(accepted: object, seq: np.ndarray) -> np.ndarray | None:
