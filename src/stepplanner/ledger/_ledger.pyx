@@ -668,7 +668,7 @@ cdef inline bint plan_drafted(const PlanC* p, const PlanC* foreign) noexcept nog
     return p == foreign or p.total_tokens - p.prefill_tokens - p.num_decode != 0
 
 
-cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride,
+cdef void account(TableC* t, const PlanC* p, const uint8_t* mask,
                   const int32_t* accepted, bint drafted, double late_after, bint keep_due,
                   int32_t never_below) noexcept nogil:
     """Count each emitting row's tokens (1, or 1 + its accepted drafts); mark finished by
@@ -704,7 +704,7 @@ cdef void account(TableC* t, const PlanC* p, const char* mask, Py_ssize_t stride
                 due[r] = next_due(t, r)  # the token after this one
         if done[r]:
             continue
-        if (max_new[r] > 0 and g >= max_new[r]) or (mask != NULL and mask[k * stride] != 0):
+        if (max_new[r] > 0 and g >= max_new[r]) or (mask != NULL and mask[k] != 0):
             done[r] = 1
             t.num_done += 1
             t.finished[n] = t.ids[r]
@@ -1569,16 +1569,15 @@ cdef class Ledger:
         requests; with ``retire`` also remove them. ``accepted``: per plan row, the drafts the
         runtime accepted of those a decode row verified (SPEC §8; None: all). Returns
         ``finished_ids``."""
-        cdef const char* mask = NULL
-        cdef Py_ssize_t stride = 0
+        cdef const uint8_t* mask = NULL
         cdef const int32_t* acc = NULL
         cdef const PlanC* p
         self._acquire(CALL_BUSY)
         try:
             when = optional_now("apply", now, self.d.ranking, RANK_DEADLINE)
-            p = self._check_apply(plan, finished, accepted, &mask, &stride, &acc)
+            p = self._check_apply(plan, finished, accepted, &mask, &acc)
             self.t.num_relegated = 0
-            self._apply(plan, p, mask, stride, acc, retire, NAN if when is None else when)
+            self._apply(plan, p, mask, acc, retire, NAN if when is None else when)
             return self.finished_ids
         finally:
             self._release()
@@ -1607,8 +1606,7 @@ cdef class Ledger:
         return &self._foreign
 
     cdef const PlanC* _check_apply(self, object plan, object finished, object accepted,
-                                   const char** mask, Py_ssize_t* stride,
-                                   const int32_t** acc) except NULL:
+                                   const uint8_t** mask, const int32_t** acc) except NULL:
         cdef const PlanC* p = self._plan_struct(plan)
         if p.num_residents != self.t.count:
             raise _errors.plan_count(p.num_residents, self.t.count)
@@ -1630,8 +1628,7 @@ cdef class Ledger:
             for k in range(rows):
                 if self._mask_copy[k] and not p.sequences[k].select_last_token_logits:
                     raise _errors.finished_without_token(k, p.sequences[k].resident)
-            mask[0] = <const char*>self._mask_copy
-            stride[0] = 1
+            mask[0] = self._mask_copy
         if accepted is not None:
             acc[0] = self._check_accepted(p, accepted)
         k = self._first_past_max_new(p, acc[0])
@@ -1744,7 +1741,7 @@ cdef class Ledger:
             raise repeated_resident_error(p)
         return 0
 
-    cdef _apply(self, object plan, const PlanC* p, const char* mask, Py_ssize_t stride,
+    cdef _apply(self, object plan, const PlanC* p, const uint8_t* mask,
                 const int32_t* accepted, bint retire, double now):
         if apply_is_clean(p, &self.t):
             apply_plan(p, &self.t)
@@ -1756,7 +1753,7 @@ cdef class Ledger:
         self._pending = None
         if accepted != NULL:
             reject_drafts(p, &self.t, accepted)
-        account(&self.t, p, mask, stride, accepted, plan_drafted(p, &self._foreign),
+        account(&self.t, p, mask, accepted, plan_drafted(p, &self._foreign),
                 now if self.d.ranking == RANK_DEADLINE else NAN,
                 self.d.ranking != RANK_NONE, self.d.never_below)
         self._foreign_arrays = None
@@ -1820,8 +1817,7 @@ cdef class Ledger:
                 raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
             self._fits = planner
         cdef object pending = self._pending
-        cdef const char* mask = NULL
-        cdef Py_ssize_t stride = 0
+        cdef const uint8_t* mask = NULL
         cdef const int32_t* acc = NULL
         cdef const PlanC* p = NULL
         cdef double when = NAN
@@ -1847,14 +1843,14 @@ cdef class Ledger:
                     raise _errors.pending_plan_changed()
             else:
                 check_pending(pending, self._foreign_version)
-            p = self._check_apply(pending, finished, accepted, &mask, &stride, &acc)
+            p = self._check_apply(pending, finished, accepted, &mask, &acc)
         if reasons is not None:
             _check_reasons(reasons, self.t.capacity)
         self.t.num_relegated = 0
         if not isnan(when):
             measure_step(&self.d, when, p != NULL and p.num_prefill + p.num_decode > 0)
         if pending is not None:
-            self._apply(pending, p, mask, stride, acc, True, when)
+            self._apply(pending, p, mask, acc, True, when)
         self._admit_waiting(when)
         if self.d.ranking != RANK_NONE:
             rank_rows(&self.t, &self.d, when)
@@ -1885,15 +1881,16 @@ cdef class Ledger:
             for rid, count in proposed.items():
                 at = map_find(&self.m, rid)
                 if at >= 0 and self.m.values[at] < 0:
-                    r = -(self.m.values[at] + 1)
-                    if self.t.rows[r].context_committed:
-                        out[r] = count
+                    out[-(self.m.values[at] + 1)] = count
         else:
             k = proposed
         for r in range(n):
+            if not self.t.rows[r].context_committed:  # a mapping's entry or the int alike
+                out[r] = 0
+                continue
             if not by_id:
-                out[r] = k if self.t.rows[r].context_committed else 0
-            if self.t.rows[r].context_committed and self.t.max_new[r] > 0:
+                out[r] = k
+            if self.t.max_new[r] > 0:
                 room = max(self.t.max_new[r] - self.t.generated[r] - 1, 0)
                 if out[r] > room:
                     out[r] = <int32_t>room

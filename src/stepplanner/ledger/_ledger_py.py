@@ -741,10 +741,11 @@ class Ledger:
             out = np.zeros(n, dtype=np.int64)
             for rid, k in proposed.items():
                 row = self._row_of.get(rid)
-                if row is not None and row < n and decoding[row]:
+                if row is not None and row < n:
                     out[row] = k
         else:
-            out = np.where(decoding, proposed, 0).astype(np.int64)
+            out = np.full(n, proposed, dtype=np.int64)
+        out[~decoding] = 0  # a mapping's entry or the int alike: only decoding rows draft
         limit = self._max_new[:n]
         room = np.maximum(limit - self._generated[:n] - 1, 0)
         capped = decoding & (limit > 0)
