@@ -161,7 +161,7 @@ cdef class StepPlanner:
     cdef void _free_buffers(self) noexcept
     cdef Py_ssize_t _count(self, object count, Py_ssize_t length) except -1
     cdef const ResidentC* _read_array(self, object residents, int32_t n,
-                                      const uint8_t* reasons) except NULL
+                                      const uint8_t* reasons, bint ran_code) except NULL
     cdef const ResidentC* _in_place(self, object arr, int32_t n, const uint8_t* reasons)
     cdef int _copy_objects(self, object residents, int32_t n) except -1
     cdef int _copy_drafts(self, object drafts, int32_t n) except -1

@@ -1263,7 +1263,7 @@ cdef class StepPlanner:
                 # No Python code runs from here to the kernel: the rows checked are the rows
                 # planned, whether read in place or copied.
                 if is_array:
-                    rows = self._read_array(residents, <int32_t>n, reasons_ptr)
+                    rows = self._read_array(residents, <int32_t>n, reasons_ptr, ran_code)
                 if drafts is not None:
                     self._check_draft_values(rows, <int32_t>n)
                 plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c,
@@ -1288,15 +1288,16 @@ cdef class StepPlanner:
         return count
 
     cdef const ResidentC* _read_array(self, object residents, int32_t n,
-                                      const uint8_t* reasons) except NULL:
+                                      const uint8_t* reasons, bint ran_code) except NULL:
         """The array's first n rows, checked: its own memory when the kernel can read it in
-        place (see ``_in_place``), else a copy in ``self.rows``. Its dtype and length are
-        checked again: a drafts list's code may have changed them."""
+        place (see ``_in_place``), else a copy in ``self.rows``. After ``ran_code`` (a drafts
+        list's) its dtype and length are checked again: that code may have changed them."""
         cdef cnp.ndarray arr = <cnp.ndarray>residents
-        _check_resident_array(arr)
-        if arr.shape[0] < n:
-            self._planning = False  # building the error runs Python code: not in plan()
-            raise _errors.count_over_length(n, arr.shape[0])
+        if ran_code:
+            _check_resident_array(arr)
+            if arr.shape[0] < n:
+                self._planning = False  # building the error runs Python code: not in plan()
+                raise _errors.count_over_length(n, arr.shape[0])
         cdef const char* data = <const char*>cnp.PyArray_DATA(arr)
         cdef Py_ssize_t stride = arr.strides[0]
         cdef int32_t i, bad, s_in = self.cfg.max_input_length
