@@ -71,7 +71,9 @@ PAGES_MARKER = b"P"  # right after LEDGER_MARKER: the ledgers own KV page tables
 TAMPER_MARKER = b"T"  # after those: subclassed tables and tampered views (object protocol)
 STEP_CAP_MARKER = b"S"  # before either kind: the limits carry a fuzzed max_step_tokens
 ADAPTERS_MARKER = b"A"  # after those: LoRA adapters (max_loras, lora_id)
-DRAFTS_MARKER = b"V"  # last of a ledger's markers: steps that verify drafts (drafts, accepted)
+LEDGER_DRAFTS_MARKER = (
+    b"V"  # last of a ledger's markers: steps that verify drafts (drafts, accepted)
+)
 PLANNER_DRAFTS_MARKER = b"D"  # a planner episode (after S, if any) whose plans are given drafts
 UNHOLDABLE_BATCH = 2**24  # slots; ~1.7 GiB of planner buffers, which any test machine holds
 INT32_MIN, INT32_MAX, UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
@@ -1149,7 +1151,7 @@ def one_input(data: bytes) -> None:
         data = data[1:] if tamper else data
         adapters = data[:1] == ADAPTERS_MARKER
         data = data[1:] if adapters else data
-        drafts = data[:1] == DRAFTS_MARKER
+        drafts = data[:1] == LEDGER_DRAFTS_MARKER
         data = data[1:] if drafts else data
         ledger_episode(atheris.FuzzedDataProvider(data), capped, paged, tamper, adapters, drafts)
     else:
