@@ -189,7 +189,7 @@ def test_check_dist_parts_need_the_directory_the_part_before_filled() -> None:
 
 
 VLLM_LANE = ROOT / ".ci" / "integration_vllm.sh"
-VLLM_COMPAT = ROOT / "src" / "stepplanner" / "integrations" / "_vllm_compat.py"
+VLLM_COMPAT = ROOT / "src" / "stepplanner" / "integrations" / "vllm" / "_compat.py"
 
 
 def test_ci_runs_the_vllm_suite_on_each_supported_minor_release() -> None:

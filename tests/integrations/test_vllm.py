@@ -47,7 +47,9 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from stepplanner import SLO, SequenceWork, check_plan  # noqa: E402
-from stepplanner.integrations import _vllm_compat  # noqa: E402
+from stepplanner.integrations.vllm import _compat as _vllm_compat  # noqa: E402
+from stepplanner.integrations.vllm.config import unsupported_features  # noqa: E402
+from stepplanner.integrations.vllm.lora import lora_id  # noqa: E402
 from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, level_of  # noqa: E402
 
 StepPlannerScheduler = sp_vllm.StepPlannerScheduler
@@ -386,7 +388,7 @@ def test_lora_steps_hold_at_most_max_loras_adapters_and_a_blocked_one_holds_back
         **options,
     )
     arrivals = stream(200, seed=6, loras=(0, 1, 2, 3, 4, 5), **clock)
-    lora_of = {r.request_id: sp_vllm._lora_id(r) for r in all_requests(arrivals)}
+    lora_of = {r.request_id: lora_id(r) for r in all_requests(arrivals)}
     passed_over = 0
 
     def adapters(ids):
@@ -1100,26 +1102,25 @@ def test_unsupported_config_features_are_refused_by_name(model_dir):
     sched = make(model_dir)
     config = sched.vllm_config
     config.parallel_config.pipeline_parallel_size = 2
-    assert sp_vllm._unsupported_features(config) == []  # planned: one step in flight a request
+    assert unsupported_features(config) == []  # planned: one step in flight a request
     config.scheduler_config.async_scheduling = True
-    assert any("pipeline parallel with async" in f for f in sp_vllm._unsupported_features(config))
+    assert any("pipeline parallel with async" in f for f in unsupported_features(config))
     config.scheduler_config.async_scheduling = False
     config.parallel_config.pipeline_parallel_size = 1
     config.kv_transfer_config = object()
-    assert any("KV connectors" in f for f in sp_vllm._unsupported_features(config))
+    assert any("KV connectors" in f for f in unsupported_features(config))
     config.kv_transfer_config = None
-    assert sp_vllm._unsupported_features(config) == []
+    assert unsupported_features(config) == []
 
 
 def test_speculative_decoding_is_planned_but_not_every_method(model_dir):
     sched = make(model_dir, overlap=Spec(False))
     config = sched.vllm_config
     assert config.speculative_config.method == "ngram"
-    assert sp_vllm._unsupported_features(config) == []  # planned: drafts per decode row (SPEC §8)
+    assert unsupported_features(config) == []  # planned: drafts per decode row (SPEC §8)
     config.parallel_config.pipeline_parallel_size = 2
     assert any(
-        "speculative decoding with pipeline parallelism" in f
-        for f in sp_vllm._unsupported_features(config)
+        "speculative decoding with pipeline parallelism" in f for f in unsupported_features(config)
     )
     config.parallel_config.pipeline_parallel_size = 1
     # A method that drafts in slots of its own, and dynamic speculation: refused by name.
@@ -1142,7 +1143,7 @@ def test_speculative_decoding_is_planned_but_not_every_method(model_dir):
         ),
     ]:
         config.speculative_config = stand_in
-        assert any(feature in f for f in sp_vllm._unsupported_features(config)), feature
+        assert any(feature in f for f in unsupported_features(config)), feature
 
 
 def test_structured_output_request_finishes_with_an_error(model_dir, overlap, caplog):
@@ -1260,7 +1261,7 @@ def test_the_supported_range_is_0_32_and_0_33(version, supported):
 
 
 def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
-    # Each name in _vllm_compat against the installed vLLM itself, so a wrong switch fails on the
+    # Each name in vllm/_compat.py against the installed vLLM itself, so a wrong switch fails on the
     # version it is wrong for.
     import dataclasses
 

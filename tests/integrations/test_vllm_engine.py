@@ -42,8 +42,8 @@ try:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
 
-    from stepplanner.integrations import _vllm_compat
     from stepplanner.integrations import vllm as sp_vllm
+    from stepplanner.integrations.vllm import _compat as _vllm_compat
 except ImportError as exc:
     if os.environ.get("STEPPLANNER_REQUIRE_INTEGRATIONS") == "1":
         raise

@@ -1,0 +1,195 @@
+"""vLLM's requests as the planner's rows: the running requests with work, the waiting ones the
+free slots admit (in vLLM's queue order, or the deadlines' order), their prefix-cache hits, the
+``ResidentState`` rows ``plan()`` reads, and an admission's first allocation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.request import Request
+
+from ...core import ResidentState
+from .config import INT32_MAX
+from .lora import lora_id, running_adapters
+
+NS = 1_000_000_000  # vLLM's arrival_time (seconds) as the rows' arrival (nanoseconds)
+
+
+class RequestRows(AsyncScheduler):
+    """``StepPlannerScheduler``'s translation of vLLM's requests into rows and back."""
+
+    _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
+
+    def _running_with_work(self) -> list[Request]:
+        """Running requests with a token left to schedule. Under async scheduling the step in
+        flight may already sample a request's last token (max_tokens, or max_model_len); such a
+        request keeps its slot until that step's output finishes it, but has no row to plan, as
+        vLLM's own schedule() skips it."""
+        max_len = self.max_model_len
+        out = []
+        for request in self.running:
+            ahead = request.num_output_placeholders
+            # The step in flight samples at least one token (its drafts may all be rejected):
+            # vLLM's own test, num_computed_tokens + 2 - placeholders >= prompt + max_tokens.
+            if ahead and (
+                request.num_output_tokens + 1 >= request.max_tokens
+                or request.num_tokens + ahead >= max_len
+            ):
+                continue
+            out.append(request)
+        return out
+
+    def _admission_candidates(
+        self, now: float | None = None, relegated: list[str] | None = None
+    ) -> list[tuple[Request, KVCacheBlocks, int]]:
+        """Waiting requests the free slots admit (SPEC §6), with their prefix-cache hits
+        (committed before planning, so a first chunk ends on a block): in vLLM's queue order, or
+        with ``now`` (EDF, DEADLINE) in first-token-deadline order."""
+        free = self._slots - len(self.running) - self.num_waiting_for_streaming_input
+        if free <= 0 or self._pause_state != PauseState.UNPAUSED or not self.waiting:
+            return []
+        budget = self.stepplanner_policy.max_num_tokens
+        wanted = 0
+        out: list[tuple[Request, KVCacheBlocks, int]] = []
+        order = (
+            self._queue_order(free, out)
+            if now is None or relegated is None
+            else self._deadline_order(free, out, now, relegated)
+        )
+        # LoRA: the ledgers' rule (docs/decisions.md), over the running requests (paused and in
+        # flight included).
+        adapters = running_adapters(self._max_loras, self.running)
+        for request in order:  # lazily: the next one is taken only while there is room
+            if not adapters.join(lora_id(request)):
+                continue  # it waits; later requests whose adapters can join may
+            blocks, hit = self._prefix_hit(request)
+            out.append((request, blocks, hit))
+            wanted += request.num_tokens - hit
+            if len(out) == free or wanted >= budget:
+                break
+        return out
+
+    def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
+        """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
+        than the reserved slots are free (``out``: the candidates so far)."""
+        for request in self.waiting:
+            if request.priority >= 0 and free - len(out) <= self._reserved:
+                if self._priority_order:
+                    return  # urgent requests sort first: none follows
+                continue
+            if (
+                self._is_blocked_waiting_status(request.status)
+                or request.request_id in self.grammar_compile_error_reqs
+            ):
+                continue  # refused at add_request: update_from_output finishes it
+            yield request
+
+    def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
+        return blocks, hit
+
+    def _resident_rows(
+        self, running: list[Request], candidates: list[tuple[Request, KVCacheBlocks, int]]
+    ) -> list[ResidentState]:
+        rows = self._rows
+        out: list[ResidentState] = []
+        for request in running:
+            row = rows.get(request.request_id)
+            if row is None:
+                row = rows[request.request_id] = ResidentState(
+                    priority=request.priority, arrival=int(request.arrival_time * NS)
+                )
+            # Under async scheduling num_computed_tokens already counts the tokens of the step in
+            # flight, and a token that step samples is a placeholder: committed is the KV length
+            # once the dispatched steps have run, and a decoding request's one token left may be
+            # that placeholder (vLLM fills it on the GPU). Without overlap placeholders are 0.
+            computed = request.num_computed_tokens
+            total = request.num_tokens + request.num_output_placeholders
+            decoding = total - computed == 1 and computed >= request.num_prompt_tokens
+            row.committed = computed
+            row.context_committed = decoding
+            row.prompt_length = request.num_prompt_tokens if decoding else total
+            out.append(row)
+        for request, _, hit in candidates:
+            # A waiting request the plan pauses stays waiting but counts its paused steps like
+            # a resident, so max_pause_steps releases it as SPEC §3 says.
+            row = rows.get(request.request_id)
+            if row is None:
+                row = rows[request.request_id] = ResidentState(
+                    priority=request.priority, arrival=int(request.arrival_time * NS)
+                )
+            row.committed = hit
+            row.context_committed = False
+            row.prompt_length = request.num_tokens
+            out.append(row)
+        return out
+
+    def _admit(
+        self,
+        request: Request,
+        hit: int,
+        n: int,
+        new_blocks: dict[str, KVCacheBlocks],
+        timestamp: float,
+    ) -> bool:
+        """Allocate an admission's first chunk on top of its cached prefix; False withholds it."""
+        blocks = self.kv_cache_manager.empty_kv_cache_blocks
+        if hit:
+            # Allocations earlier in this step may have evicted part of the prefix found before
+            # planning; the planned chunk assumed that prefix, so then it waits a step.
+            blocks, now = self._prefix_hit(request)
+            if now != hit:
+                self.stepplanner_stats.stale_prefix_rows += 1
+                return False
+        allocated = self.kv_cache_manager.allocate_slots(
+            request,
+            n,
+            num_new_computed_tokens=hit,
+            new_computed_blocks=blocks,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            full_sequence_must_fit=self.scheduler_reserve_full_isl,
+            has_scheduled_reqs=bool(self.running),
+        )
+        if allocated is None:
+            return False
+        self.kv_cache_manager.record_prefix_cache_stats(request, hit)
+        if request.prefill_stats and request.num_preemptions <= 0:
+            request.prefill_stats.set(
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_local_cached_tokens=hit,
+                num_external_cached_tokens=0,
+            )
+        self.running.append(request)
+        request.num_computed_tokens = hit
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.SCHEDULED, timestamp)
+        if hit + n < request.num_tokens:
+            self._inflight_prefills.add(request)
+        new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(request.request_id)
+        return True
+
+    def _leave_waiting(self, admitted: list[Request]) -> None:
+        """Take admitted requests out of vLLM's waiting queue. They are nearly always its head,
+        in its order, and popping the head is cheap (what vLLM's own schedule() does), while
+        removing from inside the PRIORITY queue's heap rebuilds it: a comparison per waiting
+        request, a tenth of a step at B = 256 with a long queue."""
+        waiting = self.waiting
+        rest = set(admitted)
+        while rest and waiting and waiting.peek_request() in rest:
+            rest.discard(waiting.pop_request())
+        if rest:
+            waiting.remove_requests(rest)
+        self.deferred_waiting.difference_update(admitted)
+
+    def _order_key(self, request: Request) -> tuple[int, int]:
+        if self._ranked:  # the order the ranker wrote into the rows this step
+            row = self._rows.get(request.request_id)
+            if row is not None:
+                return row.priority, row.arrival
+            return INT32_MAX, int(request.arrival_time * NS)
+        return (request.priority if self._priority_order else 0, int(request.arrival_time * NS))
