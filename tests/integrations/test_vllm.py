@@ -96,8 +96,11 @@ def make(
     cls=StepPlannerScheduler,
     overlap=False,
     max_loras=0,
+    scheduler_config=None,
     **stepplanner,
 ):
+    """``scheduler_config``: more of vLLM's ``SchedulerConfig`` fields; the rest of the keywords
+    are stepplanner's options."""
     return vllm_cpu.make_scheduler(
         cls,
         model_dir,
@@ -112,6 +115,7 @@ def make(
         max_loras=max_loras,
         num_speculative_tokens=overlap.k if isinstance(overlap, Spec) else 0,
         stepplanner=stepplanner if cls is StepPlannerScheduler else None,
+        **(scheduler_config or {}),
     )
 
 
@@ -307,7 +311,7 @@ def run_collecting_refusals(sched, arrivals, caplog):
     with caplog.at_level("WARNING", logger=sp_vllm.__name__):
         vllm_cpu.run(sched, arrivals)
     failed = {o.request_id for o in outputs if o.finish_reason == FinishReason.ERROR}
-    if _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES:
+    if _vllm_compat.RELEASE.request_errors_carry_messages:
         refusals = {o.request_id: o.error.message for o in outputs if o.error is not None}
         assert not [r for r in caplog.records if r.name == sp_vllm.__name__]
     else:
@@ -559,6 +563,53 @@ def test_reserved_slots_hold_back_normal_requests(model_dir, overlap):
     out = sched.schedule()
     assert sched.last_step.admitted == ["u"]  # an urgent request behind them takes a reserved one
     assert "u" in out.num_scheduled_tokens
+
+
+def _admission_order(model_dir, cls, scheduler_config=None):
+    """The order requests are first scheduled in, one admission a step (one running slot): a
+    warm request's prefix is cached first, then a cold, a hot (the warm prefix) and a cold
+    request wait behind it together."""
+    prefix = list(range(100, 164))
+    arrivals = {
+        0: [vllm_cpu.make_request("warm", [*prefix, 1, 2], 2, arrival_time=1.0, block_size=P)],
+        1: [
+            vllm_cpu.make_request(rid, prompt, 2, arrival_time=t, block_size=P)
+            for rid, prompt, t in (
+                ("cold1", list(range(300, 366)), 2.0),
+                ("hot", [*prefix, 3, 4], 3.0),
+                ("cold2", list(range(500, 566)), 4.0),
+            )
+        ],
+    }
+    sched = make(model_dir, cls=cls, num_seqs=1, caching=True, scheduler_config=scheduler_config)
+    order = []
+    vllm_cpu.run(
+        sched,
+        arrivals,
+        after_schedule=lambda step, out: order.extend(r.req_id for r in out.scheduled_new_reqs),
+    )
+    return order
+
+
+def test_vllms_cache_aware_admission_window_is_applied_by_vllms_own_code(model_dir):
+    window = {"cache_aware_admission_window": 8, "cache_aware_admission_threshold": 0.0}
+    if not _vllm_compat.RELEASE.cache_aware_admission:  # 0.32, 0.33: vLLM has no such option
+        with pytest.raises(Exception, match="cache_aware_admission_window"):
+            make(model_dir, caching=True, scheduler_config=window)
+        return
+    fifo = _admission_order(model_dir, StepPlannerScheduler)
+    assert fifo == ["warm", "cold1", "hot", "cold2"]
+    # The hot request's cached prefix takes it past the cold one ahead of it, as in vLLM's own.
+    assert _admission_order(model_dir, Scheduler, window) == ["warm", "hot", "cold1", "cold2"]
+    assert _admission_order(model_dir, StepPlannerScheduler, window) == [
+        "warm",
+        "hot",
+        "cold1",
+        "cold2",
+    ]
+    # Under a policy that admits by deadline the window could not act: refused at start-up.
+    with pytest.raises(ValueError, match="cache_aware_admission_window with the stepplanner"):
+        make(model_dir, caching=True, scheduling_policy="deadline", scheduler_config=window)
 
 
 # --- objectives (SLOs) and the deadline policies --------------------------------------------------
@@ -1191,7 +1242,8 @@ def test_the_readme_serve_line_builds_the_scheduler_with_async_scheduling(model_
 
     monkeypatch.setattr(platform, "check_and_update_config", classmethod(keep_async_scheduling))
     args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
-    config = EngineArgs.from_cli_args(args).create_engine_config()
+    with _vllm_compat.config_on_cpu():
+        config = EngineArgs.from_cli_args(args).create_engine_config()
     assert config.scheduler_config.async_scheduling is True
     assert config.max_concurrent_batches == 2  # EngineCore's batch queue: step N+1 overlaps N
     assert config.scheduler_config.get_scheduler_cls() is StepPlannerScheduler
@@ -1220,7 +1272,7 @@ def test_the_readme_serve_line_builds_the_scheduler_with_async_scheduling(model_
 # --- the supported versions ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.34.0", "0.33.0rc1", "1.0.0", "dev"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "0.34.0rc1", "1.0.0", "dev"])
 def test_any_other_vllm_version_is_a_one_line_import_error_naming_the_range(tmp_path, version):
     fake = tmp_path / "vllm"
     fake.mkdir()
@@ -1237,7 +1289,7 @@ def test_any_other_vllm_version_is_a_one_line_import_error_naming_the_range(tmp_
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: stepplanner.integrations.vllm supports "), last
-    assert "vllm>=0.32.0,<0.34 (0.32.x and 0.33.x" in last and f"found vllm {version}." in last
+    assert "vllm>=0.32.0,<0.35 (0.32.x, 0.33.x, 0.34.x" in last and f"found vllm {version}." in last
 
 
 @pytest.mark.parametrize(
@@ -1248,35 +1300,48 @@ def test_any_other_vllm_version_is_a_one_line_import_error_naming_the_range(tmp_
         ("0.32.4", True),
         ("0.33.0", True),
         ("0.33.2.post1", True),
+        ("0.34.0", True),
+        ("0.34.1", True),
         ("0.31.9", False),
-        ("0.34.0", False),
-        ("0.34.0rc1", False),
-        ("0.33.0rc1", False),  # pre-releases are not what the suite ran on
-        ("0.34.0.dev3+gabc", False),
+        ("0.35.0", False),
+        ("0.35.0rc1", False),
+        ("0.34.0rc1", False),  # pre-releases are not what the suite ran on
+        ("0.35.0.dev3+gabc", False),
         ("of unknown version", False),
     ],
 )
-def test_the_supported_range_is_0_32_and_0_33(version, supported):
+def test_the_supported_range_is_0_32_to_0_34(version, supported):
     assert _vllm_compat.is_supported(version) is supported
 
 
 def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
-    # Each name in vllm/_compat.py against the installed vLLM itself, so a wrong switch fails on the
-    # version it is wrong for.
+    # Each field of the installed release's row in vllm/_compat.py against the installed vLLM
+    # itself, so a wrong switch fails on the version it is wrong for.
     import dataclasses
 
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
 
+    release = _vllm_compat.RELEASE
     assert _vllm_compat.is_supported(_vllm_compat.VLLM_VERSION)
     plain = make(model_dir, cls=Scheduler)
-    assert _vllm_compat.HAS_EXECUTED_STEP_COUNTER == hasattr(plain, "num_executed_steps")
+    assert release.executed_step_counter == hasattr(plain, "num_executed_steps")
     fields = {f.name for f in dataclasses.fields(SchedulerOutput)}
-    assert _vllm_compat.HAS_DRAFT_SKIP_AND_ENCODER_UPDATES == (
+    assert release.draft_skip_and_encoder_updates == (
         {"skip_drafts", "encoder_input_updates"} <= fields
     )
-    assert _vllm_compat.HAS_DRAFT_SKIP_AND_ENCODER_UPDATES == hasattr(plain, "can_skip_drafts")
+    assert release.draft_skip_and_encoder_updates == hasattr(plain, "can_skip_drafts")
     errors = plain.grammar_compile_error_reqs
-    assert isinstance(errors, dict if _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES else set)
+    assert isinstance(errors, dict if release.request_errors_carry_messages else set)
+    cached_fields = {f.name for f in dataclasses.fields(CachedRequestData)}
+    assert release.model_runner_v1 == hasattr(plain, "use_v2_model_runner")
+    assert release.model_runner_v1 == hasattr(plain, "prev_step_scheduled_req_ids")
+    assert release.model_runner_v1 == ({"resumed_req_ids", "all_token_ids"} <= cached_fields)
+    assert release.encoder_cache_manager_metadata == ("ec_manager_metadata" in fields)
+    runner_fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    assert release.output_index_map == ("req_id_to_index" in runner_fields)
+    assert release.cache_aware_admission == hasattr(plain, "cache_aware_window")
+    assert release.cache_aware_admission == hasattr(plain, "async_kv_waiting")
     # The executed-step counter counts what vLLM's own schedule() counts: steps with tokens.
     sched = make(model_dir)
     with_tokens = []
@@ -1285,5 +1350,5 @@ def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
         stream(20, seed=3, max_prompt=200, max_tokens=6),
         after_schedule=lambda step, out: with_tokens.append(out.total_num_scheduled_tokens > 0),
     )
-    if _vllm_compat.HAS_EXECUTED_STEP_COUNTER:
+    if _vllm_compat.RELEASE.executed_step_counter:
         assert sched.num_executed_steps == sum(with_tokens) > 0

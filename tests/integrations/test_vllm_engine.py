@@ -843,7 +843,7 @@ def test_hostile_clients(server, solo):
         if not _refused(r, n in VALIDATED)
     }
     assert not wrong, wrong
-    if not _vllm_compat.REQUEST_ERRORS_CARRY_MESSAGES:  # 0.32: the reasons are in the log
+    if not _vllm_compat.RELEASE.request_errors_carry_messages:  # 0.32: the reasons are in the log
         refusals = server.log.read_text(errors="replace").count("StepPlannerScheduler: request")
         assert refusals >= len(bad) - len(VALIDATED), server.log_tail()
     # A huge but finite objective is a valid (lax) one: served, not refused.

@@ -48,7 +48,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from .vllm import SUPPORTED_VLLM_VERSIONS  # noqa: F401  (the version check runs on import)
+from .vllm import _compat  # the version check runs on import
 
 SAMPLED_TOKEN = 7
 TINY_LLAMA = {
@@ -118,20 +118,21 @@ def make_scheduler(
     )
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     additional = {} if stepplanner is None else {"stepplanner": stepplanner}
-    config = VllmConfig(
-        model_config=model,
-        scheduler_config=sched,
-        cache_config=cache,
-        device_config=DeviceConfig(device="cpu"),
-        parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
-        lora_config=LoRAConfig(max_loras=max_loras) if max_loras else None,
-        speculative_config=(
-            SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens)
-            if num_speculative_tokens
-            else None
-        ),
-        additional_config=additional,
-    )
+    with _compat.config_on_cpu():
+        config = VllmConfig(
+            model_config=model,
+            scheduler_config=sched,
+            cache_config=cache,
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(pipeline_parallel_size=pipeline_parallel_size),
+            lora_config=LoRAConfig(max_loras=max_loras) if max_loras else None,
+            speculative_config=(
+                SpeculativeConfig(method="ngram", num_speculative_tokens=num_speculative_tokens)
+                if num_speculative_tokens
+                else None
+            ),
+            additional_config=additional,
+        )
     cache.num_gpu_blocks = num_blocks
     sched.async_scheduling = async_scheduling
     return scheduler_cls(
@@ -245,9 +246,7 @@ def fake_output(
         verified = len(spec.get(rid, ()))
         accepted = drafting.accept(rid, verified) if drafting is not None and verified else 0
         sampled.append([SAMPLED_TOKEN] * (1 + accepted) if samples else [])
-    return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled
-    )
+    return _compat.model_runner_output(ids, sampled)
 
 
 class EngineStep(NamedTuple):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
 from . import _compat
@@ -26,24 +26,9 @@ class OutputBuilder(AsyncScheduler):
         total = sum(num_scheduled.values())
         if total > 0:
             _compat.count_executed_step(self)
-        if self.use_v2_model_runner:
-            new_reqs = new_reqs + resumed
-            resumed = []
-        new_reqs_data = [
-            NewRequestData.from_request(
-                r,
-                new_blocks[r.request_id].get_block_ids(),
-                *((r._all_token_ids,) if self.use_v2_model_runner else ()),
-                uses_mrope=self.model_uses_mrope,
-            )
-            for r in new_reqs
-        ]
-        cached = self._make_cached_request_data(
-            scheduled_running, resumed, num_scheduled, spec, new_blocks
+        new_reqs_data, cached = _compat.request_data(
+            self, new_reqs, resumed, scheduled_running, num_scheduled, spec, new_blocks
         )
-        if not self.use_v2_model_runner:
-            self.prev_step_scheduled_req_ids.clear()
-            self.prev_step_scheduled_req_ids.update(num_scheduled)
         self.kv_cache_manager.take_boundary_state_offloads()
         copies, cow_retained = self.kv_cache_manager.take_kv_cache_block_copies()
         if copies:
@@ -61,7 +46,6 @@ class OutputBuilder(AsyncScheduler):
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             kv_cache_block_copies=copies or None,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
-            ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
             **_compat.output_fields(self, num_scheduled, new_reqs_data),
         )
         self._update_after_schedule(output)

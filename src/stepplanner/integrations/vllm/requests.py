@@ -14,6 +14,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request
 
 from ...core import ResidentState
+from . import _compat
 from .config import INT32_MAX
 from .lora import lora_id, running_adapters
 
@@ -24,6 +25,7 @@ class RequestRows(AsyncScheduler):
     """``StepPlannerScheduler``'s translation of vLLM's requests into rows and back."""
 
     _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
+    _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -56,11 +58,15 @@ class RequestRows(AsyncScheduler):
         budget = self.stepplanner_policy.max_num_tokens
         wanted = 0
         out: list[tuple[Request, KVCacheBlocks, int]] = []
-        order = (
-            self._queue_order(free, out)
-            if now is None or relegated is None
-            else self._deadline_order(free, out, now, relegated)
-        )
+        if now is None or relegated is None:
+            if self._cache_aware:
+                # vLLM 0.34's cache-aware admission window, by vLLM's own code: within the first
+                # N plain waiting requests, the deepest cached prefix first (once the KV cache
+                # is as full as its threshold says); the plan then orders the rows it admits.
+                _compat.reorder_waiting_by_cached_prefix(self)
+            order = self._queue_order(free, out)
+        else:
+            order = self._deadline_order(free, out, now, relegated)
         # LoRA: the ledgers' rule (docs/decisions.md), over the running requests (paused and in
         # flight included).
         adapters = running_adapters(self._max_loras, self.running)

@@ -134,6 +134,17 @@ class StepPlannerScheduler(
         self._last_scheduled = set()  # speculative decoding: the previous step's rows
         self.slo_classes = slo_classes
         self._ranked = policy.scheduling_policy in RANKED
+        # vLLM 0.34's cache-aware admission window reorders vLLM's waiting queue, the order
+        # FCFS and PRIORITY admit in; EDF and DEADLINE admit by deadline, which it cannot move.
+        self._cache_aware = _compat.cache_aware_window(self) > 0
+        if self._cache_aware and self._ranked:
+            refuse(
+                [
+                    "cache_aware_admission_window with the stepplanner policy "
+                    f"{policy.scheduling_policy.name} (it admits by deadline, not vLLM's queue "
+                    "order; use fcfs or priority, or leave the window at 0)"
+                ]
+            )
         if self._ranked:
             self._init_deadlines(vllm_config, limits, policy, relegation)
 
