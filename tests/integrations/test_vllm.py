@@ -12,6 +12,7 @@ a failure.
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import os
 import random
@@ -1197,22 +1198,88 @@ def test_speculative_decoding_is_planned_but_not_every_method(model_dir):
         assert any(feature in f for f in unsupported_features(config)), feature
 
 
-def test_structured_output_request_finishes_with_an_error(model_dir, overlap, caplog):
-    sched = make(model_dir, overlap=overlap)
-    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a+"))
-    req = Request(
-        request_id="so",
+class _CompiledGrammar:
+    """What a compiled grammar answers when every sampled token fits it (the real grammars,
+    xgrammar's, are proven in vLLM's real engine: tests/integrations/test_vllm_structured.py)."""
+
+    def accept_tokens(self, request_id, tokens):
+        return True
+
+    def validate_tokens(self, tokens):
+        return tokens
+
+    def rollback(self, num_tokens):
+        pass
+
+    def is_terminated(self):
+        return False
+
+    def reset(self):
+        pass
+
+
+def _structured(request_id, arrival_time, grammar):
+    params = SamplingParams(
+        max_tokens=4, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="a+")
+    )
+    request = Request(
+        request_id=request_id,
         prompt_token_ids=[1, 2, 3],
         sampling_params=params,
         pooling_params=None,
-        arrival_time=1.0,
+        arrival_time=arrival_time,
     )
+    request.structured_output_request.grammar = grammar  # compiling until the future resolves
+    return request
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {},
+        {"policy": "priority", "scheduling_policy": "priority", "preemption": "pause"},
+        {"scheduling_policy": "edf"},
+        {"scheduling_policy": "deadline"},
+    ],
+    ids=["fcfs", "priority-pause", "edf", "deadline"],
+)
+def test_a_request_waiting_for_its_grammar_is_passed_over_then_planned(model_dir, overlap, policy):
+    """Structured output (issue 42 item 3): a request whose grammar is compiling holds back no
+    one behind it, is admitted once its grammar has compiled, and one whose grammar failed to
+    compile finishes with an error alone."""
+    sched = make(model_dir, overlap=overlap, **policy)
+    good, bad = concurrent.futures.Future(), concurrent.futures.Future()
+    so = _structured("so", 1.0, good)
+    broken = _structured("broken", 1.5, bad)
     ok = vllm_cpu.make_request("ok", [4, 5, 6], 3, arrival_time=2.0)
-    errors = run_collecting_refusals(sched, {0: [req, ok]}, caplog)
-    assert set(errors) == {"so"}
-    assert errors["so"] == "StepPlannerScheduler: request so: structured output is not supported"
-    assert req.status == RequestStatus.FINISHED_ERROR
+    first = {}
+
+    def after_schedule(step, out):
+        for rid in out.num_scheduled_tokens:
+            first.setdefault(rid, step)
+        if step == 3:  # the grammars are done compiling: one compiled, one failed
+            good.set_result(_CompiledGrammar())
+            bad.set_exception(ValueError("unbalanced parenthesis"))
+
+    outputs = []
+    update = sched.update_from_output
+
+    def collecting(*args):
+        result = update(*args)
+        outputs.extend(o for engine in result.values() for o in engine.outputs)
+        return result
+
+    sched.update_from_output = collecting
+    vllm_cpu.run(sched, {0: [so, broken, ok]}, after_schedule=after_schedule)
+    assert first["ok"] == 0  # not held back by the requests compiling ahead of it
+    assert first["so"] > 3 and "broken" not in first
+    assert so.status == RequestStatus.FINISHED_LENGTH_CAPPED and so.num_output_tokens == 4
     assert ok.status == RequestStatus.FINISHED_LENGTH_CAPPED and ok.num_output_tokens == 3
+    assert broken.status == RequestStatus.FINISHED_ERROR
+    failed = {o.request_id: o for o in outputs if o.finish_reason == FinishReason.ERROR}
+    assert set(failed) == {"broken"}
+    if _vllm_compat.RELEASE.request_errors_carry_messages:  # vLLM's own message for it
+        assert "unbalanced parenthesis" in failed["broken"].error.message
     assert not sched.requests
 
 

@@ -332,8 +332,6 @@ def refuse(unsupported: list[str]) -> None:
 
 def unsupported_request(request: Request) -> str | None:
     """The request option the adapter refuses (that request alone finishes with an error)."""
-    if request.use_structured_output:
-        return "structured output"
     if request.resumable:
         return "streaming-input sessions"
     if not -(2**31) <= request.priority <= INT32_MAX:

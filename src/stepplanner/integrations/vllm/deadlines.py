@@ -126,9 +126,12 @@ class DeadlineQueue(AsyncScheduler):
             )
 
     def _waits(self, request: Request) -> bool:
+        # A request whose grammar is still compiling waits too: it keeps its place in the
+        # deadline order and is passed over until vLLM promotes it.
         return self.requests.get(request.request_id) is request and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
+            RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
         )
 
     def _waits_viable(self, entry: tuple[Any, int, int, Request]) -> bool:
@@ -236,8 +239,13 @@ class DeadlineQueue(AsyncScheduler):
                     self._hand_back(request, record)
                 continue
             self._examined.append(request)  # back on a heap at the step's end unless admitted
-            if not self._is_blocked_waiting_status(request.status):
-                yield request
+            # vLLM's own promotion of a request whose grammar has compiled (a failed one lands
+            # in grammar_compile_error_reqs, for update_from_output to finish alone).
+            if not self._is_blocked_waiting_status(
+                request.status
+            ) or self._handle_blocked_waiting_request(request):
+                if request.request_id not in self.grammar_compile_error_reqs:
+                    yield request
 
     def _requeue(self, admitted: list[Request]) -> None:
         """The waiting requests this step examined and did not admit go back in order."""

@@ -90,9 +90,11 @@ class RequestRows(AsyncScheduler):
                 continue
             if (
                 self._is_blocked_waiting_status(request.status)
-                or request.request_id in self.grammar_compile_error_reqs
-            ):
-                continue  # refused at add_request: update_from_output finishes it
+                and not self._handle_blocked_waiting_request(request)
+            ) or request.request_id in self.grammar_compile_error_reqs:
+                # Its grammar is still compiling (passed over, holding back no one), or failed
+                # to compile or it was refused at add_request: update_from_output finishes it.
+                continue
             yield request
 
     def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
