@@ -82,9 +82,43 @@ def training_text(seed: int, lines: int = 3000) -> list[str]:
     return out
 
 
-def train_tokenizer(path: Path, seed: int) -> int:
-    """A byte-level BPE tokenizer trained on ``training_text(seed)``, saved where
-    ``transformers.AutoTokenizer`` (vLLM's loader) finds it; returns its vocabulary size."""
+def json_text(seed: int, lines: int = 1500) -> list[str]:
+    """Seeded compact JSON (objects, arrays, strings, ints, booleans, null) and short codes such
+    as ``abc-12``: with these in its training text the tokenizer merges JSON punctuation, keys and
+    values into tokens (``{"``, ``":``, ``"},``), so a grammar constrains tokens that span several
+    of its symbols, as real tokenizers' do."""
+    rng = np.random.default_rng(seed + 1)
+    words = ["".join(rng.choice(_SYLLABLES, size=int(rng.integers(1, 3)))) for _ in range(200)]
+    words += ["n", "c", "ok", "tags", "red", "green", "blue", "yes", "no", "maybe"]
+
+    def value(depth: int) -> object:
+        kind = int(rng.integers(0, 7 if depth < 2 else 5))
+        if kind == 0:
+            return int(rng.integers(-100, 1000))
+        if kind == 1:
+            return str(rng.choice(words))
+        if kind == 2:
+            return bool(rng.integers(0, 2))
+        if kind == 3:
+            return None
+        if kind == 4:
+            letters = "".join(rng.choice(list("abc"), size=3))
+            return f"{letters}-{int(rng.integers(0, 100)):02d}"
+        if kind == 5:
+            return [value(depth + 1) for _ in range(int(rng.integers(0, 4)))]
+        return obj(depth + 1)
+
+    def obj(depth: int) -> dict[str, object]:
+        keys = rng.choice(words, size=int(rng.integers(1, 4)), replace=False)
+        return {str(k): value(depth) for k in keys}
+
+    return [json.dumps(obj(0), separators=(",", ":")) for _ in range(lines)]
+
+
+def train_tokenizer(path: Path, seed: int, *, json_corpus: bool = False) -> int:
+    """A byte-level BPE tokenizer trained on ``training_text(seed)`` (and ``json_text(seed)``
+    with ``json_corpus``), saved where ``transformers.AutoTokenizer`` (vLLM's loader) finds it;
+    returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -96,7 +130,8 @@ def train_tokenizer(path: Path, seed: int) -> int:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(training_text(seed), trainer=trainer)
+    text = training_text(seed) + (json_text(seed) if json_corpus else [])
+    tok.train_from_iterator(text, trainer=trainer)
     tok.save(str(path / "tokenizer.json"))
     unk, bos, eos = SPECIAL_TOKENS
     (path / "tokenizer_config.json").write_text(
@@ -187,17 +222,20 @@ def make_tiny_llama(
     hidden: int = 128,
     layers: int = 2,
     heads: int = 4,
+    json_corpus: bool = False,
 ) -> Path:
     """Write the tiny Llama's directory at ``path`` (created; files overwritten) and return it.
 
     ``hidden``/``heads`` is the head size, which vLLM's CPU attention must support (32, 64, 80,
     96, 112, 128 or 256). A bigger ``hidden`` and more ``layers`` make the forward pass heavier
-    (benchmarks); the defaults keep the tests fast."""
+    (benchmarks); the defaults keep the tests fast. ``json_corpus``: the tokenizer is trained
+    on JSON too (``json_text``), for structured outputs (tests/integrations/
+    test_vllm_structured.py); the vocabulary size stays ``VOCAB_SIZE``."""
     if hidden % heads:
         raise ValueError(f"hidden={hidden} must be a multiple of heads={heads}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    vocab_size = train_tokenizer(out, seed)
+    vocab_size = train_tokenizer(out, seed, json_corpus=json_corpus)
     config = llama_config(vocab_size, hidden, layers, heads)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(
@@ -251,10 +289,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--json-corpus", action="store_true", help="train the tokenizer on JSON")
     args = parser.parse_args(argv)
     print(
         make_tiny_llama(
-            args.path, args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads
+            args.path,
+            args.seed,
+            hidden=args.hidden,
+            layers=args.layers,
+            heads=args.heads,
+            json_corpus=args.json_corpus,
         )
     )
 
