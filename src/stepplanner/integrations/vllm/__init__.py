@@ -22,7 +22,7 @@ B = ``max_num_seqs``, P = ``block_size``, S_in = ``max_model_len``, ``max_step_t
 ``max_num_batched_tokens``.
 
 vLLM's scheduler interface is private and changes between releases, so this package runs only on
-the releases it is tested with, vLLM 0.32.x and 0.33.x (``SUPPORTED_VLLM_VERSIONS``), and says so
+the releases it is tested with, vLLM 0.32.x to 0.34.x (``SUPPORTED_VLLM_VERSIONS``), and says so
 otherwise; what differs between them is in ``_compat``, named for what differs.
 
 One module per concern (docs/integrations.md, "vLLM's features", names the features):
