@@ -1153,6 +1153,10 @@ def test_unsupported_scheduler_features_are_refused_by_name(model_dir, kwargs, f
 def test_unsupported_config_features_are_refused_by_name(model_dir):
     sched = make(model_dir)
     config = sched.vllm_config
+    assert unsupported_features(config) == []
+    config.aux_output_config.enable_return_routed_experts = True  # issue 45: never silently
+    assert any("--enable-return-routed-experts" in f for f in unsupported_features(config))
+    config.aux_output_config.enable_return_routed_experts = False
     config.parallel_config.pipeline_parallel_size = 2
     assert unsupported_features(config) == []  # planned: one step in flight a request
     config.scheduler_config.async_scheduling = True
@@ -1280,6 +1284,29 @@ def test_a_request_waiting_for_its_grammar_is_passed_over_then_planned(model_dir
     assert set(failed) == {"broken"}
     if _vllm_compat.RELEASE.request_errors_carry_messages:  # vLLM's own message for it
         assert "unbalanced parenthesis" in failed["broken"].error.message
+    assert not sched.requests
+
+
+@pytest.mark.parametrize("pp", [1, 2], ids=["sync", "pp2"])
+def test_schedule_twice_before_the_output_plans_the_other_requests(model_dir, pp):
+    """Async scheduling off, a second schedule() before the first step's output (vLLM's own
+    tests do it, and a batch queue may): a request in the step in flight is not planned again
+    (plan() would refuse its row), the others are, as vLLM's scheduler does (issue 45)."""
+    sched = make(model_dir, overlap=pp if pp > 1 else False)
+    r0 = vllm_cpu.make_request("r0", list(range(40)), 3, arrival_time=1.0)
+    r1 = vllm_cpu.make_request("r1", list(range(50, 90)), 3, arrival_time=2.0)
+    sched.add_request(r0)
+    first = sched.schedule()
+    assert set(first.num_scheduled_tokens) == {"r0"}
+    sched.add_request(r1)
+    second = sched.schedule()  # r0's step is still in flight
+    assert set(second.num_scheduled_tokens) == {"r1"}
+    for out in (first, second):
+        sched.update_from_output(out, vllm_cpu.fake_output(sched, out))
+    vllm_cpu.run(sched, {})
+    for request in (r0, r1):
+        assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        assert request.num_output_tokens == 3
     assert not sched.requests
 
 

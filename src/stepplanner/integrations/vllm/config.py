@@ -302,6 +302,12 @@ def unsupported_features(vllm_config: VllmConfig) -> list[str]:
         ),
         (sched.prefill_schedule_interval > 1, "prefill_schedule_interval > 1 (prefill cadence)"),
         (model.is_hybrid, "hybrid Mamba/attention models (state-cache alignment)"),
+        (
+            vllm_config.aux_output_config.enabled,
+            "routed-experts auxiliary outputs (--enable-return-routed-experts: vLLM caps each "
+            "prefix hit at the outputs it retains and sends their connector metadata every "
+            "step, neither of which the planner's admission does)",
+        ),
     ]
     return [name for bad, name in checks if bad]
 

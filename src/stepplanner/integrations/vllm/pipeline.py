@@ -19,10 +19,16 @@ class PipelineSteps(AsyncScheduler):
     """``StepPlannerScheduler``'s part that knows which requests a step in flight holds."""
 
     _pipelined: bool  # pipelined(): set by StepPlannerScheduler.__init__
+    _async_scheduling: bool  # set by StepPlannerScheduler.__init__
 
     def _settled(self) -> list[Request]:
-        """Running requests no step in flight holds. Only pipeline parallelism schedules with
-        steps in flight and no placeholders (async scheduling plans ahead through them, and
-        one step at a time leaves none in flight), so elsewhere that is every running request."""
+        """Running requests no step in flight holds. With async scheduling off, a step in
+        flight holds its requests until its output is back: under pipeline parallelism
+        EngineCore keeps several steps in flight, and any caller may call schedule() again
+        before update_from_output (vLLM's own tests do; vLLM then schedules the other requests),
+        so a request is planned into one step at a time. Async scheduling plans ahead through
+        a step in flight with placeholders instead: there every running request is settled."""
         running: list[Request] = self.running
-        return [r for r in running if not r.num_in_flight_tokens] if self._pipelined else running
+        if self._async_scheduling:
+            return running
+        return [r for r in running if not r.num_in_flight_tokens]
