@@ -213,6 +213,116 @@ def test_a_deep_queue_keeps_its_bound_through_many_passes(make):
     assert len(admitted) == 39
 
 
+# --- under EDF and DEADLINE: slack first, then uncached work among those with slack to spare ---
+
+ONE = StepPlannerLimits(1, 1000, 16)  # one slot: each pass admits the head; chunk 512
+STEP = (0.01, 0.0)  # every step estimated at 10 ms
+
+
+def deadline_ledger(make, kind=sp.SchedulingPolicy.DEADLINE, **kwargs):
+    kwargs.setdefault("slo_classes", {0: sp.SLO(1.0), 1: sp.SLO(1.0)})
+    return make(policy_of(kind, ONE), limits=ONE, step_time=STEP, **kwargs)
+
+
+@pytest.mark.parametrize("kind", [sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE])
+def test_with_slack_to_spare_by_uncached_work(make, kind):
+    ledger = deadline_ledger(make, kind)
+    ledger.submit(0, 900, arrival_time=0.0)  # due 1.0; 2 chunks
+    ledger.submit(1, 100, arrival_time=0.1)  # due 1.1
+    ledger.submit(2, 600, arrival_time=0.2, cached_tokens=550)  # due 1.2; 50 uncached
+    assert ledger.waiting_ids() == [2, 1, 0]
+    assert ledger.admit(now=0.5) == [2]  # all three have slack: the least work
+    ledger.retire([2])
+    # At 0.98 request 0 (2 steps + a step of margin: 1.01 > 1.0) has no slack to spare: the
+    # policy's own order (deadline) takes it first; 1 (0.98 + 0.02 <= 1.1) still has slack.
+    assert ledger.admit(now=0.98) == [0]
+    assert ledger.relegated_ids.tolist() == []
+    ledger.retire([0])
+    assert ledger.admit(now=0.99) == [1]
+
+
+def test_slack_to_spare_ends_exactly_a_step_before_the_deadline(make):
+    """A request is out of slack once now + ceil(work / chunk) x the estimate + one estimate
+    passes its first-token deadline."""
+    ledger = deadline_ledger(make)
+    ledger.submit(0, 512, arrival_time=0.0)  # one chunk; due 1.0
+    ledger.submit(1, 10, arrival_time=0.0)
+    assert ledger.admit(now=0.98) == [1]  # 0.98 + 0.01 + 0.01 = 1.0: not past due, slack
+    ledger.retire([1])
+    ledger.submit(2, 5, arrival_time=0.98)
+    assert ledger.waiting_ids() == [2, 0]
+    assert ledger.admit(now=0.981) == [0]  # past: out of slack, ahead of the shorter 2
+
+
+def test_slack_to_spare_is_measured_on_uncached_work(make):
+    ledger = deadline_ledger(make)
+    ledger.submit(0, 1000, arrival_time=0.0)  # two chunks uncached; due 1.0
+    ledger.submit(1, 1000, arrival_time=0.0, cached_tokens=488)  # one chunk; due 1.0
+    ledger.submit(2, 10, arrival_time=0.0, slo=sp.SLO(10.0))
+    # At 0.975: 0 needs 0.975 + 0.02 + 0.01 > 1.0 (out of slack), 1 needs 0.995 (slack).
+    assert ledger.admit(now=0.975) == [0]
+    assert ledger.waiting_ids() == [2, 1]
+    assert ledger.relegated_ids.tolist() == []
+
+
+def test_deadline_keeps_its_class_order_around_the_rule(make):
+    """DEADLINE admits by class first: an out-of-slack class-1 request waits behind class 0's
+    requests with slack; within class 0 the least work comes first."""
+    ledger = deadline_ledger(make)
+    ledger.submit(0, 900, priority=1, arrival_time=0.0)
+    ledger.submit(1, 800, priority=0, arrival_time=0.1)
+    ledger.submit(2, 30, priority=0, arrival_time=0.2)
+    assert ledger.waiting_ids() == [2, 1, 0]
+    assert ledger.admit(now=0.98) == [2]  # class 0 first; 0 is out of slack but class 1
+    assert ledger.waiting_ids() == [1, 0]
+
+
+def test_out_of_slack_requests_among_themselves_by_deadline(make):
+    ledger = deadline_ledger(make, sp.SchedulingPolicy.EDF, slo_classes={0: sp.SLO(0.05)})
+    ledger.submit(0, 900, arrival_time=0.02)  # due 0.07
+    ledger.submit(1, 700, arrival_time=0.0)  # due 0.05
+    ledger.submit(2, 10, arrival_time=0.0, slo=sp.SLO(10.0))  # due 10: slack to spare
+    assert ledger.waiting_ids() == [2, 1, 0]  # before any pass: by work
+    # At 0.045 both are out of slack (0.045 + 0.02 + 0.01 > 0.07 > 0.05): the earlier due first.
+    assert ledger.admit(now=0.045) == [1]
+    assert ledger.waiting_ids() == [0, 2]
+
+
+def test_a_request_without_a_deadline_always_has_slack(make):
+    ledger = deadline_ledger(make, slo_classes={0: sp.SLO(0.05)})
+    ledger.submit(0, 20, priority=5, arrival_time=0.0)  # no objective: work order, forever
+    ledger.submit(1, 900, priority=5, arrival_time=0.0)
+    assert ledger.admit(now=100.0) == [0]
+
+
+def test_the_starvation_bound_applies_under_deadline(make):
+    """A request with slack that is passed over past the bound goes to the deadline order."""
+    ledger = deadline_ledger(make, slo_classes={0: sp.SLO(100.0)}, starvation_steps=1)
+    ledger.submit(0, 900, arrival_time=0.0)  # due 100: slack for a long time
+    ledger.submit(1, 10, arrival_time=0.0)
+    assert ledger.admit(now=0.0) == [1]
+    ledger.retire([1])
+    ledger.submit(2, 5, arrival_time=0.1)
+    assert ledger.admit(now=0.1) == [0]  # waited a pass: starved, ahead of the shorter 2
+
+
+def test_a_grown_step_estimate_takes_slack_away(make, ledger_impl):
+    """The estimate is measured (step_time=None): a request judged with slack at a small
+    estimate loses it once the estimate grows, though no clock bound said so at submission."""
+    classes = {0: sp.SLO(1.0)}
+    ledger = make(policy_of(sp.SchedulingPolicy.DEADLINE, ONE), limits=ONE, slo_classes=classes)
+    ledger.submit(0, 900, arrival_time=0.0)  # due 1.0
+    ledger.submit(1, 10, arrival_time=0.0)
+    assert ledger.admit(now=0.0) == [1]  # no estimate yet: 0 has slack
+    ledger.retire([1])
+    ledger.submit(2, 5, arrival_time=0.1)
+    for t in (0.1, 0.3, 0.5):  # steps of 0.2 s measured
+        ledger.measure(t)
+    assert ledger.step_time_estimate == pytest.approx(0.2)
+    # 0.5 + 2 x 0.2 + 0.2 = 1.1 > 1.0: out of slack (too_late still says it can make it).
+    assert ledger.admit(now=0.5) == [0]
+
+
 # --- arguments --------------------------------------------------------------------------------
 
 
@@ -259,12 +369,6 @@ def test_a_deep_queue_keeps_its_bound_through_many_passes(make):
 def test_constructor_arguments_are_checked(ledger_impl, kwargs, error, message):
     with pytest.raises(error, match=message):
         ledger_impl.Ledger(LIMITS, None, **kwargs)
-
-
-@pytest.mark.parametrize("kind", [sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE])
-def test_deadline_policies_keep_their_own_admission_order(ledger_impl, kind):
-    with pytest.raises(ValueError, match=f"UNCACHED_FIRST under SchedulingPolicy.{kind.name}"):
-        ledger_impl.Ledger(LIMITS, policy_of(kind), admission=UNCACHED, starvation_steps=4)
 
 
 @pytest.mark.parametrize(
@@ -323,18 +427,36 @@ class Waiting:
     priority: int
     stamp: int
     since: float
-    starved: bool = False
+    due: float = np.inf
+    moved: bool = False  # starved, or (EDF/DEADLINE) out of slack: in the policy's own order
+
+
+# Model test classes' objectives under EDF/DEADLINE (class 2 has none: it never runs out of slack).
+MODEL_CLASSES = {-1: sp.SLO(0.2), 0: sp.SLO(0.5), 1: sp.SLO(1.0)}
 
 
 class Model:
-    """The rule, readably: each admission pass (one step of the bound) first marks as starved
-    every request with ``since + bound <= clock``, then admits while slots are free in the order
-    (class under PRIORITY; starved before not; starved by arrival, the rest by uncached work,
-    then arrival). No reserved slots, pages or adapters here (their tests are their own)."""
+    """The rule, readably: each admission pass (one step of the bound) first moves every request
+    with ``since + bound <= clock`` (starved) and, under EDF/DEADLINE, every one with a deadline
+    and no slack to spare (``now + ceil(work / chunk) x est + est > due``) to the policy's own
+    order, then admits while slots are free in the order: the class (PRIORITY, DEADLINE); moved
+    before not; the moved by arrival (EDF/DEADLINE: by deadline, then arrival), the rest by
+    uncached work, then arrival. No reserved slots, pages, adapters or relegation here (their
+    tests are their own)."""
 
-    def __init__(self, capacity: int, by_priority: bool, steps: int | None, seconds: float | None):
-        self.capacity, self.by_priority = capacity, by_priority
-        self.steps, self.seconds = steps, seconds
+    def __init__(
+        self,
+        capacity: int,
+        kind: sp.SchedulingPolicy,
+        steps: int | None,
+        seconds: float | None,
+        est: float = 0.0,
+        chunk: int = 1,
+    ):
+        self.capacity, self.steps, self.seconds = capacity, steps, seconds
+        self.by_class = kind in (sp.SchedulingPolicy.PRIORITY, sp.SchedulingPolicy.DEADLINE)
+        self.deadlines = kind in (sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE)
+        self.est, self.chunk = est, chunk
         self.waiting: dict[int, Waiting] = {}
         self.residents: list[int] = []
         self.passes, self.stamp, self.latest = 0, 0, -np.inf
@@ -343,12 +465,21 @@ class Model:
         if self.seconds is not None:
             self.latest = max(self.latest, at)
         since = self.latest if self.seconds is not None else self.passes
-        self.waiting[rid] = Waiting(rid, length - cached, priority, self.stamp, since)
+        slo = MODEL_CLASSES.get(priority) if self.deadlines else None
+        due = at + slo.ttft if slo is not None else np.inf
+        self.waiting[rid] = Waiting(rid, length - cached, priority, self.stamp, since, due)
         self.stamp += 1
 
     def key(self, w: Waiting) -> tuple:
-        within = (0, w.stamp) if w.starved else (1, w.work, w.stamp)
-        return ((w.priority,) if self.by_priority else ()) + within
+        if w.moved:
+            within = (0, w.due, w.stamp) if self.deadlines else (0, w.stamp)
+        else:
+            within = (1, w.work, w.stamp)
+        return ((w.priority,) if self.by_class else ()) + within
+
+    def out_of_slack(self, w: Waiting, now: float) -> bool:
+        steps = -(-w.work // self.chunk)
+        return self.deadlines and now + steps * self.est + self.est > w.due
 
     def admit(self, now: float) -> list[int]:
         self.passes += 1
@@ -357,7 +488,7 @@ class Model:
         else:
             clock, bound = self.passes, self.steps + 1
         for w in self.waiting.values():
-            w.starved = w.starved or w.since + bound <= clock
+            w.moved = w.moved or w.since + bound <= clock or self.out_of_slack(w, now)
         order = sorted(self.waiting.values(), key=self.key)
         admitted = [w.rid for w in order[: self.capacity - len(self.residents)]]
         for rid in admitted:
@@ -374,8 +505,8 @@ ops = st.lists(
     st.one_of(
         st.tuples(
             st.just("submit"),
-            st.integers(1, 60),  # prompt length
-            st.integers(0, 60),  # cached (clipped to the length)
+            st.integers(1, 200),  # prompt length
+            st.integers(0, 200),  # cached (clipped to the length)
             st.integers(-1, 2),  # priority
             st.floats(0.0, 0.3),  # time since the previous event
         ),
@@ -383,29 +514,34 @@ ops = st.lists(
         st.tuples(st.just("retire"), st.integers(0, 7)),
         st.tuples(st.just("cancel"), st.integers(0, 40)),
     ),
-    max_size=60,
+    min_size=20,  # long enough for requests to wait through passes
+    max_size=80,
 )
 
 
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     ops=ops,
-    by_priority=st.booleans(),
+    kind=st.sampled_from(list(sp.SchedulingPolicy)),
     bound=st.one_of(
         st.tuples(st.just("steps"), st.integers(0, 4)),
         st.tuples(st.just("seconds"), st.floats(0.0, 1.0)),
     ),
     capacity=st.integers(1, 4),
+    est=st.sampled_from([0.0, 0.01, 0.05, 0.2]),
 )
-def test_both_ledgers_follow_the_model(ops, by_priority, bound, capacity):
-    limits = StepPlannerLimits(capacity, 64, 16)
-    kind = sp.SchedulingPolicy.PRIORITY if by_priority else sp.SchedulingPolicy.FCFS
+def test_both_ledgers_follow_the_model(ops, kind, bound, capacity, est):
+    limits = StepPlannerLimits(capacity, 200, 16, max_step_tokens=128)  # chunks under 200
     policy = policy_of(kind, limits)
     steps, seconds = (bound[1], None) if bound[0] == "steps" else (None, bound[1])
-    kwargs = {"admission": UNCACHED}
+    kwargs: dict = {"admission": UNCACHED, "max_waiting": 100}
     kwargs["starvation_steps" if steps is not None else "starvation_seconds"] = bound[1]
+    if kind in (sp.SchedulingPolicy.EDF, sp.SchedulingPolicy.DEADLINE):
+        # A fixed estimate, and every class protected from relegation (the model has none).
+        kwargs.update(slo_classes=MODEL_CLASSES, step_time=(est, 0.0))
+        kwargs.update(never_relegate_below=2**31 - 1)
     ledgers = [m.Ledger(limits, policy, **kwargs) for m in (_compiled, _ledger_py) if m]
-    model = Model(capacity, by_priority, steps, seconds)
+    model = Model(capacity, kind, steps, seconds, est, policy.max_chunk_tokens)
     now, next_id = 0.0, 0
     for op in ops:
         if op[0] == "submit":

@@ -22,6 +22,9 @@ cdef enum:
     ORDER_SHED = 4
     ORDER_UNCACHED = 5            # uncached first: (work, arrival), work -1 once starved
     ORDER_PRIORITY_UNCACHED = 6   # (priority, work, arrival)
+    ORDER_EDF_UNCACHED = 7        # EDF, uncached first: work -1 (at risk or starved) by
+                                  #   (first token due, arrival) first, then (work, arrival)
+    ORDER_CLASS_DEADLINE_UNCACHED = 8  # DEADLINE, uncached first: the class, then as EDF's
 
 # How the ledger ranks its rows before each plan (docs/scheduling.md; _shared.RANK_*).
 cdef enum:
@@ -44,6 +47,7 @@ ctypedef struct WaitingC:
     double shed_at            # relegated: when it is handed back (shed_ids); inf before
     int64_t lora              # its LoRA adapter (0: the base model)
     int32_t work              # uncached first: prompt tokens past its prefix hit; -1: starved
+                              #   (or, under EDF/DEADLINE, out of slack to spare)
     double since              # uncached first: when it started waiting (admission passes or
                               #   seconds; see StarvationC)
 
@@ -83,6 +87,14 @@ ctypedef struct StarvationC:
     double after
     double passes             # admission passes so far
     double latest             # seconds: the latest arrival time submitted
+    # Under EDF/DEADLINE (by_slack): a request with slack to spare is admitted by its work; one
+    # without goes to the policy's own order (work -1), as a starved one does. No request with
+    # work >= 0 loses its slack before `risk_min - risk_steps x (estimate - risk_est)` (the
+    # estimate grown since risk_est), so a pass reads the queue only once that time has come.
+    int32_t by_slack
+    double risk_min           # the earliest `due - (steps + 1) x risk_est` among them (or less)
+    double risk_steps         # the most `steps + 1` among them (or more)
+    double risk_est           # the step estimate risk_min was computed with
 
 
 # Request id -> where it is: value >= 0 is a pool slot (waiting), value < 0 is row -(value + 1).

@@ -166,10 +166,13 @@ cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noe
             return a.shed_at < b.shed_at
         return a.arrival < b.arrival
     if order >= ORDER_UNCACHED:
-        if order == ORDER_PRIORITY_UNCACHED and a.priority != b.priority:
+        if ((order == ORDER_PRIORITY_UNCACHED or order == ORDER_CLASS_DEADLINE_UNCACHED)
+                and a.priority != b.priority):
             return a.priority < b.priority
         if a.work != b.work:
-            return a.work < b.work   # -1 (starved) first, then the least uncached work
+            return a.work < b.work   # -1 (starved, or out of slack) first, then the least work
+        if a.work < 0 and order >= ORDER_EDF_UNCACHED and a.first_due != b.first_due:
+            return a.first_due < b.first_due   # the deadline policies' own order
         return a.arrival < b.arrival
     if (order == ORDER_PRIORITY or order == ORDER_CLASS_DEADLINE) and a.priority != b.priority:
         return a.priority < b.priority
@@ -540,6 +543,63 @@ cdef void starve_waiting(QueueC* q, const IdMapC* m, StarvationC* s, double now)
         s.size -= 1
 
 
+cdef inline bint out_of_slack(const DeadlineC* d, const WaitingC* w, double now) noexcept nogil:
+    """Whether a waiting request with a first-token deadline has no slack to spare at ``now``:
+    admitted now, its uncached work at the chunk's pace (a chunk a step) would not bring its
+    first token a step before it is due. As its row it would rank AT_RISK (or worse), not
+    SLACK (rank_rows' test, on the work it has once its prefix hit is committed)."""
+    cdef double est = step_estimate(d)
+    return now + prompt_seconds(d, w.work, d.chunk, d.chunk_inverse) + est > w.first_due
+
+
+cdef void note_slack(StarvationC* s, const DeadlineC* d, const WaitingC* w) noexcept nogil:
+    """A request that waits with slack to spare (work >= 0, a deadline) joins the bound."""
+    cdef double steps
+    if w.work < 0 or w.first_due == INFINITY:
+        return
+    steps = <double>(steps_for(w.work, d.chunk, d.chunk_inverse) + 1)
+    s.risk_min = min(s.risk_min, w.first_due - steps * s.risk_est)
+    s.risk_steps = max(s.risk_steps, steps)
+
+
+cdef void lose_slack(QueueC* q, const AdaptersC* a, StarvationC* s, const DeadlineC* d,
+                     double now) noexcept nogil:
+    """Uncached first under EDF/DEADLINE: every waiting request with no slack to spare at
+    ``now`` goes to the policy's own order (work -1: first-token deadline, then arrival), ahead
+    of every request of its class that still has slack. A pass reads the queue only once
+    someone may have run out (``StarvationC``'s bound), then notes the bound anew."""
+    cdef double est = step_estimate(d), grown = est - s.risk_est
+    cdef int32_t h, k, slot
+    cdef WaitingC* w
+    if isnan(now):
+        return  # no clock given (EDF's admit): none is judged
+    # 1 us of margin: the bound is one rounding away from the test it stands for.
+    if not now >= s.risk_min - s.risk_steps * (grown if grown > 0 else 0.0) - 1e-6:
+        return
+    s.risk_min = INFINITY
+    s.risk_steps = 0
+    s.risk_est = est
+    for h in range(2):  # HEAP_NORMAL, HEAP_URGENT: a key that drops sifts up, never past k
+        for k in range(q.heaps[h].size):
+            slot = q.heaps[h].slots[k]
+            w = &q.pool[slot]
+            if w.work < 0 or w.first_due == INFINITY:
+                continue
+            if out_of_slack(d, w, now):
+                w.work = -1
+                sift_up(q, &q.heaps[h], w.position)
+            else:
+                note_slack(s, d, w)
+    for k in range(a.num_parked):  # parked (EDF keeps them between passes): their keys only
+        w = &q.pool[a.parked[k]]
+        if w.work < 0 or w.first_due == INFINITY:
+            continue
+        if out_of_slack(d, w, now):
+            w.work = -1
+        else:
+            note_slack(s, d, w)
+
+
 cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
                            const DeadlineC* d, AdaptersC* a, double now,
                            StarvationC* s, uint64_t* next_arrival) noexcept nogil:
@@ -569,6 +629,8 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         shed_expired(q, m, now)
     if s.ring != NULL:
         starve_waiting(q, m, s, now)
+        if s.by_slack:
+            lose_slack(q, a, s, d, now)
     if a.num_parked and t.count < t.capacity:
         hold_adapters_and_unpark(a, q, t)
         held = True
@@ -1207,9 +1269,16 @@ cdef class Ledger:
             self.s.after = after
             self.s.by_seconds = by_seconds
             self.s.latest = -INFINITY
+            self.s.by_slack = self.d.ranking != RANK_NONE
+            self.s.risk_min = INFINITY
+            self.s.risk_est = step_estimate(&self.d)
         # DEADLINE admits by class, then first-token deadline: which class gets a slot is the
-        # operator's call; what runs in a step is the deadlines' (rank_rows).
-        cdef int32_t order = (ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
+        # operator's call; what runs in a step is the deadlines' (rank_rows). Uncached first
+        # orders the requests with slack to spare within that (lose_slack).
+        cdef int32_t order = (ORDER_CLASS_DEADLINE_UNCACHED if uncached
+                              and self.d.ranking == RANK_DEADLINE
+                              else ORDER_EDF_UNCACHED if uncached and self.d.ranking == RANK_EDF
+                              else ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
                               else ORDER_DEADLINE if self.d.ranking == RANK_EDF
                               else ORDER_PRIORITY_UNCACHED if uncached and self.by_priority
                               else ORDER_UNCACHED if uncached
@@ -1559,6 +1628,8 @@ cdef class Ledger:
         if self.s.ring != NULL:
             self.s.latest = since
             ring_push(&self.q, &self.m, &self.s, slot)
+            if self.s.by_slack:
+                note_slack(&self.s, &self.d, w)
         if due < self.q.earliest_due and prio >= self.d.never_below:
             self.q.earliest_due = due
         w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
@@ -1657,6 +1728,15 @@ cdef class Ledger:
             w = &self.q.pool[slot]
             if w.heap == HEAP_LOSING:
                 entries.append(((True, w.shed_at, w.arrival), w.request_id))
+            elif self.s.by_slack:  # uncached first under EDF/DEADLINE: the heaps' key
+                if w.work < 0:
+                    within = (0, w.first_due, w.arrival)
+                else:
+                    within = (1, w.work, w.arrival)
+                if self.d.ranking == RANK_DEADLINE:
+                    entries.append(((False, w.priority) + within, w.request_id))
+                else:
+                    entries.append(((False,) + within, w.request_id))
             elif self.d.ranking == RANK_DEADLINE:
                 entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
             elif self.d.ranking == RANK_EDF:

@@ -391,8 +391,12 @@ class Ledger:
             self._shed_entry(self._next_heap_entries(self._losing)[0])
         arrival = self._next_arrival
         self._next_arrival += 1
-        if self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
-            key: tuple[Any, ...] = (prio, due, arrival)
+        if self._uncached and self._ranking != RANK_NONE:  # slack to spare: by uncached work
+            key: tuple[Any, ...] = (1, work, arrival)
+            if self._ranking == RANK_DEADLINE:
+                key = (prio, *key)
+        elif self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
+            key = (prio, due, arrival)
         elif self._ranking == RANK_EDF:
             key = (due, arrival)
         elif self._uncached:  # by class, then uncached work (-1 once starved), then arrival
@@ -521,6 +525,8 @@ class Ledger:
             self._shed_expired(now)
         if self._uncached:
             self._starve(now)
+            if now is not None and self._ranking != RANK_NONE:
+                self._lose_slack(now)
         slots = AdapterSlots(self._max_loras, self._lora[: self._count].tolist())
         passed: list[tuple[list[list[Any]], list[Any]]] = []  # (its heap, entry): put back after
         while self._count < len(self._rows):
@@ -597,12 +603,36 @@ class Ledger:
             if not entry[14] + self._starve_after <= clock:
                 break
             aging.popleft()
-            entry[6] = False  # the entry in its heap is dead; a starved copy takes its place
-            moved = list(entry)
-            moved[6], moved[13] = True, -1
+            self._to_policy_order(entry)
+
+    def _lose_slack(self, now: float) -> None:
+        """Uncached first under EDF/DEADLINE: every waiting request with a first-token deadline
+        and no slack to spare at ``now`` (its uncached work, started now at a chunk a step,
+        would not bring its first token a step before it is due) goes to the policy's own
+        order (the compiled ``lose_slack``, which reads the queue only when one may have)."""
+        d = self._d
+        est = d.estimate_seconds()
+        for entry in list(self._waiting.values()):
+            if entry[9] or entry[13] < 0 or entry[7] == math.inf:
+                continue
+            if now + d.prompt_seconds(entry[13], d.chunk) + est > entry[7]:
+                self._to_policy_order(entry)
+
+    def _to_policy_order(self, entry: list[Any]) -> None:
+        """A starved request, or one out of slack: its key's work becomes -1, ahead of every
+        request of its class still ordered by work; among them by arrival, or under EDF and
+        DEADLINE by first-token deadline, then arrival."""
+        entry[6] = False  # the entry in its heap is dead; a moved copy takes its place
+        moved = list(entry)
+        moved[6], moved[13] = True, -1
+        if self._ranking == RANK_NONE:
             moved[0] = (moved[3], -1, moved[4]) if self.by_priority else (-1, moved[4])
-            self._waiting[rid] = moved
-            heapq.heappush(self._urgent if moved[3] < 0 else self._normal, moved)
+        else:
+            moved[0] = (0, moved[7], moved[4])
+            if self._ranking == RANK_DEADLINE:
+                moved[0] = (moved[3], *moved[0])
+        self._waiting[moved[1]] = moved
+        heapq.heappush(self._urgent if moved[3] < 0 else self._normal, moved)
 
     def _fits(self, entry: list[Any]) -> bool:
         """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""

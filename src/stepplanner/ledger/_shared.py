@@ -138,7 +138,12 @@ class AdmissionOrder(enum.IntEnum):
     ``ARRIVAL``: the policy's own (SPEC order: arrival, or priority then arrival).
     ``UNCACHED_FIRST``: the fewest prompt tokens still to compute after the prefix-cache hit
     (``prompt_length - cached_tokens``) first, ties by arrival; a request that has waited past
-    the starvation bound goes back to arrival order, ahead of every one that has not."""
+    the starvation bound goes back to arrival order, ahead of every one that has not. Under
+    ``EDF`` and ``DEADLINE`` only requests with *slack to spare* are ordered so: one whose
+    uncached work, started now at a chunk a step, would not bring its first token a step before
+    its deadline (it would rank ``AT_RISK``), or that has starved, keeps the policy's own order
+    (first-token deadline, then arrival; under DEADLINE within its class), ahead of those with
+    slack."""
 
     ARRIVAL = 0
     UNCACHED_FIRST = 1
@@ -152,7 +157,7 @@ NO_ADMISSION_ARGS: AdmissionArgs = (0, 0.0, False)
 
 
 def check_admission_args(
-    admission: object, starvation_steps: object, starvation_seconds: object, policy: Any
+    admission: object, starvation_steps: object, starvation_seconds: object
 ) -> AdmissionArgs:
     """``Ledger(admission=, starvation_steps=, starvation_seconds=)``, checked: an
     ``AdmissionOrder``; under ``UNCACHED_FIRST`` exactly one bound (an unbounded shortest-first
@@ -182,13 +187,6 @@ def check_admission_args(
                 "starvation bound; allowed: None, or admission=AdmissionOrder.UNCACHED_FIRST"
             )
         return NO_ADMISSION_ARGS
-    ranking = policy.scheduling_policy if policy is not None else SchedulingPolicy.FCFS
-    if ranking not in (SchedulingPolicy.FCFS, SchedulingPolicy.PRIORITY):
-        raise _errors.StepPlannerValueError(
-            f"admission=AdmissionOrder.UNCACHED_FIRST under SchedulingPolicy.{ranking.name}; "
-            "allowed: SchedulingPolicy.FCFS or PRIORITY (the deadline policies keep their own "
-            "admission order)"
-        )
     if len(given) != 1:
         raise _errors.StepPlannerValueError(
             "admission=AdmissionOrder.UNCACHED_FIRST needs exactly one starvation bound, got "
@@ -347,7 +345,7 @@ def check_constructor(
     deadlines = check_deadline_args(policy, limits, slo_classes, step_time)
     relegation = check_relegation_args(relegated_wait, never_relegate_below)
     loras = check_max_loras(max_loras)
-    order = check_admission_args(admission, starvation_steps, starvation_seconds, policy)
+    order = check_admission_args(admission, starvation_steps, starvation_seconds)
     return ledger_args, deadlines, relegation, loras, order
 
 
