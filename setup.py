@@ -35,13 +35,20 @@ macros = [
 if DEBUG:
     macros += [("CYTHON_TRACE_NOGIL", "1")]
 
+# Every function starts on a cache line (GCC and Clang; MSVC has no such flag). Without it the
+# host step's speed depended on where the linker happened to put its hot functions: code added
+# anywhere in a module moved them, and the fused step at B=256 was 1.5-3% slower with not one
+# instruction more on its path (docs/performance.md, "Code placement").
+
 extensions = [
     Extension(
         f"stepplanner.{name}",
         [f"src/stepplanner/{name.replace('.', '/')}.pyx"],
         include_dirs=[numpy.get_include()],
         define_macros=macros,
-        extra_compile_args=["-O0", "-g"] if DEBUG and os.name != "nt" else [],
+        extra_compile_args=(
+            [] if os.name == "nt" else ["-O0", "-g"] if DEBUG else ["-falign-functions=64"]
+        ),
     )
     # kv._kv cimports _core's structs; ledger._ledger cimports both.
     for name in ("_core", "kv._kv", "ledger._ledger")

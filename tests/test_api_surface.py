@@ -292,6 +292,9 @@ def test_ledger_implementations_have_the_same_surface(compiled):
             "relegated_wait",
             "never_relegate_below",
             "max_loras",
+            "admission",
+            "starvation_steps",
+            "starvation_seconds",
         ]
     )
     ranker, compiled_ranker = _ledger_reference.Ranker, _ledger_core.Ranker

@@ -44,7 +44,7 @@ from .core import (
     split_reason,
 )
 from .kv import KVPageTable, PageTableInvariantError, StepInputs, release_rows, worst_case_pages
-from .ledger import Ledger, QueueFullError
+from .ledger import AdmissionOrder, Ledger, QueueFullError
 
 __version__ = "0.1.0"
 
@@ -81,6 +81,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "IMPLEMENTATION",
+    "AdmissionOrder",
     "REASON_RELEASED_FROM_PAUSE",
     "RESIDENT_DTYPE",
     "SEQUENCE_DTYPE",

@@ -588,6 +588,20 @@ def now_required(call: str, policy: str) -> StepPlannerValueError:
     )
 
 
+def now_required_for_starvation(call: str) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"{call}: now is required with starvation_seconds (the ledger measures how long a "
+        "request has waited on the runtime's clock); allowed: a finite number of seconds"
+    )
+
+
+def arrival_time_for_starvation(request_id: int) -> StepPlannerValueError:
+    return StepPlannerValueError(
+        f"request {request_id} has no arrival_time but the ledger bounds waits with "
+        "starvation_seconds; allowed: its arrival time on the clock the runtime passes as now"
+    )
+
+
 def arrival_time_required(request_id: int) -> StepPlannerValueError:
     return StepPlannerValueError(
         f"request {request_id} has objectives but no arrival_time; allowed: its arrival time "

@@ -36,6 +36,7 @@ from .. import _core as _planner
 from ..kv import _kv
 from ..ledger import _ledger
 from ..ledger import _ledger_py as _ledger_reference
+from ..ledger._shared import AdmissionOrder
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, resolve_scheduling_policy
 from ..planner._slo import SLO
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
@@ -92,6 +93,7 @@ class Stream:
         policy: str = "mixed",
         classes: int = 3,
         adapters: int = 0,
+        uncached: bool = False,
     ) -> None:
         self.limits = StepPlannerLimits(batch, MAX_INPUT_LENGTH, KV_PAGE_SIZE)
         self.policy = resolve_scheduling_policy(POLICIES[policy], self.limits)
@@ -100,6 +102,9 @@ class Stream:
         # LoRA: requests draw their adapter from 0 (the base model) .. adapters, and the ledger
         # holds at most LORA_SLOTS of them (docs/performance.md, "LoRA admission").
         self.adapters = adapters
+        # Uncached first (docs/scheduling.md): each request brings a prefix hit of 0..its
+        # prompt, and the ledger admits by the rest, bounded by UNCACHED_STARVATION_STEPS.
+        self.uncached = uncached
         self.rng = np.random.default_rng(seed)
         self.next_id = 0
         self.now = 0.0  # the runtime's clock: one modelled step per step
@@ -123,6 +128,10 @@ class Stream:
         outputs = self.rng.integers(16, 513, short)
         priorities = self.rng.integers(0, self.classes, short)
         loras = self.rng.integers(0, self.adapters + 1, short) if self.adapters else None
+        # Drawn only for an uncached stream: every other stream's draws stay as they were.
+        cached = (
+            (self.rng.random(short) * (prompts + 1)).astype(np.int64) if self.uncached else None
+        )
         arrival = self.now if self.deadlines else None
         for k in range(short):
             ledger.submit(
@@ -132,6 +141,7 @@ class Stream:
                 max_new_tokens=int(outputs[k]),
                 arrival_time=arrival,
                 lora_id=0 if loras is None else int(loras[k]),
+                cached_tokens=0 if cached is None else int(cached[k]),
             )
             self.next_id += 1
 
@@ -142,6 +152,9 @@ class Stream:
         )
         if self.adapters:
             extra["max_loras"] = LORA_SLOTS
+        if self.uncached:
+            extra["admission"] = AdmissionOrder.UNCACHED_FIRST
+            extra["starvation_steps"] = UNCACHED_STARVATION_STEPS
         return _ledger.Ledger(
             self.limits,
             self.policy,
@@ -168,6 +181,7 @@ class Stream:
 
 
 LORA_SLOTS = 4  # max_loras of a stream with adapters
+UNCACHED_STARVATION_STEPS = 64  # the bound of a stream with uncached_first admission
 WARM_STEPS = 600  # about twice the mean output: every slot has turned over
 # A paged ledger's rows hold the stream's largest worst case (2048 + 512 tokens), and its pool
 # every row's at once: pages never hold a request back, so the figure is the bookkeeping's cost.
@@ -181,9 +195,10 @@ def _steady(
     policy: str = "mixed",
     classes: int = 3,
     adapters: int = 0,
+    uncached: bool = False,
 ) -> tuple[Stream, Any, Any, Any]:
     """(stream, compiled planner, compiled ledger in steady state, its pending plan)."""
-    stream = Stream(batch, seed, policy, classes, adapters)
+    stream = Stream(batch, seed, policy, classes, adapters, uncached)
     planner = _planner.StepPlanner(stream.policy, stream.limits)
     table = (
         _kv.KVPageTable(batch, PAGED_ROW_PAGES, batch * PAGED_ROW_PAGES, KV_PAGE_SIZE)
@@ -209,12 +224,14 @@ def fused_batch(
     policy: str = "mixed",
     classes: int = 3,
     adapters: int = 0,
+    uncached: bool = False,
 ) -> Callable[[], float]:
     """A timed batch of ``calls`` fused steps, ``ledger.step(planner, finished)`` (with the
     runtime's ``now`` under ``deadline``; with ``adapters``, requests on that many LoRA adapters
-    and the base model, ``LORA_SLOTS`` at a time); ns per step."""
+    and the base model, ``LORA_SLOTS`` at a time; ``uncached``: admitted uncached work first);
+    ns per step."""
     stream, planner, ledger, plan = _steady(
-        batch, paged=paged, policy=policy, classes=classes, adapters=adapters
+        batch, paged=paged, policy=policy, classes=classes, adapters=adapters, uncached=uncached
     )
     state = [plan]
     finished_for = stream.finished_for

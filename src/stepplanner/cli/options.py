@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from .._errors import StepPlannerValueError
+from ..ledger._shared import AdmissionOrder
 from ..planner._fields import as_enum
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, check_reserved_slots
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
@@ -249,13 +250,39 @@ queue_options = compose(
         show_default=True,
         help="DEADLINE: priority classes below this are never relegated (0: the urgent ones).",
     ),
+    enum_option(
+        "--admission",
+        field="admission",
+        enum=AdmissionOrder,
+        default="arrival",
+        help="The order waiting requests are admitted in: arrival (the policy's own), or "
+        "uncached-first (least uncached prompt work first, with a starvation bound; under "
+        "EDF/DEADLINE among the requests with slack to spare).",
+    ),
+    click.option(
+        "--starvation-steps",
+        type=int,
+        default=None,
+        help="uncached-first: a request passed over in this many admission passes goes first.",
+    ),
+    click.option(
+        "--starvation-seconds",
+        type=float,
+        default=None,
+        help="uncached-first: a request waiting this many seconds goes first.",
+    ),
 )
 
 
 def queue_from(kw: dict[str, Any]) -> ServingQueue:
     """Pop the ``queue_options`` values out of a command's keyword arguments."""
     return ServingQueue(
-        kw.pop("max_waiting"), kw.pop("relegated_wait"), kw.pop("never_relegate_below")
+        kw.pop("max_waiting"),
+        kw.pop("relegated_wait"),
+        kw.pop("never_relegate_below"),
+        kw.pop("admission"),
+        kw.pop("starvation_steps"),
+        kw.pop("starvation_seconds"),
     )
 
 

@@ -138,8 +138,9 @@ from typing import TYPE_CHECKING
 from .._errors import QueueFullError
 from .._select import implementation
 from ..planner._types import RESIDENT_FIELDS
+from ._shared import AdmissionOrder
 
-__all__ = ["Ledger", "QueueFullError", "RESIDENT_FIELDS", "Ranker"]
+__all__ = ["AdmissionOrder", "Ledger", "QueueFullError", "RESIDENT_FIELDS", "Ranker"]
 
 if TYPE_CHECKING:
     from ._ledger_py import Ledger, Ranker

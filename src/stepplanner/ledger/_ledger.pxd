@@ -20,6 +20,11 @@ cdef enum:
     ORDER_DEADLINE = 2
     ORDER_CLASS_DEADLINE = 3
     ORDER_SHED = 4
+    ORDER_UNCACHED = 5            # uncached first: (work, arrival), work -1 once starved
+    ORDER_PRIORITY_UNCACHED = 6   # (priority, work, arrival)
+    ORDER_EDF_UNCACHED = 7        # EDF, uncached first: work -1 (at risk or starved) by
+                                  #   (first token due, arrival) first, then (work, arrival)
+    ORDER_CLASS_DEADLINE_UNCACHED = 8  # DEADLINE, uncached first: the class, then as EDF's
 
 # How the ledger ranks its rows before each plan (docs/scheduling.md; _shared.RANK_*).
 cdef enum:
@@ -41,6 +46,10 @@ ctypedef struct WaitingC:
     double wait               # how long it may wait once relegated (seconds)
     double shed_at            # relegated: when it is handed back (shed_ids); inf before
     int64_t lora              # its LoRA adapter (0: the base model)
+    int32_t work              # uncached first: prompt tokens past its prefix hit; -1: starved
+                              #   (or, under EDF/DEADLINE, out of slack to spare)
+    double since              # uncached first: when it started waiting (admission passes or
+                              #   seconds; see StarvationC)
 
 # A binary min-heap of pool slots by queue key (its ORDER_*).
 ctypedef struct HeapC:
@@ -60,6 +69,33 @@ ctypedef struct QueueC:
     int64_t* shed             # ids handed back (2 x max_waiting): those of the loop's last call
     int32_t num_shed          # first (num_reported), then those submit shed since
     int32_t num_reported
+
+# Uncached first (docs/scheduling.md): a request starves once `since + after <= clock`, the clock
+# being the admission passes so far (starvation_steps; after = steps + 1) or `now` (seconds).
+# `ring` lists the pool slots of the requests not yet starved in submission order, so `since`
+# never decreases along it (seconds: each request's arrival time, raised to the latest before
+# it) and one look at its head tells whether anyone starves; entries of requests gone since
+# (admitted, cancelled, shed) are dropped when they reach the head, or by a compaction when the
+# ring is full (it holds 2 x max_waiting, so a compaction frees at least half of it).
+ctypedef struct StarvationC:
+    int32_t* ring             # NULL: admission in the policy's own order
+    uint64_t* stamps          # each entry's arrival stamp (a reused pool slot is not its own)
+    int32_t head
+    int32_t size
+    int32_t capacity
+    int32_t by_seconds
+    double after
+    double passes             # admission passes so far
+    double latest             # seconds: the latest arrival time submitted
+    # Under EDF/DEADLINE (by_slack): a request with slack to spare is admitted by its work; one
+    # without goes to the policy's own order (work -1), as a starved one does. No request with
+    # work >= 0 loses its slack before `risk_min - risk_steps x (estimate - risk_est)` (the
+    # estimate grown since risk_est), so a pass reads the queue only once that time has come.
+    int32_t by_slack
+    double risk_min           # the earliest `due - (steps + 1) x risk_est` among them (or less)
+    double risk_steps         # the most `steps + 1` among them (or more)
+    double risk_est           # the step estimate risk_min was computed with
+
 
 # Request id -> where it is: value >= 0 is a pool slot (waiting), value < 0 is row -(value + 1).
 # Open addressing with linear probing at load <= 1/2; deletion shifts entries back, so the table

@@ -11,6 +11,7 @@ from .._core import StepPlan, StepPlanner
 from ..kv._kv import KVPageTable
 from ..planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits
 from ..planner._slo import SLO
+from ._shared import AdmissionOrder
 
 IMPLEMENTATION: str
 
@@ -40,6 +41,9 @@ class Ledger:
         relegated_wait: float | None = None,
         never_relegate_below: SupportsIndex = 0,
         max_loras: SupportsIndex | None = None,
+        admission: AdmissionOrder = ...,
+        starvation_steps: SupportsIndex | None = None,
+        starvation_seconds: float | None = None,
     ) -> None: ...
     @property
     def max_loras(self) -> int | None: ...
@@ -84,6 +88,7 @@ class Ledger:
         arrival_time: float | None = None,
         slo: SLO | None = None,
         lora_id: SupportsIndex = 0,
+        cached_tokens: SupportsIndex = 0,
     ) -> int: ...
     def cancel(self, request_id: SupportsIndex) -> None: ...
     def admit(self, *, now: float | None = None) -> list[int]: ...

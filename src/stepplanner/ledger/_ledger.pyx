@@ -84,6 +84,9 @@ from stepplanner.ledger._shared import (
     LEVEL_STRIDE,
     CLASS_SPAN,
     STEP_TIME_WEIGHT,
+    AdmissionOrder,
+    admission_now,
+    as_cached_tokens,
     as_lora_id,
     as_request_id,
     as_time,
@@ -161,6 +164,15 @@ cdef inline bint before(const WaitingC* a, const WaitingC* b, int32_t order) noe
     if order == ORDER_SHED:
         if a.shed_at != b.shed_at:
             return a.shed_at < b.shed_at
+        return a.arrival < b.arrival
+    if order >= ORDER_UNCACHED:
+        if ((order == ORDER_PRIORITY_UNCACHED or order == ORDER_CLASS_DEADLINE_UNCACHED)
+                and a.priority != b.priority):
+            return a.priority < b.priority
+        if a.work != b.work:
+            return a.work < b.work   # -1 (starved, or out of slack) first, then the least work
+        if a.work < 0 and order >= ORDER_EDF_UNCACHED and a.first_due != b.first_due:
+            return a.first_due < b.first_due   # the deadline policies' own order
         return a.arrival < b.arrival
     if (order == ORDER_PRIORITY or order == ORDER_CLASS_DEADLINE) and a.priority != b.priority:
         return a.priority < b.priority
@@ -477,8 +489,120 @@ cdef void drop_parked(AdaptersC* a, QueueC* q, int32_t slot) noexcept nogil:
     q.pool[last].position = -(k + 1)
 
 
+cdef inline bint ring_entry_live(const QueueC* q, const IdMapC* m, const StarvationC* s,
+                                 int32_t k) noexcept nogil:
+    """Whether ring entry ``k`` (an index into the ring's memory) is still a waiting request's."""
+    cdef int32_t slot = s.ring[k]
+    cdef const WaitingC* w = &q.pool[slot]
+    cdef int64_t at
+    if w.arrival != s.stamps[k]:
+        return False  # its pool slot holds a later request
+    at = map_find(m, w.request_id)
+    return at >= 0 and m.values[at] == slot
+
+
+cdef void ring_push(QueueC* q, const IdMapC* m, StarvationC* s, int32_t slot) noexcept nogil:
+    """Append a new waiting request to the ring; a full ring is compacted first (it keeps only
+    the live entries, at most max_waiting of its 2 x max_waiting)."""
+    cdef int32_t k, j, n = 0
+    if s.size == s.capacity:
+        for j in range(s.size):
+            k = (s.head + j) % s.capacity
+            if ring_entry_live(q, m, s, k):
+                # n <= j: an entry moves only to a place already read
+                s.ring[(s.head + n) % s.capacity] = s.ring[k]
+                s.stamps[(s.head + n) % s.capacity] = s.stamps[k]
+                n += 1
+        s.size = n
+    k = (s.head + s.size) % s.capacity
+    s.ring[k] = slot
+    s.stamps[k] = q.pool[slot].arrival
+    s.size += 1
+
+
+cdef void starve_waiting(QueueC* q, const IdMapC* m, StarvationC* s, double now) noexcept nogil:
+    """One admission pass of the starvation bound: every waiting request that has waited past
+    it goes back to arrival order (its work -1, which sorts before any work, and among them by
+    arrival), ahead of every request not starved. Each request starves once; a pass in which
+    none does reads one ring entry (and drops the gone ones ahead of it)."""
+    cdef double clock
+    cdef int32_t slot
+    cdef WaitingC* w
+    s.passes += 1
+    clock = now if s.by_seconds else s.passes
+    while s.size:
+        slot = s.ring[s.head]
+        w = &q.pool[slot]
+        if ring_entry_live(q, m, s, s.head):
+            if not w.since + s.after <= clock:  # NaN now (no clock given): none starves
+                return
+            w.work = -1
+            if w.position >= 0:  # a parked request goes back into its heap by its new key
+                sift_up(q, &q.heaps[w.heap], w.position)
+        s.head = (s.head + 1) % s.capacity
+        s.size -= 1
+
+
+cdef inline bint out_of_slack(const DeadlineC* d, const WaitingC* w, double now) noexcept nogil:
+    """Whether a waiting request with a first-token deadline has no slack to spare at ``now``:
+    admitted now, its uncached work at the chunk's pace (a chunk a step) would not bring its
+    first token a step before it is due. As its row it would rank AT_RISK (or worse), not
+    SLACK (rank_rows' test, on the work it has once its prefix hit is committed)."""
+    cdef double est = step_estimate(d)
+    return now + prompt_seconds(d, w.work, d.chunk, d.chunk_inverse) + est > w.first_due
+
+
+cdef void note_slack(StarvationC* s, const DeadlineC* d, const WaitingC* w) noexcept nogil:
+    """A request that waits with slack to spare (work >= 0, a deadline) joins the bound."""
+    cdef double steps
+    if w.work < 0 or w.first_due == INFINITY:
+        return
+    steps = <double>(steps_for(w.work, d.chunk, d.chunk_inverse) + 1)
+    s.risk_min = min(s.risk_min, w.first_due - steps * s.risk_est)
+    s.risk_steps = max(s.risk_steps, steps)
+
+
+cdef void lose_slack(QueueC* q, const AdaptersC* a, StarvationC* s, const DeadlineC* d,
+                     double now) noexcept nogil:
+    """Uncached first under EDF/DEADLINE: every waiting request with no slack to spare at
+    ``now`` goes to the policy's own order (work -1: first-token deadline, then arrival), ahead
+    of every request of its class that still has slack. A pass reads the queue only once
+    someone may have run out (``StarvationC``'s bound), then notes the bound anew."""
+    cdef double est = step_estimate(d), grown = est - s.risk_est
+    cdef int32_t h, k, slot
+    cdef WaitingC* w
+    if isnan(now):
+        return  # no clock given (EDF's admit): none is judged
+    # 1 us of margin: the bound is one rounding away from the test it stands for.
+    if not now >= s.risk_min - s.risk_steps * (grown if grown > 0 else 0.0) - 1e-6:
+        return
+    s.risk_min = INFINITY
+    s.risk_steps = 0
+    s.risk_est = est
+    for h in range(2):  # HEAP_NORMAL, HEAP_URGENT: a key that drops sifts up, never past k
+        for k in range(q.heaps[h].size):
+            slot = q.heaps[h].slots[k]
+            w = &q.pool[slot]
+            if w.work < 0 or w.first_due == INFINITY:
+                continue
+            if out_of_slack(d, w, now):
+                w.work = -1
+                sift_up(q, &q.heaps[h], w.position)
+            else:
+                note_slack(s, d, w)
+    for k in range(a.num_parked):  # parked (EDF keeps them between passes): their keys only
+        w = &q.pool[a.parked[k]]
+        if w.work < 0 or w.first_due == INFINITY:
+            continue
+        if out_of_slack(d, w, now):
+            w.work = -1
+        else:
+            note_slack(s, d, w)
+
+
 cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
-                           const DeadlineC* d, AdaptersC* a, double now) noexcept nogil:
+                           const DeadlineC* d, AdaptersC* a, double now,
+                           StarvationC* s, uint64_t* next_arrival) noexcept nogil:
     """Move waiting requests into free rows in queue order; returns how many. With ``pages``
     each admitted row gets its worst case, and the first request whose worst case the free pool
     cannot hold stops admission: nothing overtakes it, so it is never starved. Under DEADLINE
@@ -489,7 +613,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     relegated. With ``a.most`` adapters at most, a request whose adapter cannot join the
     residents' is passed over: parked out of its heap (so the queue is read on behind it), its
     key and so its place unchanged; the parked go back into their heaps once the residents'
-    adapters change, or under DEADLINE when the pass ends (``AdaptersC``)."""
+    adapters change, or under DEADLINE when the pass ends (``AdaptersC``). Uncached first
+    (``s.ring`` not NULL): the starvation bound moves those who waited past it first, and each
+    admitted row's arrival is a fresh stamp from ``next_arrival``, so the planner chunks the
+    residents' prompts in the order they were admitted."""
     cdef int32_t n = 0, h, slot, row
     cdef bint held = False  # a.held is filled at the first request with an adapter
     cdef int64_t need = 0
@@ -500,6 +627,10 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
     if d.ranking == RANK_DEADLINE and not isnan(now):
         relegate_hopeless(q, m, t, d, now)
         shed_expired(q, m, now)
+    if s.ring != NULL:
+        starve_waiting(q, m, s, now)
+        if s.by_slack:
+            lose_slack(q, a, s, d, now)
     if a.num_parked and t.count < t.capacity:
         hold_adapters_and_unpark(a, q, t)
         held = True
@@ -535,6 +666,9 @@ cdef int32_t admit_waiting(QueueC* q, TableC* t, IdMapC* m, PageTableC* pages,
         r = &t.rows[row]
         r.priority = w.priority
         r.arrival = w.arrival
+        if s.ring != NULL and next_arrival[0] < UINT64_MAX_:
+            r.arrival = next_arrival[0]
+            next_arrival[0] += 1
         r.prompt_length = w.prompt_length
         r.committed = 0
         r.context_committed = 0
@@ -1037,6 +1171,7 @@ cdef class Ledger:
     cdef _CoreMemory _shed_memory
     cdef DeadlineC d                # the rank pass's policy and step-time estimate
     cdef AdaptersC a                # LoRA: the most distinct adapters the residents hold
+    cdef StarvationC s              # uncached first: the starvation bound (ring NULL: off)
     cdef dict _classes              # slo_classes: priority -> SLO
     cdef object _policy_name
     cdef object _pending            # the plan of step() not yet applied, or None
@@ -1062,10 +1197,13 @@ cdef class Ledger:
 
     def __cinit__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                   slo_classes=None, step_time=None, relegated_wait=None,
-                  never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None):
-        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation, loras = (
-            check_constructor(limits, policy, max_waiting, slo_classes, step_time,
-                              relegated_wait, never_relegate_below, max_loras))
+                  never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None,
+                  admission=AdmissionOrder.ARRIVAL, starvation_steps=None,
+                  starvation_seconds=None):
+        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation, loras, \
+            (order_by, after, by_seconds) = check_constructor(
+                limits, policy, max_waiting, slo_classes, step_time, relegated_wait,
+                never_relegate_below, max_loras, admission, starvation_steps, starvation_seconds)
         self.a.most = loras
         self._classes = set_deadlines(&self.d, limits, deadlines, relegation)
         self._policy_name = policy.scheduling_policy.name if policy is not None else "FCFS"
@@ -1123,10 +1261,27 @@ cdef class Ledger:
         self.q.heaps[HEAP_LOSING].slots = <int32_t*>PyMem_Calloc(max(w, 1), sizeof(int32_t))
         self.q.scratch = PyMem_Calloc(max(w, 1), sizeof(StampedSlot))
         self.q.earliest_due = INFINITY
+        cdef bint uncached = order_by == AdmissionOrder.UNCACHED_FIRST
+        if uncached:
+            self.s.capacity = 2 * max(w, 1)
+            self.s.ring = <int32_t*>PyMem_Calloc(self.s.capacity, sizeof(int32_t))
+            self.s.stamps = <uint64_t*>PyMem_Calloc(self.s.capacity, sizeof(uint64_t))
+            self.s.after = after
+            self.s.by_seconds = by_seconds
+            self.s.latest = -INFINITY
+            self.s.by_slack = self.d.ranking != RANK_NONE
+            self.s.risk_min = INFINITY
+            self.s.risk_est = step_estimate(&self.d)
         # DEADLINE admits by class, then first-token deadline: which class gets a slot is the
-        # operator's call; what runs in a step is the deadlines' (rank_rows).
-        cdef int32_t order = (ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
+        # operator's call; what runs in a step is the deadlines' (rank_rows). Uncached first
+        # orders the requests with slack to spare within that (lose_slack).
+        cdef int32_t order = (ORDER_CLASS_DEADLINE_UNCACHED if uncached
+                              and self.d.ranking == RANK_DEADLINE
+                              else ORDER_EDF_UNCACHED if uncached and self.d.ranking == RANK_EDF
+                              else ORDER_CLASS_DEADLINE if self.d.ranking == RANK_DEADLINE
                               else ORDER_DEADLINE if self.d.ranking == RANK_EDF
+                              else ORDER_PRIORITY_UNCACHED if uncached and self.by_priority
+                              else ORDER_UNCACHED if uncached
                               else ORDER_PRIORITY if self.by_priority else ORDER_FCFS)
         self.q.heaps[HEAP_NORMAL].order = order
         self.q.heaps[HEAP_URGENT].order = order
@@ -1150,6 +1305,7 @@ cdef class Ledger:
                 or self.q.pool == NULL or self.q.free == NULL
                 or self.q.heaps[0].slots == NULL or self.q.heaps[1].slots == NULL
                 or self.q.heaps[2].slots == NULL or self.q.scratch == NULL
+                or (uncached and (self.s.ring == NULL or self.s.stamps == NULL))
                 or self.m.keys == NULL or self.m.values == NULL or self.m.used == NULL):
             raise _errors.StepPlannerMemoryError(
                 f"max_waiting={w} and max_batch_size={b}: the ledger's queue and "
@@ -1171,7 +1327,9 @@ cdef class Ledger:
 
     def __init__(self, limits, policy=None, *, max_waiting=None, page_table=None,
                  slo_classes=None, step_time=None, relegated_wait=None,
-                 never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None):
+                 never_relegate_below=_NEVER_RELEGATE_BELOW, max_loras=None,
+                 admission=AdmissionOrder.ARRIVAL, starvation_steps=None,
+                 starvation_seconds=None):
         # Everything was checked and allocated by __cinit__; a second call would leave the old
         # limits, rows and queue under new arguments, so it is refused (as KVPageTable does).
         if self._initialised:
@@ -1203,6 +1361,8 @@ cdef class Ledger:
         PyMem_Free(self.q.heaps[1].slots)
         PyMem_Free(self.q.heaps[2].slots)
         PyMem_Free(self.q.scratch)
+        PyMem_Free(self.s.ring)
+        PyMem_Free(self.s.stamps)
         PyMem_Free(self.m.keys)
         PyMem_Free(self.m.values)
         PyMem_Free(self.m.used)
@@ -1393,19 +1553,19 @@ cdef class Ledger:
 
     @cython.critical_section
     def submit(self, request_id, prompt_length, priority=0, max_new_tokens=None, *,
-               arrival_time=None, slo=None, lora_id=0):
+               arrival_time=None, slo=None, lora_id=0, cached_tokens=0):
         """Queue a request; returns its arrival stamp. Safe from any thread: it waits for the
         call under way (see ``_acquire``)."""
         self._acquire(CALL_GUEST)
         try:
             return self._submit(request_id, prompt_length, priority, max_new_tokens,
-                                arrival_time, slo, lora_id)
+                                arrival_time, slo, lora_id, cached_tokens)
         finally:
             self._release()
 
     cdef object _submit(self, object request_id, object prompt_length, object priority,
                         object max_new_tokens, object arrival_time, object slo,
-                        object lora_id):
+                        object lora_id, object cached_tokens):
         cdef int64_t rid, limit = 0, lora
         cdef int32_t length, prio
         if (type(request_id) is int and type(prompt_length) is int and type(priority) is int
@@ -1420,6 +1580,17 @@ cdef class Ledger:
             rid, length, prio, limit = submission(request_id, prompt_length, priority,
                                                   max_new_tokens, self.limits.max_input_length)
         lora = lora_id if type(lora_id) is int and 0 <= lora_id < 2**63 else as_lora_id(lora_id)
+        cdef int32_t cached = (cached_tokens if type(cached_tokens) is int
+                               and 0 <= cached_tokens <= length
+                               else as_cached_tokens(cached_tokens, length))
+        cdef double since = 0.0
+        if self.s.ring != NULL:
+            if not self.s.by_seconds:
+                since = self.s.passes
+            elif arrival_time is None:
+                raise _errors.arrival_time_for_starvation(rid)
+            else:  # the ring's order: each request's time raised to the latest before it
+                since = max(as_time("arrival_time", arrival_time), self.s.latest)
         cdef double due = INFINITY, gap = 0.0, ttft = INFINITY
         if slo is not None or arrival_time is not None or self._classes:
             due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
@@ -1452,6 +1623,13 @@ cdef class Ledger:
         w.wait = ttft if isnan(self.d.relegated_wait) else self.d.relegated_wait
         w.shed_at = INFINITY
         w.lora = lora
+        w.work = length - cached
+        w.since = since
+        if self.s.ring != NULL:
+            self.s.latest = since
+            ring_push(&self.q, &self.m, &self.s, slot)
+            if self.s.by_slack:
+                note_slack(&self.s, &self.d, w)
         if due < self.q.earliest_due and prio >= self.d.never_below:
             self.q.earliest_due = due
         w.heap = HEAP_URGENT if prio < 0 else HEAP_NORMAL
@@ -1512,7 +1690,7 @@ cdef class Ledger:
         """Move waiting requests into free slots in queue order; returns the admitted ids."""
         self._acquire(CALL_QUIET)
         try:
-            when = optional_now("admit", now, self.d.ranking, RANK_DEADLINE)
+            when = admission_now("admit", now, self.d.ranking, RANK_DEADLINE, self.s.by_seconds)
             self._pending = None
             if self.t.num_cancelled:
                 self._remove_marked(self.t.cancelled, self.t.num_cancelled)
@@ -1550,10 +1728,24 @@ cdef class Ledger:
             w = &self.q.pool[slot]
             if w.heap == HEAP_LOSING:
                 entries.append(((True, w.shed_at, w.arrival), w.request_id))
+            elif self.s.by_slack:  # uncached first under EDF/DEADLINE: the heaps' key
+                if w.work < 0:
+                    within = (0, w.first_due, w.arrival)
+                else:
+                    within = (1, w.work, w.arrival)
+                if self.d.ranking == RANK_DEADLINE:
+                    entries.append(((False, w.priority) + within, w.request_id))
+                else:
+                    entries.append(((False,) + within, w.request_id))
             elif self.d.ranking == RANK_DEADLINE:
                 entries.append(((False, w.priority, w.first_due, w.arrival), w.request_id))
             elif self.d.ranking == RANK_EDF:
                 entries.append(((False, w.first_due, w.arrival), w.request_id))
+            elif self.s.ring != NULL:  # uncached first: the heaps' key (-1 work: starved)
+                if self.by_priority:
+                    entries.append(((w.priority, w.work, w.arrival), w.request_id))
+                else:
+                    entries.append(((w.work, w.arrival), w.request_id))
             elif self.by_priority:
                 entries.append(((w.priority, w.arrival), w.request_id))
             else:
@@ -1696,10 +1888,12 @@ cdef class Ledger:
         # changes the table, so that another thread's ensure or release cannot interleave with
         # it on a free-threaded build (a no-op under the GIL).
         if self.pages == NULL:
-            admit_waiting(&self.q, &self.t, &self.m, NULL, &self.d, &self.a, now)
+            admit_waiting(&self.q, &self.t, &self.m, NULL, &self.d, &self.a, now, &self.s,
+                          &self.next_arrival)
         else:
             with cython.critical_section(self.page_table):
-                admit_waiting(&self.q, &self.t, &self.m, self.pages, &self.d, &self.a, now)
+                admit_waiting(&self.q, &self.t, &self.m, self.pages, &self.d, &self.a, now,
+                              &self.s, &self.next_arrival)
 
     cdef void _remove_marked(self, uint8_t* mark, int32_t num_marked):
         """Swap-remove the marked rows. Every removal takes the cancelled rows with it (they
@@ -1823,8 +2017,8 @@ cdef class Ledger:
         cdef double when = NAN
         if type(now) is float and isfinite(<double>now):  # the loop's own call: nothing to check
             when = <double>now
-        elif now is not None or self.d.ranking != RANK_NONE:
-            when = optional_now("step", now, self.d.ranking, RANK_EDF)
+        elif now is not None or self.d.ranking != RANK_NONE or self.s.by_seconds:
+            when = admission_now("step", now, self.d.ranking, RANK_EDF, self.s.by_seconds)
         proposed = None if drafts is None else draft_request(drafts)
         if pending is None:
             if finished is not None:

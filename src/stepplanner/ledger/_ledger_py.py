@@ -5,6 +5,7 @@ what a ledger is and the decisions behind it; the checks both share are in ``_sh
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import math
@@ -37,8 +38,11 @@ from ._shared import (
     STEP_TIME_WEIGHT,
     UINT64_MAX,
     AdapterSlots,
+    AdmissionOrder,
     DeadlineArgs,
     accepted_counts,
+    admission_now,
+    as_cached_tokens,
     as_lora_id,
     as_request_id,
     as_time,
@@ -151,22 +155,39 @@ class Ledger:
         relegated_wait: float | None = None,
         never_relegate_below: int = NEVER_RELEGATE_BELOW,
         max_loras: SupportsIndex | None = None,
+        admission: AdmissionOrder = AdmissionOrder.ARRIVAL,
+        starvation_steps: SupportsIndex | None = None,
+        starvation_seconds: float | None = None,
     ) -> None:
         if self._initialised:
             raise _errors.already_initialised("Ledger")
-        (self.by_priority, self.reserved_slots, self.max_waiting), deadlines, relegation, loras = (
-            check_constructor(
-                limits,
-                policy,
-                max_waiting,
-                slo_classes,
-                step_time,
-                relegated_wait,
-                never_relegate_below,
-                max_loras,
-            )
+        (
+            (self.by_priority, self.reserved_slots, self.max_waiting),
+            deadlines,
+            relegation,
+            loras,
+            (order, self._starve_after, self._by_seconds),
+        ) = check_constructor(
+            limits,
+            policy,
+            max_waiting,
+            slo_classes,
+            step_time,
+            relegated_wait,
+            never_relegate_below,
+            max_loras,
+            admission,
+            starvation_steps,
+            starvation_seconds,
         )
         self._max_loras = loras  # 0: no limit
+        # Uncached work first (docs/scheduling.md): the waiting keys hold each request's
+        # uncached prompt tokens, -1 once it has waited past the bound; _aging lists the
+        # requests not yet starved in submission order (the compiled QueueC's ring).
+        self._uncached = order == AdmissionOrder.UNCACHED_FIRST
+        self._aging: collections.deque[tuple[int, int]] = collections.deque()
+        self._passes = 0  # admission passes so far (the clock of starvation_steps)
+        self._latest_since = -math.inf  # starvation_seconds: arrival times, never decreasing
         self._d = _Deadlines(limits, deadlines, relegation)
         self._ranking = self._d.ranking
         self._classes = deadlines[1]
@@ -347,11 +368,15 @@ class Ledger:
         arrival_time: float | None = None,
         slo: Any = None,
         lora_id: SupportsIndex = 0,
+        cached_tokens: SupportsIndex = 0,
     ) -> int:
         rid, length, prio, limit = submission(
             request_id, prompt_length, priority, max_new_tokens, self.limits.max_input_length
         )
         lora = as_lora_id(lora_id)
+        work = length - as_cached_tokens(cached_tokens, length)
+        if self._by_seconds and arrival_time is None:
+            raise _errors.arrival_time_for_starvation(rid)
         due, gap, ttft = request_deadlines(rid, prio, arrival_time, slo, self._classes)
         if self._table is not None:
             check_worst_case(rid, length, limit, self._kv.geometry(self._table))
@@ -366,17 +391,33 @@ class Ledger:
             self._shed_entry(self._next_heap_entries(self._losing)[0])
         arrival = self._next_arrival
         self._next_arrival += 1
-        if self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
-            key: tuple[Any, ...] = (prio, due, arrival)
+        if self._uncached and self._ranking != RANK_NONE:  # slack to spare: by uncached work
+            key: tuple[Any, ...] = (1, work, arrival)
+            if self._ranking == RANK_DEADLINE:
+                key = (prio, *key)
+        elif self._ranking == RANK_DEADLINE:  # by class, then deadline (see the compiled heap)
+            key = (prio, due, arrival)
         elif self._ranking == RANK_EDF:
             key = (due, arrival)
+        elif self._uncached:  # by class, then uncached work (-1 once starved), then arrival
+            key = (prio, work, arrival) if self.by_priority else (work, arrival)
         else:
             key = (prio, arrival) if self.by_priority else (arrival,)
+        if self._uncached:
+            if self._by_seconds:  # measured from the latest arrival so far (the C ring's order)
+                self._latest_since = max(self._latest_since, as_time("arrival_time", arrival_time))
+                since = self._latest_since
+            else:
+                since = float(self._passes)
+            self._aging.append((rid, arrival))
+        else:
+            since = 0.0
         wait = ttft if math.isnan(self._d.relegated_wait) else self._d.relegated_wait
         # The fields: key, id, prompt, class, stamp, max_new, live, first due, gap, relegated,
-        # wait once relegated, shed at, adapter (the compiled WaitingC's).
+        # wait once relegated, shed at, adapter, uncached work, waiting since (the compiled
+        # WaitingC's).
         entry = [key, rid, length, prio, arrival, limit, True, due, gap, False, wait, math.inf]
-        entry.append(lora)
+        entry += [lora, work, since]
         if due < self._earliest and prio >= self._d.never_below:
             self._earliest = due
         heapq.heappush(self._urgent if prio < 0 else self._normal, entry)
@@ -464,7 +505,7 @@ class Ledger:
 
     @_exclusive(_QUIET)
     def admit(self, *, now: float | None = None) -> list[int]:
-        when = optional_now("admit", now, self._ranking, RANK_DEADLINE)
+        when = admission_now("admit", now, self._ranking, RANK_DEADLINE, self._by_seconds)
         if self._cancelled:
             self._remove([])
         self._relegated_ids = []
@@ -482,6 +523,10 @@ class Ledger:
         if now is not None and self._ranking == RANK_DEADLINE:
             self._relegate_hopeless(now)
             self._shed_expired(now)
+        if self._uncached:
+            self._starve(now)
+            if now is not None and self._ranking != RANK_NONE:
+                self._lose_slack(now)
         slots = AdapterSlots(self._max_loras, self._lora[: self._count].tolist())
         passed: list[tuple[list[list[Any]], list[Any]]] = []  # (its heap, entry): put back after
         while self._count < len(self._rows):
@@ -510,10 +555,17 @@ class Ledger:
             if table is not None and not self._fits(heap[0]):
                 break
             entry = heapq.heappop(heap)
-            _, rid, length, prio, arrival, limit, _, due, gap, lost, _, _, lora = entry
+            _, rid, length, prio, arrival, limit, _, due, gap, lost, _, _, lora, _, _ = entry
             del self._waiting[rid]
             row = self._count
-            self._rows[row] = (prio, arrival, length, 0, False, 0)
+            # Uncached first: the row's arrival is a fresh stamp, so the planner chunks the
+            # residents' prompts in the order they were admitted (the stamp stays the key of
+            # the deadline policies, which this order is not combined with).
+            order_key = arrival
+            if self._uncached and self._next_arrival < UINT64_MAX:
+                order_key = self._next_arrival
+                self._next_arrival += 1
+            self._rows[row] = (prio, order_key, length, 0, False, 0)
             self._first_due[row] = due
             self._gap[row] = gap
             self._stamp[row] = arrival
@@ -534,6 +586,53 @@ class Ledger:
             heapq.heappush(heap, entry)
         self._num_admitted = n
         self._shed_reported = len(self._shed)
+
+    def _starve(self, now: float | None) -> None:
+        """Every waiting request that has waited past the starvation bound goes back to arrival
+        order: its key's work becomes -1, ahead of every request not starved, among them by
+        arrival (the compiled ``starve_waiting``). One admission pass is one step of the bound."""
+        self._passes += 1
+        clock = (math.nan if now is None else now) if self._by_seconds else float(self._passes)
+        aging = self._aging
+        while aging:
+            rid, stamp = aging[0]
+            entry = self._waiting.get(rid)
+            if entry is None or entry[4] != stamp or entry[13] < 0:  # gone, or another's
+                aging.popleft()
+                continue
+            if not entry[14] + self._starve_after <= clock:
+                break
+            aging.popleft()
+            self._to_policy_order(entry)
+
+    def _lose_slack(self, now: float) -> None:
+        """Uncached first under EDF/DEADLINE: every waiting request with a first-token deadline
+        and no slack to spare at ``now`` (its uncached work, started now at a chunk a step,
+        would not bring its first token a step before it is due) goes to the policy's own
+        order (the compiled ``lose_slack``, which reads the queue only when one may have)."""
+        d = self._d
+        est = d.estimate_seconds()
+        for entry in list(self._waiting.values()):
+            if entry[9] or entry[13] < 0 or entry[7] == math.inf:
+                continue
+            if now + d.prompt_seconds(entry[13], d.chunk) + est > entry[7]:
+                self._to_policy_order(entry)
+
+    def _to_policy_order(self, entry: list[Any]) -> None:
+        """A starved request, or one out of slack: its key's work becomes -1, ahead of every
+        request of its class still ordered by work; among them by arrival, or under EDF and
+        DEADLINE by first-token deadline, then arrival."""
+        entry[6] = False  # the entry in its heap is dead; a moved copy takes its place
+        moved = list(entry)
+        moved[6], moved[13] = True, -1
+        if self._ranking == RANK_NONE:
+            moved[0] = (moved[3], -1, moved[4]) if self.by_priority else (-1, moved[4])
+        else:
+            moved[0] = (0, moved[7], moved[4])
+            if self._ranking == RANK_DEADLINE:
+                moved[0] = (moved[3], *moved[0])
+        self._waiting[moved[1]] = moved
+        heapq.heappush(self._urgent if moved[3] < 0 else self._normal, moved)
 
     def _fits(self, entry: list[Any]) -> bool:
         """Whether the free pool holds a waiting entry's worst case (prompt + max_new_tokens)."""
@@ -694,7 +793,7 @@ class Ledger:
     ) -> Any:
         if getattr(planner, "limits", None) != self.limits:
             raise _errors.planner_mismatch(getattr(planner, "limits", None), self.limits)
-        when = optional_now("step", now, self._ranking, RANK_EDF)
+        when = admission_now("step", now, self._ranking, RANK_EDF, self._by_seconds)
         proposed = None if drafts is None else draft_request(drafts)
         pending = self._pending
         if pending is None:

@@ -6,6 +6,7 @@ cannot check differently.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -128,6 +129,107 @@ def submission(
     return rid_, length, prio, limit
 
 
+# --- admission order (docs/scheduling.md, "Uncached work first") --------------------------------
+
+
+class AdmissionOrder(enum.IntEnum):
+    """The order in which a ledger admits waiting requests, within the policy's classes.
+
+    ``ARRIVAL``: the policy's own (SPEC order: arrival, or priority then arrival).
+    ``UNCACHED_FIRST``: the fewest prompt tokens still to compute after the prefix-cache hit
+    (``prompt_length - cached_tokens``) first, ties by arrival; a request that has waited past
+    the starvation bound goes back to arrival order, ahead of every one that has not. Under
+    ``EDF`` and ``DEADLINE`` only requests with *slack to spare* are ordered so: one whose
+    uncached work, started now at a chunk a step, would not bring its first token a step before
+    its deadline (it would rank ``AT_RISK``), or that has starved, keeps the policy's own order
+    (first-token deadline, then arrival; under DEADLINE within its class), ahead of those with
+    slack."""
+
+    ARRIVAL = 0
+    UNCACHED_FIRST = 1
+
+
+# The checked admission arguments: (order, bound, by_seconds). ``bound``: a request is starved
+# once ``since + bound <= clock``, where the clock is the admission passes so far (steps; bound =
+# starvation_steps + 1, so that 0 means "from its first pass": arrival order) or ``now`` (seconds).
+AdmissionArgs = tuple[int, float, bool]
+NO_ADMISSION_ARGS: AdmissionArgs = (0, 0.0, False)
+
+
+def check_admission_args(
+    admission: object, starvation_steps: object, starvation_seconds: object
+) -> AdmissionArgs:
+    """``Ledger(admission=, starvation_steps=, starvation_seconds=)``, checked: an
+    ``AdmissionOrder``; under ``UNCACHED_FIRST`` exactly one bound (an unbounded shortest-first
+    order starves long prompts for as long as shorter ones keep arriving); under ``ARRIVAL`` none
+    (a bound given there would be silently ignored)."""
+    if isinstance(admission, bool) or not isinstance(admission, (int, AdmissionOrder)):
+        raise _errors.wrong_type("admission", "stepplanner.AdmissionOrder", admission)
+    if admission not in (AdmissionOrder.ARRIVAL, AdmissionOrder.UNCACHED_FIRST):
+        raise _errors.out_of_range(
+            "admission",
+            admission,
+            "AdmissionOrder.ARRIVAL (0) or AdmissionOrder.UNCACHED_FIRST (1)",
+        )
+    order = int(admission)
+    given = [
+        name
+        for name, value in (
+            ("starvation_steps", starvation_steps),
+            ("starvation_seconds", starvation_seconds),
+        )
+        if value is not None
+    ]
+    if order == AdmissionOrder.ARRIVAL:
+        if given:
+            raise _errors.StepPlannerValueError(
+                f"{given[0]} is given but admission is AdmissionOrder.ARRIVAL, which has no "
+                "starvation bound; allowed: None, or admission=AdmissionOrder.UNCACHED_FIRST"
+            )
+        return NO_ADMISSION_ARGS
+    if len(given) != 1:
+        raise _errors.StepPlannerValueError(
+            "admission=AdmissionOrder.UNCACHED_FIRST needs exactly one starvation bound, got "
+            f"{' and '.join(given) or 'neither'}; allowed: starvation_steps=N "
+            f"(0..{_errors.INT32_MAX}) or starvation_seconds=S (a finite number >= 0)"
+        )
+    if starvation_steps is not None:
+        steps = as_int("starvation_steps", starvation_steps)
+        if not 0 <= steps <= _errors.INT32_MAX:
+            raise _errors.out_of_range("starvation_steps", steps, f"0..{_errors.INT32_MAX}")
+        return order, float(steps + 1), False
+    if isinstance(starvation_seconds, bool) or not isinstance(starvation_seconds, (int, float)):
+        kind = type(starvation_seconds).__name__
+        raise _errors.StepPlannerTypeError(
+            f"starvation_seconds must be a number of seconds, got {kind}"
+        )
+    seconds = as_float(starvation_seconds)
+    if seconds is None or not 0.0 <= seconds < math.inf:
+        raise _errors.out_of_range("starvation_seconds", starvation_seconds, "a finite number >= 0")
+    return order, seconds, True
+
+
+def as_cached_tokens(value: object, prompt_length: int) -> int:
+    """``submit(cached_tokens=)``: the prompt tokens the runtime's prefix cache already holds
+    for the request, 0..prompt_length (an int32)."""
+    cached = as_int32("cached_tokens", value)
+    if not 0 <= cached <= prompt_length:
+        raise _errors.out_of_range(
+            "cached_tokens", cached, f"0..{prompt_length} (the request's prompt_length)"
+        )
+    return cached
+
+
+def admission_now(
+    call: str, now: object, ranking: int, needed: int, by_seconds: bool
+) -> float | None:
+    """``optional_now``, and with a starvation bound in seconds ``now`` is required too (the
+    bound is measured on the runtime's clock)."""
+    if now is None and by_seconds:
+        raise _errors.now_required_for_starvation(call)
+    return optional_now(call, now, ranking, needed)
+
+
 # --- deadlines (docs/scheduling.md): the numbers both ledgers' rank passes use -----------------
 
 # How a ledger ranks its rows before each plan: not at all (FCFS, PRIORITY), by the next deadline
@@ -230,16 +332,21 @@ def check_constructor(
     relegated_wait: object = None,
     never_relegate_below: object = 0,
     max_loras: object = None,
-) -> tuple[tuple[bool, int, int], DeadlineArgs, tuple[float, int], int]:
+    admission: object = 0,
+    starvation_steps: object = None,
+    starvation_seconds: object = None,
+) -> tuple[tuple[bool, int, int], DeadlineArgs, tuple[float, int], int, AdmissionArgs]:
     """A new ledger's arguments, checked in one order for both ledgers (``check_ledger_args``,
     ``check_deadline_args``, ``check_relegation_args``, then ``check_max_loras``: limits, policy,
-    max_waiting, slo_classes, step_time, relegated_wait, never_relegate_below, max_loras; the
-    page table is checked after, by the caller), so that any mix of bad arguments is refused
-    with the same error by both."""
+    max_waiting, slo_classes, step_time, relegated_wait, never_relegate_below, max_loras, then
+    ``check_admission_args``; the page table is checked after, by the caller), so that any mix
+    of bad arguments is refused with the same error by both."""
     ledger_args = check_ledger_args(limits, policy, max_waiting)
     deadlines = check_deadline_args(policy, limits, slo_classes, step_time)
     relegation = check_relegation_args(relegated_wait, never_relegate_below)
-    return ledger_args, deadlines, relegation, check_max_loras(max_loras)
+    loras = check_max_loras(max_loras)
+    order = check_admission_args(admission, starvation_steps, starvation_seconds)
+    return ledger_args, deadlines, relegation, loras, order
 
 
 # --- LoRA adapters (docs/decisions.md, "LoRA adapters") ----------------------------------------

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from .._errors import INT32_MAX, StepPlannerTypeError, StepPlannerValueError
-from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
+from ..ledger._shared import (
+    NEVER_RELEGATE_BELOW,
+    AdmissionOrder,
+    check_admission_args,
+    check_relegation_args,
+)
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
     SchedulingOptions,
@@ -45,11 +50,15 @@ class ServingQueue:
     workload, nothing is pushed back), how long a relegated one may still wait (``None``: its
     own TTFT objective; 0: handed back at once) and the classes never relegated (priority below
     ``never_relegate_below``). The last two are the ledger's ``relegated_wait`` and
-    ``never_relegate_below``, checked by it."""
+    ``never_relegate_below``, checked by it; so are the order it admits in (``admission``) and
+    that order's starvation bound (docs/scheduling.md, "Uncached work first")."""
 
     max_waiting: int | None = None
     relegated_wait: float | None = None
     never_relegate_below: int = NEVER_RELEGATE_BELOW
+    admission: AdmissionOrder = AdmissionOrder.ARRIVAL
+    starvation_steps: int | None = None
+    starvation_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_waiting is not None and (
@@ -62,6 +71,8 @@ class ServingQueue:
                 "None (every request may wait)"
             )
         check_relegation_args(self.relegated_wait, self.never_relegate_below)
+        check_admission_args(self.admission, self.starvation_steps, self.starvation_seconds)
+        object.__setattr__(self, "admission", AdmissionOrder(self.admission))  # 1 -> its member
 
     def ledger_options(self, requests: int) -> dict[str, Any]:
         """The ``Ledger`` keywords for a run of ``requests``."""
@@ -69,6 +80,9 @@ class ServingQueue:
             "max_waiting": max(requests, 1) if self.max_waiting is None else self.max_waiting,
             "relegated_wait": self.relegated_wait,
             "never_relegate_below": self.never_relegate_below,
+            "admission": self.admission,
+            "starvation_steps": self.starvation_steps,
+            "starvation_seconds": self.starvation_seconds,
         }
 
 

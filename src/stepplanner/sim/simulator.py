@@ -327,6 +327,7 @@ class SimulationResult:
         unanswered = queued & np.isnan(left)  # still waiting when the run ended
         return {
             **dataclasses.asdict(self.queue),
+            "admission": self.queue.admission.name.lower(),  # as --admission takes it
             "queue_full": int(self.queue_full.sum()),
             "queue_full_beside_relegated": self.refused_beside_relegated,
             "shed": int((~np.isnan(self.shed_time)).sum()),

@@ -1,0 +1,117 @@
+"""Issue 43 item 5: the admission order as options of `simulate` and `compare`: `--admission
+arrival|uncached-first` with one starvation bound (`--starvation-steps N` or
+`--starvation-seconds S`). Bad values are refused in one line, exit 2, with the ledger's own
+message; the run's report names the order it admitted in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("click", reason="the CLI needs the 'cli' extra (click, rich)")
+from click.testing import CliRunner  # noqa: E402
+
+from stepplanner import AdmissionOrder  # noqa: E402
+from stepplanner.cli import main  # noqa: E402
+from stepplanner.sim.engine import ServingQueue  # noqa: E402
+
+BOUND = "allowed: starvation_steps=N (0..2147483647) or starvation_seconds=S (a finite number >= 0)"
+
+
+def _invoke(*args: str):
+    return CliRunner(env={"COLUMNS": "160"}).invoke(
+        main, list(args), prog_name="stepplanner", catch_exceptions=False
+    )
+
+
+def _refused(result, message: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {message}\n"
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--admission", "uncached-first"],
+            "admission=AdmissionOrder.UNCACHED_FIRST needs exactly one starvation bound, got "
+            f"neither; {BOUND}",
+        ),
+        (
+            ["--admission", "uncached-first", "--starvation-steps", "4"]
+            + ["--starvation-seconds", "1"],
+            "admission=AdmissionOrder.UNCACHED_FIRST needs exactly one starvation bound, got "
+            f"starvation_steps and starvation_seconds; {BOUND}",
+        ),
+        (
+            ["--starvation-steps", "4"],
+            "starvation_steps is given but admission is AdmissionOrder.ARRIVAL, which has no "
+            "starvation bound; allowed: None, or admission=AdmissionOrder.UNCACHED_FIRST",
+        ),
+        (
+            ["--admission", "shortest"],
+            "admission='shortest' is not a AdmissionOrder; allowed: arrival, uncached_first "
+            "(any case) or 0..1",
+        ),
+        (
+            ["--admission", "uncached-first", "--starvation-steps", "-1"],
+            "starvation_steps=-1 is out of range; allowed: 0..2147483647",
+        ),
+        (
+            ["--admission", "uncached-first", "--starvation-steps", "2147483648"],
+            "starvation_steps=2147483648 is out of range; allowed: 0..2147483647",
+        ),
+        (
+            ["--admission", "uncached-first", "--starvation-seconds", "nan"],
+            "starvation_seconds=nan is out of range; allowed: a finite number >= 0",
+        ),
+        (
+            ["--admission", "uncached-first", "--starvation-seconds", "-0.5"],
+            "starvation_seconds=-0.5 is out of range; allowed: a finite number >= 0",
+        ),
+    ],
+)
+def test_bad_admission_options_are_one_line(command: str, args: list[str], message: str) -> None:
+    _refused(_invoke(command, "--requests", "20", *args), message)
+
+
+def _report(*args: str) -> dict:
+    result = _invoke("simulate", "--requests", "400", "--rate", "40", "--json", *args)
+    assert result.exit_code == 0, result.output
+    report: dict = json.loads(result.output)
+    return report
+
+
+def test_the_report_names_the_order_and_its_bound() -> None:
+    queue = _report("--admission", "Uncached-First", "--starvation-seconds", "0.5")["queue"]
+    assert queue["admission"] == "uncached_first"
+    assert queue["starvation_seconds"] == 0.5 and queue["starvation_steps"] is None
+    assert _report()["queue"]["admission"] == "arrival"
+
+
+def test_a_bound_of_zero_steps_admits_in_arrival_order() -> None:
+    """starvation_steps=0: every request starves at its first pass, so the run is arrival
+    order's, token for token (its latencies equal)."""
+    arrival = _report()["latency_s"]
+    zero = _report("--admission", "uncached-first", "--starvation-steps", "0")["latency_s"]
+    assert zero == arrival
+
+
+def test_uncached_first_changes_who_is_admitted_first() -> None:
+    """Without prefix hits the work is the prompt: shortest first lowers the median TTFT at
+    this load, and the bound keeps the longest wait finite."""
+    arrival = _report()
+    shortest = _report("--admission", "uncached-first", "--starvation-steps", "1000")
+    a, s = arrival["latency_s"]["all"]["ttft"], shortest["latency_s"]["all"]["ttft"]
+    assert s["p50"] < a["p50"]
+    assert shortest["queue"]["longest_wait_s"] is not None
+
+
+def test_serving_queue_checks_the_order_as_the_ledger_does() -> None:
+    with pytest.raises(ValueError, match="needs exactly one starvation bound, got neither"):
+        ServingQueue(admission=AdmissionOrder.UNCACHED_FIRST)
+    queue = ServingQueue(admission=1, starvation_steps=3)  # type: ignore[arg-type]
+    assert queue.admission is AdmissionOrder.UNCACHED_FIRST
+    assert queue.ledger_options(10)["starvation_steps"] == 3
