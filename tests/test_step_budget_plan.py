@@ -23,8 +23,15 @@ from stepplanner.testing import as_resident_array, draft_counts, planning_cases
 BASE = settings().max_examples
 
 LIMITS = StepPlannerLimits(max_batch_size=4, max_input_length=64, kv_page_size=16)
-POLICY = resolve_scheduling_policy(SchedulingOptions(max_num_tokens=52, max_chunk_tokens=32), LIMITS)
-ROWS = [(0, 0, 40, 41, True, 0), (0, 1, 60, 0, False, 0), (0, 2, 20, 0, False, 0), (0, 3, 50, 16, False, 0)]
+POLICY = resolve_scheduling_policy(
+    SchedulingOptions(max_num_tokens=52, max_chunk_tokens=32), LIMITS
+)
+ROWS = [
+    (0, 0, 40, 41, True, 0),
+    (0, 1, 60, 0, False, 0),
+    (0, 2, 20, 0, False, 0),
+    (0, 3, 50, 16, False, 0),
+]
 
 
 def rows_of(plan: Any) -> list[tuple[int, int, int, int, bool]]:
@@ -139,8 +146,10 @@ def test_a_step_budget_plans_as_a_policy_with_that_budget(compiled, reference, d
     that policy's: the budget replaces max_num_tokens and nothing else."""
     case = data.draw(
         planning_cases().filter(
-            lambda c: _mixed(c)
-            and c.policy.max_chunk_tokens + c.limits.max_batch_size <= c.policy.max_num_tokens
+            lambda c: (
+                _mixed(c)
+                and c.policy.max_chunk_tokens + c.limits.max_batch_size <= c.policy.max_num_tokens
+            )
         )
     )
     lim, pol = case.limits, case.policy
@@ -172,5 +181,5 @@ def test_out_of_range_budgets_are_refused_alike(compiled, reference, data):
         for core in (compiled, reference)
     ]
     assert got[0] == got[1]
-    assert got[0][0] == "raised" and got[0][1] is ValueError or got[0][1] is OverflowError
+    assert got[0][0] == "raised" and issubclass(got[0][1], ValueError), got[0]
     assert f"max_num_tokens={value}" in got[0][2]
