@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from ..planner._policy import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from ..planner._types import IfbSchedulingMode
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .workloads import Workload
 
@@ -142,9 +144,21 @@ class Engine:
     queue: ServingQueue = dataclasses.field(default_factory=ServingQueue)
     speculation: Speculation | None = None
     pace: EnginePace | None = None
+    # A step-time budget (ledger.StepTimeBudget): each step with decode rows capped at this
+    # many seconds as the latency model predicts it, and the model refitted online from the
+    # steps' times. None: the policy's max_num_tokens every step.
+    max_step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         _check_type("limits", self.limits, StepPlannerLimits)
+        s = self.max_step_seconds
+        if s is not None and (
+            isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < math.inf
+        ):
+            raise StepPlannerValueError(
+                f"max_step_seconds={s!r} is out of range; allowed: a finite number of seconds "
+                "> 0, or None (no step-time budget)"
+            )
         _check_type("latency", self.latency, LatencyModel)
         _check_type("queue", self.queue, ServingQueue)
         _check_type("speculation", self.speculation, Speculation, optional=True)
@@ -155,6 +169,11 @@ class Engine:
                 f"num_pages={n!r} is out of range; allowed: 0 (unlimited pages) or an int >= 1"
             )
         _ = self.policy  # options that do not resolve under these limits: refused here
+        if s is not None and self.policy.mode != IfbSchedulingMode.MIXED:
+            raise StepPlannerValueError(
+                f"max_step_seconds={s!r} needs the MIXED mode (a per-step budget is MIXED's, "
+                f"SPEC §9); the policy resolved to {self.policy.mode.name}"
+            )
 
     @functools.cached_property
     def policy(self) -> ResolvedSchedulingPolicy:

@@ -49,6 +49,7 @@ from .. import _errors
 from .._errors import QueueFullError, StepPlannerValueError
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from ..ledger import RESIDENT_FIELDS, Ledger
+from ..ledger.step_time import StepTimeBudget
 from ..planner._fields import enum_fields
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
@@ -483,7 +484,12 @@ class SimulationRun:
         self.w, self.limits, self.latency = workload, limits, latency
         self.policy = engine.policy
         self.pace = engine.pace  # its windows count from the first arrival
-        self.planner = planner
+        self.budget = (
+            None
+            if engine.max_step_seconds is None
+            else StepTimeBudget(planner, latency, engine.max_step_seconds)
+        )
+        self.planner = planner if self.budget is None else self.budget
         # By default every request may wait: the workload is the whole demand.
         self.ledger = Ledger(
             limits,
@@ -648,6 +654,8 @@ class SimulationRun:
         if self.pace is not None:
             seconds *= self.pace.at(start - self.first_arrival)
         self.now = now = start + seconds
+        if self.budget is not None:  # the runtime's measured step: the model's online sample
+            self.budget.observe(seconds)
         if on_step is not None:
             on_step(len(self.records), start, ledger, plan)
 
