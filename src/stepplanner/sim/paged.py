@@ -131,6 +131,10 @@ def simulate_paged_run(
             f"engine.num_pages={engine.num_pages}: a paged run needs a pool; allowed: >= 1 "
             "(0, unlimited pages, is simulate_run's)"
         )
+    if engine.kv_preemption is not None:  # pages taken as KV grows, preempting when short
+        from .preemption import simulate_preempting_run
+
+        return simulate_preempting_run(spec, progress=progress, progress_every=progress_every)
     table = KVPageTable(
         limits.max_batch_size, row_pages(workload, limits), engine.num_pages, limits.kv_page_size
     )

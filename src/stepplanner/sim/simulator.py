@@ -165,6 +165,16 @@ class SimulationResult:
     token_steps: np.ndarray | None = None
     """``simulate(detailed=True)``: per emitted token, the step that emitted it (its time is
     that step's ``end_time``)."""
+    kv_preemption: str | None = None
+    """A paged run that preempts for KV pages (``sim.preemption``): its victim rule."""
+    preempted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request, how many times it was preempted (its KV dropped, recomputed later)."""
+    recomputed_tokens: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64)
+    )
+    """Per request, the computed tokens its preemptions threw away (recomputed when resumed)."""
+    preemption_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Run-wide preemption counts beside the per-request ones (``sim.preemption``)."""
 
     @property
     def num_steps(self) -> int:
@@ -292,6 +302,14 @@ class SimulationResult:
             report["queue"] = self.queue_report()
         if self.speculation is not None:
             report["speculation"] = self.speculation_report()
+        if self.kv_preemption is not None:
+            report["preemption"] = {
+                "victim_rule": self.kv_preemption,
+                "preemptions": int(self.preempted.sum()),
+                "requests_preempted": int((self.preempted > 0).sum()),
+                "recomputed_tokens": int(self.recomputed_tokens.sum()),
+                **self.preemption_counts,
+            }
         attainment = self.attainment()
         if attainment is not None:
             report["slo_attainment"] = attainment
@@ -640,9 +658,8 @@ class SimulationRun:
         (apply, output counts, retirement) happens in the next ``ledger.step``."""
         ledger, reasons = self.ledger, self.reasons
         count = ledger.count
-        seq = plan.as_array()
+        seq, tokens = self._rows_run(plan)
         rows = seq["resident"]
-        tokens = plan.total_tokens
         context = int(seq["past_length"].sum()) + tokens
         latency = self.latency
         attention = 0
@@ -706,14 +723,19 @@ class SimulationRun:
                 now - start,
                 tokens,
                 context,
-                plan.num_prefill,
-                plan.num_decode,
+                len(seq) - int(seq["work"].sum()),  # the rows run (SequenceWork: DECODE = 1)
+                int(seq["work"].sum()),
                 paused.size,
                 count,
                 ledger.waiting,
                 step_ns,
             )
         )
+
+    def _rows_run(self, plan: Any) -> tuple[np.ndarray, int]:
+        """The plan's rows the engine runs, and their tokens: all of them here (a run that
+        preempts for KV pages drops its victims' rows, ``sim.preemption``)."""
+        return plan.as_array(), plan.total_tokens
 
     def _accept_drafts(self, seq: np.ndarray) -> np.ndarray:
         """Draw, per plan row, the drafts accepted of those it verifies (0 for a chunk); kept
@@ -739,6 +761,7 @@ class SimulationRun:
             counts, np.minimum(codes & ~REASON_RELEASED_FROM_PAUSE, len(Reason)), self.reason_counts
         )
         counts[-1] = self.reason_counts[codes & REASON_RELEASED_FROM_PAUSE != 0].sum()
+        tokens = self._tokens()
         return SimulationResult(
             workload=self.w,
             limits=self.limits,
@@ -768,7 +791,8 @@ class SimulationRun:
             speculation=self.speculation,
             draft_tokens=self.draft_tokens,
             accepted_drafts=self.accepted_drafts,
-            **self._tokens(),
+            token_requests=tokens.get("token_requests"),
+            token_steps=tokens.get("token_steps"),
         )
 
     def _tokens(self) -> dict[str, np.ndarray]:
