@@ -51,7 +51,7 @@ from .._errors import QueueFullError
 from ..core import StepPlanner
 from ..planner._types import SchedulingPolicy
 from .engine import RunSpec
-from .paged import PageOccupancy
+from .occupancy import PageOccupancy
 from .simulator import NO_GAP, Progress, SimulationResult, SimulationRun
 
 __all__ = ["PreemptingRun", "simulate_preempting_run"]
