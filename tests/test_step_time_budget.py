@@ -4,10 +4,13 @@ got wrong despite outliers, and bad arguments are refused naming them, with noth
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stepplanner import (
     IfbSchedulingMode,
@@ -74,7 +77,7 @@ def test_the_floor_is_b_plus_p_and_the_first_prompt_advances(ledger_impl):
     for plan, budget in serve(ledger_impl, lambda p: StepTimeBudget(p, TRUE, 1e-4), steps=80):
         if plan.num_decode:
             assert plan.total_tokens <= low
-            assert budget.last_budget == (low if plan.num_prefill else POLICY.max_num_tokens)
+            assert budget.last_budget == low
             assert plan.num_prefill >= 1 or plan.num_decode == plan.num_residents
 
 
@@ -150,3 +153,68 @@ def test_a_bad_measurement_is_refused_and_changes_nothing(ledger_impl):
     assert budget.refits == 0 and budget.coefficients["c"] == TRUE["c"]
     budget.observe(step_time(plan, TRUE))  # the plan is still the one to observe
     assert budget.refits == 1
+
+
+# --- the pricing pass: compiled against its twin ---------------------------------------------
+
+
+@settings(max_examples=6 * settings().max_examples)
+@given(st.data())
+def test_the_pricers_choose_alike_and_the_plan_keeps_its_guarantees(data):
+    from stepplanner.ledger import _step_time, _step_time_py
+    from stepplanner.planner.checks import check_plan
+    from stepplanner.testing import as_resident_array, planning_cases
+
+    case = data.draw(planning_cases().filter(lambda c: c.policy.mode == IfbSchedulingMode.MIXED))
+    model = tuple(data.draw(st.sampled_from([0.0, 1e-9, 1e-6, 1e-4, 2e-3])) for _ in range(6))
+    if not any(model):
+        model = (1e-3, 0, 0, 0, 0, 0)
+    target = data.draw(st.floats(1e-5, 1.0))
+    residents = as_resident_array(case.rows)
+    chosen = []
+    for module in (_step_time, _step_time_py):
+        planner = compiled_core().StepPlanner(case.policy, case.limits)
+        pricer = module.StepPricer(planner, case.policy, case.limits, target, model)
+        plan = pricer.plan(residents)
+        chosen.append((pricer.last_budget, plan.to_dict()))
+        budget = pricer.last_budget
+        low = case.limits.max_batch_size + case.limits.kv_page_size
+        assert low <= budget <= case.policy.max_num_tokens
+        check_plan(
+            dataclasses.replace(case.policy, max_num_tokens=budget), case.limits, case.rows, plan
+        )
+    assert chosen[0] == chosen[1]
+
+
+def compiled_core():
+    from stepplanner import _core
+
+    return _core
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], np.zeros(3), np.zeros((2, 2))])
+def test_the_pricers_refuse_what_is_not_a_resident_array(bad):
+    from stepplanner.ledger import _step_time, _step_time_py
+
+    for module in (_step_time, _step_time_py):
+        planner = compiled_core().StepPlanner(POLICY, LIMITS)
+        pricer = module.StepPricer(planner, POLICY, LIMITS, 0.03, (1e-3, 1e-5, 1e-8, 0, 0, 0))
+        with pytest.raises(TypeError, match="residents must be a 1-D RESIDENT_DTYPE array"):
+            pricer.budget(bad, 0)
+
+
+def test_a_list_of_resident_states_is_priced_as_its_array(core):
+    from stepplanner.testing import as_resident_array, as_resident_states
+
+    rows = [(0, i, 4000, 3000 + i if i % 3 else 100 * i, bool(i % 3), 0) for i in range(12)]
+    model = {"a": 2e-3, "b": 2e-5, "c": 1e-6}
+    got = []
+    for residents in (as_resident_array(rows), as_resident_states(rows, core.ResidentState)):
+        budget = StepTimeBudget(core.StepPlanner(POLICY, LIMITS), model, 0.02)
+        got.append((budget.plan(residents).to_dict(), budget.last_budget))
+    assert got[0] == got[1]
+    assert got[0][1] < POLICY.max_num_tokens  # it binds here
+    with pytest.raises(ValueError, match="count"):
+        StepTimeBudget(core.StepPlanner(POLICY, LIMITS), model, 0.02).plan(
+            as_resident_array(rows), count=13
+        )

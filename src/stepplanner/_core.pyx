@@ -1248,8 +1248,13 @@ cdef class StepPlanner:
         cdef const ConfigC* cfg = &self.cfg
         if max_num_tokens is not None:
             step_cfg = self.cfg
-            step_cfg.max_num_tokens = <int32_t>step_budget(max_num_tokens, self.policy,
-                                                           self.limits)
+            if (type(max_num_tokens) is int and self.cfg.mode == MODE_MIXED
+                    and self.cfg.max_batch_size + self.cfg.kv_page_size <= max_num_tokens
+                    <= self.cfg.max_num_tokens):
+                step_cfg.max_num_tokens = <int32_t>max_num_tokens  # in range: step_budget's
+            else:  # the check and its messages, shared with the twin
+                step_cfg.max_num_tokens = <int32_t>step_budget(max_num_tokens, self.policy,
+                                                               self.limits)
             cfg = &step_cfg
         # Reading a list (its __getitem__) or an int (its __index__) runs Python code, which may
         # change any input: the arrays are read, and reasons' pointer taken, after it has run.

@@ -7,13 +7,18 @@ d*tokens*context + e*attention + f*rows`` (the simulator's and ``stepplanner cal
 docs/simulator.md) and passes the planner the largest token budget whose predicted time is at
 most ``max_step_seconds``, clamped to SPEC §9's ``[B + P, policy.max_num_tokens]``:
 
-* it plans at the policy's budget first; a plan without a decode row, or one predicted within
-  the time, is the step (SPEC §3: a step without decode rows has T_max; no token waits on it);
-* otherwise the decode rows are that plan's (the ones the planner did not pause), each at its
-  KV depth (``past_length``), and the rest of the budget, ``v`` tokens, goes to chunks and
-  drafts, priced at the deepest chunk's past (``context`` and ``attention`` grow with ``v``
-  there), so a step whose decodes are deep in KV takes fewer prompt tokens; the planner plans
-  again with that budget. Two plans then, each the kernel's (about a microsecond at B = 256).
+* one pass over the residents (``StepPricer``, in C: ``_step_time.pyx``; its twin
+  ``_step_time_py.py``) finds the decode rows the plan will have — the decoding residents the
+  planner will not pause (SPEC §3 step 2's rule: under PAUSE with a priority order, a row whose
+  priority is above the first pending prompt's, not released by ``max_pause_steps``) — and
+  their KV depth (``committed``), and the prompts that may get chunks: their count, their
+  committed tokens and the deepest one;
+* with no decode row the plan is the policy's (SPEC §3: such a step has T_max; no token waits
+  on its time); otherwise the step is priced as those decode rows (one token each, at their
+  depth) and ``v`` more tokens (chunks and drafts) whose context and attention grow at the
+  deepest prompt's depth, every pending prompt counted as a row and its committed tokens as
+  context (an upper bound: fewer may get chunks), and ``v`` is the largest that fits; so a step
+  whose decodes are deep in KV takes fewer prompt tokens. One plan, at that budget.
 
 ``observe(seconds)`` after each step (the runtime's measured time of the plan just run) updates
 the model online: the plan's features and time go into a ring of the last ``window`` steps, and
@@ -30,12 +35,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _errors
+from .._select import implementation
 from ..planner._types import IfbSchedulingMode
+
+# The pricing pass: compiled unless STEPPLANNER_IMPL=python (its twin, _step_time_py).
+if TYPE_CHECKING:
+    from ._step_time_py import StepPricer as _Pricer
+else:
+    _Pricer = implementation(
+        "stepplanner.ledger._step_time", "stepplanner.ledger._step_time_py"
+    ).StepPricer
 
 __all__ = ["StepTimeBudget", "plan_features"]
 
@@ -54,7 +68,7 @@ def plan_features(plan: Any) -> tuple[int, int, int, int]:
 
 def _seconds(field: str, value: object, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _errors.wrong_type(field, "a number of seconds", value)
+        raise _errors.wrong_type(field, "number of seconds", value)
     x = float(value)
     if not math.isfinite(x) or x < 0 or (positive and x == 0):
         allowed = "a finite number > 0" if positive else "a finite number >= 0"
@@ -70,7 +84,7 @@ def _count(field: str, value: object, low: int, high: int) -> int:
     return value
 
 
-class StepTimeBudget:
+class StepTimeBudget(_Pricer):
     """A planner that caps each step's tokens by its predicted time (see the module doc).
 
     ``planner``: a ``StepPlanner`` (its ``policy`` must be MIXED); ``coefficients``: the model's
@@ -118,78 +132,18 @@ class StepTimeBudget:
         self.max_step_seconds = target
         self._prior = np.array(prior[:3])
         self.a, self.b, self.c, self.d, self.e, self.f = prior
-        self._low = int(limits.max_batch_size + limits.kv_page_size)
-        self._high = int(policy.max_num_tokens)
+        _Pricer.__init__(self, planner, policy, limits, target, prior)
         self._huber, self._prior_weight = huber, prior_weight
         self._x = np.zeros((window, 3))
         self._y = np.zeros(window)
         self._samples = 0  # observed so far (the ring holds min(samples, window))
         self._refit_every = refit_every
-        self._last: Any = None  # the plan made last, until observed
-        self.last_budget = self._high
         self.refits = 0
 
     @property
     def coefficients(self) -> dict[str, float]:
         """The model as it prices steps now."""
         return {k: float(getattr(self, k)) for k in COEFFICIENTS}
-
-    def plan(
-        self,
-        residents: Any,
-        count: Any = None,
-        reasons: Any = None,
-        drafts: Any = None,
-        max_num_tokens: Any = None,
-    ) -> Any:
-        """``planner.plan``, then, when the plan has decode rows and its predicted time is over
-        ``max_step_seconds``, ``planner.plan`` again with the budget that fits (SPEC §9): the
-        decode rows it prices are the ones the planner kept (paused rows cost nothing)."""
-        planner = self.planner
-        plan = planner.plan(
-            residents, count, reasons=reasons, drafts=drafts, max_num_tokens=max_num_tokens
-        )
-        self._last = plan
-        self.last_budget = self._high if max_num_tokens is None else int(max_num_tokens)
-        if plan.num_decode == 0 or plan.total_tokens <= self._low:
-            return plan
-        chosen = self._budget_for(plan.as_array(), plan.num_decode)
-        if chosen < plan.total_tokens:
-            self.last_budget = chosen
-            plan = planner.plan(
-                residents, count, reasons=reasons, drafts=drafts, max_num_tokens=chosen
-            )
-            self._last = plan
-        return plan
-
-    def _budget_for(self, seq: np.ndarray, n_decode: int) -> int:
-        """The largest budget whose step fits, priced on the plan made at the policy's budget:
-        its decode rows (one token each) at their KV depth, its chunk rows at their own past
-        (a smaller budget plans the same prompts, or fewer), and v more tokens (chunks,
-        drafts), each attending to the deepest chunk's past and to the v before it."""
-        past = seq["past_length"]
-        decode = seq["work"] == 1
-        depth = float(past[decode].sum(dtype=np.int64))
-        chunks = len(seq) - n_decode
-        chunk_past = float(past[~decode].sum(dtype=np.int64)) if chunks else 0.0
-        p0 = float(past[~decode].max()) if chunks else 0.0
-        # time(v) = q2 v^2 + q1 v + q0 for v tokens beside the n_decode decode rows.
-        a, b, c, d, e, f = self.a, self.b, self.c, self.d, self.e, self.f
-        c0 = depth + chunk_past + n_decode  # context with no token beyond a decode row's one
-        q2 = d + e
-        q1 = b + c + d * (c0 + n_decode) + e * p0
-        q0 = a + f * len(seq) + b * n_decode + c * c0 + d * n_decode * c0
-        q0 += e * (depth + n_decode)
-        room = self.max_step_seconds - q0
-        if room <= 0:
-            return self._low
-        if q2 > 0:
-            v = 2 * room / (q1 + math.sqrt(q1 * q1 + 4 * q2 * room))  # the root, stably
-        elif q1 > 0:
-            v = room / q1
-        else:
-            return self._high
-        return int(max(self._low, min(self._high, n_decode + v)))
 
     def predict(self, plan: Any) -> float:
         """The model's seconds for ``plan`` (a ``StepPlan``)."""
@@ -201,7 +155,7 @@ class StepTimeBudget:
         """The plan made last took ``seconds`` (measured): a sample for the online fit. A value
         that is not a finite positive number is refused, naming it, with nothing changed."""
         took = _seconds("seconds", seconds, positive=True)
-        plan, self._last = self._last, None
+        plan, self.last_plan = self.last_plan, None
         if plan is None or plan.total_tokens == 0:
             return
         tokens, context, rows, attention = plan_features(plan)
@@ -243,4 +197,5 @@ class StepTimeBudget:
         if not np.all(np.isfinite(fitted)) or np.any(fitted < 0):
             return
         self.a, self.b, self.c = (float(v) for v in fitted)
+        self.set_model(self.a, self.b, self.c, self.d, self.e, self.f)
         self.refits += 1
