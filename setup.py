@@ -50,8 +50,8 @@ extensions = [
             [] if os.name == "nt" else ["-O0", "-g"] if DEBUG else ["-falign-functions=64"]
         ),
     )
-    # kv._kv cimports _core's structs; ledger._ledger cimports both.
-    for name in ("_core", "kv._kv", "ledger._ledger")
+    # kv._kv cimports _core's structs; ledger._ledger cimports both; ledger._step_time, _core's.
+    for name in ("_core", "kv._kv", "ledger._ledger", "ledger._step_time")
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=directives))

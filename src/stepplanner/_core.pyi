@@ -92,6 +92,7 @@ class StepPlanner:
         count: SupportsIndex | None = None,
         reasons: npt.NDArray[np.uint8] | None = None,
         drafts: Sequence[SupportsIndex] | npt.NDArray[np.int32] | None = None,
+        max_num_tokens: SupportsIndex | None = None,
     ) -> StepPlan: ...
 
 def time_kernel_loop(

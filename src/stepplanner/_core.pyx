@@ -27,7 +27,7 @@ import numpy as np
 
 from . import _errors
 from .planner._fields import as_bool, as_int32, as_uint64
-from .planner._policy import check_policy
+from .planner._policy import check_policy, step_budget
 from .planner._types import (
     RESIDENT_DTYPE,
     SEQUENCE_DTYPE,
@@ -1202,7 +1202,7 @@ cdef class StepPlanner:
     def __repr__(self):
         return f"StepPlanner(policy={self.policy!r}, limits={self.limits!r})"
 
-    def plan(self, residents, count=None, reasons=None, drafts=None):
+    def plan(self, residents, count=None, reasons=None, drafts=None, max_num_tokens=None):
         """Plan one step over ``residents`` and return the planner's one ``StepPlan``.
 
         ``residents``: a list or tuple of ``ResidentState``, or a 1-D ``RESIDENT_DTYPE`` array
@@ -1212,6 +1212,8 @@ cdef class StepPlanner:
         ``drafts``: optionally, the draft tokens proposed for each resident this step (a list or
         tuple of ints or a 1-D int32 array, len >= count); decode rows verify what the budget
         grants of them (SPEC §8).
+        ``max_num_tokens``: optionally, this step's token budget, in ``[B + P,
+        policy.max_num_tokens]`` under MIXED (SPEC §9): it replaces the policy's for this plan.
 
         Inputs whose reading runs Python code (a list's ``__getitem__``, an int's ``__index__``)
         are copied into the planner's buffers first; then the arrays are checked and planned
@@ -1240,6 +1242,20 @@ cdef class StepPlanner:
             reasons_ptr = _reasons_pointer(reasons, n)
         if drafts is not None:
             _check_drafts(drafts, n)
+        # SPEC §9: the kernel reads this step's budget from a copy of the config (the policy's
+        # stays as it was); checked here, before anything is written.
+        cdef ConfigC step_cfg
+        cdef const ConfigC* cfg = &self.cfg
+        if max_num_tokens is not None:
+            step_cfg = self.cfg
+            if (type(max_num_tokens) is int and self.cfg.mode == MODE_MIXED
+                    and self.cfg.max_batch_size + self.cfg.kv_page_size <= max_num_tokens
+                    <= self.cfg.max_num_tokens):
+                step_cfg.max_num_tokens = <int32_t>max_num_tokens  # in range: step_budget's
+            else:  # the check and its messages, shared with the twin
+                step_cfg.max_num_tokens = <int32_t>step_budget(max_num_tokens, self.policy,
+                                                               self.limits)
+            cfg = &step_cfg
         # Reading a list (its __getitem__) or an int (its __index__) runs Python code, which may
         # change any input: the arrays are read, and reasons' pointer taken, after it has run.
         cdef bint ran_code = not is_array or (drafts is not None
@@ -1266,7 +1282,7 @@ cdef class StepPlanner:
                     rows = self._read_array(residents, <int32_t>n, reasons_ptr, ran_code)
                 if drafts is not None:
                     self._check_draft_values(rows, <int32_t>n)
-                plan_step(&self.cfg, rows, <int32_t>n, &self.scratch, &self._plan.c,
+                plan_step(cfg, rows, <int32_t>n, &self.scratch, &self._plan.c,
                           reasons_ptr, self.scratch.drafts if drafts is not None else NULL)
                 self._plan.version += 1
             finally:

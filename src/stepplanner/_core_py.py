@@ -15,7 +15,12 @@ import numpy as np
 
 from . import _errors
 from .planner._fields import RESIDENT_CONVERTERS, as_bool, as_int32
-from .planner._policy import ResolvedSchedulingPolicy, StepPlannerLimits, check_policy
+from .planner._policy import (
+    ResolvedSchedulingPolicy,
+    StepPlannerLimits,
+    check_policy,
+    step_budget,
+)
 from .planner._types import (
     REASON_RELEASED_FROM_PAUSE,
     RESIDENT_DTYPE,
@@ -404,13 +409,22 @@ class StepPlanner:
         return f"StepPlanner(policy={self._policy!r}, limits={self._limits!r})"
 
     def plan(
-        self, residents: Any, count: Any = None, reasons: Any = None, drafts: Any = None
+        self,
+        residents: Any,
+        count: Any = None,
+        reasons: Any = None,
+        drafts: Any = None,
+        max_num_tokens: Any = None,
     ) -> StepPlan:
         lim, pol = self._limits, self._policy
         n_res = _count_of(residents, count, lim.max_batch_size)
         _check_reasons(reasons, n_res)
         if drafts is not None:
             _check_drafts(drafts, n_res)
+        # SPEC §9: this step's budget in the policy's max_num_tokens' place, nowhere else.
+        step_tokens = (
+            pol.max_num_tokens if max_num_tokens is None else step_budget(max_num_tokens, pol, lim)
+        )
         # Reading a list subclass runs its code, which may call plan() on this planner again:
         # refuse that call rather than let it replace the rows being read (as the core does).
         if self._planning:
@@ -458,7 +472,7 @@ class StepPlanner:
             decodes = [i for i in order if decoding[i] and not is_paused[i]]
             prompts = [i for i in order if not decoding[i] and not is_paused[i]]
             if decodes:
-                budget, cap = pol.max_num_tokens - len(decodes), pol.max_chunk_tokens
+                budget, cap = step_tokens - len(decodes), pol.max_chunk_tokens
             else:
                 budget, cap = t_max, s_in
         elif any(not d for d in decoding):
@@ -477,9 +491,7 @@ class StepPlanner:
         # what the first prompt needs to reach its next page end.
         grants = [0] * len(decodes)
         if proposed is not None and decodes:
-            spare = (pol.max_num_tokens if pol.mode == IfbSchedulingMode.MIXED else t_max) - len(
-                decodes
-            )
+            spare = (step_tokens if pol.mode == IfbSchedulingMode.MIXED else t_max) - len(decodes)
             if prompts:
                 committed, prompt_length = rows[prompts[0]][3], rows[prompts[0]][2]
                 spare -= min(prompt_length - committed, p - committed % p)

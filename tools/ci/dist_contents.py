@@ -18,7 +18,7 @@ import tarfile
 import zipfile
 
 # Each compiled module: its .pyx ships in the sdist only; its .pxd and .pyi in both.
-MODULES = ["_core", "kv/_kv", "ledger/_ledger"]
+MODULES = ["_core", "kv/_kv", "ledger/_ledger", "ledger/_step_time"]
 
 
 def sdist_problems(path: str) -> dict[str, list[str]]:

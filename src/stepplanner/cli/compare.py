@@ -16,6 +16,13 @@ from ..sim.workloads import Workload
 from ..tuning.metrics import parse_number_list
 from .compare_plot import plot_compare
 from .config import canonical_key, parse_config, parse_config_text
+from .engine_options import (
+    engine_options,
+    max_step_seconds,
+    preemption_lines,
+    take_engine_keys,
+    with_preemption_columns,
+)
 from .errors import InputError, library_errors
 from .files import check_files, read_json
 from .notices import warn_no_op_options, warn_refused
@@ -76,14 +83,16 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
 @run_options
 @queue_options
 @speculation_options
+@engine_options
 @click.option(
     "--config",
     "configs",
     multiple=True,
     help="One configuration as KEY=VALUE,... e.g. 'policy=priority,preemption=pause,"
     "max_num_tokens=1024' (repeat for each; keys are SchedulingOptions and "
-    "limits fields, aliases mode/policy/reserved, name, and num_pages: a pool "
-    "of KV pages, as simulate --num-pages). Default: fcfs, priority, "
+    "limits fields, aliases mode/policy/reserved, name, num_pages: a pool "
+    "of KV pages, as simulate --num-pages, and max_step_time, kv_preemption as "
+    "the flags). Default: fcfs, priority, "
     "priority+pause; when requests carry objectives, fcfs, priority+pause, "
     "edf+pause and deadline+pause.",
 )
@@ -150,21 +159,31 @@ def compare_command(
     if not items:
         defaults = DEFAULT_SLO_COMPARE if workload.has_objectives else DEFAULT_COMPARE
         items = [parse_config_text(text) for text in defaults]
+    flags = {
+        "max_step_seconds": max_step_seconds(kw.pop("max_step_time")),
+        "kv_preemption": kw.pop("kv_preemption"),
+    }
     pools = [_take_num_pages(item) for item in items]
+    extras = [take_engine_keys(rest, flags, _label(item)) for item, (rest, _) in zip(items, pools)]
     runs = [
         parse_config(rest, limits, SchedulingOptions(), _label(item))
-        for item, (rest, _) in zip(items, pools)
+        for item, (rest, _) in zip(items, extras)
     ]
     # Every configuration is resolved (and so checked) before the first one runs.
     policies = [resolve_scheduling_policy(r.options, r.limits) for r in runs]
-    for config, policy, (_, pool) in zip(runs, policies, pools):
+    for config, policy, (_, pool), (_, fields) in zip(runs, policies, pools, extras):
         warn_no_op_options(config.options, policy, config.name)
         check_num_pages(pool, workload, config.limits, f"config {config.name!r}: num_pages")
+        if fields["kv_preemption"] is not None and not pool:
+            raise InputError(
+                f"config {config.name!r}: kv_preemption={fields['kv_preemption']} preempts "
+                "when KV pages run out; give that configuration num_pages=N"
+            )
     latency = latency_of(latency_model, latency_text)
     engine = Engine(limits, latency=latency, queue=queue, speculation=speculation)
     engines = [
-        engine.replace(limits=config.limits, options=policy, num_pages=pool)
-        for config, policy, (_, pool) in zip(runs, policies, pools)
+        engine.replace(limits=config.limits, options=policy, num_pages=pool, **fields)
+        for config, policy, (_, pool), (_, fields) in zip(runs, policies, pools, extras)
     ]
     show = progress and fmt == "table"
     offered: list[tuple[float, float] | None] = [None]
@@ -207,7 +226,10 @@ def compare_command(
     else:
         emit(
             [
-                *with_page_columns(comparison_blocks(reports), reports),
+                *with_preemption_columns(
+                    with_page_columns(comparison_blocks(reports), reports), reports
+                ),
+                *preemption_lines(reports, named=True),
                 *attainment_comparison(reports, names),
                 *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"])),
             ],
@@ -251,6 +273,7 @@ def _emit_loads(
         [
             Line("saturation", told),
             *attainment_comparison(reports, names, offered, main=True),
+            *preemption_lines(reports, named=True),
             *(b for r in reports for b in tuning_extras.slo_blocks(r, r["name"])),
         ],
         fmt,

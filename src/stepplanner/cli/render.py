@@ -19,7 +19,7 @@ import dataclasses
 import io
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -416,8 +416,9 @@ def _merit_text(s: dict[str, Any]) -> str:
     )
 
 
-def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
-    """``simulate --num-pages``: page occupancy per step and the requests that waited for it."""
+def page_blocks(pages: dict[str, Any], steps: int, as_used: bool = False) -> list[Block]:
+    """``simulate --num-pages``: page occupancy per step and the requests that waited for it
+    (``as_used``: pages taken as KV grows, ``--kv-preemption``, rather than worst cases)."""
     n, held = pages["num_pages"], pages["steps_with_requests_held_for_pages"]
     refused = pages["refused_for_pages"]
     columns = [
@@ -441,7 +442,12 @@ def page_blocks(pages: dict[str, Any], steps: int) -> list[Block]:
         )
     ]
     return [
-        TableData(f"KV pages (pool of {n:,}; worst cases reserved)", columns, rows),
+        TableData(
+            f"KV pages (pool of {n:,}; "
+            + ("taken as KV grows)" if as_used else "worst cases reserved)"),
+            columns,
+            rows,
+        ),
         Line(
             "held back",
             f"requests waited for pages in {held:,} of {steps:,} steps"
@@ -530,6 +536,17 @@ def with_page_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> lis
             pages["steps_with_requests_held_for_pages"],
         ]
 
+    return with_main_columns(blocks, reports, extra, values)
+
+
+def with_main_columns(
+    blocks: list[Block],
+    reports: list[dict[str, Any]],
+    extra: list[Column],
+    values: Callable[[dict[str, Any]], list[Any]],
+) -> list[Block]:
+    """``blocks`` with the ``extra`` columns added to the main table, one row per report,
+    filled by ``values(report)``."""
     return [
         dataclasses.replace(
             b,

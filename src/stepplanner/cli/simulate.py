@@ -10,6 +10,7 @@ from ..cli import tuning_extras
 from ..fidelity.simulated import results_document
 from ..planner._policy import resolve_scheduling_policy
 from ..sim.engine import Engine, RunSpec
+from .engine_options import engine_options, engine_options_from, preemption_lines
 from .errors import InputError, library_errors
 from .files import check_files
 from .notices import warn_no_op_options, warn_refused
@@ -44,6 +45,7 @@ from .tuning_render import write_json
 @run_options
 @format_options
 @num_pages_option
+@engine_options
 @queue_options
 @speculation_options
 @click.option(
@@ -91,7 +93,8 @@ def simulate_command(
     latency = latency_of(latency_model, latency_text)
     show_progress = progress and fmt == "table"
     check_num_pages(num_pages, workload, limits)
-    engine = Engine(limits, policy, latency, num_pages, queue, speculation)
+    extras = engine_options_from(kw, num_pages)
+    engine = Engine(limits, policy, latency, num_pages, queue, speculation, **extras)
     result, occupancy = run(
         RunSpec(workload, engine, max_steps, save_detailed), show_progress, "simulating"
     )
@@ -106,11 +109,16 @@ def simulate_command(
     if fmt == "json":
         click.echo(write_json(None, report))
     else:
-        pages = page_blocks(report["pages"], result.num_steps) if occupancy is not None else []
+        pages = (
+            page_blocks(report["pages"], result.num_steps, "preemption" in report)
+            if occupancy is not None
+            else []
+        )
         emit(
             [
                 *report_blocks(report),
                 *pages,
+                *preemption_lines([report]),
                 *attainment_blocks(report),
                 *tuning_extras.vllm_blocks(report, metric_percentiles),
             ],

@@ -10,12 +10,14 @@ import click
 from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
 from .counts import runs_at_once
+from .engine_options import engine_options, engine_options_from
 from .errors import library_errors
 from .files import check_files
 from .options import (
     format_options,
     limit_options,
     limits_from,
+    num_pages_option,
     options_from,
     output_format,
     scheduling_options,
@@ -24,6 +26,7 @@ from .options import (
 )
 from .plot import check_plot_path, require_matplotlib
 from .render import emit
+from .running import check_num_pages
 from .tuning_options import (
     latency_model_file,
     latency_model_option,
@@ -51,6 +54,8 @@ from .tuning_render import document, plot_front, save, sweep_blocks
 @slo_option
 @latency_model_option
 @percentiles_option
+@num_pages_option
+@engine_options
 @output_options("one object per configuration")
 @click.option(
     "--plot",
@@ -76,6 +81,7 @@ def sweep_command(
     plot: str | None,
     fmt: str,
     as_json: bool,
+    num_pages: int,
     **kw: Any,
 ) -> None:
     """Simulate every configuration of a grid on one workload; rank by goodput under --slo."""
@@ -93,6 +99,8 @@ def sweep_command(
     limits = limits_from(kw, runs)
     options = options_from(kw, limits)
     workload = workload_from(kw, runs)
+    check_num_pages(num_pages, workload, limits)
+    engine = {"num_pages": num_pages, **engine_options_from(kw, num_pages)}
     latency = latency_of(latency_model, latency_text)
     with ConfigProgress(total, progress and fmt == "table", "sweeping") as tick:
         records, outcome = sweep(
@@ -107,6 +115,7 @@ def sweep_command(
             workers,
             ray_address,
             tick,
+            {k: v for k, v in engine.items() if v},
         )
     report_interrupt(outcome, total)
     text = save(

@@ -147,6 +147,10 @@ def sweep_blocks(
                 "*" if r["pareto"] else "",
             ]
         )
+    if any("recomputed_tokens" in r for r in records):  # --kv-preemption
+        columns.append(Column("recomputed\ntokens", ","))
+        ok = [r for r in records if r.get("error") is None]
+        rows = [[*row, r.get("recomputed_tokens")] for row, r in zip(rows, ok)]
     found = verdict(records, slos)
     return [
         Line("sweep", header),

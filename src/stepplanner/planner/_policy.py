@@ -10,6 +10,7 @@ implementations; ``check_policy`` is what a ``StepPlanner`` constructor runs on 
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 from .. import _errors
 from ._fields import as_enum, as_int, as_int32_in, out_of_field_range
@@ -21,6 +22,7 @@ __all__ = [
     "StepPlannerLimits",
     "check_policy",
     "resolve_scheduling_policy",
+    "step_budget",
 ]
 
 DEFAULT_TOKEN_TARGET = 512  # the seed's default scheduling target, in tokens per step
@@ -152,6 +154,31 @@ def check_reserved_slots(value: int, limits: StepPlannerLimits) -> None:
         raise out_of_field_range(
             "priority_reserved_slots", value, f"0..{b - 1} (fewer than max_batch_size={b})"
         )
+
+
+def step_budget(value: object, policy: ResolvedSchedulingPolicy, limits: StepPlannerLimits) -> int:
+    """One plan's ``max_num_tokens`` (SPEC §9), checked: an int in ``[B + P,
+    policy.max_num_tokens]`` under MIXED; under PREFILL_FIRST no value but None is allowed."""
+    if isinstance(value, bool):
+        raise _errors.not_integer("max_num_tokens", value)
+    try:
+        budget = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise _errors.not_integer("max_num_tokens", value) from None
+    if policy.mode != IfbSchedulingMode.MIXED:
+        raise _errors.out_of_range(
+            "max_num_tokens",
+            budget,
+            f"None under {policy.mode.name} (a per-step budget is MIXED's, SPEC §9)",
+        )
+    low = limits.max_batch_size + limits.kv_page_size
+    if not low <= budget <= policy.max_num_tokens:
+        raise _errors.out_of_range(
+            "max_num_tokens",
+            budget,
+            f"[{low}, {policy.max_num_tokens}] (B + P to the policy's max_num_tokens, SPEC §9)",
+        )
+    return budget
 
 
 def mixed_feasible(limits: StepPlannerLimits) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..planner._policy import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
+from ..planner._types import IfbSchedulingMode
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
 from .workloads import Workload
 
@@ -38,8 +40,14 @@ __all__ = [
     "RunSpec",
     "ServingQueue",
     "Speculation",
+    "VICTIM_RULES",
     "resolve_options",
 ]
+
+# How a run that preempts for KV pages picks its victim (sim.preemption): vLLM's rule (the
+# resident admitted last; under a priority policy the lowest priority, then the latest arrival),
+# or the least computed work lost, never a protected class while another will do.
+VICTIM_RULES = ("vllm", "least-work")
 
 DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
 
@@ -156,9 +164,26 @@ class Engine:
     queue: ServingQueue = dataclasses.field(default_factory=ServingQueue)
     speculation: Speculation | None = None
     pace: EnginePace | None = None
+    # A step-time budget (ledger.StepTimeBudget): each step with decode rows capped at this
+    # many seconds as the latency model predicts it, and the model refitted online from the
+    # steps' times. None: the policy's max_num_tokens every step.
+    max_step_seconds: float | None = None
+    # With a page pool: pages taken as KV grows (a prompt's at admission), and when a step's
+    # would outgrow the pool a resident is preempted (its KV dropped, recomputed when it runs
+    # again) by this rule, "vllm" or "least-work" (sim.preemption). None: every request's worst
+    # case reserved at admission, so none is ever preempted (sim.paged).
+    kv_preemption: str | None = None
 
     def __post_init__(self) -> None:
         _check_type("limits", self.limits, StepPlannerLimits)
+        s = self.max_step_seconds
+        if s is not None and (
+            isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s < math.inf
+        ):
+            raise StepPlannerValueError(
+                f"max_step_seconds={s!r} is out of range; allowed: a finite number of seconds "
+                "> 0, or None (no step-time budget)"
+            )
         _check_type("latency", self.latency, LatencyModel)
         _check_type("queue", self.queue, ServingQueue)
         _check_type("speculation", self.speculation, Speculation, optional=True)
@@ -168,7 +193,29 @@ class Engine:
             raise StepPlannerValueError(
                 f"num_pages={n!r} is out of range; allowed: 0 (unlimited pages) or an int >= 1"
             )
+        rule = self.kv_preemption
+        if rule is not None:
+            if rule not in VICTIM_RULES:
+                raise StepPlannerValueError(
+                    f"kv_preemption={rule!r} is not a victim rule; allowed: "
+                    + ", ".join(repr(r) for r in VICTIM_RULES)
+                    + ", or None (worst cases reserved, nothing preempted)"
+                )
+            if n == 0:
+                raise StepPlannerValueError(
+                    f"kv_preemption={rule!r} needs a page pool; allowed with num_pages >= 1"
+                )
+            if self.speculation is not None:
+                raise StepPlannerValueError(
+                    f"kv_preemption={rule!r} with speculation: not simulated (a preempted row's "
+                    "drafts are not modelled); allowed: one of the two"
+                )
         _ = self.policy  # options that do not resolve under these limits: refused here
+        if s is not None and self.policy.mode != IfbSchedulingMode.MIXED:
+            raise StepPlannerValueError(
+                f"max_step_seconds={s!r} needs the MIXED mode (a per-step budget is MIXED's, "
+                f"SPEC §9); the policy resolved to {self.policy.mode.name}"
+            )
 
     @functools.cached_property
     def policy(self) -> ResolvedSchedulingPolicy:

@@ -49,6 +49,7 @@ from .. import _errors
 from .._errors import QueueFullError, StepPlannerValueError
 from ..core import StepPlanner  # the package's choice: compiled unless STEPPLANNER_IMPL=python
 from ..ledger import RESIDENT_FIELDS, Ledger
+from ..ledger.step_time import StepTimeBudget
 from ..planner._fields import enum_fields
 from ..planner._policy import (
     ResolvedSchedulingPolicy,
@@ -164,6 +165,16 @@ class SimulationResult:
     token_steps: np.ndarray | None = None
     """``simulate(detailed=True)``: per emitted token, the step that emitted it (its time is
     that step's ``end_time``)."""
+    kv_preemption: str | None = None
+    """A paged run that preempts for KV pages (``sim.preemption``): its victim rule."""
+    preempted: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """Per request, how many times it was preempted (its KV dropped, recomputed later)."""
+    recomputed_tokens: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, dtype=np.int64)
+    )
+    """Per request, the computed tokens its preemptions threw away (recomputed when resumed)."""
+    preemption_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Run-wide preemption counts beside the per-request ones (``sim.preemption``)."""
 
     @property
     def num_steps(self) -> int:
@@ -291,6 +302,14 @@ class SimulationResult:
             report["queue"] = self.queue_report()
         if self.speculation is not None:
             report["speculation"] = self.speculation_report()
+        if self.kv_preemption is not None:
+            report["preemption"] = {
+                "victim_rule": self.kv_preemption,
+                "preemptions": int(self.preempted.sum()),
+                "requests_preempted": int((self.preempted > 0).sum()),
+                "recomputed_tokens": int(self.recomputed_tokens.sum()),
+                **self.preemption_counts,
+            }
         attainment = self.attainment()
         if attainment is not None:
             report["slo_attainment"] = attainment
@@ -484,7 +503,12 @@ class SimulationRun:
         self.w, self.limits, self.latency = workload, limits, latency
         self.policy = engine.policy
         self.pace = engine.pace  # its windows count from the first arrival
-        self.planner = planner
+        self.budget = (
+            None
+            if engine.max_step_seconds is None
+            else StepTimeBudget(planner, latency, engine.max_step_seconds)
+        )
+        self.planner = planner if self.budget is None else self.budget
         # By default every request may wait: the workload is the whole demand.
         self.ledger = Ledger(
             limits,
@@ -635,9 +659,8 @@ class SimulationRun:
         (apply, output counts, retirement) happens in the next ``ledger.step``."""
         ledger, reasons = self.ledger, self.reasons
         count = ledger.count
-        seq = plan.as_array()
+        seq, tokens = self._rows_run(plan)
         rows = seq["resident"]
-        tokens = plan.total_tokens
         context = int(seq["past_length"].sum()) + tokens
         latency = self.latency
         attention = 0
@@ -649,6 +672,8 @@ class SimulationRun:
         if self.pace is not None:
             seconds *= self.pace.at(start - self.first_arrival)
         self.now = now = start + seconds
+        if self.budget is not None:  # the runtime's measured step: the model's online sample
+            self.budget.observe(seconds)
         if on_step is not None:
             on_step(len(self.records), start, ledger, plan)
 
@@ -699,14 +724,19 @@ class SimulationRun:
                 now - start,
                 tokens,
                 context,
-                plan.num_prefill,
-                plan.num_decode,
+                len(seq) - int(seq["work"].sum()),  # the rows run (SequenceWork: DECODE = 1)
+                int(seq["work"].sum()),
                 paused.size,
                 count,
                 ledger.waiting,
                 step_ns,
             )
         )
+
+    def _rows_run(self, plan: Any) -> tuple[np.ndarray, int]:
+        """The plan's rows the engine runs, and their tokens: all of them here (a run that
+        preempts for KV pages drops its victims' rows, ``sim.preemption``)."""
+        return plan.as_array(), plan.total_tokens
 
     def _accept_drafts(self, seq: np.ndarray) -> np.ndarray:
         """Draw, per plan row, the drafts accepted of those it verifies (0 for a chunk); kept
@@ -732,6 +762,7 @@ class SimulationRun:
             counts, np.minimum(codes & ~REASON_RELEASED_FROM_PAUSE, len(Reason)), self.reason_counts
         )
         counts[-1] = self.reason_counts[codes & REASON_RELEASED_FROM_PAUSE != 0].sum()
+        tokens = self._tokens()
         return SimulationResult(
             workload=self.w,
             limits=self.limits,
@@ -761,7 +792,8 @@ class SimulationRun:
             speculation=self.speculation,
             draft_tokens=self.draft_tokens,
             accepted_drafts=self.accepted_drafts,
-            **self._tokens(),
+            token_requests=tokens.get("token_requests"),
+            token_steps=tokens.get("token_steps"),
         )
 
     def _tokens(self) -> dict[str, np.ndarray]:

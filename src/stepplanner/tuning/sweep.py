@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..planner._policy import SchedulingOptions, StepPlannerLimits
+from ..sim.engine import Engine, RunSpec
 from ..sim.latency import LatencyModel
-from ..sim.simulator import SimulationResult, simulate
+from ..sim.paged import simulate_paged_run
+from ..sim.simulator import SimulationResult, simulate, simulate_run
 from ..sim.workloads import Workload
 from .backends import Outcome, Progress, run_tasks
 from .grid import GridPoint, expand_grid
@@ -39,6 +41,9 @@ class SweepTask:
     latency: LatencyModel
     slos: tuple[SloTarget, ...]
     percentiles: tuple[float, ...]
+    # Engine fields beyond the point's limits and policy: num_pages, max_step_seconds,
+    # kv_preemption (sim.engine.Engine); empty: the plain simulator, as before.
+    engine: tuple[tuple[str, Any], ...] = ()
 
 
 def assess(
@@ -80,8 +85,20 @@ def evaluate(task: SweepTask) -> dict[str, Any]:
     record = point.record()
     if point.limits is None or point.policy is None:
         return record
-    result = simulate(task.workload, point.limits, point.policy, task.latency)
+    if task.engine:
+        try:  # a point these fields cannot run on (PREFILL_FIRST with a step-time budget)
+            engine = Engine(point.limits, point.policy, task.latency, **dict(task.engine))
+        except (TypeError, ValueError) as exc:
+            record["error"] = str(exc)
+            return record
+        spec = RunSpec(task.workload, engine)
+        result = simulate_paged_run(spec)[0] if engine.num_pages else simulate_run(spec)
+    else:
+        result = simulate(task.workload, point.limits, point.policy, task.latency)
     record.update(assess(result, task.slos, task.percentiles))
+    if result.kv_preemption is not None:
+        record["preemptions"] = int(result.preempted.sum())
+        record["recomputed_tokens"] = int(result.recomputed_tokens.sum())
     return record
 
 
@@ -113,10 +130,15 @@ def sweep(
     workers: int | None = None,
     ray_address: str | None = None,
     progress: Progress | None = None,
+    engine: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], Outcome]:
-    """Run the grid; records sorted by goodput (best first, errors last), front marked."""
+    """Run the grid; records sorted by goodput (best first, errors last), front marked.
+    ``engine``: ``Engine`` fields every point runs with (``SweepTask.engine``)."""
     points = expand_grid(grid, base_limits, base_options)
-    tasks = [SweepTask(p, workload, latency, tuple(slos), tuple(percentiles)) for p in points]
+    fields = tuple(sorted((engine or {}).items()))
+    tasks = [
+        SweepTask(p, workload, latency, tuple(slos), tuple(percentiles), fields) for p in points
+    ]
     outcome = run_tasks(evaluate, tasks, backend, workers, ray_address, progress)
     records = outcome.finished
     front = pareto_front(records)

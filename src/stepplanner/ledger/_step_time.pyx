@@ -1,0 +1,157 @@
+# The step-time budget's pricing pass (ledger.step_time), in C: one pass over the residents a
+# plan will read, before it, for the largest token budget whose step fits the time. Its twin is
+# _step_time_py.py; tests/test_step_time_budget.py holds the two to each other.
+
+cimport cython
+cimport numpy as cnp
+from libc.math cimport sqrt
+from libc.stdint cimport int32_t, int64_t
+
+from stepplanner._core cimport ResidentC
+
+import numpy as np
+
+from .. import _errors
+from ..planner._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+
+cnp.import_array()
+
+cdef cnp.dtype _RESIDENT_DESCR = RESIDENT_DTYPE
+
+
+@cython.auto_pickle(False)  # it holds a planner, which has its own pickling rules
+cdef class StepPricer:
+    """Prices a step over the residents at the step-time model and says the largest budget that
+    fits ``max_step_seconds`` (SPEC §9's range), or the policy's own when that fits or when
+    there is no decode row (see ``ledger.step_time``)."""
+
+    def __init__(self, planner, policy, limits, double max_step_seconds, coefficients):
+        self.planner = planner
+        self.last_plan = None
+        self.last_budget = policy.max_num_tokens
+        self.target = max_step_seconds
+        self.low = limits.max_batch_size + limits.kv_page_size
+        self.high = policy.max_num_tokens
+        self.pausing = (
+            policy.mode == IfbSchedulingMode.MIXED
+            and policy.scheduling_policy != SchedulingPolicy.FCFS
+            and policy.preemption == PreemptionMode.PAUSE
+        )
+        self.release_at = policy.max_pause_steps if policy.max_pause_steps > 0 else 1LL << 32
+        self.set_model(*coefficients)
+
+    def set_model(self, double a, double b, double c, double d, double e, double f):
+        self.a, self.b, self.c, self.d, self.e, self.f = a, b, c, d, e, f
+
+    def plan(self, residents, count=None, reasons=None, drafts=None, max_num_tokens=None):
+        """``planner.plan`` at the budget whose step fits ``max_step_seconds`` (the smaller of
+        it and a given ``max_num_tokens``); the policy's (None) when that fits."""
+        planner = self.planner
+        cdef Py_ssize_t n, length
+        cdef int32_t chosen
+        cdef cnp.ndarray arr
+        if (cnp.PyArray_Check(residents) and (<cnp.ndarray>residents).ndim == 1
+                and (<cnp.ndarray>residents).descr is _RESIDENT_DESCR):
+            arr = <cnp.ndarray>residents  # the ledger's own table: priced in place
+            length = arr.shape[0]
+            if count is None:
+                n = length
+            elif type(count) is int and 0 <= count <= length:
+                n = count
+            else:  # planner.plan refuses it, in its own words
+                return planner.plan(residents, count, reasons, drafts)
+            chosen = self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0],
+                                  <int32_t>n)
+        else:  # another array or a list of ResidentState: checked by the planner, then priced
+            first = planner.plan(residents, count, reasons, drafts)
+            n = first.num_residents
+            chosen = self.budget(residents if cnp.PyArray_Check(residents)
+                                 else _as_rows(residents, n), n)
+        if max_num_tokens is not None and max_num_tokens < chosen:
+            chosen = max_num_tokens
+        self.last_budget = chosen
+        # Positional: the planner's own order (residents, count, reasons, drafts, budget).
+        plan = planner.plan(residents, count, reasons, drafts,
+                            None if chosen == self.high else chosen)
+        self.last_plan = plan
+        return plan
+
+    def budget(self, residents, Py_ssize_t count):
+        """The budget for a plan of the first ``count`` rows of ``residents`` (a 1-D
+        ``RESIDENT_DTYPE`` array)."""
+        if not cnp.PyArray_Check(residents):
+            raise _errors.wrong_type("residents", "1-D RESIDENT_DTYPE array", residents)
+        cdef cnp.ndarray arr = <cnp.ndarray>residents
+        if arr.ndim != 1 or not (arr.descr is _RESIDENT_DESCR
+                                 or cnp.PyArray_EquivTypes(arr.descr, _RESIDENT_DESCR)):
+            raise _errors.wrong_type("residents", "1-D RESIDENT_DTYPE array", residents)
+        if count < 0 or count > arr.shape[0]:
+            raise _errors.count_over_length(count, arr.shape[0])
+        return self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0], <int32_t>count)
+
+    cdef int32_t _budget(self, const char* data, Py_ssize_t stride, int32_t count) noexcept:
+        # Branch-free passes (the rows' kinds and pauses are mixed; the kernel's pause pass is
+        # written the same way).
+        cdef int32_t i
+        cdef int64_t bar = 0x7FFFFFFF, prio, prompt
+        cdef const ResidentC* r
+        if self.pausing:  # SPEC §3 step 2: the bar is the first pending prompt's priority
+            for i in range(count):
+                r = <const ResidentC*>(data + i * stride)
+                prompt = r.context_committed == 0
+                prio = prompt * <int64_t>r.priority + (1 - prompt) * 0x7FFFFFFF
+                bar = min(bar, prio)
+        cdef int64_t n_decode = 0, n_prompt = 0, depth = 0, past = 0, p0 = 0
+        cdef int64_t release_at = self.release_at, committed, decode, active
+        cdef int64_t pausing = self.pausing
+        for i in range(count):
+            r = <const ResidentC*>(data + i * stride)
+            active = 1 - (pausing & (r.priority > bar) & (r.consecutive_paused_steps < release_at))
+            decode = active & (r.context_committed != 0)
+            prompt = active & (r.context_committed == 0)
+            committed = r.committed
+            n_decode += decode
+            depth += decode * committed
+            n_prompt += prompt
+            past += prompt * committed
+            p0 = max(p0, prompt * committed)
+        return price(self.a, self.b, self.c, self.d, self.e, self.f, self.target, self.low,
+                     self.high, n_decode, n_prompt, depth, past, p0)
+
+
+def _as_rows(residents, Py_ssize_t count):
+    """The first ``count`` of a list of ``ResidentState`` as a ``RESIDENT_DTYPE`` array."""
+    fields = RESIDENT_DTYPE.names
+    return np.array([tuple(getattr(residents[i], f) for f in fields) for i in range(count)],
+                    dtype=RESIDENT_DTYPE)
+
+
+cdef int32_t price(double a, double b, double c, double d, double e, double f, double target,
+                   int32_t low, int32_t high, int64_t n_decode, int64_t n_prompt, int64_t depth,
+                   int64_t past, int64_t p0) noexcept nogil:
+    """time(v) = q2 v^2 + q1 v + q0 for v tokens beside n_decode decode rows; the largest
+    n_decode + v within target, clamped to [low, high] (high: no decode row, or it all fits)."""
+    if n_decode == 0:
+        return high
+    cdef double nd = <double>n_decode
+    cdef double c0 = <double>depth + <double>past + nd
+    cdef double q2 = d + e
+    cdef double q1 = b + c + d * (c0 + nd) + e * <double>p0
+    cdef double q0 = a + f * (nd + <double>n_prompt) + b * nd + c * c0 + d * nd * c0
+    q0 += e * (<double>depth + nd)
+    cdef double room = target - q0
+    cdef double v
+    if room <= 0:
+        return low
+    if q2 > 0:
+        v = 2 * room / (q1 + sqrt(q1 * q1 + 4 * q2 * room))
+    elif q1 > 0:
+        v = room / q1
+    else:
+        return high
+    v += nd
+    if v >= high:
+        return high
+    if v <= low:
+        return low
+    return <int32_t>v
