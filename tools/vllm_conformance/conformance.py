@@ -245,8 +245,11 @@ def check_adapter(python: str) -> None:
         )
 
 
-def run_modes(python: str, root: Path, files: list[str], modes: list[str], out: Path) -> Any:
-    """One pytest process over ``files``, every test once per mode; {mode: {test: record}}."""
+def run_modes(
+    python: str, root: Path, files: list[str], modes: list[str], out: Path, reuse: bool = False
+) -> Any:
+    """One pytest process over ``files``, every test once per mode; {mode: {test: record}}.
+    With ``reuse``, the report an earlier run left in ``out`` instead."""
     report = out / "report.json"
     env = test_env()
     env.update(
@@ -256,11 +259,12 @@ def run_modes(python: str, root: Path, files: list[str], modes: list[str], out: 
     command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conformance_plugin"]
     command += ["--rootdir", str(root), "--tb=line", "-rN", *files]
     log = out / "pytest.log"
-    with log.open("w") as f:
-        code = subprocess.run(command, cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT)
-    if code.returncode not in (0, 1) or not report.exists():
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise SystemExit(f"conformance: pytest exited {code.returncode} ({log}):\n{tail}")
+    if not reuse:
+        with log.open("w") as f:
+            code = subprocess.run(command, cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT)
+        if code.returncode not in (0, 1) or not report.exists():
+            tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
+            raise SystemExit(f"conformance: pytest exited {code.returncode} ({log}):\n{tail}")
     runs: dict[str, dict[str, Any]] = {m: {} for m in modes}
     for nodeid, record in json.loads(report.read_text()).items():
         mode = record["mode"]
@@ -302,7 +306,15 @@ def classify(runs: dict[str, dict[str, Any]], mode: str) -> dict[str, dict[str, 
 def refused_features(message: str) -> list[str]:
     """The features a start-up refusal names (the adapter joins them with "; ")."""
     m = re.search(r"does not support (.*): the planner does not model", message, re.S)
-    return [part.strip() for part in m.group(1).split("; ")] if m else [message]
+    if m is None:
+        return [message]
+    parts, depth, start, text = [], 0, 0, m.group(1)
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and text.startswith("; ", i):  # not a "; " inside a feature's brackets
+            parts.append(text[start:i])
+            start = i + 2
+    return [part.strip() for part in [*parts, text[start:]]]
 
 
 # --- the expected differences -------------------------------------------------------------------
@@ -335,7 +347,7 @@ def refusal_entry(message: str, reasons: dict[str, Any]) -> dict[str, str]:
 
 
 def difference_entry(test: str, mode: str, record: dict[str, Any], reasons: dict[str, Any]):
-    for rule in reasons["differences"]:
+    for rule in reasons.get("differences", []):
         if fnmatch.fnmatchcase(test, rule["test"]) and mode in rule.get("modes", [mode]):
             return {"status": rule["status"], "reason": rule["reason"], "doc": rule.get("doc", "")}
     return {"status": "differs", "reason": UNEXPLAINED, "doc": "", "failure": record["message"]}
@@ -467,6 +479,11 @@ def main(argv: list[str]) -> int:
     run.add_argument("--write-expected", action="store_true")
     run.add_argument("--modes", help="comma-separated subset of " + ",".join(MODES))
     run.add_argument("--out", help="where the reports go (default a temporary directory)")
+    run.add_argument(
+        "--reuse",
+        action="store_true",
+        help="classify the report an earlier run left in --out again, without running",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "fetch":
@@ -490,12 +507,14 @@ def main(argv: list[str]) -> int:
         if mode in STEPPLANNER_MODES and BASELINE[MODES[mode][1]] not in modes:
             modes.append(BASELINE[MODES[mode][1]])
     modes.sort(key=list(MODES).index)
-    if any(m in STEPPLANNER_MODES for m in modes):
+    if args.reuse and not args.out:
+        parser.error("--reuse needs --out, the directory of the earlier run")
+    if any(m in STEPPLANNER_MODES for m in modes) and not args.reuse:
         check_adapter(args.python)
     out = Path(args.out or tempfile.mkdtemp(prefix=f"vllm-conformance-{version}-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"+ conformance: vllm {version}, {len(files)} files, modes {', '.join(modes)}; {out}")
-    runs = run_modes(args.python, root, files, modes, out)
+    runs = run_modes(args.python, root, files, modes, out, args.reuse)
     for mode in modes:
         tests = runs[mode]
         seconds = sum(r["seconds"] for r in tests.values())

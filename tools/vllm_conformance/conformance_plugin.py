@@ -146,6 +146,12 @@ def _factory(original: type) -> Any:
         _current.policies.append(str(vllm_config.scheduler_config.policy))
         if policy == "priority":
             vllm_config.scheduler_config.policy = "priority"
+        if original.__name__ == "AsyncScheduler":
+            # vLLM's CPU platform switches async scheduling off while the config is built; the
+            # helper chose AsyncScheduler because the test asked for it, so it is set back on,
+            # as a GPU engine runs it (vLLM's AsyncScheduler does not read the flag; the
+            # adapter does: stepplanner.integrations.vllm_cpu.make_scheduler does the same).
+            vllm_config.scheduler_config.async_scheduling = True
         _current.built += 1
         if scheduler == "vllm":
             return original(*args, **kwargs)
