@@ -533,6 +533,9 @@ def main(argv: list[str]) -> int:
     classified = {m: classify(runs, m) for m in modes if m in STEPPLANNER_MODES}
     if not classified:
         print(f"+ [vllm-conformance-{version}: {time.monotonic() - start:.0f} s]")
+        if not any(r["built"] for m in modes for r in runs[m].values()):
+            print(f"conformance: no test built vLLM {version}'s scheduler here ({out}/pytest.log)")
+            return 1
         return 0
     if args.write_expected:
         path = write_expected(version, classified)
