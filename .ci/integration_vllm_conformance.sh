@@ -27,6 +27,8 @@ if [ ! -x "$python" ]; then
   echo ".ci/integration_vllm_conformance.sh: no venv at $venv" >&2
   exit 1
 fi
+# Absolute: the runner starts pytest in the extracted tests' directory, not here.
+python=$(cd "$venv/bin" && pwd)/python
 # The package as the venv has it installed (not this checkout's src/, which is not built here).
 "$python" -c 'import stepplanner.integrations.vllm' || {
   echo ".ci/integration_vllm_conformance.sh: StepPlannerScheduler does not import in $venv" >&2
