@@ -239,12 +239,7 @@ class DeadlineQueue(AsyncScheduler):
                     self._hand_back(request, record)
                 continue
             self._examined.append(request)  # back on a heap at the step's end unless admitted
-            # vLLM's own promotion of a request whose grammar has compiled (a failed one lands
-            # in grammar_compile_error_reqs, for update_from_output to finish alone).
-            ready = not self._is_blocked_waiting_status(
-                request.status
-            ) or self._handle_blocked_waiting_request(request)
-            if ready and request.request_id not in self.grammar_compile_error_reqs:
+            if self._admissible(request):  # RequestRows's rule, as in vLLM's queue order
                 yield request
 
     def _requeue(self, admitted: list[Request]) -> None:

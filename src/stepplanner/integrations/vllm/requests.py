@@ -88,14 +88,18 @@ class RequestRows(AsyncScheduler):
                 if self._priority_order:
                     return  # urgent requests sort first: none follows
                 continue
-            if (
-                self._is_blocked_waiting_status(request.status)
-                and not self._handle_blocked_waiting_request(request)
-            ) or request.request_id in self.grammar_compile_error_reqs:
-                # Its grammar is still compiling (passed over, holding back no one), or failed
-                # to compile or it was refused at add_request: update_from_output finishes it.
-                continue
-            yield request
+            if self._admissible(request):
+                yield request
+
+    def _admissible(self, request: Request) -> bool:
+        """Whether a waiting request may be admitted now, in either queue order. One whose
+        grammar is still compiling is passed over, holding back no one, until vLLM's own
+        ``_handle_blocked_waiting_request`` promotes it; one whose grammar failed to compile, or
+        that was refused at add_request, never is: update_from_output finishes it alone."""
+        blocked = self._is_blocked_waiting_status(request.status)
+        if blocked and not self._handle_blocked_waiting_request(request):
+            return False
+        return request.request_id not in self.grammar_compile_error_reqs
 
     def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
         blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
@@ -155,7 +159,7 @@ class RequestRows(AsyncScheduler):
         rest of its planned chunk (which still ends where the plan ended it), as vLLM's own
         schedule() deduplicates prompts admitted together."""
         blocks = self.kv_cache_manager.empty_kv_cache_blocks
-        if hit or self.kv_cache_manager.enable_caching:
+        if self.kv_cache_manager.enable_caching:  # (a hit implies it)
             blocks, found = self._prefix_hit(request)
             if found != hit:
                 end = hit + n  # a block boundary, or the prompt's end
