@@ -303,10 +303,8 @@ def assert_completed(sched, arrivals, num_blocks):
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == num_blocks - 1  # null block
 
 
-def run_collecting_refusals(sched, arrivals, caplog):
-    """Run ``arrivals`` to the end; {request id: message} of every request finished with an
-    error. vLLM 0.33 carries the message to the client (``EngineCoreOutput.error``); 0.32's
-    output has no such field (the client sees vLLM's generic error), so the adapter logs it."""
+def collect_outputs(sched):
+    """A list that gathers every ``EngineCoreOutput`` the scheduler's updates return."""
     outputs = []
     original = sched.update_from_output
 
@@ -316,6 +314,14 @@ def run_collecting_refusals(sched, arrivals, caplog):
         return result
 
     sched.update_from_output = update
+    return outputs
+
+
+def run_collecting_refusals(sched, arrivals, caplog):
+    """Run ``arrivals`` to the end; {request id: message} of every request finished with an
+    error. vLLM 0.33 carries the message to the client (``EngineCoreOutput.error``); 0.32's
+    output has no such field (the client sees vLLM's generic error), so the adapter logs it."""
+    outputs = collect_outputs(sched)
     with caplog.at_level("WARNING", logger=sp_vllm.__name__):
         vllm_cpu.run(sched, arrivals)
     failed = {o.request_id for o in outputs if o.finish_reason == FinishReason.ERROR}
@@ -1272,15 +1278,7 @@ def test_a_request_waiting_for_its_grammar_is_passed_over_then_planned(model_dir
             good.set_result(_CompiledGrammar())
             bad.set_exception(ValueError("unbalanced parenthesis"))
 
-    outputs = []
-    update = sched.update_from_output
-
-    def collecting(*args):
-        result = update(*args)
-        outputs.extend(o for engine in result.values() for o in engine.outputs)
-        return result
-
-    sched.update_from_output = collecting
+    outputs = collect_outputs(sched)
     vllm_cpu.run(sched, {0: [so, broken, ok]}, after_schedule=after_schedule)
     assert first["ok"] == 0  # not held back by the requests compiling ahead of it
     assert first["so"] > 3 and "broken" not in first
