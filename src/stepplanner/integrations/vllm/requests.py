@@ -95,9 +95,14 @@ class RequestRows(AsyncScheduler):
         """Whether a waiting request may be admitted now, in either queue order. One whose
         grammar is still compiling is passed over, holding back no one, until vLLM's own
         ``_handle_blocked_waiting_request`` promotes it; one whose grammar failed to compile, or
-        that was refused at add_request, never is: update_from_output finishes it alone."""
+        that was refused at add_request, never is: update_from_output finishes it alone. A
+        request preempted with output still in flight (async scheduling) waits, as in vLLM, until
+        that output has come back: resumed earlier, it would sample again a position that output
+        then delivers."""
         blocked = self._is_blocked_waiting_status(request.status)
         if blocked and not self._handle_blocked_waiting_request(request):
+            return False
+        if request.num_stale_output_tokens and not request.drop_stale_output:
             return False
         return request.request_id not in self.grammar_compile_error_reqs
 
@@ -106,7 +111,10 @@ class RequestRows(AsyncScheduler):
         return blocks, hit
 
     def _resident_rows(
-        self, running: list[Request], candidates: list[tuple[Request, KVCacheBlocks, int]]
+        self,
+        running: list[Request],
+        candidates: list[tuple[Request, KVCacheBlocks, int]],
+        queue_order: bool,
     ) -> list[ResidentState]:
         rows = self._rows
         out: list[ResidentState] = []
@@ -127,6 +135,14 @@ class RequestRows(AsyncScheduler):
             row.context_committed = decoding
             row.prompt_length = request.num_prompt_tokens if decoding else total
             out.append(row)
+        # The planner orders rows by (priority,) arrival; vLLM admits in its queue's order, which
+        # is arrival order but for what it moved: a recompute-preempted request at the head, 0.34's
+        # cache-aware window promoting cached prefixes, and requests reaching the engine core in
+        # another order than they were stamped. So, in queue order (not under EDF/DEADLINE, whose
+        # rank writes both), a candidate arrives no earlier than the one before it in its class:
+        # the plan gives budget and blocks in the order vLLM would, and the row keeps that
+        # arrival once admitted, as vLLM's running list keeps admission order.
+        last: dict[int | None, int] = {}
         for request, _, hit in candidates:
             # A waiting request the plan pauses stays waiting but counts its paused steps like
             # a resident, so max_pause_steps releases it as SPEC §3 says.
@@ -135,6 +151,12 @@ class RequestRows(AsyncScheduler):
                 row = rows[request.request_id] = ResidentState(
                     priority=request.priority, arrival=int(request.arrival_time * NS)
                 )
+            if queue_order:
+                key = request.priority if self._priority_order else None
+                arrival = int(request.arrival_time * NS)
+                if key in last and arrival <= last[key]:
+                    arrival = last[key] + 1
+                row.arrival = last[key] = arrival
             row.committed = hit
             row.context_committed = False
             row.prompt_length = request.num_tokens
@@ -209,9 +231,12 @@ class RequestRows(AsyncScheduler):
         self.deferred_waiting.difference_update(admitted)
 
     def _order_key(self, request: Request) -> tuple[int, int]:
-        if self._ranked:  # the order the ranker wrote into the rows this step
-            row = self._rows.get(request.request_id)
+        """The request's place in the planner's order: its row's, as this step wrote it (the
+        ranker's order, or the arrival that keeps vLLM's queue order, _resident_rows)."""
+        row = self._rows.get(request.request_id)
+        if self._ranked:
             if row is not None:
                 return row.priority, row.arrival
             return INT32_MAX, int(request.arrival_time * NS)
-        return (request.priority if self._priority_order else 0, int(request.arrival_time * NS))
+        arrival = row.arrival if row is not None else int(request.arrival_time * NS)
+        return (request.priority if self._priority_order else 0, arrival)

@@ -223,7 +223,7 @@ class StepPlannerScheduler(
             self._give_up(now, relegated)
         running = self._running_with_work() if self._async_scheduling else self._settled()
         candidates = self._admission_candidates(now, relegated)
-        residents = self._resident_rows(running, candidates)
+        residents = self._resident_rows(running, candidates, queue_order=now is None)
         requests = running + [c[0] for c in candidates]
         if now is not None:
             self._rank(residents, requests, now, relegated)
