@@ -563,6 +563,48 @@ def test_requests_stop_at_max_model_len(model_dir, overlap):
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_admissions_are_planned_in_vllms_queue_order(model_dir, policy):
+    # vLLM's queue is arrival order but for what it moves (a recompute-preempted request at the
+    # head, 0.34's cache-aware window, requests reaching the engine core out of stamp order): the
+    # plan gives budget and blocks in the queue's order, not by arrival_time alone. Here requests
+    # reach the queue in the reverse of their stamps (FCFS keeps that order, PRIORITY's heap
+    # sorts by the stamps) and the step's budget holds one prompt and a chunk of another.
+    steps = {}
+    for cls in (Scheduler, StepPlannerScheduler):
+        sched = make(model_dir, batched=64, policy=policy, cls=cls)
+        for i in range(3):
+            sched.add_request(vllm_cpu.make_request(f"q{i}", [i + 1] * 48, 4, arrival_time=9.0 - i))
+        out = sched.schedule()
+        steps[cls] = [r.req_id for r in out.scheduled_new_reqs], out.num_scheduled_tokens
+    assert steps[StepPlannerScheduler] == steps[Scheduler]
+    first = "q0" if policy == "fcfs" else "q2"
+    assert steps[Scheduler] == ([first, "q1"], {first: 48, "q1": 16})
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "deadline"])
+def test_a_request_added_with_computed_tokens_fails_alone(model_dir, overlap, policy, caplog):
+    # A disaggregated decode worker's request arrives with its prompt's KV loaded by a connector
+    # (num_computed_tokens > 0); vLLM queues it in kv_holding_waiting, which the adapter does not
+    # read while connectors are refused: it must fail alone, not wait for ever.
+    sched = make(model_dir, overlap=overlap, scheduling_policy=policy)
+    arrivals = stream(30, seed=11, arrival0=time.time(), spacing=0.001)
+    loaded = all_requests(arrivals)[7]
+    loaded.num_computed_tokens = loaded.num_prompt_tokens - 1
+    errors = run_collecting_refusals(sched, arrivals, caplog)
+    assert list(errors) == [loaded.request_id]
+    computed = loaded.num_computed_tokens
+    assert f"with {computed} tokens already computed" in errors[loaded.request_id]
+    for req in all_requests(arrivals):
+        if req is loaded:
+            assert req.status == RequestStatus.FINISHED_ERROR
+        else:
+            assert req.status == RequestStatus.FINISHED_LENGTH_CAPPED, req.request_id
+            assert req.num_output_tokens == req.max_tokens
+    assert not sched.requests and not sched.kv_holding_waiting
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
+
+
 def test_reserved_slots_hold_back_normal_requests(model_dir, overlap):
     sched = make(model_dir, overlap=overlap, num_seqs=4, batched=512, priority_reserved_slots=2)
     reqs = [

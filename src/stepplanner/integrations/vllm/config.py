@@ -340,6 +340,15 @@ def unsupported_request(request: Request) -> str | None:
     """The request option the adapter refuses (that request alone finishes with an error)."""
     if request.resumable:
         return "streaming-input sessions"
+    if request.mm_features:
+        # Multimodal models are refused at start-up; a text model's engine never makes such a
+        # request (vLLM's input processor refuses images for it), but the plan has no encoder
+        # budget to schedule its inputs with, so one that gets here fails rather than run blind.
+        return "multimodal inputs"
+    if request.num_computed_tokens:
+        # vLLM queues it in kv_holding_waiting (a P/D decode worker's request, whose prompt a KV
+        # connector loaded): with connectors refused at start-up nothing would ever admit it.
+        return f"a request added with {request.num_computed_tokens} tokens already computed"
     if not -(2**31) <= request.priority <= INT32_MAX:
         return f"priority={request.priority} (allowed: an int32)"
     return None
