@@ -97,6 +97,21 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HOME"] = str(cache)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _config_on_cpu() -> Any:
+    """Configs built on vLLM's CPU platform as the adapter builds a scheduler-only one: where a
+    release's CPU platform refuses x86 without triton-cpu (0.34), Triton counts as present (the
+    refusal guards kernels no scheduler test runs; ``_compat.config_on_cpu``). Without the
+    package (``--baseline-only``) the platform decides alone."""
+    try:
+        from stepplanner.integrations.vllm import _compat
+    except ImportError:
+        yield
+        return
+    with _compat.config_on_cpu():
+        yield
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # trylast: after the tests' own parametrize marks, so the mode is the id's last part.
