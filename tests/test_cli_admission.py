@@ -1,5 +1,5 @@
-"""Issue 43 item 5: the admission order as options of `simulate` and `compare`: `--admission
-arrival|uncached-first` with one starvation bound (`--starvation-steps N` or
+"""Issue 43 item 5: the admission order as options of `simulate`, `compare` and `sweep`:
+`--admission arrival|uncached-first` with one starvation bound (`--starvation-steps N` or
 `--starvation-seconds S`). Bad values are refused in one line, exit 2, with the ledger's own
 message; the run's report names the order it admitted in."""
 
@@ -30,7 +30,7 @@ def _refused(result, message: str) -> None:
     assert result.output == f"Error: {message}\n"
 
 
-@pytest.mark.parametrize("command", ["simulate", "compare"])
+@pytest.mark.parametrize("command", ["simulate", "compare", "sweep"])
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -115,3 +115,34 @@ def test_serving_queue_checks_the_order_as_the_ledger_does() -> None:
     queue = ServingQueue(admission=1, starvation_steps=3)  # type: ignore[arg-type]
     assert queue.admission is AdmissionOrder.UNCACHED_FIRST
     assert queue.ledger_options(10)["starvation_steps"] == 3
+
+
+def test_sweep_runs_every_point_in_the_order() -> None:
+    """sweep's points admit in the order given, as simulate's run does: the same TTFTs as
+    simulate at the FCFS point, and a lower mean TTFT than arrival order's at each point."""
+
+    def sweep_ttft(*args: str) -> dict[str, tuple[float, float]]:
+        result = _invoke(
+            "sweep",
+            "--requests",
+            "400",
+            "--rate",
+            "40",
+            "--grid",
+            "policy=fcfs,priority",
+            "--json",
+            *args,
+        )
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.output)["results"]
+        return {
+            r["label"]: (r["metrics"]["mean_ttft_ms"], r["metrics"]["median_ttft_ms"]) for r in rows
+        }
+
+    arrival = sweep_ttft()
+    shortest = sweep_ttft("--admission", "uncached-first", "--starvation-steps", "1000")
+    assert set(shortest) == {"scheduling_policy=fcfs", "scheduling_policy=priority"}
+    assert all(shortest[k][0] < arrival[k][0] for k in arrival)
+    alone = _report("--admission", "uncached-first", "--starvation-steps", "1000")
+    p50 = alone["latency_s"]["all"]["ttft"]["p50"] * 1000
+    assert shortest["scheduling_policy=fcfs"][1] == pytest.approx(p50, rel=1e-9)

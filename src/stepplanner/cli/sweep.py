@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..sim.engine import ServingQueue
 from ..tuning.grid import grid_size, parse_grid
 from ..tuning.sweep import sweep
 from .counts import runs_at_once
@@ -20,6 +21,8 @@ from .options import (
     num_pages_option,
     options_from,
     output_format,
+    queue_from,
+    queue_options,
     scheduling_options,
     workload_from,
     workload_options,
@@ -43,6 +46,7 @@ from .tuning_render import document, plot_front, save, sweep_blocks
 @workload_options
 @limit_options
 @scheduling_options
+@queue_options
 @click.option(
     "--grid",
     "grid_texts",
@@ -101,6 +105,9 @@ def sweep_command(
     workload = workload_from(kw, runs)
     check_num_pages(num_pages, workload, limits)
     engine = {"num_pages": num_pages, **engine_options_from(kw, num_pages)}
+    queue = queue_from(kw)
+    if queue != ServingQueue():  # the serving queue (admission order, waiting cap) of every point
+        engine["queue"] = queue
     latency = latency_of(latency_model, latency_text)
     with ConfigProgress(total, progress and fmt == "table", "sweeping") as tick:
         records, outcome = sweep(
