@@ -563,6 +563,30 @@ def test_requests_stop_at_max_model_len(model_dir, overlap):
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 600 - 1
 
 
+def test_a_cached_prefix_is_reported_once_per_admission(model_dir):
+    # With KV events on and a request's kv_cache_report_mode "full", vLLM emits BlockStored for
+    # the cached blocks a request reuses, at each lookup of its hit. The adapter looks a
+    # candidate's hit up before planning and again as it admits it: the first lookup must not
+    # report, or a gateway reading the events counts every reuse twice.
+    events = {}
+    for cls in (Scheduler, StepPlannerScheduler):
+        sched = make(model_dir, caching=True, cls=cls)
+        manager = sched.kv_cache_manager
+        manager.enable_kv_cache_events = manager.block_pool.enable_kv_cache_events = True
+        manager.block_pool.kv_event_queue = []
+        prompt = list(range(100, 164))  # 4 full blocks
+        vllm_cpu.run(sched, {0: [vllm_cpu.make_request("seed", prompt, 2, arrival_time=1.0)]})
+        manager.take_events()
+        warm = vllm_cpu.make_request("warm", prompt + [7], 2, arrival_time=2.0)
+        warm.kv_cache_report_mode = "full"
+        sched.add_request(warm)
+        out = sched.schedule()
+        assert out.num_scheduled_tokens == {"warm": 1}  # all but the last token cached
+        events[cls] = [type(e).__name__ for e in manager.take_events()]
+    assert events[StepPlannerScheduler] == events[Scheduler]
+    assert events[Scheduler].count("BlockStored") >= 1
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 def test_admissions_are_planned_in_vllms_queue_order(model_dir, policy):
     # vLLM's queue is arrival order but for what it moves (a recompute-preempted request at the

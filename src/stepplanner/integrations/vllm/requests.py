@@ -73,7 +73,7 @@ class RequestRows(AsyncScheduler):
         for request in order:  # lazily: the next one is taken only while there is room
             if not adapters.join(lora_id(request)):
                 continue  # it waits; later requests whose adapters can join may
-            blocks, hit = self._prefix_hit(request)
+            blocks, hit = self._probe_prefix(request)
             out.append((request, blocks, hit))
             wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
@@ -109,6 +109,19 @@ class RequestRows(AsyncScheduler):
     def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
         blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
         return blocks, hit
+
+    def _probe_prefix(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """A candidate's prefix hit, for the plan. With KV events on, vLLM reports the cached
+        blocks a request reuses at each lookup (``kv_cache_report_mode="full"``); the lookup that
+        admits it (``_admit``) reports them, so this one, before planning, must not."""
+        manager = self.kv_cache_manager
+        if not manager.enable_kv_cache_events:
+            return self._prefix_hit(request)
+        manager.enable_kv_cache_events = False
+        try:
+            return self._prefix_hit(request)
+        finally:
+            manager.enable_kv_cache_events = True
 
     def _resident_rows(
         self,
