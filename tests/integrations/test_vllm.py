@@ -62,6 +62,11 @@ def model_dir(tmp_path_factory):
     return vllm_cpu.write_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory):
+    return vllm_cpu.write_model_dir(tmp_path_factory.mktemp("tiny-jamba"), hybrid=True)
+
+
 class Spec(NamedTuple):
     """Speculative decoding (n-gram, ``k`` drafts a step), with async scheduling on or off."""
 
@@ -1098,6 +1103,61 @@ def test_rejected_drafts_are_taken_back_as_vllm_takes_them_back(model_dir, spec)
     # Drafts were verified and some, not all, accepted: rows really were taken back.
     assert 0 < drafting.accepted < drafting.verified
     assert sched.stepplanner_stats.draft_tokens == drafting.verified
+
+
+# --- hybrid (Mamba + attention) models -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{}, {"policy": "priority", "scheduling_policy": "priority", "preemption": "pause"}],
+    ids=["fcfs", "priority-pause"],
+)
+def test_a_hybrid_model_is_planned_as_vllm_schedules_it(hybrid_dir, overlap, policy):
+    # Issue 42 item 5: without prefix caching (mamba_cache_mode "none") vLLM's schedule() has no
+    # Mamba rule, each running request holds one state block beside its KV blocks, and the plan
+    # is the planner's as for any model; here under KV pressure (rows withheld, requests
+    # preempted). vLLM's own scheduler runs the same stream beside it: both finish every
+    # request with every block back.
+    if isinstance(overlap, Spec):
+        with pytest.raises(ValueError, match="speculative decoding with a hybrid"):
+            make(hybrid_dir, overlap=overlap, **policy)
+        return
+    blocks = 160  # 40 prompts of up to 700 tokens, 16 slots
+    own = {k: v for k, v in policy.items() if k == "policy"}
+    for cls in (AsyncScheduler if is_async(overlap) else Scheduler, StepPlannerScheduler):
+        options = policy if cls is StepPlannerScheduler else own
+        sched = make(hybrid_dir, overlap=overlap, num_blocks=blocks, cls=cls, **options)
+        assert sched.has_mamba_layers and not sched.need_mamba_block_aligned_split
+        assert len(sched.kv_cache_config.kv_cache_groups) == 2
+        arrivals = stream(40, seed=5)
+        checker = Checker(sched) if cls is StepPlannerScheduler else None
+        held = _run_holding_state(sched, arrivals, checker)
+        assert_completed(sched, arrivals, blocks)
+        assert held and min(held) >= 1  # every running request held its Mamba state block
+    stats = sched.stepplanner_stats
+    assert stats.withheld_rows + stats.recompute_preemptions > 0
+
+
+def _run_holding_state(sched, arrivals, checker):
+    """Run ``arrivals``; the Mamba state blocks each running request held after each step."""
+    held = []
+
+    def after(step, out):
+        if checker is not None:
+            checker.after(step, out)
+        for req in sched.running:
+            held.append(len(sched.kv_cache_manager.get_block_ids(req.request_id)[1]))
+
+    vllm_cpu.run(sched, arrivals, after_schedule=after)
+    return held
+
+
+def test_a_hybrid_model_with_prefix_caching_is_refused_by_name(hybrid_dir):
+    # With prefix caching vLLM checkpoints Mamba state at block ends ("align") and ends prompt
+    # chunks there, the last whole block of a prompt among them, which a final chunk does not.
+    with pytest.raises(ValueError, match="hybrid Mamba/attention models with prefix caching"):
+        make(hybrid_dir, caching=True)
 
 
 # --- the same stream through vLLM's own scheduler (what the benchmark compares) -----------------

@@ -43,6 +43,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
 )
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
@@ -66,11 +67,39 @@ TINY_LLAMA = {
 }
 
 
-def write_model_dir(path: str | os.PathLike[str]) -> Path:
-    """A model directory holding only a hand-written tiny Llama ``config.json``."""
+# A hybrid model: one Mamba layer, then one attention layer (vLLM's JambaForCausalLM, no experts;
+# heads of 32, the smallest vLLM's CPU attention runs).
+TINY_JAMBA = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 1,
+    "num_experts_per_tok": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_dt_rank": 8,
+    "vocab_size": 1000,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+}
+
+
+def write_model_dir(path: str | os.PathLike[str], *, hybrid: bool = False) -> Path:
+    """A model directory holding only a hand-written tiny Llama ``config.json`` (with
+    ``hybrid``, a tiny Jamba: Mamba and attention layers)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (out / "config.json").write_text(json.dumps(TINY_JAMBA if hybrid else TINY_LLAMA))
     return out
 
 
@@ -137,27 +166,35 @@ def make_scheduler(
     sched.async_scheduling = async_scheduling
     return scheduler_cls(
         vllm_config=config,
-        kv_cache_config=kv_cache_config(num_blocks, block_size),
+        kv_cache_config=kv_cache_config(
+            num_blocks,
+            block_size,
+            mamba=config.cache_config.mamba_cache_mode if model.is_hybrid else None,
+        ),
         structured_output_manager=StructuredOutputManager(config),
         block_size=block_size,
         log_stats=log_stats,
     )
 
 
-def kv_cache_config(num_blocks: int, block_size: int) -> KVCacheConfig:
-    """One full-attention group of exactly ``num_blocks`` blocks (no tensors: nothing runs)."""
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
-            )
-        ],
-    )
+def kv_cache_config(num_blocks: int, block_size: int, mamba: str | None = None) -> KVCacheConfig:
+    """One full-attention group of exactly ``num_blocks`` blocks (no tensors: nothing runs); with
+    ``mamba`` (a hybrid model's ``mamba_cache_mode``) a Mamba state group beside it, as vLLM
+    lays out a hybrid model's KV cache."""
+    groups = [
+        KVCacheGroupSpec(
+            ["layer"],
+            FullAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+            ),
+        )
+    ]
+    if mamba is not None:
+        state = MambaSpec(
+            block_size=block_size, shapes=((2, 4),), dtypes=(torch.float32,), mamba_cache_mode=mamba
+        )
+        groups.append(KVCacheGroupSpec(["mamba"], state))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
 _hasher: dict[int, Callable[[Request], Any]] = {}

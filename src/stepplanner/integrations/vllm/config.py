@@ -301,7 +301,21 @@ def unsupported_features(vllm_config: VllmConfig) -> list[str]:
             "long_prefill_token_threshold (use the stepplanner option max_chunk_tokens)",
         ),
         (sched.prefill_schedule_interval > 1, "prefill_schedule_interval > 1 (prefill cadence)"),
-        (model.is_hybrid, "hybrid Mamba/attention models (state-cache alignment)"),
+        # A hybrid model without prefix caching (mamba_cache_mode "none", vLLM's default then) is
+        # planned: vLLM's schedule() has no Mamba rule for it, the state is updated in place.
+        # With prefix caching ("align") vLLM ends a prompt's chunks where Mamba state is
+        # checkpointed, the prompt's last whole block among them, which a final chunk does not.
+        (
+            model.is_hybrid and vllm_config.cache_config.mamba_cache_mode != "none",
+            "hybrid Mamba/attention models with prefix caching (mamba_cache_mode "
+            f"{vllm_config.cache_config.mamba_cache_mode!r}: vLLM ends prompt chunks at the "
+            "Mamba state checkpoints; run them with --no-enable-prefix-caching)",
+        ),
+        (
+            model.is_hybrid and spec is not None,
+            "speculative decoding with a hybrid Mamba/attention model (the Mamba state's draft "
+            "slots are not planned)",
+        ),
         (
             vllm_config.aux_output_config.enabled,
             "routed-experts auxiliary outputs (--enable-return-routed-experts: vLLM caps each "
@@ -317,7 +331,15 @@ def late_unsupported_features(scheduler: Scheduler) -> list[str]:
     return [
         name
         for bad, name in (
-            (scheduler.has_mamba_layers, "Mamba state caching (a hybrid KV cache config)"),
+            # (A hybrid model's without prefix caching is planned: unsupported_features.)
+            (
+                scheduler.has_mamba_layers
+                and (
+                    scheduler.need_mamba_block_aligned_split
+                    or not scheduler.vllm_config.model_config.is_hybrid
+                ),
+                "Mamba state caching (a hybrid KV cache config)",
+            ),
             (scheduler.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
             # EAGLE-family drafters read 1 token ahead, which no chunk end can cut short.
             (scheduler.num_prefill_lookahead > 1, "multi-module MTP prefill lookahead"),
