@@ -67,8 +67,9 @@ TINY_LLAMA = {
 }
 
 
-# A hybrid model: one Mamba layer, then one attention layer (vLLM's JambaForCausalLM, no experts;
-# heads of 32, the smallest vLLM's CPU attention runs).
+# A hybrid model for the scheduler (its config is all a scheduler reads): one Mamba layer, then one
+# attention layer (vLLM's JambaForCausalLM, no experts). vLLM's CPU build cannot run its Mamba-1
+# layers; tools/vllm_hybrid_engine.py runs a gated-delta-net hybrid in the real engine instead.
 TINY_JAMBA = {
     "architectures": ["JambaForCausalLM"],
     "model_type": "jamba",
