@@ -331,11 +331,17 @@ def test_structured_outputs_match_vllms_scheduler(model_dir, reference, name, ov
 @pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
 def test_kv_pressure_preempts_structured_requests(model_dir, reference, name):
     """12 KV blocks (11 usable) for 8 requests growing from 2 to 4 blocks, half of them
-    constrained to long outputs: structured requests are recompute-preempted and re-prefilled,
-    and every output is still exactly its unpressured one, parsing; no block leaks."""
+    constrained to long outputs: requests are recompute-preempted and re-prefilled, and every
+    output is still exactly its unpressured one, parsing; no block leaks. Under PRIORITY + PAUSE
+    (no clock in its order) the victims include structured requests in every run; DEADLINE's
+    order reads the clock, so which request its few preemptions hit depends on the machine's
+    speed (on a loaded CI machine once only an unconstrained one): there the pressure must act,
+    and the outputs be exact, whoever it hits."""
     pressure = {"num_gpu_blocks_override": 12, "max_model_len": 256}
     out, stats, watch = run_policy(model_dir, name, PRESSURE, **pressure)
-    assert stats.recompute_preemptions > 0 and watch.preempted, (stats, watch.preempted)
+    assert stats.recompute_preemptions > 0, stats
+    if name == "priority-pause":
+        assert watch.preempted, (stats, watch.preempted)
     assert_same_tokens(tokens(out), tokens(reference[len(WORKLOAD) :]), f"{name}, pressure")
 
 
