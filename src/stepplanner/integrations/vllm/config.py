@@ -247,10 +247,11 @@ def with_vllm_budget(options: SchedulingOptions, limits: StepPlannerLimits) -> S
 
 def unsupported_features(vllm_config: VllmConfig) -> list[str]:
     """Features whose per-step work the planner does not model, by the name a user knows."""
-    model, sched, par = (
+    model, sched, par, mamba_cache = (
         vllm_config.model_config,
         vllm_config.scheduler_config,
         vllm_config.parallel_config,
+        vllm_config.cache_config.mamba_cache_mode,
     )
     spec = vllm_config.speculative_config
     slots = 0 if spec is None else spec.max_num_new_slots_for_drafting
@@ -306,9 +307,9 @@ def unsupported_features(vllm_config: VllmConfig) -> list[str]:
         # With prefix caching ("align") vLLM ends a prompt's chunks where Mamba state is
         # checkpointed, the prompt's last whole block among them, which a final chunk does not.
         (
-            model.is_hybrid and vllm_config.cache_config.mamba_cache_mode != "none",
+            model.is_hybrid and mamba_cache != "none",
             "hybrid Mamba/attention models with prefix caching (mamba_cache_mode "
-            f"{vllm_config.cache_config.mamba_cache_mode!r}: vLLM ends prompt chunks at the "
+            f"{mamba_cache!r}: vLLM ends prompt chunks at the "
             "Mamba state checkpoints; run them with --no-enable-prefix-caching)",
         ),
         (
@@ -331,13 +332,10 @@ def late_unsupported_features(scheduler: Scheduler) -> list[str]:
     return [
         name
         for bad, name in (
-            # (A hybrid model's without prefix caching is planned: unsupported_features.)
+            # Mamba layers outside a hybrid model: a hybrid one reaches here only without prefix
+            # caching (unsupported_features refused the rest), and is planned.
             (
-                scheduler.has_mamba_layers
-                and (
-                    scheduler.need_mamba_block_aligned_split
-                    or not scheduler.vllm_config.model_config.is_hybrid
-                ),
+                scheduler.has_mamba_layers and not scheduler.vllm_config.model_config.is_hybrid,
                 "Mamba state caching (a hybrid KV cache config)",
             ),
             (scheduler.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),

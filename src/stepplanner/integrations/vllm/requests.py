@@ -159,17 +159,15 @@ class RequestRows(AsyncScheduler):
         for request, _, hit in candidates:
             # A waiting request the plan pauses stays waiting but counts its paused steps like
             # a resident, so max_pause_steps releases it as SPEC §3 says.
+            stamp = int(request.arrival_time * NS)
             row = rows.get(request.request_id)
             if row is None:
                 row = rows[request.request_id] = ResidentState(
-                    priority=request.priority, arrival=int(request.arrival_time * NS)
+                    priority=request.priority, arrival=stamp
                 )
             if queue_order:
                 key = request.priority if self._priority_order else None
-                arrival = int(request.arrival_time * NS)
-                if key in last and arrival <= last[key]:
-                    arrival = last[key] + 1
-                row.arrival = last[key] = arrival
+                row.arrival = last[key] = max(stamp, last.get(key, -1) + 1)
             row.committed = hit
             row.context_committed = False
             row.prompt_length = request.num_tokens
