@@ -26,6 +26,7 @@ import torch  # noqa: E402  (vLLM's dependency)
 from vllm.config import (  # noqa: E402
     CacheConfig,
     DeviceConfig,
+    KVTransferConfig,
     LoRAConfig,
     ModelConfig,
     ParallelConfig,
@@ -45,7 +46,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheGroupSpec,
     MambaSpec,
 )
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -121,6 +122,7 @@ def make_scheduler(
     pipeline_parallel_size: int = 1,
     max_loras: int = 0,
     num_speculative_tokens: int = 0,
+    kv_transfer: dict[str, Any] | None = None,
     **scheduler_kwargs: Any,
 ) -> Scheduler:
     """A scheduler over a CPU ``VllmConfig`` and a KV cache of exactly ``num_blocks`` blocks.
@@ -132,7 +134,8 @@ def make_scheduler(
     parallelism. ``max_loras`` > 0 enables LoRA (``--enable-lora --max-loras N``): a step may
     hold requests of at most that many distinct adapters. ``num_speculative_tokens`` > 0 turns on
     n-gram speculative decoding with that many drafts per step (``run`` then proposes and
-    accepts them through a ``Drafting``)."""
+    accepts them through a ``Drafting``). ``kv_transfer``: a ``KVTransferConfig``'s fields (a KV
+    connector: its scheduler side runs here, ``run(..., kv_worker=)`` stands in for its workers)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = ModelConfig(
         model=str(model_dir), skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
@@ -162,6 +165,7 @@ def make_scheduler(
                 else None
             ),
             additional_config=additional,
+            kv_transfer_config=None if kv_transfer is None else KVTransferConfig(**kv_transfer),
         )
     cache.num_gpu_blocks = num_blocks
     sched.async_scheduling = async_scheduling
@@ -306,6 +310,7 @@ def engine_steps(
     before_step: Callable[[int], None] | None = None,
     before_update: Callable[[int, SchedulerOutput], None] | None = None,
     drafting: Drafting | None = None,
+    kv_worker: Callable[[SchedulerOutput], KVConnectorOutput | None] | None = None,
 ) -> Iterator[EngineStep]:
     """Step until every request has finished, yielding after each engine step.
 
@@ -317,7 +322,8 @@ def engine_steps(
     next; ``after_schedule(step, output)`` right after a ``schedule()``;
     ``before_update(step, output)`` just before ``update_from_output`` of ``output`` (where the
     engine processes aborts that came in while it ran). With speculative decoding on, ``drafting``
-    (default ``Drafting()``) proposes and accepts the drafts.
+    (default ``Drafting()``) proposes and accepts the drafts. ``kv_worker(output)``: the KV
+    connector's workers, what the step reports of them (loads and sends finished or failed).
     """
     depth = scheduler.vllm_config.max_concurrent_batches
     k = scheduler.num_spec_tokens
@@ -347,7 +353,10 @@ def engine_steps(
             in_schedule = clock() - t0
             if after_schedule is not None:
                 after_schedule(step, output)
-            queue.appendleft((output, fake_output(scheduler, output, drafting)))
+            model_output = fake_output(scheduler, output, drafting)
+            if kv_worker is not None:
+                model_output.kv_connector_output = kv_worker(output)
+            queue.appendleft((output, model_output))
             wait = len(queue) == depth or not (
                 output.total_num_scheduled_tokens > 0 or scheduler.has_requests()
             )

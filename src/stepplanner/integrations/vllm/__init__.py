@@ -36,6 +36,7 @@ One module per concern (docs/integrations.md, "vLLM's features", names the featu
 - ``spec_decode``: speculative decoding, proposed and scheduled drafts
 - ``lora``: LoRA adapter slots
 - ``pipeline``: pipeline parallelism's steps in flight
+- ``kv_connector``: KV connectors: external prefix hits, asynchronous loads, the connector's hooks
 - ``_compat``: the supported vLLM releases and what differs between them
 """
 

@@ -39,12 +39,18 @@ __all__ = [
     "cache_aware_window",
     "config_on_cpu",
     "count_executed_step",
+    "admits_inflight_kv_load",
     "fail_request",
+    "hold_loading",
     "is_supported",
     "model_runner_output",
     "output_fields",
+    "park_load",
     "reorder_waiting_by_cached_prefix",
     "request_data",
+    "skips_external_kv",
+    "unpark_load",
+    "waiting_queues",
 ]
 
 # The `vllm` extra's range (pyproject.toml): the minor releases the suite runs on.
@@ -89,6 +95,15 @@ class Release:
     # on x86 CPUs requires Triton (triton-cpu)"; 0.32 and 0.33 warn). A CUDA build on a machine
     # without a GPU has none, though its scheduler needs no kernel at all.
     cpu_platform_needs_triton: bool
+    # KV connectors' asynchronous loads: 0.34 parks a started load's block reservation
+    # (Scheduler._reserve_parked, released at admission) and keeps requests that may load in a
+    # queue of their own behind --max-num-inflight-kv-loads (Scheduler.async_kv_waiting); up to
+    # 0.33 a started load joins
+    # Scheduler._inflight_prefills.
+    parked_kv_loads: bool
+    # The Request flag that stops a connector's hit being used: skip_reading_external_kv (0.34
+    # on) or skip_reading_prefix_cache (up to 0.33, which also covers the local cache).
+    skip_external_kv_flag: str
 
 
 RELEASES = {
@@ -101,6 +116,8 @@ RELEASES = {
         output_index_map=True,
         cache_aware_admission=False,
         cpu_platform_needs_triton=False,
+        parked_kv_loads=False,
+        skip_external_kv_flag="skip_reading_prefix_cache",
     ),
     "0.33": Release(
         executed_step_counter=True,
@@ -111,6 +128,8 @@ RELEASES = {
         output_index_map=True,
         cache_aware_admission=False,
         cpu_platform_needs_triton=False,
+        parked_kv_loads=False,
+        skip_external_kv_flag="skip_reading_prefix_cache",
     ),
     "0.34": Release(
         executed_step_counter=True,
@@ -121,6 +140,8 @@ RELEASES = {
         output_index_map=False,
         cache_aware_admission=True,
         cpu_platform_needs_triton=True,
+        parked_kv_loads=True,
+        skip_external_kv_flag="skip_reading_external_kv",
     ),
 }
 
@@ -306,3 +327,52 @@ def fail_request(scheduler: Any, request_id: str, message: str) -> None:
         # The client sees only vLLM's generic error: the reason goes to the operator's log.
         errors.add(request_id)
         _log.warning("%s", message)
+
+
+def waiting_queues(scheduler: Any) -> list[Any]:
+    """vLLM's waiting queues besides ``waiting``, in the order its ``schedule()`` drains them:
+    the requests holding KV blocks (a connector's finished loads) first, then, on 0.34 with
+    ``--max-num-inflight-kv-loads``, the requests that may load asynchronously."""
+    if RELEASE.parked_kv_loads:
+        return [scheduler.kv_holding_waiting, scheduler.async_kv_waiting]
+    return [scheduler.kv_holding_waiting]
+
+
+def skips_external_kv(request: Any) -> bool:
+    """Whether the request asked that no connector's hit be used for it."""
+    return bool(getattr(request, RELEASE.skip_external_kv_flag))
+
+
+def admits_inflight_kv_load(scheduler: Any) -> bool:
+    """Whether one more asynchronous load stays within 0.34's ``max_num_inflight_kv_loads``."""
+    return not RELEASE.parked_kv_loads or bool(scheduler._admits_inflight_kv_load())
+
+
+def park_load(scheduler: Any, request: Any) -> None:
+    """A started load's blocks held back from other loads' admission, as the release does."""
+    if RELEASE.parked_kv_loads:
+        scheduler._reserve_parked(request)
+    else:
+        scheduler._inflight_prefills.add(request)
+
+
+def unpark_load(scheduler: Any, request: Any) -> None:
+    """An admitted request's parked load reservation released (0.34): like an in-flight prefill,
+    its reservation stands until the step that admitted it is scheduled."""
+    if RELEASE.parked_kv_loads:
+        if request in scheduler._parked_reservations:
+            scheduler._inflight_prefills.add(request)
+        scheduler._unreserve_parked(request)
+
+
+def hold_loading(scheduler: Any, started: list[Any]) -> None:
+    """Requests whose loads started this step, moved from the queue they waited in to the end of
+    the requests holding KV blocks (where vLLM's schedule() leaves them: it drains that queue
+    before starting a load, so whatever it passed over there stays ahead)."""
+    taken = set(started)
+    scheduler.waiting.remove_requests(taken)
+    if RELEASE.parked_kv_loads:
+        scheduler.async_kv_waiting.remove_requests(taken)
+    for request in started:
+        scheduler.kv_holding_waiting.add_request(request)
+    scheduler.deferred_waiting.update(started)

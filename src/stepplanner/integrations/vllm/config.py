@@ -271,7 +271,11 @@ def unsupported_features(vllm_config: VllmConfig) -> list[str]:
             "speculative decoding with pipeline parallelism (not tested; vLLM's own sync path "
             "counts a row's drafts in flight as tokens to schedule again)",
         ),
-        (vllm_config.kv_transfer_config is not None, "KV connectors (kv_transfer_config)"),
+        (
+            model.is_hybrid and vllm_config.kv_transfer_config is not None,
+            "KV connectors with a hybrid Mamba/attention model (the connector's hit and the "
+            "Mamba state's checkpoints are not planned together)",
+        ),
         (
             vllm_config.ec_transfer_config is not None,
             "encoder-cache connectors (ec_transfer_config)",
@@ -339,6 +343,12 @@ def late_unsupported_features(scheduler: Scheduler) -> list[str]:
                 "Mamba state caching (a hybrid KV cache config)",
             ),
             (scheduler.prefix_replay_tokens > 0, "prefix replay windows (sliding-window replay)"),
+            # HiSparse: a connector's load into a reused page waits for the steps in flight
+            # (vLLM's deferred loads), which the adapter does not start.
+            (
+                bool(getattr(scheduler, "defer_async_loads", False)),
+                "HiSparse KV offloading with a KV-consumer connector (deferred loads)",
+            ),
             # EAGLE-family drafters read 1 token ahead, which no chunk end can cut short.
             (scheduler.num_prefill_lookahead > 1, "multi-module MTP prefill lookahead"),
         )
@@ -365,10 +375,6 @@ def unsupported_request(request: Request) -> str | None:
         # request (vLLM's input processor refuses images for it), but the plan has no encoder
         # budget to schedule its inputs with, so one that gets here fails rather than run blind.
         return "multimodal inputs"
-    if request.num_computed_tokens:
-        # vLLM queues it in kv_holding_waiting (a P/D decode worker's request, whose prompt a KV
-        # connector loaded): with connectors refused at start-up nothing would ever admit it.
-        return f"a request added with {request.num_computed_tokens} tokens already computed"
     if not -(2**31) <= request.priority <= INT32_MAX:
         return f"priority={request.priority} (allowed: an int32)"
     return None

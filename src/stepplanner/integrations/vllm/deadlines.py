@@ -126,12 +126,14 @@ class DeadlineQueue(AsyncScheduler):
             )
 
     def _waits(self, request: Request) -> bool:
-        # A request whose grammar is still compiling waits too: it keeps its place in the
-        # deadline order and is passed over until vLLM promotes it.
+        # A request whose grammar is still compiling, or whose KV a connector is loading, waits
+        # too: it keeps its place in the deadline order and is passed over until vLLM promotes
+        # it.
         return self.requests.get(request.request_id) is request and request.status in (
             RequestStatus.WAITING,
             RequestStatus.PREEMPTED,
             RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+            RequestStatus.WAITING_FOR_REMOTE_KVS,
         )
 
     def _waits_viable(self, entry: tuple[Any, int, int, Request]) -> bool:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
 from . import _compat
+from .kv_connector import KVConnectors
 
 
-class OutputBuilder(AsyncScheduler):
+class OutputBuilder(KVConnectors):
     """``StepPlannerScheduler``'s part that turns its decisions into vLLM's output."""
 
     def _make_output(
@@ -29,7 +29,7 @@ class OutputBuilder(AsyncScheduler):
         new_reqs_data, cached = _compat.request_data(
             self, new_reqs, resumed, scheduled_running, num_scheduled, spec, new_blocks
         )
-        self.kv_cache_manager.take_boundary_state_offloads()
+        boundary = self.kv_cache_manager.take_boundary_state_offloads()
         copies, cow_retained = self.kv_cache_manager.take_kv_cache_block_copies()
         if copies:
             self._free_cow_retained_blocks(cow_retained, self.sched_step_seq + 1)
@@ -46,7 +46,9 @@ class OutputBuilder(AsyncScheduler):
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             kv_cache_block_copies=copies or None,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
+            has_sync_kv_loads=self._sync_kv_loads,
             **_compat.output_fields(self, num_scheduled, new_reqs_data),
         )
+        self._connector_output(output, boundary)
         self._update_after_schedule(output)
         return output

@@ -4,11 +4,12 @@ free slots admit (in vLLM's queue order, or the deadlines' order), their prefix-
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request
@@ -16,16 +17,25 @@ from vllm.v1.request import Request
 from ...core import ResidentState
 from . import _compat
 from .config import INT32_MAX
+from .kv_connector import Candidate, KVConnectors
 from .lora import lora_id, running_adapters
 
 NS = 1_000_000_000  # vLLM's arrival_time (seconds) as the rows' arrival (nanoseconds)
 
 
-class RequestRows(AsyncScheduler):
+def _arrival(request: Request) -> float:
+    return float(request.arrival_time)
+
+
+class RequestRows(KVConnectors):
     """``StepPlannerScheduler``'s translation of vLLM's requests into rows and back."""
 
     _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
     _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
+    # KV connectors: the step's asynchronous loads to start, in queue order (request, local
+    # blocks, local hit, external hit), and the waiting queues drained before vLLM's `waiting`.
+    _loads: list[tuple[Request, KVCacheBlocks, int, int]]
+    _holding_queues: list[Any]
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -48,16 +58,29 @@ class RequestRows(AsyncScheduler):
 
     def _admission_candidates(
         self, now: float | None = None, relegated: list[str] | None = None
-    ) -> list[tuple[Request, KVCacheBlocks, int]]:
+    ) -> list[Candidate]:
         """Waiting requests the free slots admit (SPEC §6), with their prefix-cache hits
-        (committed before planning, so a first chunk ends on a block): in vLLM's queue order, or
-        with ``now`` (EDF, DEADLINE) in first-token-deadline order."""
+        (committed before planning, so a first chunk ends on a block; a KV connector's part
+        included): in vLLM's queue order, or with ``now`` (EDF, DEADLINE) in first-token-deadline
+        order. Requests whose KV a connector loads asynchronously go to ``_loads`` instead. Under
+        PAUSED_NEW only the requests holding KV blocks (a connector's landed loads) are admitted,
+        as vLLM drains them."""
+        self._loads = []
         free = self._slots - len(self.running) - self.num_waiting_for_streaming_input
-        if free <= 0 or self._pause_state != PauseState.UNPAUSED or not self.waiting:
+        paused_new = self._pause_state == PauseState.PAUSED_NEW
+        loading = self._holding_queues[1] if len(self._holding_queues) > 1 else None
+        seen: set[Request] | None = set() if loading else None
+        if (
+            free <= 0
+            or not (self._pause_state == PauseState.UNPAUSED or paused_new)
+            or not (self.waiting or any(self._holding_queues))
+        ):
+            if free <= 0 and seen is not None and self._pause_state == PauseState.UNPAUSED:
+                self._loads_only(seen)
             return []
         budget = self.stepplanner_policy.max_num_tokens
         wanted = 0
-        out: list[tuple[Request, KVCacheBlocks, int]] = []
+        out: list[Candidate] = []
         if now is None or relegated is None:
             if self._cache_aware:
                 # vLLM 0.34's cache-aware admission window, by vLLM's own code: within the first
@@ -71,25 +94,65 @@ class RequestRows(AsyncScheduler):
         # flight included).
         adapters = running_adapters(self._max_loras, self.running)
         for request in order:  # lazily: the next one is taken only while there is room
+            if seen is not None:
+                seen.add(request)
+            if paused_new and not self._holds_kv_blocks(request):
+                continue
             if not adapters.join(lora_id(request)):
                 continue  # it waits; later requests whose adapters can join may
-            blocks, hit = self._probe_prefix(request)
-            out.append((request, blocks, hit))
+            found = self._lookup(request)
+            if found is None:
+                continue  # the connector cannot tell its hit yet: passed over this step
+            blocks, hit, external, load = found
+            if load:  # an asynchronous load: no row until its KV has landed
+                self._loads.append((request, blocks, hit - external, external))
+                continue
+            out.append((request, blocks, hit, external))
             wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
                 break
+        if seen is not None and not paused_new:
+            self._loads_only(seen)
         return out
+
+    def _loads_only(self, seen: set[Request]) -> None:
+        """vLLM 0.34 with ``--max-num-inflight-kv-loads``: once no slot or budget is left, loads
+        still start from the requests that may load asynchronously (they take neither), in that
+        queue's order, until one turns out to need a slot (it waits at the queue's head)."""
+        for request in self._holding_queues[1]:
+            if request in seen or not self._admissible(request):
+                continue
+            found = self._lookup(request)
+            if found is None:
+                continue
+            blocks, hit, external, load = found
+            if not load:
+                return
+            self._loads.append((request, blocks, hit - external, external))
 
     def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
         """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
-        than the reserved slots are free (``out``: the candidates so far)."""
-        for request in self.waiting:
+        than the reserved slots are free (``out``: the candidates so far). With a KV connector,
+        the requests holding blocks (finished loads) come first, as vLLM drains them first."""
+        for request in self._waiting_in_order():
             if request.priority >= 0 and free - len(out) <= self._reserved:
                 if self._priority_order:
                     return  # urgent requests sort first: none follows
                 continue
             if self._admissible(request):
                 yield request
+
+    def _waiting_in_order(self) -> Iterator[Request]:
+        """vLLM's waiting requests in the order its schedule() takes them: with a KV connector,
+        those holding KV blocks first, then ``waiting`` (merged, on 0.34 with
+        ``--max-num-inflight-kv-loads``, with the requests that may load asynchronously)."""
+        if not self._holding_queues:
+            return iter(self.waiting)
+        holding, *loading = self._holding_queues
+        if not loading or not loading[0]:
+            return itertools.chain(holding, self.waiting)
+        key = None if self._priority_order else _arrival
+        return itertools.chain(holding, heapq.merge(self.waiting, loading[0], key=key))
 
     def _admissible(self, request: Request) -> bool:
         """Whether a waiting request may be admitted now, in either queue order. One whose
@@ -105,6 +168,22 @@ class RequestRows(AsyncScheduler):
         if request.num_stale_output_tokens and not request.drop_stale_output:
             return False
         return request.request_id not in self.grammar_compile_error_reqs
+
+    def _lookup(self, request: Request) -> tuple[KVCacheBlocks | None, int, int, bool] | None:
+        """A candidate's committed tokens before planning: ``(blocks, hit, external, load)``,
+        its local prefix-cache hit plus a KV connector's ``external`` part (``load``: the
+        connector loads it asynchronously); ``blocks`` None for a request whose load has landed
+        (the KV is in its own blocks). None: the connector cannot tell yet."""
+        if request.num_computed_tokens:
+            return None, request.num_computed_tokens, 0, False
+        blocks, local = self._probe_prefix(request)
+        if self.connector is None:
+            return blocks, local, 0, False
+        found = self._connector_hit(request, blocks, local)
+        if found is None:
+            return None
+        blocks, local, external, load = found
+        return blocks, local + external, external, load
 
     def _prefix_hit(self, request: Request) -> tuple[KVCacheBlocks, int]:
         blocks, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
@@ -126,7 +205,7 @@ class RequestRows(AsyncScheduler):
     def _resident_rows(
         self,
         running: list[Request],
-        candidates: list[tuple[Request, KVCacheBlocks, int]],
+        candidates: list[Candidate],
         queue_order: bool,
     ) -> list[ResidentState]:
         rows = self._rows
@@ -156,7 +235,7 @@ class RequestRows(AsyncScheduler):
         # the plan gives budget and blocks in the order vLLM would, and the row keeps that
         # arrival once admitted, as vLLM's running list keeps admission order.
         last: dict[int | None, int] = {}
-        for request, _, hit in candidates:
+        for request, _, hit, _ in candidates:
             # A waiting request the plan pauses stays waiting but counts its paused steps like
             # a resident, so max_pause_steps releases it as SPEC §3 says.
             stamp = int(request.arrival_time * NS)
@@ -176,56 +255,72 @@ class RequestRows(AsyncScheduler):
 
     def _admit(
         self,
-        request: Request,
-        hit: int,
+        candidate: Candidate,
         n: int,
         new_blocks: dict[str, KVCacheBlocks],
         timestamp: float,
     ) -> int:
-        """Allocate an admission's first chunk on top of its cached prefix: the tokens scheduled,
-        or 0 to withhold it this step.
+        """Allocate an admission's first chunk on top of its committed tokens: the tokens
+        scheduled, or 0 to withhold it this step.
 
-        The prefix is looked up again: allocations earlier in this step may have evicted part
-        of the one found before planning (the planned chunk assumed it, so the request waits a
-        step), or added to it: vLLM caches a chunk's full blocks as it allocates them, so an
+        The local prefix is looked up again: allocations earlier in this step may have evicted
+        part of the one found before planning (the planned chunk assumed it, so the request waits
+        a step), or added to it: vLLM caches a chunk's full blocks as it allocates them, so an
         identical prompt admitted earlier in this step computes them once, and this one only the
         rest of its planned chunk (which still ends where the plan ended it), as vLLM's own
-        schedule() deduplicates prompts admitted together."""
-        blocks = self.kv_cache_manager.empty_kv_cache_blocks
-        if self.kv_cache_manager.enable_caching:  # (a hit implies it)
-            blocks, found = self._prefix_hit(request)
-            if found != hit:
-                end = hit + n  # a block boundary, or the prompt's end
-                if found < hit or found >= end:
-                    self.stepplanner_stats.stale_prefix_rows += 1
-                    return 0
-                self.stepplanner_stats.shared_prefix_rows += 1
-                hit, n = found, end - found
-        allocated = self.kv_cache_manager.allocate_slots(
-            request,
-            n,
-            num_new_computed_tokens=hit,
-            new_computed_blocks=blocks,
-            num_lookahead_tokens=self.num_lookahead_tokens,
-            full_sequence_must_fit=self.scheduler_reserve_full_isl,
-            has_scheduled_reqs=bool(self.running),
-        )
+        schedule() deduplicates prompts admitted together. A KV connector's part of the hit
+        continues the local one, so the local one must be found as it was."""
+        request, blocks, hit, external = candidate
+        manager = self.kv_cache_manager
+        local = hit - external
+        if blocks is None:  # a connector's load has landed in the request's own blocks
+            allocated = manager.allocate_slots(
+                request,
+                n,
+                num_lookahead_tokens=self.num_lookahead_tokens,
+                full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                has_scheduled_reqs=bool(self.running),
+            )
+        else:
+            if manager.enable_caching:  # (a local hit implies it)
+                blocks, found = self._prefix_hit(request)
+                if found != local:
+                    end = hit + n  # a block boundary, or the prompt's end
+                    if external or found < local or found >= end:
+                        self.stepplanner_stats.stale_prefix_rows += 1
+                        return 0
+                    self.stepplanner_stats.shared_prefix_rows += 1
+                    hit = local = found
+                    n = end - found
+            allocated = manager.allocate_slots(
+                request,
+                n,
+                num_new_computed_tokens=local,
+                new_computed_blocks=blocks,
+                num_lookahead_tokens=self.num_lookahead_tokens,
+                num_external_computed_tokens=external,
+                full_sequence_must_fit=self.scheduler_reserve_full_isl,
+                has_scheduled_reqs=bool(self.running),
+            )
         if allocated is None:
             return 0
-        self.kv_cache_manager.record_prefix_cache_stats(request, hit)
-        if request.prefill_stats and request.num_preemptions <= 0:
-            request.prefill_stats.set(
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_local_cached_tokens=hit,
-                num_external_cached_tokens=0,
+        if self.connector is not None:
+            # Told of every admission's blocks, as vLLM does (a connector saving KV tracks them).
+            self._after_alloc(
+                request, external, 0 if blocks is None else request.num_tokens - local
             )
+            self._sync_kv_loads = self._sync_kv_loads or external > 0
+        if blocks is not None:
+            self._record_hit(request, local, external)
         self.running.append(request)
         request.num_computed_tokens = hit
         if self.log_stats:
             request.record_event(EngineCoreEventType.SCHEDULED, timestamp)
         if hit + n < request.num_tokens:
             self._inflight_prefills.add(request)
-        new_blocks[request.request_id] = self.kv_cache_manager.get_blocks(request.request_id)
+        if self.connector is not None:
+            self._admitted_with_connector(request)
+        new_blocks[request.request_id] = manager.get_blocks(request.request_id)
         return n
 
     def _leave_waiting(self, admitted: list[Request]) -> None:
@@ -235,10 +330,15 @@ class RequestRows(AsyncScheduler):
         request, a tenth of a step at B = 256 with a long queue."""
         waiting = self.waiting
         rest = set(admitted)
+        for queue in self._holding_queues:  # taken first: their heads
+            while rest and queue and queue.peek_request() in rest:
+                rest.discard(queue.pop_request())
         while rest and waiting and waiting.peek_request() in rest:
             rest.discard(waiting.pop_request())
         if rest:
             waiting.remove_requests(rest)
+            for queue in self._holding_queues:
+                queue.remove_requests(rest)
         self.deferred_waiting.difference_update(admitted)
 
     def _order_key(self, request: Request) -> tuple[int, int]:

@@ -131,6 +131,9 @@ class StepPlannerScheduler(
             Callable[[list[ResidentState], StepPlan, list[Request], list[int] | None], None] | None
         ) = None
         self._rows = {}
+        self._loads = []
+        self._holding_queues = _compat.waiting_queues(self)
+        self._sync_kv_loads = False
         self._priority_order = orders_by_priority(policy.scheduling_policy)
         self._reserved = policy.priority_reserved_slots
         self._slots = min(self.max_num_running_reqs, self.max_num_active_reqs)
@@ -200,6 +203,7 @@ class StepPlannerScheduler(
         self.kv_cache_manager.new_step_starts()
         stats = self.stepplanner_stats
         stats.steps += 1
+        self._sync_kv_loads = False
         now = None
         relegated: list[str] = []
         if self._ranked:
@@ -273,10 +277,10 @@ class StepPlannerScheduler(
                 scheduled_running.append(request)
                 num_scheduled[request.request_id] = n
                 new_blocks[request.request_id] = blocks
-            if not withheld_resident and self._pause_state == PauseState.UNPAUSED:
+            if not withheld_resident:  # (candidates: none under PAUSED_ALL)
                 for i, n in admission_rows:
-                    request, hit = candidates[i - n_running][0], candidates[i - n_running][2]
-                    scheduled = self._admit(request, hit, n, new_blocks, timestamp)
+                    request = candidates[i - n_running][0]
+                    scheduled = self._admit(candidates[i - n_running], n, new_blocks, timestamp)
                     if scheduled:
                         admitted.append(request)
                         num_scheduled[request.request_id] = scheduled
@@ -291,9 +295,13 @@ class StepPlannerScheduler(
             if not victims:
                 break
             victim = max(victims, key=self._order_key)
+            if not self._can_preempt(victim):
+                break  # its blocks would not come back in this step
             self.running.remove(victim)
             self._rows.pop(victim.request_id, None)
-            self._preempt_request(victim, timestamp)
+            # With a connector that must deliver the KV it computes, the victim's output in
+            # flight is dropped (vLLM's requires_kv_delivery).
+            self._preempt_request(victim, timestamp, drop_stale_output=self.requires_kv_delivery)
             preempted.append(victim)
             stats.recompute_preemptions += 1
             resident_rows = [r for r in resident_rows if requests[r[0]] is not victim]
@@ -301,6 +309,8 @@ class StepPlannerScheduler(
 
         if admitted:
             self._leave_waiting(admitted)
+        if self._loads and not preempted and self._pause_state == PauseState.UNPAUSED:
+            self._start_loads(self._loads)
         if now is not None:
             self._ran = self._ran and bool(num_scheduled)
             self._requeue(admitted)
