@@ -425,6 +425,23 @@ def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, n
         assert got == want, f"request {i}: {got} != unpressured {want}"
 
 
+def test_a_kv_connector_loads_and_both_schedulers_give_the_same_tokens():
+    """Disaggregated prefill/decode with vLLM's ExampleConnector, the KV connector the CPU build
+    runs (tools/vllm_kv_connector_engine.py, docs/integrations.md "KV connectors"): a prefill
+    engine stores each prompt's KV, decode engines with prefix caching on load it, under vLLM's
+    scheduler and StepPlannerScheduler, and give an engine's tokens that computed every prompt
+    itself; KV zeroed in the storage moves them (what is loaded is used)."""
+    proc = subprocess.run(
+        [sys.executable, str(TOOLS / "vllm_kv_connector_engine.py"), "--prefix-caching", "on"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert "the same tokens, KV loaded" in proc.stdout, proc.stdout
+
+
 def test_aborts_in_every_state(model_dir, reference):
     """Driven step by step through LLMEngine: one request aborted while waiting, one mid-prefill,
     one paused and one decoding; the others finish with their tokens, no block leaks, and a
