@@ -1240,45 +1240,62 @@ class ConnectorWorkers:
         )
 
 
-def _tokens_per_request(sched, arrivals, kv_worker, checker=None):
-    """Run ``arrivals``; each request's tokens computed (scheduled) over the run."""
+def _run_connector_stream(sched, arrivals, kv_worker, checker=None):
+    """Run ``arrivals``; each request's tokens computed (scheduled) over the run, and how many
+    times NIXL's metadata asked its workers to load each request's KV."""
     computed: dict[str, int] = {}
+    loads: dict[str, int] = {}
 
     def after(step, out):
         if checker is not None:
             checker.after(step, out)
-        assert out.kv_connector_metadata is not None, step  # built every step
         for rid, n in out.num_scheduled_tokens.items():
             computed[rid] = computed.get(rid, 0) + n
+        for rid in out.kv_connector_metadata.reqs_to_recv:
+            loads[rid] = loads.get(rid, 0) + 1
 
     vllm_cpu.run(sched, arrivals, after_schedule=after, kv_worker=kv_worker)
-    return computed
+    return computed, loads
 
 
 @pytest.mark.parametrize(
     "policy",
-    [{}, {"policy": "priority", "preemption": "pause"}, {"scheduling_policy": "deadline"}],
+    [
+        {},
+        {"policy": "priority", "preemption": "pause", "priority_reserved_slots": 2},
+        {
+            "scheduling_policy": "deadline",
+            "slo_classes": SLO_CLASSES,
+            "relegated_wait": SERVE_RELEGATED,
+        },
+    ],
     ids=["fcfs", "priority-pause", "deadline"],
 )
 def test_a_decode_instance_loads_remote_kv_as_vllm_does(model_dir, overlap, policy):
     # A P/D decode instance with vLLM's NIXL connector: two requests in three have their prompt's
-    # KV on a prefill instance and load it asynchronously (no row, no slot, until it has landed);
-    # the loads of some fail and vLLM recomputes those prompts; the rest are local prompts. Each
-    # request computes exactly the tokens it does under vLLM's own scheduler (the loaded prompt
-    # never again), every request finishes, every block comes back.
+    # KV on a prefill instance and load it asynchronously (no row, no slot, until it has landed)
+    # beyond the 64-token prefix every prompt shares (a local prefix hit); the loads of some fail
+    # and vLLM recomputes those prompts; the rest are local prompts. Each request computes
+    # exactly the tokens it does under vLLM's own scheduler (the loaded prompt never again), its
+    # load is asked of the workers once, every request finishes, every block comes back.
     own = {k: v for k, v in policy.items() if k == "policy"}
-    computed = {}
+    computed, loads = {}, {}
     for cls in (AsyncScheduler if is_async(overlap) else Scheduler, StepPlannerScheduler):
         options = policy if cls is StepPlannerScheduler else own
         sched = decode_instance(model_dir, overlap=overlap, cls=cls, **options)
-        arrivals = stream(36, seed=21, spacing=0.001, arrival0=time.time())
+        arrivals = stream(36, seed=21, spacing=0.001, arrival0=time.time(), shared_prefix=64)
         remote = [remote_prefill(r) for r in all_requests(arrivals) if int(r.request_id[1:]) % 3]
         workers = ConnectorWorkers(sched, delay=2, failing=[r.request_id for r in remote[::5]])
         checker = Checker(sched) if cls is StepPlannerScheduler else None
-        computed[cls] = _tokens_per_request(sched, arrivals, workers, checker)
+        computed[cls], loads[cls] = _run_connector_stream(sched, arrivals, workers, checker)
         assert_completed(sched, arrivals, 600)
         assert not sched.kv_holding_waiting
         assert workers.landed == len(remote) - len(workers.failing) and workers.failed
+        # (a prompt the shared prefix covers has nothing left to load)
+        assert set(loads[cls]) <= {r.request_id for r in remote} and len(loads[cls]) > 10, cls
+        assert set(loads[cls].values()) == {1}, cls
+    their_loads, our_loads = loads.values()
+    assert our_loads == their_loads
     theirs, ours = computed.values()
     # (Drafts add the tokens they verify, and vLLM pads a first decode step with placeholder
     # drafts where the planner does not: a documented difference.)
@@ -1299,15 +1316,16 @@ def test_remote_kv_loads_under_kv_pressure(model_dir, overlap, policy):
     # preempted while loads are in flight, and everything still finishes with every block back.
     blocks = 160
     sched = decode_instance(model_dir, overlap=overlap, num_blocks=blocks, **policy)
-    arrivals = stream(40, seed=8)
+    arrivals = stream(40, seed=8, shared_prefix=48)
     remote = [remote_prefill(r) for r in all_requests(arrivals) if int(r.request_id[1:]) % 2]
     workers = ConnectorWorkers(sched, delay=3, failing=[r.request_id for r in remote[::7]])
     checker = Checker(sched)
-    _tokens_per_request(sched, arrivals, workers, checker)
+    _, loads = _run_connector_stream(sched, arrivals, workers, checker)
     assert_completed(sched, arrivals, blocks)
     stats = sched.stepplanner_stats
     assert stats.withheld_rows + stats.recompute_preemptions > 0
     assert workers.landed and workers.failed
+    assert loads and set(loads.values()) == {1}  # each load asked of the workers once
 
 
 def test_the_inflight_kv_load_limit_holds_and_loads_start_with_no_slot_free(model_dir):
@@ -1827,6 +1845,7 @@ def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
     assert release.cache_aware_admission == hasattr(plain, "async_kv_waiting")
     assert release.parked_kv_loads == hasattr(plain, "_reserve_parked")
     assert release.parked_kv_loads == hasattr(plain, "_parked_reservations")
+    assert release.parked_kv_loads == hasattr(plain, "_admits_inflight_kv_load")
     request = vllm_cpu.make_request("flags", [1, 2, 3], 1, arrival_time=1.0)
     assert hasattr(request, release.skip_external_kv_flag)
     assert release.parked_kv_loads == hasattr(request, "skip_reading_external_kv")

@@ -40,6 +40,8 @@ __all__ = [
     "config_on_cpu",
     "count_executed_step",
     "admits_inflight_kv_load",
+    "inflight_kv_load_room",
+    "kv_waiting_queues",
     "fail_request",
     "hold_loading",
     "is_supported",
@@ -50,7 +52,6 @@ __all__ = [
     "request_data",
     "skips_external_kv",
     "unpark_load",
-    "waiting_queues",
 ]
 
 # The `vllm` extra's range (pyproject.toml): the minor releases the suite runs on.
@@ -181,6 +182,7 @@ if not is_supported(VLLM_VERSION):
 
 from vllm.outputs import RequestError  # noqa: E402
 from vllm.v1.core.sched.output import NewRequestData  # noqa: E402
+from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING, KV_FETCH_IN_PROGRESS  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
 _log = logging.getLogger("stepplanner.integrations.vllm")
@@ -329,9 +331,9 @@ def fail_request(scheduler: Any, request_id: str, message: str) -> None:
         _log.warning("%s", message)
 
 
-def waiting_queues(scheduler: Any) -> list[Any]:
-    """vLLM's waiting queues besides ``waiting``, in the order its ``schedule()`` drains them:
-    the requests holding KV blocks (a connector's finished loads) first, then, on 0.34 with
+def kv_waiting_queues(scheduler: Any) -> list[Any]:
+    """vLLM's queues of waiting requests besides ``waiting``: the requests holding KV blocks (a
+    connector's landed loads), which its ``schedule()`` reads first, then, on 0.34 with
     ``--max-num-inflight-kv-loads``, the requests that may load asynchronously."""
     if RELEASE.parked_kv_loads:
         return [scheduler.kv_holding_waiting, scheduler.async_kv_waiting]
@@ -346,6 +348,23 @@ def skips_external_kv(request: Any) -> bool:
 def admits_inflight_kv_load(scheduler: Any) -> bool:
     """Whether one more asynchronous load stays within 0.34's ``max_num_inflight_kv_loads``."""
     return not RELEASE.parked_kv_loads or bool(scheduler._admits_inflight_kv_load())
+
+
+def inflight_kv_load_room(scheduler: Any) -> int | None:
+    """How many more asynchronous loads 0.34's ``max_num_inflight_kv_loads`` lets start (counted
+    as vLLM's ``_admits_inflight_kv_load`` counts them); None: no limit."""
+    if not RELEASE.parked_kv_loads:
+        return None
+    limit = scheduler.scheduler_config.max_num_inflight_kv_loads
+    if limit is None:
+        return None
+    counts = scheduler._kv_fetch_counts
+    busy = (
+        counts[KV_FETCH_IN_PROGRESS]
+        + counts[KV_FETCH_COMPLETED_WAITING]
+        + len(scheduler._aborted_kv_loads)
+    )
+    return max(int(limit) - int(busy), 0)
 
 
 def park_load(scheduler: Any, request: Any) -> None:

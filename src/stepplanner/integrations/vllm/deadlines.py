@@ -29,6 +29,13 @@ from . import _compat
 from .requests import NS
 
 
+def _work(request: Request) -> int:
+    """The tokens a waiting request still computes before its first token: its prompt, less
+    what a KV connector's landed load computed (a request still loading is never relegated: its
+    work is known once the load lands)."""
+    return int(request.num_tokens - request.num_computed_tokens)
+
+
 class _Deadlines:
     """One request's objectives as the ranker reads them (``Ranker.rank``'s columns)."""
 
@@ -168,10 +175,14 @@ class DeadlineQueue(AsyncScheduler):
             for heap in (self._urgent, self._normal):
                 for entry in heap:
                     request = entry[3]
-                    if not self._waits_viable(entry) or request.priority < self._never_below:
+                    if (
+                        not self._waits_viable(entry)
+                        or request.priority < self._never_below
+                        or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                    ):
                         continue
                     due = self._deadlines[request.request_id].due(request.num_output_tokens)
-                    if not self._ranker.admits(request.num_tokens, due, now, request.priority):
+                    if not self._ranker.admits(_work(request), due, now, request.priority):
                         found.append(request)
                     elif due < earliest:
                         earliest = due
@@ -233,8 +244,10 @@ class DeadlineQueue(AsyncScheduler):
             request = entry[3]
             record = self._deadlines[request.request_id]
             due = record.due(request.num_output_tokens)
-            if not record.relegated and not self._ranker.admits(
-                request.num_tokens, due, now, request.priority
+            if (
+                not record.relegated
+                and request.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+                and not self._ranker.admits(_work(request), due, now, request.priority)
             ):
                 self._relegate_waiting(request, now, relegated)
                 if record.shed_at <= now:  # relegated_wait 0: handed back at once

@@ -13,7 +13,7 @@ order (docs/integrations.md, "KV connectors").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -27,6 +27,16 @@ from . import _compat
 # with, already its own), the tokens committed before its first chunk, and of those the
 # connector's.
 Candidate = tuple[Request, KVCacheBlocks | None, int, int]
+
+
+class Load(NamedTuple):
+    """An asynchronous load to start: the request, its local prefix hit (blocks and tokens) and
+    the connector's part after it."""
+
+    request: Request
+    blocks: KVCacheBlocks
+    local: int
+    external: int
 
 
 class KVConnectors(AsyncScheduler):
@@ -58,6 +68,14 @@ class KVConnectors(AsyncScheduler):
         load_async = load_async and external > 0
         self._set_kv_fetch_stage(request, KV_FETCH_WAITING_TO_START if load_async else None)
         return blocks, local, external, load_async
+
+    def _connector_adds_nothing(self, request: Request, local: int) -> bool:
+        """Whether the connector, asked again with a local hit that grew in the step, has no
+        tokens after it (always, without a connector)."""
+        if self.connector is None:
+            return True
+        found = self._connector_hit(request, self.kv_cache_manager.empty_kv_cache_blocks, local)
+        return found is not None and found[2] == 0
 
     def _after_alloc(self, request: Request, external: int, queries: int) -> None:
         """The connector told of an admission's or a load's blocks, and the ``queries`` tokens
@@ -91,17 +109,23 @@ class KVConnectors(AsyncScheduler):
                 num_external_cached_tokens=external,
             )
 
-    def _start_loads(self, loads: list[tuple[Request, KVCacheBlocks, int, int]]) -> None:
+    def _start_loads(self, loads: list[Load]) -> None:
         """Start the asynchronous loads the step's lookups asked for, in queue order: blocks for
         the whole hit, the connector told, the request in ``WAITING_FOR_REMOTE_KVS`` among the
         waiting requests that hold blocks until vLLM's ``update_from_output`` reports the load
         finished. A load that does not fit, or is past 0.34's ``max_num_inflight_kv_loads``, waits
-        for a later step (as in vLLM, the loads behind it too)."""
+        for a later step (as in vLLM, the loads behind it too); so does one whose local prefix
+        the step's allocations changed (an evicted cached block may hold another request's KV by
+        now: the lookup is made again, as vLLM looks up and allocates at once)."""
         manager = self.kv_cache_manager
         started: list[Request] = []
         for request, blocks, local, external in loads:
             if not _compat.admits_inflight_kv_load(self):
                 break
+            if manager.enable_caching:
+                blocks, found, _ = manager.get_computed_blocks(request)
+                if found != local:
+                    break
             reserved = self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
             allocated = manager.allocate_slots(
                 request,

@@ -5,8 +5,7 @@ free slots admit (in vLLM's queue order, or the deadlines' order), their prefix-
 from __future__ import annotations
 
 import heapq
-import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -17,8 +16,8 @@ from vllm.v1.request import Request
 from ...core import ResidentState
 from . import _compat
 from .config import INT32_MAX
-from .kv_connector import Candidate, KVConnectors
-from .lora import lora_id, running_adapters
+from .kv_connector import Candidate, KVConnectors, Load
+from .lora import could_join, lora_id, running_adapters
 
 NS = 1_000_000_000  # vLLM's arrival_time (seconds) as the rows' arrival (nanoseconds)
 
@@ -32,10 +31,10 @@ class RequestRows(KVConnectors):
 
     _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
     _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
-    # KV connectors: the step's asynchronous loads to start, in queue order (request, local
-    # blocks, local hit, external hit), and the waiting queues drained before vLLM's `waiting`.
-    _loads: list[tuple[Request, KVCacheBlocks, int, int]]
-    _holding_queues: list[Any]
+    # KV connectors: the step's asynchronous loads to start, in queue order, and vLLM's queues
+    # of waiting requests besides `waiting` (_compat.kv_waiting_queues).
+    _loads: list[Load]
+    _kv_waiting_queues: list[Any]
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -63,50 +62,68 @@ class RequestRows(KVConnectors):
         (committed before planning, so a first chunk ends on a block; a KV connector's part
         included): in vLLM's queue order, or with ``now`` (EDF, DEADLINE) in first-token-deadline
         order. Requests whose KV a connector loads asynchronously go to ``_loads`` instead. Under
-        PAUSED_NEW only the requests holding KV blocks (a connector's landed loads) are admitted,
-        as vLLM drains them."""
+        PAUSED_NEW only the requests holding KV blocks (a connector's landed loads) are read, in
+        their queue's order, as vLLM drains them."""
         self._loads = []
+        state = self._pause_state
+        paused_new = state == PauseState.PAUSED_NEW
+        if state == PauseState.PAUSED_ALL or (paused_new and not self.kv_holding_waiting):
+            return []
         free = self._slots - len(self.running) - self.num_waiting_for_streaming_input
-        paused_new = self._pause_state == PauseState.PAUSED_NEW
-        loading = self._holding_queues[1] if len(self._holding_queues) > 1 else None
-        seen: set[Request] | None = set() if loading else None
-        if (
-            free <= 0
-            or not (self._pause_state == PauseState.UNPAUSED or paused_new)
-            or not (self.waiting or any(self._holding_queues))
-        ):
-            if free <= 0 and seen is not None and self._pause_state == PauseState.UNPAUSED:
+        async_kv = self._kv_waiting_queues[1] if len(self._kv_waiting_queues) > 1 else None
+        seen: set[Request] | None = set() if async_kv else None
+        if free <= 0 or not (self.waiting or any(self._kv_waiting_queues)):
+            if free <= 0 and seen is not None and not paused_new:
                 self._loads_only(seen)
             return []
         budget = self.stepplanner_policy.max_num_tokens
         wanted = 0
         out: list[Candidate] = []
-        if now is None or relegated is None:
+        if paused_new:
+            order = self._queue_order(free, out, (self.kv_holding_waiting,))
+        elif now is None or relegated is None:
             if self._cache_aware:
                 # vLLM 0.34's cache-aware admission window, by vLLM's own code: within the first
                 # N plain waiting requests, the deepest cached prefix first (once the KV cache
                 # is as full as its threshold says); the plan then orders the rows it admits.
                 _compat.reorder_waiting_by_cached_prefix(self)
-            order = self._queue_order(free, out)
+            order = self._queue_order(free, out, self._waiting_queues())
         else:
             order = self._deadline_order(free, out, now, relegated)
         # LoRA: the ledgers' rule (docs/decisions.md), over the running requests (paused and in
         # flight included).
         adapters = running_adapters(self._max_loras, self.running)
+        connector = self.connector
+        load_room: int | None = None
+        block_room = 0
+        if connector is not None:
+            load_room = _compat.inflight_kv_load_room(self)
+            # Loads take no slot and no budget: what bounds them, as in vLLM, is blocks (and
+            # 0.34's in-flight limit); past them the scan ends, with no more lookups.
+            block_room = self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
         for request in order:  # lazily: the next one is taken only while there is room
             if seen is not None:
                 seen.add(request)
-            if paused_new and not self._holds_kv_blocks(request):
-                continue
-            if not adapters.join(lora_id(request)):
-                continue  # it waits; later requests whose adapters can join may
+            lora = lora_id(request)
+            if connector is None:
+                if not adapters.join(lora):
+                    continue  # it waits; later requests whose adapters can join may
+            elif not could_join(adapters, lora):
+                continue  # (a load holds no adapter: joined below for a row only)
             found = self._lookup(request)
             if found is None:
                 continue  # the connector cannot tell its hit yet: passed over this step
             blocks, hit, external, load = found
             if load:  # an asynchronous load: no row until its KV has landed
-                self._loads.append((request, blocks, hit - external, external))
+                if load_room is not None and len(self._loads) >= load_room:
+                    continue  # past 0.34's --max-num-inflight-kv-loads: it waits
+                self._loads.append(Load(request, blocks, hit - external, external))
+                block_room -= hit
+                if block_room < 0:
+                    break
                 continue
+            if connector is not None:
+                adapters.join(lora)
             out.append((request, blocks, hit, external))
             wanted += request.num_tokens - hit
             if len(out) == free or wanted >= budget:
@@ -119,7 +136,10 @@ class RequestRows(KVConnectors):
         """vLLM 0.34 with ``--max-num-inflight-kv-loads``: once no slot or budget is left, loads
         still start from the requests that may load asynchronously (they take neither), in that
         queue's order, until one turns out to need a slot (it waits at the queue's head)."""
-        for request in self._holding_queues[1]:
+        room = _compat.inflight_kv_load_room(self)
+        for request in self._kv_waiting_queues[1]:
+            if room is not None and len(self._loads) >= room:
+                return
             if request in seen or not self._admissible(request):
                 continue
             found = self._lookup(request)
@@ -128,31 +148,33 @@ class RequestRows(KVConnectors):
             blocks, hit, external, load = found
             if not load:
                 return
-            self._loads.append((request, blocks, hit - external, external))
+            self._loads.append(Load(request, blocks, hit - external, external))
 
-    def _queue_order(self, free: int, out: list[Any]) -> Iterator[Request]:
-        """vLLM's waiting queue in its order, but requests with ``priority >= 0`` only while more
-        than the reserved slots are free (``out``: the candidates so far). With a KV connector,
-        the requests holding blocks (finished loads) come first, as vLLM drains them first."""
-        for request in self._waiting_in_order():
-            if request.priority >= 0 and free - len(out) <= self._reserved:
-                if self._priority_order:
-                    return  # urgent requests sort first: none follows
-                continue
-            if self._admissible(request):
-                yield request
+    def _queue_order(
+        self, free: int, out: list[Any], queues: Iterable[Iterable[Request]]
+    ) -> Iterator[Request]:
+        """vLLM's waiting queues in their order, one after the other, but requests with
+        ``priority >= 0`` only while more than the reserved slots are free (``out``: the
+        candidates so far)."""
+        for queue in queues:
+            for request in queue:
+                if request.priority >= 0 and free - len(out) <= self._reserved:
+                    if self._priority_order:
+                        break  # urgent requests sort first: none follows in this queue
+                    continue
+                if self._admissible(request):
+                    yield request
 
-    def _waiting_in_order(self) -> Iterator[Request]:
-        """vLLM's waiting requests in the order its schedule() takes them: with a KV connector,
-        those holding KV blocks first, then ``waiting`` (merged, on 0.34 with
-        ``--max-num-inflight-kv-loads``, with the requests that may load asynchronously)."""
-        if not self._holding_queues:
-            return iter(self.waiting)
-        holding, *loading = self._holding_queues
-        if not loading or not loading[0]:
-            return itertools.chain(holding, self.waiting)
+    def _waiting_queues(self) -> tuple[Iterable[Request], ...]:
+        """vLLM's waiting queues in the order its schedule() reads them: the requests holding KV
+        blocks (a connector's landed loads, requests added with tokens computed) first, then
+        ``waiting`` (merged, on 0.34 with ``--max-num-inflight-kv-loads``, with the requests that
+        may load asynchronously, as vLLM's ``_next_waiting_queue`` takes their heads)."""
+        holding, *async_kv = self._kv_waiting_queues
+        if not async_kv or not async_kv[0]:
+            return (holding, self.waiting)
         key = None if self._priority_order else _arrival
-        return itertools.chain(holding, heapq.merge(self.waiting, loading[0], key=key))
+        return (holding, heapq.merge(self.waiting, async_kv[0], key=key))
 
     def _admissible(self, request: Request) -> bool:
         """Whether a waiting request may be admitted now, in either queue order. One whose
@@ -268,8 +290,9 @@ class RequestRows(KVConnectors):
         a step), or added to it: vLLM caches a chunk's full blocks as it allocates them, so an
         identical prompt admitted earlier in this step computes them once, and this one only the
         rest of its planned chunk (which still ends where the plan ended it), as vLLM's own
-        schedule() deduplicates prompts admitted together. A KV connector's part of the hit
-        continues the local one, so the local one must be found as it was."""
+        schedule() deduplicates prompts admitted together. With a KV connector, whose part of
+        the hit continues the local one, that holds only while it has no part after the grown
+        one (it is asked again, as vLLM asks it at the lookup that admits)."""
         request, blocks, hit, external = candidate
         manager = self.kv_cache_manager
         local = hit - external
@@ -286,7 +309,14 @@ class RequestRows(KVConnectors):
                 blocks, found = self._prefix_hit(request)
                 if found != local:
                     end = hit + n  # a block boundary, or the prompt's end
-                    if external or found < local or found >= end:
+                    # A connector's hit continues the local one it was asked with: a grown one
+                    # is asked of it again, and admitted only if it adds nothing after it.
+                    if (
+                        found < local
+                        or found >= end
+                        or external
+                        or not self._connector_adds_nothing(request, found)
+                    ):
                         self.stepplanner_stats.stale_prefix_rows += 1
                         return 0
                     self.stepplanner_stats.shared_prefix_rows += 1
@@ -330,14 +360,14 @@ class RequestRows(KVConnectors):
         request, a tenth of a step at B = 256 with a long queue."""
         waiting = self.waiting
         rest = set(admitted)
-        for queue in self._holding_queues:  # taken first: their heads
+        for queue in self._kv_waiting_queues:  # read first: their heads
             while rest and queue and queue.peek_request() in rest:
                 rest.discard(queue.pop_request())
         while rest and waiting and waiting.peek_request() in rest:
             rest.discard(waiting.pop_request())
         if rest:
             waiting.remove_requests(rest)
-            for queue in self._holding_queues:
+            for queue in self._kv_waiting_queues:
                 queue.remove_requests(rest)
         self.deferred_waiting.difference_update(admitted)
 

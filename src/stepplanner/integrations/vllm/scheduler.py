@@ -132,7 +132,7 @@ class StepPlannerScheduler(
         ) = None
         self._rows = {}
         self._loads = []
-        self._holding_queues = _compat.waiting_queues(self)
+        self._kv_waiting_queues = _compat.kv_waiting_queues(self)
         self._sync_kv_loads = False
         self._priority_order = orders_by_priority(policy.scheduling_policy)
         self._reserved = policy.priority_reserved_slots
@@ -309,7 +309,7 @@ class StepPlannerScheduler(
 
         if admitted:
             self._leave_waiting(admitted)
-        if self._loads and not preempted and self._pause_state == PauseState.UNPAUSED:
+        if self._loads and not preempted:  # (none were looked up under PAUSED_ALL)
             self._start_loads(self._loads)
         if now is not None:
             self._ran = self._ran and bool(num_scheduled)
