@@ -1328,6 +1328,58 @@ def test_remote_kv_loads_under_kv_pressure(model_dir, overlap, policy):
     assert loads and set(loads.values()) == {1}  # each load asked of the workers once
 
 
+def test_a_load_never_adopts_a_cached_block_the_steps_allocations_reused(model_dir):
+    # A decode request's local prefix hit (cached blocks of a finished request, free to evict) is
+    # found before planning; an admission allocated in the same step evicts one of them and
+    # writes its own KV there. The load, started after the plan's allocations, must not adopt
+    # that block (it would read another request's KV): its prefix is looked up again first, and
+    # it waits a step. vLLM looks up and allocates at once.
+    sched = decode_instance(model_dir, num_seqs=4, num_blocks=12)
+    manager = sched.kv_cache_manager
+    prefix = list(range(100, 164))  # four blocks
+    done = vllm_cpu.make_request("done", prefix + [5], 1, arrival_time=1.0)
+    sched.add_request(done)
+    out = sched.schedule()
+    fourth = manager.get_block_ids("done")[0][3]  # the prefix's last block
+    sched.update_from_output(out, vllm_cpu.fake_output(sched, out))
+    # Another short request after it: what vLLM's pool keeps free beside the prefix's blocks
+    # once the admission has taken its share, room for the load to fit.
+    other = vllm_cpu.make_request("other", list(range(300, 320)), 1, arrival_time=1.5)
+    sched.add_request(other)
+    out = sched.schedule()
+    sched.update_from_output(out, vllm_cpu.fake_output(sched, out))
+    queue = [b.block_id for b in manager.block_pool.free_block_queue.get_all_free_blocks()]
+    # A prompt that takes every free block up to and including the prefix's fourth
+    need = queue.index(fourth) + 1
+    local = vllm_cpu.make_request(
+        "local", list(range(500, 500 + need * P - 4)), 4, arrival_time=2.0
+    )
+    remote = remote_prefill(
+        vllm_cpu.make_request("remote", prefix + list(range(700, 716)), 4, arrival_time=3.0)
+    )
+    sched.add_request(local)
+    sched.add_request(remote)
+    assert manager.get_computed_blocks(remote)[1] == 64  # the hit the plan is made with
+
+    first: list[set[int]] = []
+
+    def after(step, out):
+        if not first:
+            first.append(set(manager.get_block_ids("local")[0]))
+        if "remote" in sched.requests and "local" in sched.requests:
+            mine, theirs = (set(manager.get_block_ids(r)[0]) for r in ("remote", "local"))
+            assert not mine & theirs, step
+
+    workers = ConnectorWorkers(sched, delay=1)
+    vllm_cpu.run(sched, {0: []}, after_schedule=after, kv_worker=workers)
+    assert fourth in first[0]  # the admission did take the prefix's block
+    # and the load would have fitted beside it (blocks left: the prefix's three others, free
+    # still, and one new block for the prompt's last 16 tokens)
+    assert len(queue) - need >= 4, queue
+    assert workers.landed == 1
+    assert local.status == remote.status == RequestStatus.FINISHED_LENGTH_CAPPED
+
+
 def test_the_inflight_kv_load_limit_holds_and_loads_start_with_no_slot_free(model_dir):
     # vLLM 0.34's --max-num-inflight-kv-loads: requests that may load wait in a queue of their
     # own, at most N loads are in flight, and loads start while every slot is taken (they take
