@@ -1898,6 +1898,7 @@ def test_what_differs_is_read_right_for_the_installed_vllm(model_dir):
     assert release.parked_kv_loads == hasattr(plain, "_reserve_parked")
     assert release.parked_kv_loads == hasattr(plain, "_parked_reservations")
     assert release.parked_kv_loads == hasattr(plain, "_admits_inflight_kv_load")
+    assert release.deferred_async_loads == hasattr(plain, "defer_async_loads")
     request = vllm_cpu.make_request("flags", [1, 2, 3], 1, arrival_time=1.0)
     assert hasattr(request, release.skip_external_kv_flag)
     assert release.parked_kv_loads == hasattr(request, "skip_reading_external_kv")

@@ -387,14 +387,17 @@ class AdapterSlots:
         self.most = most  # 0: no limit (and ``resident`` is not read)
         self.held = {lora for lora in resident if lora} if most else set()
 
+    def fits(self, lora: int) -> bool:
+        """Whether a request of adapter ``lora`` could join the residents now (nothing held)."""
+        return not lora or not self.most or lora in self.held or len(self.held) < self.most
+
     def join(self, lora: int) -> bool:
         """Whether a request of adapter ``lora`` may join the residents now; if it may, its
         adapter is held from then on (the caller admits it)."""
-        if not lora or not self.most or lora in self.held:
-            return True
-        if len(self.held) >= self.most:
+        if not self.fits(lora):
             return False
-        self.held.add(lora)
+        if lora and self.most:
+            self.held.add(lora)
         return True
 
 

@@ -36,15 +36,15 @@ __all__ = [
     "SUPPORTED_VLLM_VERSIONS",
     "VLLM_VERSION",
     "Release",
+    "admits_inflight_kv_load",
     "cache_aware_window",
     "config_on_cpu",
     "count_executed_step",
-    "admits_inflight_kv_load",
-    "inflight_kv_load_room",
-    "kv_waiting_queues",
+    "defers_async_loads",
     "fail_request",
-    "hold_loading",
+    "inflight_kv_load_room",
     "is_supported",
+    "kv_waiting_queues",
     "model_runner_output",
     "output_fields",
     "park_load",
@@ -99,9 +99,10 @@ class Release:
     # KV connectors' asynchronous loads: 0.34 parks a started load's block reservation
     # (Scheduler._reserve_parked, released at admission) and keeps requests that may load in a
     # queue of their own behind --max-num-inflight-kv-loads (Scheduler.async_kv_waiting); up to
-    # 0.33 a started load joins
-    # Scheduler._inflight_prefills.
+    # 0.33 a started load joins Scheduler._inflight_prefills.
     parked_kv_loads: bool
+    # Scheduler.defer_async_loads, HiSparse's deferred loads (refused at start-up): 0.33 on.
+    deferred_async_loads: bool
     # The Request flag that stops a connector's hit being used: skip_reading_external_kv (0.34
     # on) or skip_reading_prefix_cache (up to 0.33, which also covers the local cache).
     skip_external_kv_flag: str
@@ -118,6 +119,7 @@ RELEASES = {
         cache_aware_admission=False,
         cpu_platform_needs_triton=False,
         parked_kv_loads=False,
+        deferred_async_loads=False,
         skip_external_kv_flag="skip_reading_prefix_cache",
     ),
     "0.33": Release(
@@ -130,6 +132,7 @@ RELEASES = {
         cache_aware_admission=False,
         cpu_platform_needs_triton=False,
         parked_kv_loads=False,
+        deferred_async_loads=True,
         skip_external_kv_flag="skip_reading_prefix_cache",
     ),
     "0.34": Release(
@@ -142,6 +145,7 @@ RELEASES = {
         cache_aware_admission=True,
         cpu_platform_needs_triton=True,
         parked_kv_loads=True,
+        deferred_async_loads=True,
         skip_external_kv_flag="skip_reading_external_kv",
     ),
 }
@@ -340,6 +344,12 @@ def kv_waiting_queues(scheduler: Any) -> list[Any]:
     return [scheduler.kv_holding_waiting]
 
 
+def defers_async_loads(scheduler: Any) -> bool:
+    """Whether vLLM defers a connector's loads until the steps in flight are back (HiSparse with
+    a KV-consumer connector, 0.33 on)."""
+    return RELEASE.deferred_async_loads and bool(scheduler.defer_async_loads)
+
+
 def skips_external_kv(request: Any) -> bool:
     """Whether the request asked that no connector's hit be used for it."""
     return bool(getattr(request, RELEASE.skip_external_kv_flag))
@@ -382,16 +392,3 @@ def unpark_load(scheduler: Any, request: Any) -> None:
         if request in scheduler._parked_reservations:
             scheduler._inflight_prefills.add(request)
         scheduler._unreserve_parked(request)
-
-
-def hold_loading(scheduler: Any, started: list[Any]) -> None:
-    """Requests whose loads started this step, moved from the queue they waited in to the end of
-    the requests holding KV blocks (where vLLM's schedule() leaves them: it drains that queue
-    before starting a load, so whatever it passed over there stays ahead)."""
-    taken = set(started)
-    scheduler.waiting.remove_requests(taken)
-    if RELEASE.parked_kv_loads:
-        scheduler.async_kv_waiting.remove_requests(taken)
-    for request in started:
-        scheduler.kv_holding_waiting.add_request(request)
-    scheduler.deferred_waiting.update(started)

@@ -29,6 +29,7 @@ from ...core import (
 from ...ledger._shared import check_relegation_args
 from ...planner._fields import as_enum
 from ...planner._slo import check_slo_classes
+from . import _compat
 
 CONFIG_KEY = "stepplanner"
 SLO_CLASSES_KEY = "slo_classes"  # in additional_config["stepplanner"]
@@ -346,7 +347,7 @@ def late_unsupported_features(scheduler: Scheduler) -> list[str]:
             # HiSparse: a connector's load into a reused page waits for the steps in flight
             # (vLLM's deferred loads), which the adapter does not start.
             (
-                bool(getattr(scheduler, "defer_async_loads", False)),
+                _compat.defers_async_loads(scheduler),
                 "HiSparse KV offloading with a KV-consumer connector (deferred loads)",
             ),
             # EAGLE-family drafters read 1 token ahead, which no chunk end can cut short.

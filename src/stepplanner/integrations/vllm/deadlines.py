@@ -29,13 +29,6 @@ from . import _compat
 from .requests import NS
 
 
-def _work(request: Request) -> int:
-    """The tokens a waiting request still computes before its first token: its prompt, less
-    what a KV connector's landed load computed (a request still loading is never relegated: its
-    work is known once the load lands)."""
-    return int(request.num_tokens - request.num_computed_tokens)
-
-
 class _Deadlines:
     """One request's objectives as the ranker reads them (``Ranker.rank``'s columns)."""
 
@@ -143,6 +136,16 @@ class DeadlineQueue(AsyncScheduler):
             RequestStatus.WAITING_FOR_REMOTE_KVS,
         )
 
+    def _too_late(self, request: Request, due: float, now: float) -> bool:
+        """Whether a waiting request can no longer make its first token by ``due``, served at
+        once (the ranker's test), on the tokens it still computes: its prompt, less what a KV
+        connector's landed load computed. A request still loading is never too late: its work is
+        known once the load lands."""
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        work = request.num_tokens - request.num_computed_tokens
+        return not self._ranker.admits(work, due, now, request.priority)
+
     def _waits_viable(self, entry: tuple[Any, int, int, Request]) -> bool:
         """An urgent/normal heap entry still stands: its request waits and was not relegated
         since (a relegated request has a newer entry in the relegated heap)."""
@@ -175,14 +178,10 @@ class DeadlineQueue(AsyncScheduler):
             for heap in (self._urgent, self._normal):
                 for entry in heap:
                     request = entry[3]
-                    if (
-                        not self._waits_viable(entry)
-                        or request.priority < self._never_below
-                        or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                    ):
+                    if not self._waits_viable(entry) or request.priority < self._never_below:
                         continue
                     due = self._deadlines[request.request_id].due(request.num_output_tokens)
-                    if not self._ranker.admits(_work(request), due, now, request.priority):
+                    if self._too_late(request, due, now):
                         found.append(request)
                     elif due < earliest:
                         earliest = due
@@ -244,11 +243,7 @@ class DeadlineQueue(AsyncScheduler):
             request = entry[3]
             record = self._deadlines[request.request_id]
             due = record.due(request.num_output_tokens)
-            if (
-                not record.relegated
-                and request.status != RequestStatus.WAITING_FOR_REMOTE_KVS
-                and not self._ranker.admits(_work(request), due, now, request.priority)
-            ):
+            if not record.relegated and self._too_late(request, due, now):
                 self._relegate_waiting(request, now, relegated)
                 if record.shed_at <= now:  # relegated_wait 0: handed back at once
                     self._hand_back(request, record)

@@ -23,11 +23,6 @@ from vllm.v1.request import Request, RequestStatus
 
 from . import _compat
 
-# A candidate: the request, its local prefix blocks (None: the blocks a finished load left it
-# with, already its own), the tokens committed before its first chunk, and of those the
-# connector's.
-Candidate = tuple[Request, KVCacheBlocks | None, int, int]
-
 
 class Load(NamedTuple):
     """An asynchronous load to start: the request, its local prefix hit (blocks and tokens) and
@@ -43,6 +38,9 @@ class KVConnectors(AsyncScheduler):
     """``StepPlannerScheduler``'s part that meets vLLM's KV connector (``self.connector``)."""
 
     _sync_kv_loads: bool  # a request admitted this step loads its external hit in the step
+    # vLLM's queues of waiting requests besides `waiting` (_compat.kv_waiting_queues): the
+    # requests holding KV blocks, then (0.34) those that may load asynchronously.
+    _kv_waiting_queues: list[Any]
 
     def _connector_hit(
         self, request: Request, blocks: KVCacheBlocks, local: int
@@ -156,7 +154,16 @@ class KVConnectors(AsyncScheduler):
             if request not in self.kv_holding_waiting:
                 started.append(request)
         if started:
-            _compat.hold_loading(self, started)
+            # Out of the queue they waited in, to the end of the requests holding KV blocks
+            # (where vLLM's schedule() leaves them: it drains that queue before starting a load,
+            # so whatever it passed over there stays ahead).
+            taken = set(started)
+            self.waiting.remove_requests(taken)
+            for queue in self._kv_waiting_queues[1:]:
+                queue.remove_requests(taken)
+            for request in started:
+                self.kv_holding_waiting.add_request(request)
+            self.deferred_waiting.update(started)
 
     def _admitted_with_connector(self, request: Request) -> None:
         """An admission's bookkeeping that only a connector's requests have (0.34's parked load

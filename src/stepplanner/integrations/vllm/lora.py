@@ -24,12 +24,6 @@ def lora_id(request: Request) -> int:
     return lora.lora_int_id if lora is not None and lora.lora_int_id > 0 else 0
 
 
-def could_join(slots: AdapterSlots, lora: int) -> bool:
-    """Whether a request of adapter ``lora`` could join ``slots`` now, holding nothing (a KV
-    connector's load: it holds no adapter until admitted, as in vLLM)."""
-    return not lora or not slots.most or lora in slots.held or len(slots.held) < slots.most
-
-
 def running_adapters(max_loras: int, running: Iterable[Request]) -> AdapterSlots:
     """The adapter slots ``running`` holds (paused and in flight included), for admissions to
     join."""

@@ -16,10 +16,15 @@ from vllm.v1.request import Request
 from ...core import ResidentState
 from . import _compat
 from .config import INT32_MAX
-from .kv_connector import Candidate, KVConnectors, Load
-from .lora import could_join, lora_id, running_adapters
+from .kv_connector import KVConnectors, Load
+from .lora import lora_id, running_adapters
 
 NS = 1_000_000_000  # vLLM's arrival_time (seconds) as the rows' arrival (nanoseconds)
+
+# An admission candidate: the request, its local prefix blocks (None: the blocks a connector's
+# landed load left it with, already its own), the tokens committed before its first chunk, and
+# of those the connector's.
+Candidate = tuple[Request, KVCacheBlocks | None, int, int]
 
 
 def _arrival(request: Request) -> float:
@@ -31,10 +36,7 @@ class RequestRows(KVConnectors):
 
     _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
     _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
-    # KV connectors: the step's asynchronous loads to start, in queue order, and vLLM's queues
-    # of waiting requests besides `waiting` (_compat.kv_waiting_queues).
-    _loads: list[Load]
-    _kv_waiting_queues: list[Any]
+    _loads: list[Load]  # KV connectors: the step's asynchronous loads to start, in queue order
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -108,8 +110,8 @@ class RequestRows(KVConnectors):
             if connector is None:
                 if not adapters.join(lora):
                     continue  # it waits; later requests whose adapters can join may
-            elif not could_join(adapters, lora):
-                continue  # (a load holds no adapter: joined below for a row only)
+            elif not adapters.fits(lora):
+                continue  # (a load holds no adapter, as in vLLM: joined below for a row only)
             found = self._lookup(request)
             if found is None:
                 continue  # the connector cannot tell its hit yet: passed over this step
