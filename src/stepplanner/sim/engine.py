@@ -30,13 +30,15 @@ from ..planner._policy import (
     StepPlannerLimits,
     resolve_scheduling_policy,
 )
-from ..planner._types import IfbSchedulingMode
+from ..planner._types import IfbSchedulingMode, SchedulingPolicy
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
+from .prefixes import SharedPrefixes
 from .workloads import Workload
 
 __all__ = [
     "DEFAULT_LIMITS",
     "Engine",
+    "PEER_ORDERS",
     "RunSpec",
     "ServingQueue",
     "Speculation",
@@ -48,6 +50,11 @@ __all__ = [
 # resident admitted last; under a priority policy the lowest priority, then the latest arrival),
 # or the least computed work lost, never a protected class while another will do.
 VICTIM_RULES = ("vllm", "least-work")
+
+# Admission orders other engines ship, applied by the simulator in front of the ledger (which
+# then admits in arrival order): vLLM 0.34's cache-aware admission window and SGLang's HRRN
+# (sim.prefix_front has both rules as their code has them).
+PEER_ORDERS = ("vllm-cache-window", "sglang-hrrn")
 
 DEFAULT_LIMITS = StepPlannerLimits(max_batch_size=256, max_input_length=4096, kv_page_size=32)
 
@@ -67,6 +74,10 @@ class ServingQueue:
     admission: AdmissionOrder = AdmissionOrder.ARRIVAL
     starvation_steps: int | None = None
     starvation_seconds: float | None = None
+    # A peer engine's admission order instead of the ledger's (one of PEER_ORDERS), and the
+    # look-ahead of vLLM's window (its cache_aware_admission_window; 0 there means off).
+    peer_order: str | None = None
+    cache_window: int = 64
 
     def __post_init__(self) -> None:
         if self.max_waiting is not None and (
@@ -81,6 +92,31 @@ class ServingQueue:
         check_relegation_args(self.relegated_wait, self.never_relegate_below)
         check_admission_args(self.admission, self.starvation_steps, self.starvation_seconds)
         object.__setattr__(self, "admission", AdmissionOrder(self.admission))  # 1 -> its member
+        if self.peer_order is not None:
+            if self.peer_order not in PEER_ORDERS:
+                raise StepPlannerValueError(
+                    f"peer_order={self.peer_order!r} is not a peer's admission order; allowed: "
+                    + ", ".join(repr(r) for r in PEER_ORDERS)
+                    + ", or None (the ledger's own order)"
+                )
+            if self.admission != AdmissionOrder.ARRIVAL:
+                raise StepPlannerValueError(
+                    f"peer_order={self.peer_order!r} with admission={self.admission.name}: the "
+                    "peer orders the queue, the ledger admits what it is given in arrival order; "
+                    "allowed: one of the two"
+                )
+            if self.max_waiting is not None:
+                raise StepPlannerValueError(
+                    f"peer_order={self.peer_order!r} with max_waiting={self.max_waiting}: the "
+                    "peer's queue is in front of the ledger's, so the cap would bound nothing; "
+                    "allowed: max_waiting=None"
+                )
+        w = self.cache_window
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= INT32_MAX:
+            raise StepPlannerValueError(
+                f"cache_window={w!r} is out of range; allowed: 1..{INT32_MAX} (vLLM's window of "
+                "0 is arrival order: peer_order=None)"
+            )
 
     def ledger_options(self, requests: int) -> dict[str, Any]:
         """The ``Ledger`` keywords for a run of ``requests``."""
@@ -211,6 +247,19 @@ class Engine:
                     "drafts are not modelled); allowed: one of the two"
                 )
         _ = self.policy  # options that do not resolve under these limits: refused here
+        peer = self.queue.peer_order
+        if peer is not None:
+            if self.policy.scheduling_policy != SchedulingPolicy.FCFS:
+                raise StepPlannerValueError(
+                    f"queue.peer_order={peer!r} orders a FCFS queue (vLLM's window and SGLang's "
+                    f"HRRN have no priority classes); the policy is "
+                    f"{self.policy.scheduling_policy.name}; allowed: FCFS"
+                )
+            if n:
+                raise StepPlannerValueError(
+                    f"queue.peer_order={peer!r} with num_pages={n}: not simulated; allowed: "
+                    "num_pages=0"
+                )
         if s is not None and self.policy.mode != IfbSchedulingMode.MIXED:
             raise StepPlannerValueError(
                 f"max_step_seconds={s!r} needs the MIXED mode (a per-step budget is MIXED's, "
@@ -230,12 +279,14 @@ class Engine:
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """One simulated run: ``workload`` on ``engine``, cut short after ``max_steps`` steps
-    (None: to the end), keeping every token's time when ``detailed``."""
+    (None: to the end), keeping every token's time when ``detailed``; with ``prefixes`` the
+    engine keeps a prefix cache of the prompts' shared prefixes (``sim.prefix_front``)."""
 
     workload: Workload
     engine: Engine = dataclasses.field(default_factory=Engine)
     max_steps: int | None = None
     detailed: bool = False
+    prefixes: SharedPrefixes | None = None
 
     def __post_init__(self) -> None:
         _check_type("workload", self.workload, Workload)
@@ -243,3 +294,11 @@ class RunSpec:
         m = self.max_steps
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise StepPlannerValueError(f"max_steps={m!r} is out of range; allowed: None or >= 1")
+        _check_type("prefixes", self.prefixes, SharedPrefixes, optional=True)
+        if self.prefixes is not None:
+            self.prefixes.check_against(self.workload.prompt_tokens)
+            if self.engine.num_pages:
+                raise StepPlannerValueError(
+                    f"prefixes with engine.num_pages={self.engine.num_pages}: a prefix cache "
+                    "beside a page pool is not simulated; allowed: num_pages=0"
+                )

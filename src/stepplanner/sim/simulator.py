@@ -66,6 +66,7 @@ from ..planner._types import (
 from . import goodput
 from .engine import DEFAULT_LIMITS, Engine, RunSpec, ServingQueue, Speculation, resolve_options
 from .latency import DEFAULT_LATENCY, EnginePace, LatencyModel
+from .prefix_front import PrefixFront
 from .workloads import Workload, json_lines
 
 __all__ = [
@@ -175,6 +176,12 @@ class SimulationResult:
     """Per request, the computed tokens its preemptions threw away (recomputed when resumed)."""
     preemption_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     """Run-wide preemption counts beside the per-request ones (``sim.preemption``)."""
+    cached_tokens: np.ndarray | None = None
+    """A run with shared prefixes (``sim.prefix_front``): per request, the tokens of its prompt
+    its prefix-cache hit spared it."""
+    late_hits: int = 0
+    """Admissions whose prefix grew in the cache while they waited (their hit was looked up at
+    arrival)."""
 
     @property
     def num_steps(self) -> int:
@@ -565,6 +572,14 @@ class SimulationRun:
         self.now = self.first_arrival
         self.next_request = 0
         self.completed = 0
+        # With shared prefixes or a peer's admission order: the prefix cache and the queue in
+        # front of the ledger (sim.prefix_front); its hits are context the ledger never counted.
+        self.front = (
+            PrefixFront(workload, limits, self.queue, spec.prefixes)
+            if spec.prefixes is not None or self.queue.peer_order is not None
+            else None
+        )
+        self.cached_context = None if self.front is None else self.front.hit
 
     def run(
         self,
@@ -618,6 +633,14 @@ class SimulationRun:
     def _fused_step(self) -> tuple[Any, np.ndarray, np.ndarray]:
         """One call: apply the previous plan, count tokens, retire the finished, admit, plan."""
         ledger = self.ledger
+        front = self.front
+        if front is not None and front.order is not None:
+            # The peer's queue gives the ledger what the step will have room for: the free
+            # slots and those of the residents this step's apply retires.
+            req = ledger.request_ids
+            out = np.maximum(self.w.output_tokens[req], 1)
+            retiring = int(np.count_nonzero(self.generated[req] >= out))
+            front.release(ledger.free_slots + retiring - ledger.waiting, self._submit_request)
         # now: when the previous plan's tokens were emitted (the end of the previous step).
         spec = self.speculation
         if spec is None:
@@ -631,28 +654,41 @@ class SimulationRun:
                 reasons=self.reasons,
                 now=self.now,
             )
-        return plan, ledger.finished_ids, ledger.admitted_ids
+        finished, admitted = ledger.finished_ids, ledger.admitted_ids
+        if front is not None:
+            front.finished(finished)
+            front.admitted(admitted)
+        return plan, finished, admitted
 
     def _arrivals(self) -> None:
-        w, ledger = self.w, self.ledger
+        w = self.w
         stop = int(np.searchsorted(w.arrival_time, self.now, side="right"))
+        front = self.front
         for i in range(self.next_request, stop):
-            try:
-                ledger.submit(
-                    i,
-                    int(w.prompt_tokens[i]),
-                    int(w.priority[i]),
-                    max_new_tokens=max(1, int(w.output_tokens[i])),
-                    arrival_time=float(w.arrival_time[i]),
-                    slo=self.own_slo.get(i),
-                )
-            except QueueFullError:
-                self.refused[i] = self.queue_full[i] = True  # the server's 429
-                if ledger.relegated_waiting:
-                    self.refused_beside_relegated += 1
-            except ValueError:
-                self.refused[i] = True  # counted in the report, never silently dropped
+            if front is None:
+                self._submit_request(i, int(w.prompt_tokens[i]))
+            else:
+                front.arrive(i, self._submit_request)
         self.next_request = max(self.next_request, stop)
+
+    def _submit_request(self, i: int, prompt_tokens: int) -> None:
+        """Request ``i`` to the ledger with ``prompt_tokens`` to compute; refusals counted."""
+        w, ledger = self.w, self.ledger
+        try:
+            ledger.submit(
+                i,
+                prompt_tokens,
+                int(w.priority[i]),
+                max_new_tokens=max(1, int(w.output_tokens[i])),
+                arrival_time=float(w.arrival_time[i]),
+                slo=self.own_slo.get(i),
+            )
+        except QueueFullError:
+            self.refused[i] = self.queue_full[i] = True  # the server's 429
+            if ledger.relegated_waiting:
+                self.refused_beside_relegated += 1
+        except ValueError:
+            self.refused[i] = True  # counted in the report, never silently dropped
 
     def _step(self, plan: Any, step_ns: int, on_step: OnStep | None) -> None:
         """The step's simulated time and per-request token times; the ledger's own bookkeeping
@@ -661,12 +697,15 @@ class SimulationRun:
         count = ledger.count
         seq, tokens = self._rows_run(plan)
         rows = seq["resident"]
-        context = int(seq["past_length"].sum()) + tokens
+        past = seq["past_length"]
+        if self.cached_context is not None:  # a prefix hit is context the ledger never counted
+            past = past + self.cached_context[ledger.request_ids[rows]]
+        context = int(past.sum()) + tokens
         latency = self.latency
         attention = 0
         if latency.e:  # the one term that needs a pass over the rows: only when it counts
             query = seq["query_length"].astype(np.int64)
-            attention = int(np.dot(query, seq["past_length"] + query))
+            attention = int(np.dot(query, past + query))
         start = self.now
         seconds = latency.step_seconds(tokens, context, len(seq), attention)
         if self.pace is not None:
@@ -684,6 +723,10 @@ class SimulationRun:
         extra = self._accept_drafts(seq)[emitting] if self.speculation is not None else None
         first = emitted == 0
         self.first_token_time[req[first]] = now
+        if self.front is not None:
+            self.front.prompts_done(req[first])
+            chunks = seq["work"] == SequenceWork.CONTEXT
+            self.front.computed(int(seq["query_length"][chunks].sum()))
         later = req[~first]
         previous = self.last_token_time[later]
         gaps = now - previous
@@ -794,6 +837,8 @@ class SimulationRun:
             accepted_drafts=self.accepted_drafts,
             token_requests=tokens.get("token_requests"),
             token_steps=tokens.get("token_steps"),
+            cached_tokens=None if self.front is None else self.front.hit.copy(),
+            late_hits=0 if self.front is None else self.front.late_hits,
         )
 
     def _tokens(self) -> dict[str, np.ndarray]:
