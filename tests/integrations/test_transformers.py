@@ -26,6 +26,7 @@ import importlib.util
 import os
 import random
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,6 +247,8 @@ def run(
     on_step: Any = None,
     relegated_wait: Any = None,
     never_relegate_below: int = 0,
+    admission: Any = sp.AdmissionOrder.ARRIVAL,
+    starvation_steps: int | None = None,
 ) -> Run:
     """One run; ``slo``/``slo_classes`` go to ``register``. ``virtual_clock``: the scheduler's
     clock reads one second more at every ``schedule_batch`` and stamps each request's arrival
@@ -264,6 +267,8 @@ def run(
         slo_classes=slo_classes,
         relegated_wait=relegated_wait,
         never_relegate_below=never_relegate_below,
+        admission=admission,
+        starvation_steps=starvation_steps,
     )
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
@@ -1293,6 +1298,14 @@ def test_register_checks_its_arguments() -> None:
         tf_integration.register(sp.SchedulingOptions(), relegated_wait="1s")  # type: ignore[arg-type]
     with pytest.raises(OverflowError, match="never_relegate_below=2147483648 does not fit int32"):
         tf_integration.register(sp.SchedulingOptions(), never_relegate_below=2**31)
+    with pytest.raises(ValueError, match="UNCACHED_FIRST needs exactly one starvation bound"):
+        tf_integration.register(sp.SchedulingOptions(), admission=sp.AdmissionOrder.UNCACHED_FIRST)
+    with pytest.raises(ValueError, match="starvation_steps=-1"):
+        tf_integration.register(
+            sp.SchedulingOptions(),
+            admission=sp.AdmissionOrder.UNCACHED_FIRST,
+            starvation_steps=-1,
+        )
     name = tf_integration.register(sp.SchedulingOptions(), name="stepplanner-register-test")
     try:
         assert issubclass(SCHEDULER_MAPPING[name], tf_integration.StepPlannerScheduler)
@@ -1324,3 +1337,84 @@ def test_other_transformers_versions_are_refused(monkeypatch: Any, version: str)
     probe = importlib.util.module_from_spec(spec)
     with pytest.raises(ImportError, match=r"supports transformers>=5\.18,<5\.25"):
         spec.loader.exec_module(probe)
+
+
+# --- uncached work first (docs/scheduling.md, "Uncached work first") ---------------------------
+
+UNCACHED = sp.AdmissionOrder.UNCACHED_FIRST
+
+
+@pytest.mark.parametrize(
+    "admission", [sp.AdmissionOrder.ARRIVAL, UNCACHED], ids=["arrival", "uncached"]
+)
+def test_uncached_first_admits_the_least_work_first_and_outputs_equal_generate(
+    model: Any, monkeypatch: Any, admission: Any
+) -> None:
+    # One slot, every request waiting from the start, nothing cached: the least work first
+    # (ties by arrival), where arrival order takes them as they came.
+    rng = random.Random(11)
+    lengths = [30, 9, 21, 9, 4]
+    requests = [
+        Request(f"u{i}", [rng.randrange(3, VOCAB) for _ in range(n)], 3, 0, False)
+        for i, n in enumerate(lengths)
+    ]
+    options = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=16,
+        batch=1,
+        admission=admission,
+        starvation_steps=None if admission == sp.AdmissionOrder.ARRIVAL else 100,
+    )
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    first_seen: list[str] = []
+    for batch in record.ran:
+        for rid, *_ in batch:
+            if rid not in first_seen:
+                first_seen.append(rid)
+    expected = (
+        ["u0", "u1", "u2", "u3", "u4"]
+        if admission == sp.AdmissionOrder.ARRIVAL
+        else ["u4", "u1", "u3", "u2", "u0"]
+    )
+    assert first_seen == expected
+
+
+def test_uncached_first_reads_the_hit_from_the_runtimes_prefix_cache(
+    model: Any, monkeypatch: Any
+) -> None:
+    # While a request whose prompt starts with 24 shared tokens is resident, a prompt that
+    # starts with the same 24 finds 6 whole pages of 4 cached, and one that differs in its
+    # first token finds none.
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, VOCAB) for _ in range(24)]
+    requests = [Request("p0", prefix + [5, 6, 7], 8, 0, False)]
+    probes: list[tuple[int, int]] = []
+
+    def probe(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        decoding = [s for s in states if s.generated_tokens]
+        if decoding and not probes:
+            same = types.SimpleNamespace(initial_tokens=prefix + [9, 9, 9, 9, 9])
+            other = types.SimpleNamespace(
+                initial_tokens=[(prefix[0] - 2) % (VOCAB - 3) + 3] + prefix[1:] + [9]
+            )
+            probes.append((sched._cached_prefix(same, 29), sched._cached_prefix(other, 25)))
+
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16),
+        page_size=4,
+        max_batch_tokens=16,
+        prefix_sharing=True,
+        admission=UNCACHED,
+        starvation_steps=8,
+        on_step=probe,
+    )
+    assert assert_matches_generate(model, record, requests) == 1
+    assert probes == [(24, 0)]

@@ -195,6 +195,35 @@ def test_arrivals_follow_the_trace_clock(tmp_path: pathlib.Path) -> None:
     assert arrivals == pytest.approx([0.0, 0.3, 0.6], abs=0.1)
 
 
+def test_given_prompts_with_a_shared_prefix_are_served_and_the_cache_spares_it() -> None:
+    # Two requests with the same 48-token prefix, the second arriving once the first is done:
+    # with prefix sharing the engine computes the second's prefix pages once, not twice.
+    prefix = list(range(3, 51))
+    prompts = [prefix + [60, 61], prefix + [70, 71, 72]]
+    workload = Workload(
+        np.array([0.0, 1.0]), np.array([50, 51]), np.array([2, 2]), np.zeros(2, dtype=np.int32)
+    )
+    computed = {}
+    for sharing in (False, True):
+        engine = harness.EngineSpec(
+            ENGINE.max_batch_size,
+            ENGINE.kv_page_size,
+            ENGINE.max_step_tokens,
+            ENGINE.num_blocks,
+            ENGINE.max_input_length,
+            prefix_sharing=sharing,
+        )
+        run = harness.serve_trace(workload, TINY, engine, "fifo", prompts=prompts)
+        assert run.results()["completed"] == 2
+        computed[sharing] = sum(int(step["prefill_tokens"]) for step in run.steps)
+    assert computed[False] == 101
+    assert computed[True] <= 101 - 48  # the prefix's six whole pages of 8 reused
+    with pytest.raises(ValueError, match="prompts: their lengths differ"):
+        harness.serve_trace(workload, TINY, ENGINE, "fifo", prompts=[prefix, prefix])
+    with pytest.raises(TypeError, match="EngineSpec.prefix_sharing must be a bool, got str"):
+        harness.EngineSpec(prefix_sharing="yes")  # type: ignore[arg-type]
+
+
 def test_serve_trace_refuses_what_the_engine_cannot_hold() -> None:
     long = Workload(np.zeros(1), np.array([97]), np.array([1]), np.zeros(1, dtype=np.int32))
     with pytest.raises(

@@ -194,10 +194,19 @@ class EngineSpec:
     max_step_tokens: int = 256
     num_blocks: int = 512
     max_input_length: int = 512
+    # The runtime's prefix cache (allow_block_sharing): off by default, so every prompt is
+    # computed whole, as the simulator's fidelity runs assume.
+    prefix_sharing: bool = False
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            _positive_int("EngineSpec", field.name, getattr(self, field.name))
+            if field.name != "prefix_sharing":
+                _positive_int("EngineSpec", field.name, getattr(self, field.name))
+        if not isinstance(self.prefix_sharing, bool):
+            raise StepPlannerTypeError(
+                "EngineSpec.prefix_sharing must be a bool, got "
+                f"{type(self.prefix_sharing).__name__}"
+            )
         self.limits()  # the planner's own checks, named by its fields
 
     def limits(self) -> StepPlannerLimits:
@@ -209,15 +218,16 @@ class EngineSpec:
         )
 
     def config(self, scheduler_type: str) -> Any:
-        # Synchronous batching, no graphs, no prefix sharing: one step at a time, each timed
-        # whole, and every prompt computed (a shared prefix would be work the simulator skips).
+        # Synchronous batching, no graphs, and by default no prefix sharing: one step at a time,
+        # each timed whole, and every prompt computed (a shared prefix would be work the
+        # simulator's fidelity runs do not skip).
         return ContinuousBatchingConfig(
             scheduler_type=scheduler_type,
             page_size=self.kv_page_size,
             num_blocks=self.num_blocks,
             max_batch_tokens=self.max_step_tokens,
             max_requests_per_batch=self.max_batch_size,
-            allow_block_sharing=False,
+            allow_block_sharing=self.prefix_sharing,
             use_async_batching=False,
             use_cuda_graph=False,
         )
@@ -567,6 +577,7 @@ def serve_trace(
     timings: str | None = None,
     timeout: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
 ) -> ServedRun:
     """Serve ``workload`` at its own arrival times and return what the runtime timed.
 
@@ -577,7 +588,9 @@ def serve_trace(
     schedulers). ``threads``: torch's intra-op threads for the run (restored after).
     ``trace``/``timings``: the paths recorded in the results file. ``timeout``: seconds to wait
     for the last result after the last arrival (default: 600 + 10 x the trace's span).
-    ``progress(submitted, total)`` is called after each submission.
+    ``progress(submitted, total)`` is called after each submission. ``prompts``: each request's
+    token ids (of its ``prompt_tokens``; shared prefixes for a prefix cache to find), instead of
+    seeded random ones.
     """
     if not isinstance(workload, Workload):
         raise StepPlannerTypeError(f"workload must be a Workload, got {type(workload).__name__}")
@@ -591,8 +604,16 @@ def serve_trace(
             f"request_ids: {len(ids)} ids ({len(set(ids))} distinct) for "
             f"{len(workload)} requests; allowed: one distinct id each"
         )
+    if prompts is not None:
+        given = [len(p) for p in prompts]
+        if given != workload.prompt_tokens.tolist():
+            raise StepPlannerValueError(
+                "prompts: their lengths differ from the workload's prompt_tokens; allowed: one "
+                "prompt of its prompt_tokens ids per request"
+            )
     with _running(model, engine, scheduler_type, threads) as live:
-        prompts = prompts_for(workload, live.vocab, seed)
+        if prompts is None:
+            prompts = prompts_for(workload, live.vocab, seed)
         run = _run_description(
             workload, model, engine, scheduler_type, policy, trace, timings, threads
         )
@@ -603,7 +624,7 @@ def serve_trace(
         for i, at in enumerate(arrivals.tolist()):
             _sleep_until(origin + at)
             live.manager.add_request(
-                prompts[i],
+                list(prompts[i]),
                 request_id=ids[i],
                 max_new_tokens=outputs[i],
                 record_timestamps=True,

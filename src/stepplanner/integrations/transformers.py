@@ -77,7 +77,12 @@ from ..core import (
     resolve_scheduling_policy,
 )
 from ..ledger import Ledger, QueueFullError
-from ..ledger._shared import NEVER_RELEGATE_BELOW, check_relegation_args
+from ..ledger._shared import (
+    NEVER_RELEGATE_BELOW,
+    AdmissionOrder,
+    check_admission_args,
+    check_relegation_args,
+)
 from ..planner._slo import check_slo_classes
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
@@ -152,6 +157,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
     max_waiting: int = DEFAULT_MAX_WAITING
     relegated_wait: float | None = None
     never_relegate_below: int = NEVER_RELEGATE_BELOW
+    admission: AdmissionOrder = AdmissionOrder.ARRIVAL
+    starvation_steps: int | None = None
+    starvation_seconds: float | None = None
     # The clock of ``now`` under EDF/DEADLINE: the runtime stamps each request's arrival
     # (RequestState.created_time) with time.perf_counter, and the two must be one clock.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
@@ -179,6 +187,10 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._pause = self.policy.preemption == PreemptionMode.PAUSE
         self._ranked = self.policy.scheduling_policy in _RANKED
         self._relegating = self.policy.scheduling_policy == SchedulingPolicy.DEADLINE
+        # Uncached first orders by the prompt less what the runtime's prefix cache holds of it;
+        # its bound in seconds reads the runtime's clock at each admission pass.
+        self._uncached = self.admission == AdmissionOrder.UNCACHED_FIRST
+        self._by_seconds = self.starvation_seconds is not None
 
     def _resolve(self, cache: Any, batch: int, step_tokens: int) -> tuple[Any, Any]:
         page = math.lcm(*(a.tokens_per_page for a in cache.cache_allocators.values()))
@@ -203,6 +215,20 @@ class StepPlannerScheduler(_runtime.Scheduler):
             s_in = cache.num_blocks * page  # what the whole cache holds for one request
         limits = StepPlannerLimits(batch, s_in, page, max_step_tokens=step_tokens)
         return limits, resolve_scheduling_policy(self.options, limits)
+
+    def _cached_prefix(self, state: RequestState, length: int) -> int:
+        """What the runtime's prefix cache holds of a request's prompt now: the whole blocks
+        every cache allocator matches (its own lookup at admission, ``search_prefix_match``,
+        without acquiring them). It orders the request; the runtime commits the hit it finds
+        when it admits it."""
+        cache = self.cache
+        if not cache.use_prefix_sharing:
+            return 0
+        prompt = list(state.initial_tokens)
+        hit = length
+        for allocator in cache.cache_allocators.values():
+            hit = min(hit, len(allocator.match_prefix_blocks(prompt)) * allocator.tokens_per_page)
+        return hit
 
     def _priority(self, request_id: str) -> int:
         priority: int = _per_request(self.priority_of, request_id, 0)  # submit checks it
@@ -245,6 +271,9 @@ class StepPlannerScheduler(_runtime.Scheduler):
             max_waiting=self.max_waiting,
             relegated_wait=self.relegated_wait,
             never_relegate_below=self.never_relegate_below,
+            admission=self.admission,
+            starvation_steps=self.starvation_steps,
+            starvation_seconds=self.starvation_seconds,
         )
         self._arrivals: dict[str, float] = {}  # runtime id -> arrival, requests with objectives
         self._departed: dict[str, float] = {}  # the same, of requests that left since the last step
@@ -336,7 +365,17 @@ class StepPlannerScheduler(_runtime.Scheduler):
                 if self.slo_of is None and not self.slo_classes
                 else (self._objectives(state, priority))
             )
-            self.ledger.submit(self._next_id, length, priority, arrival_time=arrival, slo=slo)
+            if arrival is None and self._by_seconds:  # the starvation bound counts from it
+                arrival = self._departed.get(rid, state.created_time)
+            cached = self._cached_prefix(state, length) if self._uncached else 0
+            self.ledger.submit(
+                self._next_id,
+                length,
+                priority,
+                arrival_time=arrival,
+                slo=slo,
+                cached_tokens=cached,
+            )
         except (TypeError, ValueError, OverflowError, QueueFullError) as exc:
             self._arrivals.pop(rid, None)
             raise type(exc)(f"request {rid}: {exc}") from None
@@ -359,7 +398,7 @@ class StepPlannerScheduler(_runtime.Scheduler):
             now = self.clock()
             self.ledger.measure(now, self._ran)
             self._count_tokens(now)
-        self._sync_residents(now)
+        self._sync_residents(now if now is not None or not self._by_seconds else self.clock())
         self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
         if ledger.count == 0:
@@ -658,6 +697,9 @@ def register(
     slo_classes: Mapping[int, SLO] | None = None,
     relegated_wait: float | None = None,
     never_relegate_below: int = NEVER_RELEGATE_BELOW,
+    admission: AdmissionOrder = AdmissionOrder.ARRIVAL,
+    starvation_steps: int | None = None,
+    starvation_seconds: float | None = None,
 ) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
@@ -676,6 +718,10 @@ def register(
     relegated waiting request may still wait before it is answered unserved (``FAILED``, with
     the reason; ``None``: its own TTFT objective, ``0``: at once), and the priority class below
     which no request is relegated.
+    ``admission``, ``starvation_steps``, ``starvation_seconds``: the ledger's admission order
+    (docs/scheduling.md, "Uncached work first"); under ``UNCACHED_FIRST`` a request's uncached
+    work is its prompt less what the runtime's prefix cache holds of it when it arrives, and a
+    bound in seconds counts from its ``created_time`` on the runtime's clock.
     Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
@@ -703,6 +749,7 @@ def register(
     _check_per_request("slo", slo, "SLO | None")
     classes = check_slo_classes(slo_classes)
     check_relegation_args(relegated_wait, never_relegate_below)
+    check_admission_args(admission, starvation_steps, starvation_seconds)
     _wrap_prepare_next_batch()
     bound = type(
         f"StepPlannerScheduler_{name}",
@@ -716,6 +763,9 @@ def register(
             "max_waiting": max_waiting,
             "relegated_wait": relegated_wait,
             "never_relegate_below": never_relegate_below,
+            "admission": AdmissionOrder(admission),
+            "starvation_steps": starvation_steps,
+            "starvation_seconds": starvation_seconds,
             "__module__": __name__,
         },
     )
