@@ -19,9 +19,13 @@ Needs numpy, safetensors and tokenizers (all vLLM dependencies).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -280,6 +284,21 @@ def make_tiny_lora(
     (out / "adapter_config.json").write_text(json.dumps(adapter, indent=1))
     save_weights(weights, out / "adapter_model.safetensors")
     return out
+
+
+@contextlib.contextmanager
+def offline_engine(model: str | os.PathLike[str], **kwargs: Any) -> Iterator[Any]:
+    """An offline ``vllm.LLM`` over ``model``, its engine shut down and collected on exit (so
+    the next run's scheduler and KV cache start afresh)."""
+    from vllm import LLM  # the caller's vLLM: this module also runs without one
+
+    llm = LLM(model=str(model), **kwargs)
+    try:
+        yield llm
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -482,6 +482,44 @@ def test_kv_pressure_withholds_rows_and_recompute_preemption_keeps_moving(model_
     assert stats.recompute_preemptions > 0
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("rule", ["vllm", "least-work"])
+def test_recompute_preemption_takes_the_victim_its_rule_names(model_dir, rule, policy):
+    # The same KV pressure as above; every victim is checked against the rule, read here from
+    # the candidates' own states: vLLM's (the last in the policy's order) or least-work (the
+    # fewest computed tokens, never the urgent class -1 while another will do, ties the last).
+    num_blocks = 120
+    options = {"preemption": "pause", "max_pause_steps": 3} if policy == "priority" else {}
+    sched = make(model_dir, num_blocks=num_blocks, policy=policy, kv_preemption=rule, **options)
+    choices = []
+    choose = sched._victim
+
+    def victim(candidates):
+        chosen = choose(candidates)
+        seen = [
+            (r.request_id, r.num_computed_tokens, r.priority, sched._order_key(r))
+            for r in candidates
+        ]
+        choices.append((seen, chosen.request_id))
+        return chosen
+
+    sched._victim = victim
+    arrivals = stream(200, seed=5, max_prompt=300, max_tokens=60, per_step=4)
+    run_checked(sched, arrivals)
+    assert_completed(sched, arrivals, num_blocks)
+    stats = sched.stepplanner_stats
+    assert len(choices) >= stats.recompute_preemptions > 0
+    assert stats.recomputed_tokens > 0
+    for seen, chosen in choices:
+        if rule == "vllm":
+            expected = max(seen, key=lambda c: c[3])[0]
+        else:
+            spared = [c for c in seen if c[2] >= 0] or seen
+            least = min(c[1] for c in spared)
+            expected = max((c for c in spared if c[1] == least), key=lambda c: c[3])[0]
+        assert chosen == expected, (seen, chosen)
+
+
 def test_aborts_while_waiting_mid_prefill_mid_pause_and_in_flight(model_dir, overlap):
     sched = make(
         model_dir,
@@ -1502,6 +1540,7 @@ def test_vllm_own_scheduler_finishes_the_same_stream(model_dir, overlap):
             "priority 0 is given twice",
         ),
         ({"scheduling_policy": "slack"}, ValueError, "scheduling_policy='slack'"),
+        ({"kv_preemption": "lifo"}, ValueError, "kv_preemption='lifo' is not a victim rule"),
         ({"slo_classes": {"0": {"ttft": 10**400}}}, OverflowError, 'slo_classes["0"]: ttft='),
         (
             {"slo_classes": {"-1": {"ttft": 0.1, "tpot": 10**400}}},

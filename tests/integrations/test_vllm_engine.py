@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import gc
 import json
 import os
 import random
@@ -36,7 +35,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the tests use far l
 # EngineCore in this process: the tests read its scheduler (the server runs it as users do).
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 try:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -51,7 +50,7 @@ except ImportError as exc:
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 sys.path.insert(0, str(TOOLS))
-from vllm_tiny_model import make_tiny_llama, make_tiny_lora  # noqa: E402
+from vllm_tiny_model import make_tiny_llama, make_tiny_lora, offline_engine  # noqa: E402
 
 SCHEDULER_CLS = "stepplanner.integrations.vllm.StepPlannerScheduler"
 P = 32  # KV block size (vLLM's CPU attention takes multiples of 32)
@@ -130,13 +129,8 @@ def engine(model_dir, stepplanner=None, **kwargs):
     if stepplanner is not None:
         args["scheduler_cls"] = SCHEDULER_CLS
         args["additional_config"] = {"stepplanner": stepplanner}
-    llm = LLM(model=str(model_dir), **args)
-    try:
+    with offline_engine(model_dir, **args) as llm:
         yield llm
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
 
 
 def scheduler_of(llm) -> Scheduler:
@@ -406,12 +400,17 @@ def test_speculative_decoding_outputs_match_vllms_scheduler(model_dir, reference
             assert stats["paused_rows"] > 0, stats
 
 
-@pytest.mark.parametrize("name", ["priority-pause", "deadline-pause"])
-def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name):
+@pytest.mark.parametrize(
+    "name, rule",
+    [("priority-pause", "vllm"), ("deadline-pause", "vllm"), ("priority-pause", "least-work")],
+)
+def test_kv_pressure_preempts_and_every_request_finishes(model_dir, reference, name, rule):
     """A KV cache of 12 blocks (11 usable) for 8 requests that each grow from 2 to 4 blocks: the
-    scheduler withholds rows and recompute-preempts, and every request still finishes with
-    exactly its unpressured tokens, every block back in the pool."""
+    scheduler withholds rows and recompute-preempts (by vLLM's victim rule, or the least work
+    lost), and every request still finishes with exactly its unpressured tokens, every block
+    back in the pool."""
     vllm_args, options = CONFIGS[name]
+    options = {**options, "kv_preemption": rule}
     pressure = {"num_gpu_blocks_override": 12, "max_model_len": 256}  # 256 tokens: 8 blocks
     with engine(model_dir, options, **pressure, **vllm_args) as llm:
         scheduler = scheduler_of(llm)

@@ -795,3 +795,25 @@ def read_only(view: np.ndarray) -> np.ndarray:
     """A copy over immutable bytes: neither it nor its ``.base`` can be made writable, as with
     the compiled ledger's views of C memory (the twin pays a copy per read; it is the model)."""
     return np.frombuffer(view.tobytes(), dtype=view.dtype)
+
+
+# --- preemption by the work it throws away (docs/scheduling.md) --------------------------------
+
+
+def least_work_victim(
+    computed: Sequence[int], protected: Sequence[bool], later: Sequence[Any]
+) -> tuple[int, bool]:
+    """The resident to recompute-preempt when KV runs out: the one whose preemption throws away
+    the fewest computed tokens (``computed``), never one of a protected class (``protected``:
+    a class the policy never gives up on) while another will do; among equals the one latest
+    in the policy's order (the largest ``later`` key, as vLLM's own rule takes the last). Returns
+    its index and whether it is protected (every candidate was). One rule for the simulator and
+    the vLLM adapter; the caller passes the candidates it may preempt (at least one)."""
+    pool = [i for i, p in enumerate(protected) if not p] or list(range(len(computed)))
+    best = pool[0]
+    for i in pool[1:]:
+        if computed[i] < computed[best] or (
+            computed[i] == computed[best] and later[i] > later[best]
+        ):
+            best = i
+    return best, bool(protected[best])

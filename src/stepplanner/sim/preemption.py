@@ -49,6 +49,7 @@ import numpy as np
 
 from .._errors import QueueFullError
 from ..core import StepPlanner
+from ..ledger._shared import least_work_victim
 from ..planner._types import SchedulingPolicy
 from .engine import RunSpec
 from .occupancy import PageOccupancy
@@ -199,17 +200,19 @@ class PreemptingRun(SimulationRun):
                 key = np.lexsort((w.arrival_time[req[rows]], w.priority[req[rows]]))
                 return int(rows[key[-1]])
             return int(rows[np.argmax(self.admitted_at[req[rows]])])
-        protected = w.priority[req] < self.never_below
-        candidates = movable & ~protected
-        if not candidates.any():
-            candidates = movable
-            if not candidates.any():
-                return None
+        rows = np.flatnonzero(movable)
+        if not rows.size:
+            return None
+        # Least committed first, never a protected class while another will do; among equals
+        # the one admitted last (the ledgers' rule, shared with the vLLM adapter).
+        pick, protected = least_work_victim(
+            committed[rows].tolist(),
+            (w.priority[req[rows]] < self.never_below).tolist(),
+            self.admitted_at[req[rows]].tolist(),
+        )
+        if protected:
             self.counts["protected_preemptions"] += 1
-        rows = np.flatnonzero(candidates)
-        # Least committed first; among equals the one admitted last.
-        key = np.lexsort((-self.admitted_at[req[rows]], committed[rows]))
-        return int(rows[key[0]])
+        return int(rows[pick])
 
     def _preempt(self, rid: int, row: int, lost: int) -> None:
         self.ledger.cancel(rid)  # its plan rows are not run; the ledger lets it go next step

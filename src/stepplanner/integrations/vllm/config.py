@@ -35,6 +35,10 @@ CONFIG_KEY = "stepplanner"
 SLO_CLASSES_KEY = "slo_classes"  # in additional_config["stepplanner"]
 # The ledger's relegation options (docs/scheduling.md, "Overload"), also in it.
 RELEGATION_KEYS = ("relegated_wait", "never_relegate_below")
+KV_PREEMPTION_KEY = "kv_preemption"  # the recompute-preemption victim rule
+# vLLM's own (the last running request in the policy's order) or the least computed work lost,
+# never a class never_relegate_below protects while another will do (ledger._shared's rule).
+VICTIM_RULES = ("vllm", "least-work")
 SLO_ARGS = ("ttft_slo", "tpot_slo")  # in SamplingParams.extra_args, seconds
 RANKED = (SchedulingPolicy.EDF, SchedulingPolicy.DEADLINE)
 _ENUM_FIELDS = {
@@ -57,12 +61,13 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """
     values: dict[str, Any] = {}
     for key, value in _stepplanner_config(vllm_config).items():
-        if key == SLO_CLASSES_KEY or key in RELEGATION_KEYS:
-            continue  # slo_classes_from_config, relegation_from_config
+        if key in (SLO_CLASSES_KEY, KV_PREEMPTION_KEY) or key in RELEGATION_KEYS:
+            continue  # slo_classes_from_config, relegation_from_config, victim_rule_from_config
         if key not in _OPTION_FIELDS:
             raise StepPlannerValueError(
                 f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                f"allowed: {', '.join(_OPTION_FIELDS + (SLO_CLASSES_KEY, *RELEGATION_KEYS))}"
+                "allowed: "
+                + ", ".join(_OPTION_FIELDS + (SLO_CLASSES_KEY, *RELEGATION_KEYS, KV_PREEMPTION_KEY))
             )
         with named_in_config():
             values[key] = (
@@ -91,6 +96,19 @@ def _stepplanner_config(vllm_config: VllmConfig) -> Mapping[str, Any]:
             f"fields, got {type(raw).__name__} {raw!r}"
         )
     return raw
+
+
+def victim_rule_from_config(vllm_config: VllmConfig) -> str:
+    """Which running request a recompute preemption takes when KV blocks run out:
+    ``additional_config["stepplanner"]["kv_preemption"]``, ``"vllm"`` (absent: vLLM's own rule)
+    or ``"least-work"``."""
+    rule = _stepplanner_config(vllm_config).get(KV_PREEMPTION_KEY, "vllm")
+    if rule not in VICTIM_RULES:
+        raise StepPlannerValueError(
+            f'additional_config["{CONFIG_KEY}"]: {KV_PREEMPTION_KEY}={rule!r} is not a victim '
+            f"rule; allowed: {', '.join(repr(r) for r in VICTIM_RULES)}"
+        )
+    return str(rule)
 
 
 def relegation_from_config(vllm_config: VllmConfig) -> dict[str, Any]:

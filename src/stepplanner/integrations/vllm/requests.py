@@ -14,6 +14,7 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request
 
 from ...core import ResidentState
+from ...ledger._shared import least_work_victim
 from . import _compat
 from .config import INT32_MAX
 from .kv_connector import KVConnectors, Load
@@ -37,6 +38,8 @@ class RequestRows(KVConnectors):
     _rows: dict[str, ResidentState]  # by request id, kept between steps (pause counts)
     _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
     _loads: list[Load]  # KV connectors: the step's asynchronous loads to start, in queue order
+    _least_work: bool  # recompute preemption takes the least computed work, not the last
+    _protected_below: int  # never_relegate_below: classes least-work spares while it can
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -372,6 +375,20 @@ class RequestRows(KVConnectors):
             for queue in self._kv_waiting_queues:
                 queue.remove_requests(rest)
         self.deferred_waiting.difference_update(admitted)
+
+    def _victim(self, victims: list[Request]) -> Request:
+        """The running request a recompute preemption takes: vLLM's own rule, the last in the
+        policy's order, or with ``kv_preemption: "least-work"`` the ledgers' rule
+        (``least_work_victim``): the fewest computed tokens lost, never a class
+        ``never_relegate_below`` protects while another will do."""
+        if not self._least_work:
+            return max(victims, key=self._order_key)
+        pick, _ = least_work_victim(
+            [r.num_computed_tokens for r in victims],
+            [r.priority < self._protected_below for r in victims],
+            [self._order_key(r) for r in victims],
+        )
+        return victims[pick]
 
     def _order_key(self, request: Request) -> tuple[int, int]:
         """The request's place in the planner's order: its row's, as this step wrote it (the

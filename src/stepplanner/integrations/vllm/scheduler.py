@@ -38,6 +38,7 @@ from .config import (
     slo_classes_from_config,
     unsupported_features,
     unsupported_request,
+    victim_rule_from_config,
     with_vllm_budget,
 )
 from .deadlines import DeadlineQueue
@@ -61,7 +62,9 @@ class StepPlannerStats:
     # it computes only the rest of its planned chunk
     shared_prefix_rows: int = 0
     paused_rows: int = 0
-    recompute_preemptions: int = 0  # nothing could be allocated: the last resident in order
+    # nothing could be allocated: the last resident in order, or the least work lost
+    recompute_preemptions: int = 0
+    recomputed_tokens: int = 0  # the victims' computed tokens, computed again when they resume
     draft_tokens: int = 0  # speculative decoding: drafts the decode rows verified (SPEC §8)
     relegated: int = 0  # DEADLINE: requests that can no longer meet their objectives
     shed: int = 0  # DEADLINE: relegated waiting requests handed back (finished with an error)
@@ -112,6 +115,7 @@ class StepPlannerScheduler(
         options = options_from_config(vllm_config)
         slo_classes = slo_classes_from_config(vllm_config)
         relegation = relegation_from_config(vllm_config)
+        victim_rule = victim_rule_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with named_in_config():
             policy = resolve_scheduling_policy(with_vllm_budget(options, limits), limits)
@@ -123,6 +127,8 @@ class StepPlannerScheduler(
         self.stepplanner_policy = policy
         self.planner = StepPlanner(policy, limits)
         self.stepplanner_stats = StepPlannerStats()
+        self._least_work = victim_rule == "least-work"
+        self._protected_below = int(relegation.get("never_relegate_below", 0))
         self.last_step = StepRecord({}, [], [], [], [])
         # Called as on_plan(residents, plan, requests, drafts) after every plan() when set (tests
         # use it to hold each plan to stepplanner.check_plan); the plan is overwritten by the
@@ -294,11 +300,12 @@ class StepPlannerScheduler(
             victims = self._settled()
             if not victims:
                 break
-            victim = max(victims, key=self._order_key)
+            victim = self._victim(victims)
             if not self._can_preempt(victim):
                 break  # its blocks would not come back in this step
             self.running.remove(victim)
             self._rows.pop(victim.request_id, None)
+            stats.recomputed_tokens += victim.num_computed_tokens  # (preempting resets it)
             # With a connector that must deliver the KV it computes, the victim's output in
             # flight is dropped (vLLM's requires_kv_delivery).
             self._preempt_request(victim, timestamp, drop_stale_output=self.requires_kv_delivery)
