@@ -57,6 +57,7 @@ def test_a_hit_is_whole_pages_of_the_prefix_and_never_the_last_token():
         ({"prefix_tokens": [-1]}, "prefix_tokens=-1"),
         ({"prefix_id": [-1], "prefix_tokens": [5]}, "without a prefix"),
         ({"prefix_id": [0.5]}, "prefix_id must be 1 integers"),
+        ({"prefix_id": 3}, "prefix_id must be a 1-D array of integers"),
         ({"preloaded": {0: -3}}, "preloaded[0]=-3"),
     ],
 )

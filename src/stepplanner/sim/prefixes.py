@@ -56,7 +56,12 @@ class SharedPrefixes:
     preloaded: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        n = len(np.asarray(self.prefix_id))
+        ids = np.asarray(self.prefix_id)
+        if ids.ndim != 1:
+            raise StepPlannerValueError(
+                f"prefix_id must be a 1-D array of integers, one per request; got shape {ids.shape}"
+            )
+        n = len(ids)
         for name in ("prefix_id", "prefix_tokens", "shares_tokens"):
             object.__setattr__(self, name, _column(name, getattr(self, name), n))
         preloaded = {}
