@@ -146,3 +146,53 @@ def test_sweep_runs_every_point_in_the_order() -> None:
     alone = _report("--admission", "uncached-first", "--starvation-steps", "1000")
     p50 = alone["latency_s"]["all"]["ttft"]["p50"] * 1000
     assert shortest["scheduling_policy=fcfs"][1] == pytest.approx(p50, rel=1e-9)
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "sweep"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--peer-order", "sglang-hrrn", "--admission", "uncached-first"]
+            + ["--starvation-steps", "3"],
+            "peer_order='sglang-hrrn' with admission=UNCACHED_FIRST: the peer orders the queue, "
+            "the ledger admits what it is given in arrival order; allowed: one of the two",
+        ),
+        (
+            ["--peer-order", "vllm-cache-window", "--cache-window", "0"],
+            "cache_window=0 is out of range; allowed: 1..2147483647 (vLLM's window of 0 is "
+            "arrival order: peer_order=None)",
+        ),
+    ],
+)
+def test_bad_peer_orders_are_one_line(command: str, args: list[str], message: str) -> None:
+    _refused(_invoke(command, "--requests", "20", *args), message)
+
+
+def test_a_peer_order_needs_fcfs_and_says_so_in_one_line() -> None:
+    _refused(
+        _invoke(
+            "simulate", "--requests", "20", "--peer-order", "sglang-hrrn", "--policy", "priority"
+        ),
+        "queue.peer_order='sglang-hrrn' orders a FCFS queue (vLLM's window and SGLang's HRRN "
+        "have no priority classes); the policy is PRIORITY; allowed: FCFS",
+    )
+
+
+def test_the_peers_orders_run_and_the_report_names_them() -> None:
+    """On 32 slots, without prefix hits: vLLM's window is arrival order (every hit 0), token for
+    token, and HRRN (waited prompt tokens over the prompt) lowers the median TTFT as
+    shortest-first does, at the price of a longer longest wait (it has no bound)."""
+
+    def report(*args: str) -> dict:
+        return _report("-B", "32", *args)
+
+    arrival = report()
+    window = report("--peer-order", "vllm-cache-window", "--cache-window", "16")
+    hrrn = report("--peer-order", "sglang-hrrn")
+    assert window["queue"]["peer_order"] == "vllm-cache-window"
+    assert window["queue"]["cache_window"] == 16
+    assert window["latency_s"] == arrival["latency_s"]
+    assert hrrn["queue"]["peer_order"] == "sglang-hrrn"
+    assert hrrn["latency_s"]["all"]["ttft"]["p50"] < arrival["latency_s"]["all"]["ttft"]["p50"]
+    assert hrrn["queue"]["longest_wait_s"] > arrival["queue"]["longest_wait_s"]

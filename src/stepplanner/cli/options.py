@@ -14,6 +14,7 @@ from ..ledger._shared import AdmissionOrder
 from ..planner._fields import as_enum
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, check_reserved_slots
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
+from ..sim.engine import PEER_ORDERS
 from ..sim.simulator import DEFAULT_LIMITS, ServingQueue, Speculation
 from ..sim.traces import read_trace
 from ..sim.workloads import (
@@ -271,6 +272,20 @@ queue_options = compose(
         default=None,
         help="uncached-first: a request waiting this many seconds goes first.",
     ),
+    click.option(
+        "--peer-order",
+        type=click.Choice(PEER_ORDERS),
+        default=None,
+        help="Admit in another engine's order instead (FCFS only), modelled in front of the "
+        "ledger as its code has it: vLLM 0.34's cache-aware admission window, or SGLang's HRRN.",
+    ),
+    click.option(
+        "--cache-window",
+        type=int,
+        default=64,
+        show_default=True,
+        help="--peer-order vllm-cache-window: how many waiting requests it reorders.",
+    ),
 )
 
 
@@ -283,6 +298,8 @@ def queue_from(kw: dict[str, Any]) -> ServingQueue:
         kw.pop("admission"),
         kw.pop("starvation_steps"),
         kw.pop("starvation_seconds"),
+        kw.pop("peer_order"),
+        kw.pop("cache_window"),
     )
 
 
