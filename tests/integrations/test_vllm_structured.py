@@ -139,16 +139,18 @@ CONSTRAINED_MAX_TOKENS = 64  # more than any constrained output takes: each ends
 # objectives of their own), two thirds of them constrained.
 _CYCLE = ["json", None, "regex", "choice", None, "json-tags"]
 WORKLOAD = [(p, n, prio, extra, _CYCLE[i % 6]) for i, (p, n, prio, extra) in enumerate(PROMPTS)]
-# For KV pressure: 8 prompts of 40-60 tokens (2 blocks), each growing past 3 blocks.
+# For KV pressure: 8 prompts of 40-60 tokens (2 blocks), each growing past 3 blocks; the
+# constrained half in the lowest priority class, which vLLM's victim rule takes first under a
+# priority policy, so the victims are constrained whatever the grammars' compile times.
 PRESSURE = [
     (
         [(i * 37 + j * 11) % 997 + 3 for j in range(40 + 3 * i)],
         48,
-        i % 2,
+        int(kind is not None),
         None,
-        [None, "json-long", "regex-long", None][i % 4],
+        kind,
     )
-    for i in range(8)
+    for i, kind in enumerate([None, "json-long", "regex-long", None] * 2)
 ]
 
 
@@ -333,9 +335,10 @@ def test_kv_pressure_preempts_structured_requests(model_dir, reference, name):
     """12 KV blocks (11 usable) for 8 requests growing from 2 to 4 blocks, half of them
     constrained to long outputs: requests are recompute-preempted and re-prefilled, and every
     output is still exactly its unpressured one, parsing; no block leaks. Under PRIORITY + PAUSE
-    (no clock in its order) the victims include structured requests in every run; DEADLINE's
-    order reads the clock, so which request its few preemptions hit depends on the machine's
-    speed (on a loaded CI machine once only an unconstrained one): there the pressure must act,
+    the constrained requests are the lowest class, so the victims include them in every run
+    (with them in both classes, when each grammar's compile let its request in decided the
+    victims: an unconstrained one only, in some runs); DEADLINE's order reads the clock, so which
+    request its few preemptions hit depends on the machine's speed: there the pressure must act,
     and the outputs be exact, whoever it hits."""
     pressure = {"num_gpu_blocks_override": 12, "max_model_len": 256}
     out, stats, watch = run_policy(model_dir, name, PRESSURE, **pressure)
