@@ -62,7 +62,6 @@ class DeadlineQueue(AsyncScheduler):
         # The ledger's rank pass over this class's own rows (no Ledger here), with the
         # step time measured from each step's now.
         self._ranker = Ranker(limits, policy, **relegation)
-        self._never_below = int(relegation.get("never_relegate_below", 0))
         # At most the earliest first-token deadline among waiting requests that may be
         # relegated: once now passes it, the queue is swept (the ledger's relegate_hopeless).
         self._earliest_due = math.inf

@@ -39,7 +39,7 @@ class RequestRows(KVConnectors):
     _cache_aware: bool  # vLLM 0.34's cache-aware admission window is in force
     _loads: list[Load]  # KV connectors: the step's asynchronous loads to start, in queue order
     _least_work: bool  # recompute preemption takes the least computed work, not the last
-    _protected_below: int  # never_relegate_below: classes least-work spares while it can
+    _never_below: int  # never_relegate_below: the classes least-work spares while it can
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -385,7 +385,7 @@ class RequestRows(KVConnectors):
             return max(victims, key=self._order_key)
         pick, _ = least_work_victim(
             [r.num_computed_tokens for r in victims],
-            [r.priority < self._protected_below for r in victims],
+            [r.priority < self._never_below for r in victims],
             [self._order_key(r) for r in victims],
         )
         return victims[pick]

@@ -128,7 +128,8 @@ class StepPlannerScheduler(
         self.planner = StepPlanner(policy, limits)
         self.stepplanner_stats = StepPlannerStats()
         self._least_work = victim_rule == "least-work"
-        self._protected_below = int(relegation.get("never_relegate_below", 0))
+        # The classes never given up on: DEADLINE never relegates them, least-work spares them.
+        self._never_below = int(relegation.get("never_relegate_below", 0))
         self.last_step = StepRecord({}, [], [], [], [])
         # Called as on_plan(residents, plan, requests, drafts) after every plan() when set (tests
         # use it to hold each plan to stepplanner.check_plan); the plan is overwritten by the
