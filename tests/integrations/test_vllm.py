@@ -48,7 +48,7 @@ from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
-from stepplanner import SLO, SequenceWork, check_plan  # noqa: E402
+from stepplanner import SLO, SchedulingPolicy, SequenceWork, check_plan  # noqa: E402
 from stepplanner.integrations.vllm import _compat as _vllm_compat  # noqa: E402
 from stepplanner.integrations.vllm.config import unsupported_features  # noqa: E402
 from stepplanner.integrations.vllm.lora import lora_id  # noqa: E402
@@ -56,6 +56,8 @@ from stepplanner.ledger._shared import LEVEL_AT_RISK, LEVEL_DUE, LEVEL_SLACK, le
 
 StepPlannerScheduler = sp_vllm.StepPlannerScheduler
 P = 16
+# tests/: the ledgers' model of uncached work first (test_ledger_uncached.Model) is imported from it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture(scope="module")
@@ -742,6 +744,187 @@ def test_vllms_cache_aware_admission_window_is_applied_by_vllms_own_code(model_d
     # Under a policy that admits by deadline the window could not act: refused at start-up.
     with pytest.raises(ValueError, match="cache_aware_admission_window with the stepplanner"):
         make(model_dir, caching=True, scheduling_policy="deadline", scheduler_config=window)
+
+
+# --- uncached work first -------------------------------------------------------------------------
+
+UNCACHED = {"admission": "uncached-first"}
+
+
+def test_uncached_first_admits_the_least_uncached_work_first(model_dir):
+    # One slot: the hot request (its 64-token prefix cached by the warm one) needs 2 tokens of
+    # work, the cold ones 66 and 40. Uncached first takes hot, then the shorter cold prompt; a
+    # bound of 0 passes is arrival order, vLLM's.
+    def order(**options):
+        prefix = list(range(100, 164))
+        arrivals = {
+            0: [vllm_cpu.make_request("warm", [*prefix, 1, 2], 2, arrival_time=1.0)],
+            1: [
+                vllm_cpu.make_request(rid, prompt, 2, arrival_time=t)
+                for rid, prompt, t in (
+                    ("cold1", list(range(300, 366)), 2.0),
+                    ("hot", [*prefix, 3, 4], 3.0),
+                    ("cold2", list(range(500, 540)), 4.0),
+                )
+            ],
+        }
+        sched = make(model_dir, num_seqs=1, caching=True, **options)
+        admitted = []
+        vllm_cpu.run(
+            sched, arrivals, after_schedule=lambda *_: admitted.extend(sched.last_step.admitted)
+        )
+        assert not sched._rows and not getattr(sched, "_work_keys", {})
+        return admitted
+
+    assert order() == ["warm", "cold1", "hot", "cold2"]
+    assert order(**UNCACHED, starvation_steps=100) == ["warm", "hot", "cold2", "cold1"]
+    assert order(**UNCACHED, starvation_steps=0) == ["warm", "cold1", "hot", "cold2"]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("bound", ["steps", "seconds"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_uncached_first_admits_as_the_ledgers_model_does(model_dir, policy, bound, seed):
+    # The ledgers' rule in a few lines (test_ledger_uncached.Model) beside the adapter on a random
+    # stream over three cached system prompts: at every step the same requests are admitted, in
+    # the same order. Each request's hit is what its system prompt's whole blocks give (its own
+    # tail shares nothing), so the model is told the hit, not the adapter's lookup of it.
+    from test_ledger_uncached import Model  # tests/, on sys.path above
+
+    rng = random.Random(seed)
+    b = 3
+    steps, seconds = (4, None) if bound == "steps" else (None, 5.0)
+    sched = make(
+        model_dir,
+        num_seqs=b,
+        batched=2048,
+        num_blocks=2000,
+        caching=True,
+        policy=policy,
+        **UNCACHED,
+        **({"starvation_steps": steps} if steps is not None else {"starvation_seconds": seconds}),
+    )
+    virtual_clock(sched)
+    systems = [[rng.randrange(1000) for _ in range(n)] for n in (48, 96, 160)]
+    vllm_cpu.run(
+        sched,
+        {
+            0: [
+                vllm_cpu.make_request(f"sys{i}", p + [1], 1, arrival_time=0.0)
+                for i, p in enumerate(systems)
+            ]
+        },
+    )
+    kind = SchedulingPolicy.PRIORITY if policy == "priority" else SchedulingPolicy.FCFS
+    model = Model(b, kind, steps, seconds)
+    arrivals, cached = {}, {}
+    for i in range(90):
+        system = rng.choice([None, *systems])
+        tail = [rng.randrange(1000) for _ in range(rng.randint(1, 120))]
+        prompt = (system or []) + tail
+        at = sched.current_step + i // 3
+        request = vllm_cpu.make_request(
+            f"r{i}", prompt, rng.randint(1, 12), priority=rng.choice([-1, 0, 1]), arrival_time=at
+        )
+        arrivals.setdefault(i // 3, []).append(request)
+        cached[i] = min(len(system or []), len(prompt) - 1) // P * P
+    mismatches = []
+
+    def before_step(step):
+        model.residents = [rid for rid in model.residents if f"r{rid}" in sched.requests]
+        for request in arrivals.get(step, ()):
+            i = int(request.request_id[1:])
+            model.submit(
+                i,
+                request.num_prompt_tokens,
+                cached[i],
+                request.priority,
+                float(request.arrival_time),
+            )
+
+    def after_schedule(step, out):
+        want = [f"r{rid}" for rid in model.admit(float(sched.current_step))]
+        if sched.last_step.admitted != want:
+            mismatches.append((step, sched.last_step.admitted, want))
+
+    vllm_cpu.run(sched, arrivals, before_step=before_step, after_schedule=after_schedule)
+    assert not mismatches, mismatches[:3]
+    assert not sched.requests and not sched._work_keys
+    assert not model.waiting
+
+
+def test_uncached_first_passes_a_request_over_no_longer_than_its_bound(model_dir):
+    # A long cold prompt waits behind a hot request that arrives every step, one slot: without a
+    # bound it waits for the last of them; with starvation_steps=3 it is admitted by its fourth
+    # pass (passed over in at most 3).
+    prefix = list(range(100, 164))
+
+    def admitted_at(bound):
+        arrivals = {0: [vllm_cpu.make_request("warm", [*prefix, 1], 1, arrival_time=0.0)]}
+        arrivals[1] = [vllm_cpu.make_request("cold", list(range(300, 500)), 1, arrival_time=1.0)]
+        for step in range(1, 12):
+            arrivals.setdefault(step, []).append(
+                vllm_cpu.make_request(f"hot{step}", [*prefix, step + 1], 1, arrival_time=step)
+            )
+        sched = make(model_dir, num_seqs=1, caching=True, **UNCACHED, starvation_steps=bound)
+        seen = {}
+        vllm_cpu.run(
+            sched,
+            arrivals,
+            after_schedule=lambda step, out: seen.update(
+                dict.fromkeys(sched.last_step.admitted, step)
+            ),
+        )
+        return seen
+
+    bounded, unbounded = admitted_at(3), admitted_at(100)
+    # Submitted before step 1's pass: passed over at steps 1, 2 and 3, starved at step 4's.
+    assert bounded["cold"] == 4 and bounded["hot1"] == 1
+    assert unbounded["cold"] == 12 and unbounded["hot11"] == 11  # every hot one went first
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({}, ValueError, "needs exactly one starvation bound, got neither"),
+        (
+            {"starvation_steps": 2, "starvation_seconds": 1.0},
+            ValueError,
+            "got starvation_steps and starvation_seconds",
+        ),
+        ({"starvation_steps": -1}, ValueError, "starvation_steps=-1 is out of range"),
+        ({"starvation_seconds": "1"}, TypeError, "starvation_seconds must be a number"),
+        ({"admission": "shortest"}, ValueError, "admission"),
+        ({"admission": "arrival", "starvation_steps": 2}, ValueError, "has no starvation bound"),
+    ],
+)
+def test_bad_admission_options_fail_the_start_naming_them(model_dir, options, error, match):
+    with pytest.raises(error, match=match) as info:
+        make(model_dir, caching=True, **{**UNCACHED, **options})
+    assert 'additional_config["stepplanner"]' in str(info.value)
+
+
+def test_uncached_first_is_refused_where_another_order_would_fight_it(model_dir):
+    with pytest.raises(ValueError, match="admission uncached-first with the stepplanner policy"):
+        make(model_dir, caching=True, scheduling_policy="deadline", **UNCACHED, starvation_steps=4)
+    with pytest.raises(ValueError, match="admission uncached-first with a KV connector"):
+        decode_instance(model_dir, **UNCACHED, starvation_steps=4)
+    if _vllm_compat.RELEASE.cache_aware_admission:
+        window = {"cache_aware_admission_window": 8}
+        with pytest.raises(ValueError, match="admission uncached-first with cache_aware"):
+            make(model_dir, caching=True, scheduler_config=window, **UNCACHED, starvation_steps=4)
+
+
+def test_uncached_first_serves_a_whole_stream_under_every_overlap(model_dir, overlap):
+    # Every step still its plan (the Checker), preemption under KV pressure, every request
+    # finished with its blocks back.
+    sched = make(
+        model_dir, overlap=overlap, caching=True, num_blocks=160, **UNCACHED, starvation_steps=8
+    )
+    arrivals = stream(120, seed=9, shared_prefix=128, per_step=2)
+    run_checked(sched, arrivals)
+    assert_completed(sched, arrivals, 160)
+    assert not sched._work_keys and not sched._rows
 
 
 # --- objectives (SLOs) and the deadline policies --------------------------------------------------

@@ -33,6 +33,8 @@ One module per concern (docs/integrations.md, "vLLM's features", names the featu
 - ``outputs``: vLLM's ``SchedulerOutput`` from the step's decisions
 - ``deadlines``: EDF and DEADLINE: the ranker's columns, the deadline-ordered waiting queue,
   relegation and hand-back
+- ``uncached``: uncached work first: the waiting requests by the prompt work their prefix hit
+  leaves, with a starvation bound
 - ``spec_decode``: speculative decoding, proposed and scheduled drafts
 - ``lora``: LoRA adapter slots
 - ``pipeline``: pipeline parallelism's steps in flight

@@ -26,7 +26,12 @@ from ...core import (
     SchedulingPolicy,
     StepPlannerLimits,
 )
-from ...ledger._shared import check_relegation_args
+from ...ledger._shared import (
+    AdmissionArgs,
+    AdmissionOrder,
+    check_admission_args,
+    check_relegation_args,
+)
 from ...planner._fields import as_enum
 from ...planner._slo import check_slo_classes
 from . import _compat
@@ -36,6 +41,10 @@ SLO_CLASSES_KEY = "slo_classes"  # in additional_config["stepplanner"]
 # The ledger's relegation options (docs/scheduling.md, "Overload"), also in it.
 RELEGATION_KEYS = ("relegated_wait", "never_relegate_below")
 KV_PREEMPTION_KEY = "kv_preemption"  # the recompute-preemption victim rule
+# The ledgers' admission order and its starvation bound (docs/scheduling.md, "Uncached work
+# first"): "admission": "arrival" | "uncached-first", with "starvation_steps" or
+# "starvation_seconds".
+ADMISSION_KEYS = ("admission", "starvation_steps", "starvation_seconds")
 # vLLM's own (the last running request in the policy's order) or the least computed work lost,
 # never a class never_relegate_below protects while another will do (ledger._shared's rule).
 VICTIM_RULES = ("vllm", "least-work")
@@ -47,6 +56,7 @@ _ENUM_FIELDS = {
     "preemption": PreemptionMode,
 }
 _OPTION_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulingOptions))
+_OTHER_KEYS = (SLO_CLASSES_KEY, *RELEGATION_KEYS, KV_PREEMPTION_KEY, *ADMISSION_KEYS)
 INT32_MAX = 2**31 - 1
 
 
@@ -61,13 +71,12 @@ def options_from_config(vllm_config: VllmConfig) -> SchedulingOptions:
     """
     values: dict[str, Any] = {}
     for key, value in _stepplanner_config(vllm_config).items():
-        if key in (SLO_CLASSES_KEY, KV_PREEMPTION_KEY) or key in RELEGATION_KEYS:
-            continue  # slo_classes_from_config, relegation_from_config, victim_rule_from_config
+        if key in _OTHER_KEYS:
+            continue  # slo_classes_, relegation_, victim_rule_ and admission_from_config
         if key not in _OPTION_FIELDS:
             raise StepPlannerValueError(
                 f'additional_config["{CONFIG_KEY}"]: key {key!r} is not known; '
-                "allowed: "
-                + ", ".join(_OPTION_FIELDS + (SLO_CLASSES_KEY, *RELEGATION_KEYS, KV_PREEMPTION_KEY))
+                "allowed: " + ", ".join(_OPTION_FIELDS + _OTHER_KEYS)
             )
         with named_in_config():
             values[key] = (
@@ -109,6 +118,19 @@ def victim_rule_from_config(vllm_config: VllmConfig) -> str:
             f"rule; allowed: {', '.join(repr(r) for r in VICTIM_RULES)}"
         )
     return str(rule)
+
+
+def admission_from_config(vllm_config: VllmConfig) -> AdmissionArgs:
+    """The admission order and its starvation bound, checked as the ledgers check them:
+    ``additional_config["stepplanner"]["admission"]``, ``"arrival"`` (absent: vLLM's queue order)
+    or ``"uncached-first"`` with exactly one of ``"starvation_steps"`` (schedule() calls) and
+    ``"starvation_seconds"`` (on vLLM's clock, from each request's ``arrival_time``)."""
+    config = _stepplanner_config(vllm_config)
+    with named_in_config():
+        order = as_enum("admission", config.get("admission", "arrival"), AdmissionOrder)
+        return check_admission_args(
+            order, config.get("starvation_steps"), config.get("starvation_seconds")
+        )
 
 
 def relegation_from_config(vllm_config: VllmConfig) -> dict[str, Any]:

@@ -124,17 +124,6 @@ class DeadlineQueue(AsyncScheduler):
                 (key, record.stamp, self._seq, request),
             )
 
-    def _waits(self, request: Request) -> bool:
-        # A request whose grammar is still compiling, or whose KV a connector is loading, waits
-        # too: it keeps its place in the deadline order and is passed over until vLLM promotes
-        # it.
-        return self.requests.get(request.request_id) is request and request.status in (
-            RequestStatus.WAITING,
-            RequestStatus.PREEMPTED,
-            RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
-            RequestStatus.WAITING_FOR_REMOTE_KVS,
-        )
-
     def _too_late(self, request: Request, due: float, now: float) -> bool:
         """Whether a waiting request can no longer make its first token by ``due``, served at
         once (the ranker's test), on the tokens it still computes: its prompt, less what a KV

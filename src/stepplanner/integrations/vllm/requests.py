@@ -5,13 +5,14 @@ free slots admit (in vLLM's queue order, or the deadlines' order), their prefix-
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.engine import EngineCoreEventType
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from ...core import ResidentState
 from ...ledger._shared import least_work_victim
@@ -40,6 +41,8 @@ class RequestRows(KVConnectors):
     _loads: list[Load]  # KV connectors: the step's asynchronous loads to start, in queue order
     _least_work: bool  # recompute preemption takes the least computed work, not the last
     _never_below: int  # never_relegate_below: the classes least-work spares while it can
+    _uncached: bool  # "admission": "uncached-first" (uncached.py's order)
+    _admitted_stamp: int  # uncached first: the latest admitted row's arrival
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -92,7 +95,11 @@ class RequestRows(KVConnectors):
                 # N plain waiting requests, the deepest cached prefix first (once the KV cache
                 # is as full as its threshold says); the plan then orders the rows it admits.
                 _compat.reorder_waiting_by_cached_prefix(self)
-            order = self._queue_order(free, out, self._waiting_queues())
+            if self._uncached:  # the requests holding KV blocks first, as vLLM reads them
+                holding = self._queue_order(free, out, self._kv_waiting_queues[:1])
+                order = itertools.chain(holding, self._uncached_order(free, out))
+            else:
+                order = self._queue_order(free, out, self._waiting_queues())
         else:
             order = self._deadline_order(free, out, now, relegated)
         # LoRA: the ledgers' rule (docs/decisions.md), over the running requests (paused and in
@@ -180,6 +187,17 @@ class RequestRows(KVConnectors):
             return (holding, self.waiting)
         key = None if self._priority_order else _arrival
         return (holding, heapq.merge(self.waiting, async_kv[0], key=key))
+
+    def _waits(self, request: Request) -> bool:
+        """Whether a request is (still) in one of vLLM's waiting queues. One whose grammar is
+        still compiling, or whose KV a connector is loading, waits too: it keeps its place in
+        the deadline or uncached order and is passed over until vLLM promotes it."""
+        return self.requests.get(request.request_id) is request and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+            RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR,
+            RequestStatus.WAITING_FOR_REMOTE_KVS,
+        )
 
     def _admissible(self, request: Request) -> bool:
         """Whether a waiting request may be admitted now, in either queue order. One whose
@@ -273,6 +291,8 @@ class RequestRows(KVConnectors):
                 )
             if queue_order:
                 key = request.priority if self._priority_order else None
+                if self._uncached:  # stamped in admission order, after every admitted row
+                    stamp = self._admitted_stamp + 1
                 row.arrival = last[key] = max(stamp, last.get(key, -1) + 1)
             row.committed = hit
             row.context_committed = False

@@ -28,6 +28,7 @@ from ...planner._types import orders_by_priority
 from . import _compat
 from .config import (
     RANKED,
+    admission_from_config,
     late_unsupported_features,
     limits_from_config,
     named_in_config,
@@ -47,6 +48,7 @@ from .outputs import OutputBuilder
 from .pipeline import PipelineSteps, pipelined
 from .requests import RequestRows
 from .spec_decode import SpecDecode
+from .uncached import UncachedQueue
 
 
 @dataclasses.dataclass
@@ -87,7 +89,13 @@ class StepRecord:
 
 
 class StepPlannerScheduler(
-    DeadlineQueue, RequestRows, SpecDecode, PipelineSteps, OutputBuilder, AsyncScheduler
+    DeadlineQueue,
+    UncachedQueue,
+    RequestRows,
+    SpecDecode,
+    PipelineSteps,
+    OutputBuilder,
+    AsyncScheduler,
 ):
     """vLLM's v1 scheduler with every per-step decision taken by ``StepPlanner.plan()``.
 
@@ -116,6 +124,7 @@ class StepPlannerScheduler(
         slo_classes = slo_classes_from_config(vllm_config)
         relegation = relegation_from_config(vllm_config)
         victim_rule = victim_rule_from_config(vllm_config)
+        admission = admission_from_config(vllm_config)
         limits = limits_from_config(vllm_config, block_size)
         with named_in_config():
             policy = resolve_scheduling_policy(with_vllm_budget(options, limits), limits)
@@ -163,6 +172,32 @@ class StepPlannerScheduler(
             )
         if self._ranked:
             self._init_deadlines(vllm_config, limits, policy, relegation)
+        self._init_uncached(admission)
+        if self._uncached:
+            refuse(
+                [
+                    name
+                    for bad, name in (
+                        (
+                            self._ranked,
+                            f"admission uncached-first with the stepplanner policy "
+                            f"{policy.scheduling_policy.name} (its slack-first order is the "
+                            "ledgers' only; use fcfs or priority here)",
+                        ),
+                        (
+                            self._cache_aware,
+                            "admission uncached-first with cache_aware_admission_window (two "
+                            "orders by cached prefix; leave the window at 0)",
+                        ),
+                        (
+                            self.connector is not None,
+                            "admission uncached-first with a KV connector (a connector's hit "
+                            "is known only as the request is admitted)",
+                        ),
+                    )
+                    if bad
+                ]
+            )
 
     # --- requests in and out ------------------------------------------------------------------
 
@@ -188,11 +223,15 @@ class StepPlannerScheduler(
             _compat.fail_request(self, request.request_id, message)
         elif self._ranked and request.request_id not in self._deadlines:
             self._add_deadlines(request, slo)
+        elif self._uncached and request.request_id not in self._work_keys:
+            self._enqueue_uncached(request)
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         self._rows.pop(request.request_id, None)
         if self._ranked:
             self._deadlines.pop(request.request_id, None)
+        elif self._uncached:
+            self._work_keys.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)
 
     def _preempt_request(
@@ -201,6 +240,8 @@ class StepPlannerScheduler(
         super()._preempt_request(request, timestamp, drop_stale_output)
         if self._ranked:  # back in the waiting queue: a re-prefill, due by its next token
             self._enqueue(request)
+        elif self._uncached:
+            self._to_arrival_order(request)  # at the head of vLLM's queue too
 
     # --- the step -----------------------------------------------------------------------------
 
@@ -211,6 +252,8 @@ class StepPlannerScheduler(
         stats = self.stepplanner_stats
         stats.steps += 1
         self._sync_kv_loads = False
+        if self._uncached:
+            self._starve_uncached()
         now = None
         relegated: list[str] = []
         if self._ranked:
@@ -317,6 +360,8 @@ class StepPlannerScheduler(
 
         if admitted:
             self._leave_waiting(admitted)
+        if self._uncached:
+            self._requeue_uncached(admitted)
         if self._loads and not preempted:  # (none were looked up under PAUSED_ALL)
             self._start_loads(self._loads)
         if now is not None:
