@@ -4,14 +4,17 @@ counted as context, and vLLM 0.34's cache-aware window and SGLang's HRRN as thei
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
 from stepplanner import AdmissionOrder, StepPlannerLimits
 from stepplanner.sim.engine import Engine, RunSpec, ServingQueue
 from stepplanner.sim.latency import LatencyModel
+from stepplanner.sim.load import saturation_throughput
 from stepplanner.sim.prefix_front import PrefixFront
-from stepplanner.sim.prefix_workload import SYSTEM_PROMPTS, prefix_heavy
+from stepplanner.sim.prefix_workload import SYSTEM_PROMPTS, prefix_heavy, prefix_heavy_requests
 from stepplanner.sim.prefixes import PrefixCache, SharedPrefixes, nominal_hits
 from stepplanner.sim.simulator import simulate_run
 from stepplanner.sim.workloads import Workload
@@ -233,3 +236,27 @@ def test_a_prompt_past_s_in_is_refused_however_much_of_it_is_cached(order):
     r = simulate_run(RunSpec(w, engine, prefixes=p))
     assert r.refused.tolist() == [True, False]
     assert np.isnan(r.first_token_time[0]) and not np.isnan(r.first_token_time[1])
+
+
+def test_prefix_heavy_requests_draws_the_same_requests_at_any_rate():
+    """At least the requests asked for (the fewest roots that make them), the same ones at
+    every rate, the roots arriving at rate x roots / requests."""
+    slow, p_slow = prefix_heavy_requests(200, 5.0, seed=3)
+    fast, p_fast = prefix_heavy_requests(200, 50.0, seed=3)
+    assert 200 <= len(slow) <= 205 and len(fast) == len(slow)
+    assert sorted(slow.prompt_tokens.tolist()) == sorted(fast.prompt_tokens.tolist())
+    assert int(p_slow.prefix_tokens.sum()) == int(p_fast.prefix_tokens.sum())
+    roots = int(slow.source.rsplit("; ", 1)[1].split()[0])
+    assert len(prefix_heavy(roots - 1, 1.0, seed=3)[0]) < 200 <= len(prefix_heavy(roots, seed=3)[0])
+
+
+def test_shared_prefixes_pickle_for_process_workers():
+    _, p = prefix_heavy(20, 5.0, seed=1)
+    q = pickle.loads(pickle.dumps(p))
+    assert np.array_equal(q.prefix_id, p.prefix_id) and dict(q.preloaded) == dict(p.preloaded)
+
+
+def test_saturation_counts_each_prompt_less_its_nominal_hit():
+    w, p = prefix_heavy(60, 5.0, seed=0)
+    engine = Engine(StepPlannerLimits(max_batch_size=16, max_input_length=8192, kv_page_size=16))
+    assert saturation_throughput(w, engine, prefixes=p) > saturation_throughput(w, engine)

@@ -116,10 +116,7 @@ def prefix(roots: int, seed: int) -> None:
     limits = StepPlannerLimits(max_batch_size=64, max_input_length=8192, kv_page_size=16)
     w, p = prefix_heavy(roots, 1.0, seed)
     spared = nominal_hits(w.prompt_tokens, p, limits.kv_page_size)
-    work = workloads.Workload(
-        w.arrival_time, w.prompt_tokens - spared, w.output_tokens, w.priority, "uncached"
-    )
-    saturation = saturation_throughput(work, Engine(limits))
+    saturation = saturation_throughput(w, Engine(limits), prefixes=p)
     print(
         f"prefix-heavy: {len(w)} requests from {roots} roots (seed {seed}), "
         f"{spared.sum() / w.prompt_tokens.sum():.1%} of prompt tokens cacheable; "

@@ -11,7 +11,7 @@ from .._errors import StepPlannerValueError
 from ..cli import tuning_extras
 from ..planner._policy import SchedulingOptions, resolve_scheduling_policy
 from ..sim.engine import Engine, RunSpec
-from ..sim.load import at_load, saturation_throughput
+from ..sim.load import saturation_throughput
 from ..sim.workloads import Workload
 from ..tuning.metrics import parse_number_list
 from .compare_plot import plot_compare
@@ -30,17 +30,18 @@ from .options import (
     format_options,
     limit_options,
     limits_from,
+    offered_from,
     output_format,
     queue_from,
     queue_options,
     run_options,
     speculation_from,
     speculation_options,
-    workload_from,
+    workload_choice_option,
     workload_options,
 )
 from .plot import check_plot_path, require_matplotlib
-from .render import Line, comparison_blocks, emit, with_page_columns
+from .render import Line, comparison_blocks, emit, with_page_columns, with_prefix_columns
 from .running import ProgressBar, check_num_pages, run
 from .slo_render import attainment_comparison
 from .tuning_options import latency_of
@@ -78,6 +79,7 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
 
 
 @click.command("compare")
+@workload_choice_option
 @workload_options
 @limit_options
 @run_options
@@ -110,7 +112,9 @@ def _loads(ctx: click.Context, param: click.Parameter, value: str | None) -> Any
     "the workload's arrival times are scaled so that it is offered at each "
     "(same requests, only the gaps change) and every configuration runs at "
     "each. Saturation = requests completed per second with every request at "
-    "t=0 under FCFS on these limits.",
+    "t=0 under FCFS on these limits. --workload prefix-heavy: drawn at each rate "
+    "instead (same requests, sessions' turns still seconds apart), saturation "
+    "counting each prompt less the hit its shared prefix allows.",
 )
 @format_options
 @click.option(
@@ -145,7 +149,8 @@ def compare_command(
         )
         check_plot_path(plot)
     fmt = output_format(fmt, as_json)
-    limits, workload = limits_from(kw), workload_from(kw)
+    limits, offered = limits_from(kw), offered_from(kw)
+    workload = offered.workload
     queue, speculation = queue_from(kw), speculation_from(kw)
     if loads is not None and not workload.has_objectives:
         raise InputError(
@@ -174,6 +179,7 @@ def compare_command(
     for config, policy, (_, pool), (_, fields) in zip(runs, policies, pools, extras):
         warn_no_op_options(config.options, policy, config.name)
         check_num_pages(pool, workload, config.limits, f"config {config.name!r}: num_pages")
+        offered.check_pool(pool, "num_pages", f"config {config.name!r}: ")
         if fields["kv_preemption"] is not None and not pool:
             raise InputError(
                 f"config {config.name!r}: kv_preemption={fields['kv_preemption']} preempts "
@@ -186,23 +192,26 @@ def compare_command(
         for config, policy, (_, pool), (_, fields) in zip(runs, policies, pools, extras)
     ]
     show = progress and fmt == "table"
-    offered: list[tuple[float, float] | None] = [None]
-    workloads = [workload]
+    at_loads: list[tuple[float, float] | None] = [None]
+    workloads = [(workload, offered.prefixes)]
     saturation = None
     if loads is not None:
         with ProgressBar(len(workload), show, "saturation") as bar:
-            saturation = saturation_throughput(workload, engine, max_steps=max_steps, progress=bar)
-        offered = [(load, load * saturation) for load in loads]
-        workloads = [at_load(workload, load, saturation) for load in loads]
+            saturation = saturation_throughput(
+                workload, engine, max_steps=max_steps, progress=bar, prefixes=offered.prefixes
+            )
+        at_loads = [(load, load * saturation) for load in loads]
+        workloads = [offered.at_load(load, saturation) for load in loads]
     reports, results = [], []
-    for w, load in zip(workloads, offered):
+    for (w, prefixes), load in zip(workloads, at_loads):
         where = "" if load is None else f"{load[0]:g}x "
         for k, (config, config_engine) in enumerate(zip(runs, engines), start=1):
             label = f"{where}{k}/{len(runs)} {config.name}"
-            result, occupancy = run(RunSpec(w, config_engine, max_steps), show, label)
+            spec = RunSpec(w, config_engine, max_steps, prefixes=prefixes)
+            result, occupancy = run(spec, show, label)
             pages = {} if occupancy is None else {"pages": occupancy.report()}
             warn_refused(result, config.name)
-            if plot and load == offered[0]:  # with --load, the figure is of the first load
+            if plot and load == at_loads[0]:  # with --load, the figure is of the first load
                 results.append((config.name, result))
             reports.append(
                 {
@@ -213,21 +222,24 @@ def compare_command(
                 }
             )
     if plot:
-        where = "" if offered[0] is None else f" at {offered[0][0]:g}x saturation"
+        where = "" if at_loads[0] is None else f" at {at_loads[0][0]:g}x saturation"
         plot_compare(
             results, plot, f"TTFT by priority class: {workload.source}{where}; {latency.name}"
         )
     names = [config.name for config in runs]
     if loads is not None:
         assert saturation is not None
-        _emit_loads(workload, reports, names, offered, saturation, fmt)
+        _emit_loads(workload, reports, names, at_loads, saturation, fmt)
     elif fmt == "json":
         click.echo(write_json(None, reports))
     else:
         emit(
             [
                 *with_preemption_columns(
-                    with_page_columns(comparison_blocks(reports), reports), reports
+                    with_prefix_columns(
+                        with_page_columns(comparison_blocks(reports), reports), reports
+                    ),
+                    reports,
                 ),
                 *preemption_lines(reports, named=True),
                 *attainment_comparison(reports, names),

@@ -3,6 +3,7 @@ functions that turn their parsed values into library objects."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
@@ -15,6 +16,9 @@ from ..planner._fields import as_enum
 from ..planner._policy import SchedulingOptions, StepPlannerLimits, check_reserved_slots
 from ..planner._types import IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 from ..sim.engine import PEER_ORDERS
+from ..sim.load import at_load
+from ..sim.prefix_workload import prefix_heavy_requests
+from ..sim.prefixes import SharedPrefixes
 from ..sim.simulator import DEFAULT_LIMITS, ServingQueue, Speculation
 from ..sim.traces import read_trace
 from ..sim.workloads import (
@@ -23,6 +27,7 @@ from ..sim.workloads import (
     DEFAULT_SLO_CLASSES,
     MAX_RATE,
     Workload,
+    check_rate,
     synthetic,
 )
 from ..tuning.slo import parse_slo_classes
@@ -117,6 +122,22 @@ workload_options = compose(
         "constant gaps); the same requests at every value.",
     ),
     objective_options,
+)
+
+# The synthetic workloads --workload draws (simulate, compare, sweep): the embedded one, and the
+# prefix-heavy one with the shared prefixes its runs look their hits up in (sim.prefix_workload).
+WORKLOADS = ("embedded", "prefix-heavy")
+
+workload_choice_option = click.option(
+    "--workload",
+    "workload_name",
+    type=click.Choice(WORKLOADS),
+    default=None,
+    help="The synthetic workload --requests, --rate and --seed draw: embedded (three priority "
+    "classes, nothing shared; the default) or prefix-heavy (chat on six shared system prompts, "
+    "multi-turn sessions, cold documents; prompts up to 8,192 tokens, each with its own "
+    "objectives), run with a prefix cache its requests' hits are looked up in. Not with "
+    "--trace.",
 )
 
 limit_options = compose(
@@ -434,6 +455,67 @@ def workload_from(kw: dict[str, Any], runs: int = 1) -> Workload:
         else synthetic(requests=requests, rate=rate, seed=seed, burstiness=burstiness)
     )
     return with_objectives_from(kw, workload, embedded=trace is None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Offered:
+    """The workload a command runs; with ``--workload prefix-heavy`` also its shared prefixes
+    and ``draw``, the same requests offered at another rate (requests/s), objectives as
+    given."""
+
+    workload: Workload
+    prefixes: SharedPrefixes | None = None
+    draw: Callable[[float], tuple[Workload, SharedPrefixes]] | None = None
+
+    def at_load(self, load: float, saturation: float) -> tuple[Workload, SharedPrefixes | None]:
+        """Offered at ``load`` x ``saturation`` requests/s: the embedded workload or a trace
+        scaled (``sim.load.at_load``), the prefix-heavy one drawn at that rate (its sessions'
+        gaps stay seconds, as ``tools/prefix_experiments.py`` draws it)."""
+        if self.draw is None:
+            return at_load(self.workload, load, saturation), None
+        workload, prefixes = self.draw(load * saturation)
+        source = f"{workload.source} at {load:g}x saturation"
+        return workload.with_arrivals(workload.arrival_time, source), prefixes
+
+    def check_pool(self, num_pages: int, option: str = "--num-pages", where: str = "") -> None:
+        """Refuse a KV page pool (``where``: the configuration's) beside the prefix-heavy
+        workload's prefix cache."""
+        if self.prefixes is not None and num_pages:
+            raise InputError(
+                f"{where}{option}={num_pages} with --workload prefix-heavy: a prefix cache beside "
+                f"a KV page pool is not simulated; allowed: {option}=0 (unlimited pages)"
+            )
+
+
+def offered_from(kw: dict[str, Any], runs: int = 1) -> Offered:
+    """Pop ``--workload`` and the ``workload_options`` values: the embedded workload or the
+    trace (``workload_from``), or the prefix-heavy one with its prefixes. ``--workload`` with
+    ``--trace``, and ``--burstiness`` with the prefix-heavy workload, are refused."""
+    name = kw.pop("workload_name")
+    if name is not None and kw["trace"]:
+        raise InputError(
+            f"--workload {name} draws a synthetic workload and --trace {kw['trace']} reads "
+            "one from a file; give one of them"
+        )
+    if name != "prefix-heavy":
+        return Offered(workload_from(kw, runs))
+    if kw["burstiness"] != 1.0:
+        raise InputError(
+            f"--burstiness {kw['burstiness']:g} shapes the embedded workload's gaps; "
+            "--workload prefix-heavy draws Poisson roots and sessions' turns seconds apart; "
+            "allowed: --burstiness 1"
+        )
+    trace_from(kw)  # None here; --columns without a --trace is refused as ever
+    requests, rate, seed, _ = (kw.pop(k) for k in ("requests", "rate", "seed", "burstiness"))
+    check_requests(requests, runs)
+    check_rate("rate", rate)
+    objectives = {k: kw.pop(k) for k in ("slo_classes", "no_slo")}
+
+    def draw(rate: float) -> tuple[Workload, SharedPrefixes]:
+        workload, prefixes = prefix_heavy_requests(requests, rate, seed)
+        return with_objectives_from(dict(objectives), workload, embedded=False), prefixes
+
+    return Offered(*draw(rate), draw)
 
 
 def with_objectives_from(kw: dict[str, Any], workload: Workload, embedded: bool) -> Workload:

@@ -312,6 +312,7 @@ def report_blocks(r: dict[str, Any]) -> list[Block]:
     return [
         *configuration_lines(r),
         Line("requests", f"{req['completed']}/{req['submitted']} completed, {refused}"),
+        *prefix_cache_lines(r),
         Line(
             "throughput",
             f"{t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:,.0f} "
@@ -537,6 +538,38 @@ def with_page_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> lis
         ]
 
     return with_main_columns(blocks, reports, extra, values)
+
+
+def prefix_cache_lines(r: dict[str, Any]) -> list[Block]:
+    """A run with a prefix cache: the prompt tokens its hits spared and its late hits."""
+    c = r.get("prefix_cache")
+    if c is None:
+        return []
+    return [
+        Line(
+            "prefix cache",
+            f"{c['cached_tokens']:,} of {c['prompt_tokens']:,} prompt tokens cached "
+            f"({c['cached_share']:.1%}); {c['late_hits']:,} late hits (admissions whose prefix "
+            "grew while they waited)",
+        )
+    ]
+
+
+PREFIX_COLUMNS = [Column("prompt\ncached", ".1%"), Column("late\nhits", ",")]
+
+
+def prefix_cache_values(r: dict[str, Any]) -> list[Any]:
+    """A report's ``PREFIX_COLUMNS`` (``-`` for a run without a prefix cache)."""
+    c = r.get("prefix_cache")
+    return [None, None] if c is None else [c["cached_share"], c["late_hits"]]
+
+
+def with_prefix_columns(blocks: list[Block], reports: list[dict[str, Any]]) -> list[Block]:
+    """``compare`` on a run with a prefix cache: its main table gains the share of prompt
+    tokens cached and the late hits of each configuration."""
+    if not any("prefix_cache" in r for r in reports):
+        return blocks
+    return with_main_columns(blocks, reports, PREFIX_COLUMNS, prefix_cache_values)
 
 
 def with_main_columns(

@@ -19,6 +19,7 @@ from .options import (
     limit_options,
     limits_from,
     num_pages_option,
+    offered_from,
     options_from,
     output_format,
     queue_from,
@@ -27,7 +28,7 @@ from .options import (
     scheduling_options,
     speculation_from,
     speculation_options,
-    workload_from,
+    workload_choice_option,
     workload_options,
 )
 from .plot import check_plot_path, plot_result, require_matplotlib
@@ -39,6 +40,7 @@ from .tuning_render import write_json
 
 
 @click.command("simulate")
+@workload_choice_option
 @workload_options
 @limit_options
 @scheduling_options
@@ -71,7 +73,8 @@ def simulate_command(
     num_pages: int,
     **kw: Any,
 ) -> None:
-    """Simulate one configuration (the embedded workload when no --trace is given)."""
+    """Simulate one configuration (the embedded workload when neither --workload nor --trace
+    is given)."""
     if plot:
         require_matplotlib()
         check_plot_path(plot)
@@ -86,17 +89,21 @@ def simulate_command(
     )
     fmt = output_format(fmt, as_json)
     limits = limits_from(kw)
-    options, workload = options_from(kw, limits), workload_from(kw)
+    options, offered = options_from(kw, limits), offered_from(kw)
+    workload = offered.workload
     queue, speculation = queue_from(kw), speculation_from(kw)
     policy = resolve_scheduling_policy(options, limits)
     warn_no_op_options(options, policy)
     latency = latency_of(latency_model, latency_text)
     show_progress = progress and fmt == "table"
     check_num_pages(num_pages, workload, limits)
+    offered.check_pool(num_pages)
     extras = engine_options_from(kw, num_pages)
     engine = Engine(limits, policy, latency, num_pages, queue, speculation, **extras)
     result, occupancy = run(
-        RunSpec(workload, engine, max_steps, save_detailed), show_progress, "simulating"
+        RunSpec(workload, engine, max_steps, save_detailed, offered.prefixes),
+        show_progress,
+        "simulating",
     )
     warn_refused(result)
     report = result.report()

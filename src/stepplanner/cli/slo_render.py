@@ -107,6 +107,17 @@ def attainment_comparison(
             [*lead, "completed req/s", *(f"{r['throughput']['requests_per_s']:.2f}" for r in group)]
         )
         lead = [] if load is None else [""]  # the load once, on its group's first row
+        if load is not None and any("prefix_cache" in r for r in group):
+            # Per load (without --load the main table has these columns).
+            caches = [r.get("prefix_cache") for r in group]
+            rows.append(
+                [*lead, "prompt tokens cached"]
+                + [None if c is None else f"{c['cached_share']:.1%}" for c in caches]
+            )
+            rows.append(
+                [*lead, "late hits"]
+                + [None if c is None else f"{c['late_hits']:,}" for c in caches]
+            )
         for label, key, fmt, by_class in _COMPARED:
             for c in classes if by_class else ["all"]:
                 where = "" if c == "all" else f" [{class_name(c)}]"

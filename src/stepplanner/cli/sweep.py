@@ -19,12 +19,13 @@ from .options import (
     limit_options,
     limits_from,
     num_pages_option,
+    offered_from,
     options_from,
     output_format,
     queue_from,
     queue_options,
     scheduling_options,
-    workload_from,
+    workload_choice_option,
     workload_options,
 )
 from .plot import check_plot_path, require_matplotlib
@@ -43,6 +44,7 @@ from .tuning_render import document, plot_front, save, sweep_blocks
 
 
 @click.command("sweep")
+@workload_choice_option
 @workload_options
 @limit_options
 @scheduling_options
@@ -102,8 +104,10 @@ def sweep_command(
     runs = runs_at_once(workers, total)
     limits = limits_from(kw, runs)
     options = options_from(kw, limits)
-    workload = workload_from(kw, runs)
+    offered = offered_from(kw, runs)
+    workload = offered.workload
     check_num_pages(num_pages, workload, limits)
+    offered.check_pool(num_pages)
     engine = {"num_pages": num_pages, **engine_options_from(kw, num_pages)}
     queue = queue_from(kw)
     if queue != ServingQueue():  # the serving queue (admission order, waiting cap) of every point
@@ -123,6 +127,7 @@ def sweep_command(
             ray_address,
             tick,
             {k: v for k, v in engine.items() if v},
+            offered.prefixes,
         )
     report_interrupt(outcome, total)
     text = save(

@@ -16,7 +16,7 @@ import numpy as np
 from ..tuning.slo import SloTarget
 from .plot import latency_axis, new_figure
 from .plot import save as save_figure
-from .render import Block, Column, Line, TableData
+from .render import PREFIX_COLUMNS, Block, Column, Line, TableData, prefix_cache_values
 from .slo_render import (
     CAPACITY_COLUMNS,
     SWEEP_COLUMNS,
@@ -151,6 +151,10 @@ def sweep_blocks(
         columns.append(Column("recomputed\ntokens", ","))
         ok = [r for r in records if r.get("error") is None]
         rows = [[*row, r.get("recomputed_tokens")] for row, r in zip(rows, ok)]
+    if any("prefix_cache" in r for r in records):  # --workload prefix-heavy
+        columns.extend(PREFIX_COLUMNS)
+        ok = [r for r in records if r.get("error") is None]
+        rows = [[*row, *prefix_cache_values(r)] for row, r in zip(rows, ok)]
     found = verdict(records, slos)
     return [
         Line("sweep", header),

@@ -13,6 +13,7 @@ are the same at every load).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from .._errors import StepPlannerValueError
 from .engine import Engine, RunSpec
+from .prefixes import SharedPrefixes, nominal_hits
 from .simulator import run_span, simulate_run
 from .workloads import Workload
 
@@ -32,11 +34,22 @@ def saturation_throughput(
     *,
     max_steps: int | None = None,
     progress: Any = None,
+    prefixes: SharedPrefixes | None = None,
 ) -> float:
     """Requests/s completed with every request of ``workload`` at t=0 under FCFS (the default
     ``SchedulingOptions``, so the SPEC §2 default budgets) on ``engine``'s limits, latency
     model and speculative decoding (its options, page pool and serving front aside: the
-    measure is of the engine's speed, not of a policy)."""
+    measure is of the engine's speed, not of a policy). With ``prefixes``, each prompt counts
+    less the hit the workload's structure allows (``nominal_hits``: every earlier request's
+    share cached), the work a prefix cache leaves."""
+    if prefixes is not None:
+        prefixes.check_against(workload.prompt_tokens)
+        spared = nominal_hits(workload.prompt_tokens, prefixes, engine.limits.kv_page_size)
+        workload = dataclasses.replace(
+            workload,
+            prompt_tokens=workload.prompt_tokens - spared,
+            source=f"{workload.source}, uncached",
+        )
     burst = workload.with_arrivals(np.zeros(len(workload)), f"{workload.source} at t=0")
     fcfs = Engine(engine.limits, latency=engine.latency, speculation=engine.speculation)
     result = simulate_run(RunSpec(burst, fcfs, max_steps), progress=progress, progress_every=1024)

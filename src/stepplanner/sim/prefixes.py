@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -95,6 +96,14 @@ class SharedPrefixes:
 
     def __len__(self) -> int:
         return len(self.prefix_id)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled for sweep's process workers: ``preloaded`` as a dict (a mappingproxy is not
+        # picklable), checked again on the other side.
+        return (
+            SharedPrefixes,
+            (self.prefix_id, self.prefix_tokens, self.shares_tokens, dict(self.preloaded)),
+        )
 
     @classmethod
     def none(cls, n: int) -> SharedPrefixes:

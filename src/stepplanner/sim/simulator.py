@@ -317,10 +317,25 @@ class SimulationResult:
                 "recomputed_tokens": int(self.recomputed_tokens.sum()),
                 **self.preemption_counts,
             }
+        if self.cached_tokens is not None:
+            report["prefix_cache"] = self.prefix_cache_report()
         attainment = self.attainment()
         if attainment is not None:
             report["slo_attainment"] = attainment
         return report
+
+    def prefix_cache_report(self) -> dict[str, Any]:
+        """A run with a prefix cache (``sim.prefix_front``: shared prefixes or a peer's
+        order): the prompt tokens its hits spared, their share of every prompt token of the
+        workload, and ``late_hits``."""
+        assert self.cached_tokens is not None
+        cached, prompt = int(self.cached_tokens.sum()), int(self.workload.prompt_tokens.sum())
+        return {
+            "cached_tokens": cached,
+            "prompt_tokens": prompt,
+            "cached_share": cached / prompt,
+            "late_hits": self.late_hits,
+        }
 
     def speculation_report(self) -> dict[str, Any]:
         """Speculative decoding: the settings, the drafts verified and accepted, and the output

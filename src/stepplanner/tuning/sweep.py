@@ -19,6 +19,7 @@ from ..planner._policy import SchedulingOptions, StepPlannerLimits
 from ..sim.engine import Engine, RunSpec
 from ..sim.latency import LatencyModel
 from ..sim.paged import simulate_paged_run
+from ..sim.prefixes import SharedPrefixes
 from ..sim.simulator import SimulationResult, simulate, simulate_run
 from ..sim.workloads import Workload
 from .backends import Outcome, Progress, run_tasks
@@ -44,6 +45,8 @@ class SweepTask:
     # Engine fields beyond the point's limits and policy: num_pages, max_step_seconds,
     # kv_preemption (sim.engine.Engine); empty: the plain simulator, as before.
     engine: tuple[tuple[str, Any], ...] = ()
+    # The workload's shared prefixes (sim.prefixes): the run keeps a prefix cache of them.
+    prefixes: SharedPrefixes | None = None
 
 
 def assess(
@@ -85,13 +88,13 @@ def evaluate(task: SweepTask) -> dict[str, Any]:
     record = point.record()
     if point.limits is None or point.policy is None:
         return record
-    if task.engine:
+    if task.engine or task.prefixes is not None:
         try:  # a point these fields cannot run on (PREFILL_FIRST with a step-time budget)
             engine = Engine(point.limits, point.policy, task.latency, **dict(task.engine))
         except (TypeError, ValueError) as exc:
             record["error"] = str(exc)
             return record
-        spec = RunSpec(task.workload, engine)
+        spec = RunSpec(task.workload, engine, prefixes=task.prefixes)
         result = simulate_paged_run(spec)[0] if engine.num_pages else simulate_run(spec)
     else:
         result = simulate(task.workload, point.limits, point.policy, task.latency)
@@ -99,6 +102,8 @@ def evaluate(task: SweepTask) -> dict[str, Any]:
     if result.kv_preemption is not None:
         record["preemptions"] = int(result.preempted.sum())
         record["recomputed_tokens"] = int(result.recomputed_tokens.sum())
+    if result.cached_tokens is not None:
+        record["prefix_cache"] = result.prefix_cache_report()
     return record
 
 
@@ -131,13 +136,16 @@ def sweep(
     ray_address: str | None = None,
     progress: Progress | None = None,
     engine: dict[str, Any] | None = None,
+    prefixes: SharedPrefixes | None = None,
 ) -> tuple[list[dict[str, Any]], Outcome]:
     """Run the grid; records sorted by goodput (best first, errors last), front marked.
-    ``engine``: ``Engine`` fields every point runs with (``SweepTask.engine``)."""
+    ``engine``: ``Engine`` fields every point runs with (``SweepTask.engine``); ``prefixes``:
+    the workload's shared prefixes, looked up in a prefix cache by every point's run."""
     points = expand_grid(grid, base_limits, base_options)
     fields = tuple(sorted((engine or {}).items()))
     tasks = [
-        SweepTask(p, workload, latency, tuple(slos), tuple(percentiles), fields) for p in points
+        SweepTask(p, workload, latency, tuple(slos), tuple(percentiles), fields, prefixes)
+        for p in points
     ]
     outcome = run_tasks(evaluate, tasks, backend, workers, ray_address, progress)
     records = outcome.finished
