@@ -4,7 +4,7 @@
 
 cimport cython
 cimport numpy as cnp
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from libc.math cimport sqrt
 from libc.stdint cimport INT32_MAX, int32_t, int64_t
 
@@ -65,9 +65,10 @@ cdef class StepPricer:
                 n = count
             else:  # planner.plan refuses it, in its own words
                 return planner.plan(residents, count, reasons, drafts)
-            self._reserve(n)
-            chosen = self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0],
-                                  <int32_t>n)
+            with cython.critical_section(self):  # one pass at a time in its scratch
+                self._reserve(n)
+                chosen = self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0],
+                                      <int32_t>n)
         else:  # another array or a list of ResidentState: checked by the planner, then priced
             first = planner.plan(residents, count, reasons, drafts)
             n = first.num_residents
@@ -93,8 +94,10 @@ cdef class StepPricer:
             raise _errors.wrong_type("residents", "1-D RESIDENT_DTYPE array", residents)
         if count < 0 or count > arr.shape[0]:
             raise _errors.count_over_length(count, arr.shape[0])
-        self._reserve(count)
-        return self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0], <int32_t>count)
+        with cython.critical_section(self):  # one pass at a time in its scratch
+            self._reserve(count)
+            return self._budget(<const char*>cnp.PyArray_DATA(arr), arr.strides[0],
+                                <int32_t>count)
 
     cdef int _reserve(self, Py_ssize_t count) except -1:
         """``prompts`` holds at least ``count`` rows (grown, never shrunk; B at the start)."""
