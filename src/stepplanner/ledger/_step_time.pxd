@@ -10,6 +10,9 @@ cdef class StepPricer:
     cdef public object planner
     cdef public object last_plan           # the plan made last (StepTimeBudget.observe reads it)
     cdef public int last_budget            # the budget it was made at
+    cdef int32_t* prompts                  # scratch: the pending prompts' rows in a pricing pass
+    cdef Py_ssize_t capacity               # its length
+    cdef int _reserve(self, Py_ssize_t count) except -1
     # The budget for the first `count` rows at `data` (RESIDENT_DTYPE rows `stride` apart).
     cdef int32_t _budget(self, const char* data, Py_ssize_t stride, int32_t count) noexcept
 

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _errors
 from ..planner._types import RESIDENT_DTYPE, IfbSchedulingMode, PreemptionMode, SchedulingPolicy
 
-__all__ = ["StepPricer", "price"]
+__all__ = ["StepPricer", "plan_features", "price"]
 
 
 class StepPricer:
@@ -111,6 +111,15 @@ class StepPricer:
             int(committed[pro].sum()),
             int(committed[pro].max()) if pro.any() else 0,
         )
+
+
+def plan_features(plan: Any) -> tuple[int, int, int, int]:
+    """See the compiled ``plan_features``."""
+    seq = plan.as_array()
+    query = seq["query_length"].astype(np.int64)
+    past = seq["past_length"].astype(np.int64)
+    tokens = int(query.sum())
+    return tokens, int(past.sum()) + tokens, len(seq), int(np.dot(query, past + query))
 
 
 def _as_rows(residents: Any, count: int) -> np.ndarray:

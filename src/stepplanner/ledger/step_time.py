@@ -43,27 +43,18 @@ from .. import _errors
 from .._select import implementation
 from ..planner._types import IfbSchedulingMode
 
-# The pricing pass: compiled unless STEPPLANNER_IMPL=python (its twin, _step_time_py).
+# The pricing pass and the plans' features: compiled unless STEPPLANNER_IMPL=python (their
+# twin, _step_time_py).
 if TYPE_CHECKING:
     from ._step_time_py import StepPricer as _Pricer
+    from ._step_time_py import plan_features
 else:
-    _Pricer = implementation(
-        "stepplanner.ledger._step_time", "stepplanner.ledger._step_time_py"
-    ).StepPricer
+    _impl = implementation("stepplanner.ledger._step_time", "stepplanner.ledger._step_time_py")
+    _Pricer, plan_features = _impl.StepPricer, _impl.plan_features
 
 __all__ = ["StepTimeBudget", "plan_features"]
 
 COEFFICIENTS = ("a", "b", "c", "d", "e", "f")
-
-
-def plan_features(plan: Any) -> tuple[int, int, int, int]:
-    """A plan's step-model features: ``tokens``, ``context`` (the KV positions its rows read),
-    ``rows`` and ``attention`` (query-key pairs), as docs/simulator.md defines them."""
-    seq = plan.as_array()
-    query = seq["query_length"].astype(np.int64)
-    past = seq["past_length"].astype(np.int64)
-    tokens = int(query.sum())
-    return tokens, int(past.sum()) + tokens, len(seq), int(np.dot(query, past + query))
 
 
 def _seconds(field: str, value: object, *, positive: bool) -> float:
