@@ -27,7 +27,7 @@ import os
 import random
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -249,11 +249,16 @@ def run(
     never_relegate_below: int = 0,
     admission: Any = sp.AdmissionOrder.ARRIVAL,
     starvation_steps: int | None = None,
+    max_step_seconds: float | None = None,
+    step_model: Any = None,
+    step_seconds: Any = None,
 ) -> Run:
-    """One run; ``slo``/``slo_classes`` go to ``register``. ``virtual_clock``: the scheduler's
-    clock reads one second more at every ``schedule_batch`` and stamps each request's arrival
-    with it (deterministic deadlines); ``on_step(sched, residents, states, plan, handed)``: a
-    check of the test's own at every step, after ``observe``."""
+    """One run; ``slo``/``slo_classes`` (and the other options) go to ``register``.
+    ``virtual_clock``: the scheduler's clock reads one second more at every ``schedule_batch``
+    (``step_seconds(tokens, context)`` more, given: the time of the batch the last call handed
+    back, of ``tokens`` tokens reading ``context`` KV positions) and stamps each request's
+    arrival with it (deterministic deadlines and step times); ``on_step(sched, residents,
+    states, plan, handed)``: a check of the test's own at every step, after ``observe``."""
     record = Run()
     async_ios = allow_async_batching_on_the_cpu(monkeypatch) if overlap else []
     priorities = {r.rid: r.priority for r in requests}
@@ -269,11 +274,14 @@ def run(
         never_relegate_below=never_relegate_below,
         admission=admission,
         starvation_steps=starvation_steps,
+        max_step_seconds=max_step_seconds,
+        step_model=step_model,
     )
     base = SCHEDULER_MAPPING[name]
     late = [r for r in requests if r.late]
     holder: dict[str, Any] = {}
     seconds = [0.0]
+    last_shape = (0, 0)  # (tokens, context) of the batch the last schedule_batch handed back
 
     class Observed(base):  # type: ignore[misc, valid-type]
         if virtual_clock:
@@ -285,9 +293,13 @@ def run(
                 super().add_waiting_request(state)
 
         def schedule_batch(self, token_budget: int, cache_budget: int) -> Any:
-            seconds[0] += 1.0
+            nonlocal last_shape
+            seconds[0] += 1.0 if step_seconds is None else step_seconds(*last_shape)
             out = super().schedule_batch(token_budget, cache_budget)
             record.cache_full += out[0] is None
+            batch = out[0] or []
+            context = sum(f.state.position_offset + f.query_length for f in batch)
+            last_shape = (out[2] if batch else 0, context)
             return out
 
         def on_step(self, residents: Any, states: Any, plan: Any, handed: Any) -> None:
@@ -401,11 +413,17 @@ def observe(
     record.limits = sched.limits
     page = sched.limits.kv_page_size
     record.page_size = page
-    sp.check_plan(sched.policy, sched.limits, residents, plan)
+    # With a step-time budget, the plan is the planner's at the token budget it chose (SPEC §9).
+    budget = sched.step_budget
+    cap = None
+    if budget is not None and budget.last_budget < sched.policy.max_num_tokens:
+        cap = budget.last_budget
+    policy = sched.policy if cap is None else replace(sched.policy, max_num_tokens=cap)
+    sp.check_plan(policy, sched.limits, residents, plan)
     # The same rows through a second planner, asking why: the adapter's plan is the planner's.
     twin = holder.setdefault("twin", sp.StepPlanner(sched.policy, sched.limits))
     reasons = np.zeros(sched.limits.max_batch_size, dtype=np.uint8)
-    twin_plan = twin.plan(residents.copy(), reasons=reasons)
+    twin_plan = twin.plan(residents.copy(), reasons=reasons, max_num_tokens=cap)
     assert twin_plan.to_dict() == plan.to_dict(), "the adapter's plan differs from plan()"
     codes = [sp.split_reason(int(c))[0] for c in reasons[: len(residents)]]
     record.skipped += sum(
@@ -1244,17 +1262,26 @@ def test_cache_full_withholds_rows_and_the_runtime_offloads(
     )
 
 
+# Three short requests for a run whose start fails.
+EARLY = [Request(f"early{i}", [5 + i] * (i + 1), 2, 0) for i in range(3)]
+
+
+def assert_the_start_failed(record: Run, *reasons: str) -> None:
+    """Every request of ``EARLY`` failed, with an error that says each of ``reasons``."""
+    assert set(record.results) == {r.rid for r in EARLY}
+    for result in record.results.values():
+        assert result.status == RequestStatus.FAILED
+        for reason in reasons:
+            assert reason in result.error, result.error
+
+
 def test_page_size_above_the_step_capacity_is_refused_at_start(
     model: Any, monkeypatch: Any
 ) -> None:
-    requests = [Request(f"early{i}", [5 + i] * (i + 1), 2, 0) for i in range(3)]
     record = run(
-        model, monkeypatch, requests, sp.SchedulingOptions(), page_size=16, max_batch_tokens=8
+        model, monkeypatch, EARLY, sp.SchedulingOptions(), page_size=16, max_batch_tokens=8
     )
-    assert set(record.results) == {r.rid for r in requests}
-    for result in record.results.values():
-        assert result.status == RequestStatus.FAILED
-        assert "page_size=16" in result.error and "max_batch_tokens=8" in result.error
+    assert_the_start_failed(record, "page_size=16", "max_batch_tokens=8")
 
 
 def test_slots_follow_the_runtime_clamp_to_step_tokens(
@@ -1418,3 +1445,242 @@ def test_uncached_first_reads_the_hit_from_the_runtimes_prefix_cache(
     )
     assert assert_matches_generate(model, record, requests) == 1
     assert probes == [(24, 0)]
+
+
+# --- the step-time budget (docs/scheduling.md, "Step-time budget") -----------------------------
+
+# A virtual engine: each step takes 10 ms + 1 ms a token + 0.1 ms a KV position read on the
+# scheduler's clock (the clock advances by the time of the batch just handed back), so the
+# measured step times are known and the budget's online fit has a model to find. The budget
+# starts from one twice as slow.
+TRUE_STEP = {"a": 0.01, "b": 0.001, "c": 0.0001}
+PRIOR_STEP = {k: 2 * v for k, v in TRUE_STEP.items()}
+TIGHT_STEP = 0.03  # the policy allows 16 tokens a step; this, fewer once decodes are deep
+BUDGETED = sp.SchedulingOptions(ifb_scheduling_mode=MIXED, max_num_tokens=16)
+
+
+def true_step_seconds(tokens: int, context: int) -> float:
+    return TRUE_STEP["a"] + TRUE_STEP["b"] * tokens + TRUE_STEP["c"] * context
+
+
+def long_prompts(seed: int, n: int = 14) -> list[Request]:
+    """Prompts of 20..S_IN tokens (several chunks each at 16 tokens a step), outputs of 4..10;
+    the last third arrive late, so prompts keep arriving while others decode."""
+    rng = random.Random(seed)
+    return [
+        Request(
+            f"long{seed}_{i}",
+            [rng.randrange(3, VOCAB) for _ in range(rng.randint(20, S_IN))],
+            rng.randint(4, 10),
+            0,
+            i >= n - n // 3,
+        )
+        for i in range(n)
+    ]
+
+
+@dataclass
+class BudgetSteps:
+    """Per step of a budgeted run: (chosen budget, planned tokens, decode rows, samples so far);
+    and each step time ``observe`` was given."""
+
+    steps: list[tuple[int, int, int, int]] = field(default_factory=list)
+    observed: list[float] = field(default_factory=list)
+    fits: list[dict[str, float]] = field(default_factory=list)  # the model after each refit
+
+
+def watch_budget(monkeypatch: Any) -> tuple[BudgetSteps, Any]:
+    """Record every ``StepTimeBudget.observe`` call, and an ``on_step`` check that every step's
+    plan is within the budget the StepTimeBudget chose for it."""
+    from stepplanner.ledger.step_time import StepTimeBudget
+
+    seen = BudgetSteps()
+    original = StepTimeBudget.observe
+
+    def observe_step(self: Any, seconds: float) -> None:
+        seen.observed.append(seconds)
+        refits = self.refits
+        original(self, seconds)
+        if self.refits != refits:
+            seen.fits.append(self.coefficients)
+
+    monkeypatch.setattr(StepTimeBudget, "observe", observe_step)
+
+    def check(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        budget = sched.step_budget
+        assert sched.planner is budget, "the adapter plans through the step-time budget"
+        chosen = budget.last_budget
+        low = sched.limits.max_batch_size + sched.limits.kv_page_size  # SPEC §9's range
+        assert low <= chosen <= sched.policy.max_num_tokens, chosen
+        tokens = plan.total_tokens
+        if plan.num_decode:  # (a step without decode rows has T_max: SPEC §3, §9)
+            assert tokens <= chosen, f"{tokens} tokens planned in a budget of {chosen}"
+            if chosen > low:
+                # Not clamped up to §9's floor: the step's predicted time fits the target.
+                assert budget.predict(plan) <= budget.max_step_seconds + 1e-12
+        seen.steps.append((chosen, tokens, plan.num_decode, budget._samples))
+
+    return seen, check
+
+
+def test_step_time_budget_caps_every_step_learns_the_step_time_and_outputs_equal_generate(
+    model: Any, monkeypatch: Any
+) -> None:
+    requests = long_prompts(seed=21)
+    shape = {"page_size": 4, "max_batch_tokens": 40, "virtual_clock": True}
+    shapes: list[tuple[int, int]] = []  # without the budget: (tokens, decode rows) a step
+
+    def shape_of(sched: Any, residents: Any, states: Any, plan: Any, handed: Any) -> None:
+        shapes.append((plan.total_tokens, plan.num_decode))
+
+    free = run(
+        model,
+        monkeypatch,
+        requests,
+        BUDGETED,
+        step_seconds=true_step_seconds,
+        on_step=shape_of,
+        **shape,
+    )
+    assert assert_matches_generate(model, free, requests) == len(requests)
+    seen, check = watch_budget(monkeypatch)
+    capped = run(
+        model,
+        monkeypatch,
+        requests,
+        BUDGETED,
+        max_step_seconds=TIGHT_STEP,
+        step_model=PRIOR_STEP,
+        step_seconds=true_step_seconds,
+        on_step=check,
+        **shape,
+    )
+    # Greedy outputs are generate()'s, so exactly those of the run without the budget.
+    assert assert_matches_generate(model, capped, requests) == len(requests)
+    assert {r: capped.results[r].generated_tokens for r in capped.results} == {
+        r: free.results[r].generated_tokens for r in free.results
+    }
+    assert len(seen.steps) == capped.steps > 0
+    # It binds: steps with decode rows get budgets below the policy's 16, and take fewer tokens
+    # than the steps with decode rows of the run without it.
+    capped_tokens = [tokens for _, tokens, decodes, _ in seen.steps if decodes]
+    free_tokens = [tokens for tokens, decodes in shapes if decodes]
+    assert any(chosen < 16 for chosen, _, decodes, _ in seen.steps if decodes)
+    assert max(capped_tokens) < max(free_tokens) == 16
+    assert np.mean(capped_tokens) < np.mean(free_tokens)
+    assert capped.steps >= free.steps
+    # observe is fed each handed-back step's measured time (the virtual engine's, exactly) and
+    # the fit's samples grow with it; its refit moves a, b and c from the prior towards the
+    # virtual engine's model.
+    times = {
+        true_step_seconds(sum(r[2] for r in b), sum(r[1] + r[2] for r in b)) for b in capped.handed
+    }
+    assert seen.observed
+    assert all(min(abs(t - x) for x in times) < 1e-9 for t in seen.observed), seen.observed[:5]
+    samples = [s[3] for s in seen.steps]
+    assert samples == sorted(samples) and samples[-1] > samples[0]
+    assert len(seen.observed) >= len(capped.handed) - 1
+    assert len(seen.observed) >= 32 and seen.fits  # refit_every steps: at least one refit
+    capped_fit = seen.fits[-1]
+    for k in "abc":
+        assert abs(capped_fit[k] - TRUE_STEP[k]) < abs(PRIOR_STEP[k] - TRUE_STEP[k]) / 2, k
+    print(
+        f"\nstep-time budget: {free.steps} steps without it, {capped.steps} with it; tokens "
+        f"a step with decode rows: mean {np.mean(free_tokens):.1f} / {np.mean(capped_tokens):.1f},"
+        f" max {max(free_tokens)} / {max(capped_tokens)}; {len(seen.observed)} step times "
+        f"observed, {capped_fit}"
+    )
+
+
+def test_step_time_budget_with_deadlines_shares_the_clock_read(
+    model: Any, monkeypatch: Any, overlap: bool
+) -> None:
+    # EDF+PAUSE on the runtime's own clock: one read per step measures the step for the ledger's
+    # estimate and for the budget's fit.
+    requests = workload(seed=23)
+    options = sp.SchedulingOptions(
+        ifb_scheduling_mode=MIXED,
+        scheduling_policy=EDF,
+        preemption=PAUSE,
+        max_num_tokens=16,
+        max_chunk_tokens=8,
+        max_pause_steps=2,
+    )
+    seen, check = watch_budget(monkeypatch)
+    record = run(
+        model,
+        monkeypatch,
+        requests,
+        options,
+        page_size=4,
+        max_batch_tokens=40,
+        overlap=overlap,
+        max_step_seconds=0.05,
+        step_model=sp.LatencyModel(a=0.01, b=0.004, c=0.0),
+        on_step=check,
+        **objectives(options, requests),
+    )
+    assert assert_matches_generate(model, record, requests) == len(requests)
+    assert any(chosen < 16 for chosen, _, decodes, _ in seen.steps if decodes)
+    assert seen.observed and all(0 < t < 60 for t in seen.observed)
+
+
+@pytest.mark.parametrize(
+    "options, page, step_tokens",
+    [
+        (sp.SchedulingOptions(ifb_scheduling_mode=PREFILL_FIRST), 4, 40),
+        (sp.SchedulingOptions(scheduling_policy=PRIORITY), 16, 16),  # AUTO -> PREFILL_FIRST
+    ],
+    ids=["prefill_first", "auto-to-prefill_first"],
+)
+def test_step_time_budget_under_a_policy_not_mixed_fails_the_start(
+    model: Any, monkeypatch: Any, options: Any, page: int, step_tokens: int
+) -> None:
+    # A budget is MIXED's (SPEC §9); the mode is resolved against the runtime's limits, so this
+    # is checked when the runtime starts, and every request fails with StepTimeBudget's reason.
+    record = run(
+        model,
+        monkeypatch,
+        EARLY,
+        options,
+        page_size=page,
+        max_batch_tokens=step_tokens,
+        max_step_seconds=0.02,
+        step_model=PRIOR_STEP,
+    )
+    assert_the_start_failed(
+        record, "max_step_seconds=0.02: policy.mode=", "PREFILL_FIRST", "allowed: MIXED"
+    )
+
+
+def test_register_checks_the_step_time_budget() -> None:
+    def register(**kwargs: Any) -> str:
+        return tf_integration.register(sp.SchedulingOptions(), name="stepplanner-budget", **kwargs)
+
+    with pytest.raises(ValueError, match=r"max_step_seconds=0 is out of range"):
+        register(max_step_seconds=0, step_model=PRIOR_STEP)
+    with pytest.raises(ValueError, match=r"max_step_seconds=inf is out of range"):
+        register(max_step_seconds=float("inf"), step_model=PRIOR_STEP)
+    with pytest.raises(TypeError, match="max_step_seconds must be a number of seconds"):
+        register(max_step_seconds="20ms", step_model=PRIOR_STEP)
+    with pytest.raises(ValueError, match=r"max_step_seconds=0.02 needs step_model"):
+        register(max_step_seconds=0.02)
+    with pytest.raises(ValueError, match="step_model is given but max_step_seconds is None"):
+        register(step_model=PRIOR_STEP)
+    with pytest.raises(ValueError, match=r"step_model\['b'\]=-1 is out of range"):
+        register(max_step_seconds=0.02, step_model={"a": 0.01, "b": -1})
+    with pytest.raises(ValueError, match=r"step_model=z is out of range; allowed: the keys"):
+        register(max_step_seconds=0.02, step_model={"z": 1.0})
+    with pytest.raises(TypeError, match=r"step_model\['a'\] must be a number of seconds"):
+        register(max_step_seconds=0.02, step_model={"a": "1ms"})
+    with pytest.raises(TypeError, match="step_model must be a mapping of the coefficients"):
+        register(max_step_seconds=0.02, step_model=(0.01, 0.001))
+    assert "stepplanner-budget" not in SCHEDULER_MAPPING
+    # A LatencyModel (what calibrate fits) is taken as its six coefficients.
+    name = register(max_step_seconds=0.04, step_model=sp.LatencyModel(a=0.01, b=0.002, c=0.0))
+    try:
+        bound = SCHEDULER_MAPPING[name]
+        assert bound.max_step_seconds == 0.04
+        assert bound.step_model == {"a": 0.01, "b": 0.002, "c": 0.0, "d": 0.0, "e": 0.0, "f": 0.0}
+    finally:
+        SCHEDULER_MAPPING.pop(name)

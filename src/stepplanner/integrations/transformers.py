@@ -52,6 +52,18 @@ changes, it fails loudly, naming the transformers version: at ``register`` when 
 ``fail_and_deliver`` is missing, and in ``schedule_batch`` when a request is handed back outside
 ``prepare_next_batch`` (it could not be answered).
 
+Step-time budget (docs/scheduling.md, "Step-time budget"): ``register(..., max_step_seconds=,
+step_model=)`` plans every step through a :class:`~stepplanner.ledger.step_time.StepTimeBudget`
+around the planner, which passes ``plan()`` the largest token budget whose time the step model
+predicts within ``max_step_seconds`` (MIXED only: under another mode the start fails, naming
+it). Its online fit is fed the runtime's measured step time: the time between two successive
+``schedule_batch`` clock reads when the first handed back its whole plan (the ledger's
+``measure`` under EDF/DEADLINE takes the same samples; the clock is read under every policy
+while the budget is on). ``observe`` runs at that read, before the admission pass, because it
+must see the plan just run before the next one replaces it: a ring write, and every
+``refit_every`` steps a small solve. A step whose plan was not handed back whole (a row withheld
+for its pages) is no sample: its measured time is not that plan's.
+
 transformers' scheduler interface is private, so this module supports only the versions it is
 tested with (``SUPPORTED_TRANSFORMERS``) and raises ``ImportError`` for any other.
 """
@@ -63,7 +75,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from itertools import repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import StepPlannerTypeError, StepPlannerValueError
 from ..core import (
@@ -83,7 +95,16 @@ from ..ledger._shared import (
     check_admission_args,
     check_relegation_args,
 )
+from ..ledger.step_time import (
+    COEFFICIENTS,
+    StepTimeBudget,
+    check_coefficients,
+    check_max_step_seconds,
+)
 from ..planner._slo import check_slo_classes
+
+if TYPE_CHECKING:
+    from ..sim.latency import LatencyModel
 
 __all__ = ["SUPPORTED_TRANSFORMERS", "StepPlannerScheduler", "register"]
 
@@ -160,6 +181,10 @@ class StepPlannerScheduler(_runtime.Scheduler):
     admission: AdmissionOrder = AdmissionOrder.ARRIVAL
     starvation_steps: int | None = None
     starvation_seconds: float | None = None
+    # The step-time budget: None, or a cap in seconds on a step's predicted time, and the step
+    # model's coefficients a..f (seconds) it is predicted with (checked by register).
+    max_step_seconds: float | None = None
+    step_model: Mapping[str, float] | None = None
     # The clock of ``now`` under EDF/DEADLINE: the runtime stamps each request's arrival
     # (RequestState.created_time) with time.perf_counter, and the two must be one clock.
     clock: Callable[[], float] = staticmethod(time.perf_counter)
@@ -180,12 +205,24 @@ class StepPlannerScheduler(_runtime.Scheduler):
 
     def _configure(self, cache: Any, batch: int, step_tokens: int) -> None:
         self.limits, self.policy = self._resolve(cache, batch, step_tokens)
-        self.planner = StepPlanner(self.policy, self.limits)
+        planner = StepPlanner(self.policy, self.limits)
+        # The step-time budget plans through the planner (SPEC §9); it refuses a policy that is
+        # not MIXED in its own words, named here by the option that asked for it.
+        self.step_budget: StepTimeBudget | None = None
+        if self.max_step_seconds is not None:
+            try:
+                self.step_budget = StepTimeBudget(planner, self.step_model, self.max_step_seconds)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"max_step_seconds={self.max_step_seconds!r}: {exc}") from None
+        self.planner: StepPlanner | StepTimeBudget = (
+            planner if self.step_budget is None else self.step_budget
+        )
         # Plain attributes for the per-step checks: reading them off limits and policy costs
         # a property call and an enum comparison every step.
         self._step_tokens = step_tokens
         self._pause = self.policy.preemption == PreemptionMode.PAUSE
         self._ranked = self.policy.scheduling_policy in _RANKED
+        self._timed = self._ranked or self.step_budget is not None  # the clock read each step
         self._relegating = self.policy.scheduling_policy == SchedulingPolicy.DEADLINE
         # Uncached first orders by the prompt less what the runtime's prefix cache holds of it;
         # its bound in seconds reads the runtime's clock at each admission pass.
@@ -278,6 +315,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         self._arrivals: dict[str, float] = {}  # runtime id -> arrival, requests with objectives
         self._departed: dict[str, float] = {}  # the same, of requests that left since the last step
         self._ran = False  # the last step handed back a batch (a sample of the step time)
+        self._whole = False  # step budget: the last step handed back its whole plan
+        self._last_read = math.nan  # step budget: the clock at the last schedule_batch
         self._unapplied: Any = None  # EDF/DEADLINE: that batch's plan, until it has run
         self.relegated_requests = 0  # DEADLINE: requests relegated since the start
         self.shed_requests = 0  # DEADLINE: requests handed back unserved since the start
@@ -391,14 +430,22 @@ class StepPlannerScheduler(_runtime.Scheduler):
             self._configure(self.cache, self.max_requests_per_batch, token_budget)
         if self._departed:
             self._departed.clear()  # left for good: an offload re-queues in the same pause
-        now = None
-        if self._ranked:
+        now = read = None
+        if self._timed:
             # The runtime's clock as the previous batch's tokens came back: the step time is
             # measured from these reads (a step that ran nothing is no sample).
-            now = self.clock()
-            self.ledger.measure(now, self._ran)
-            self._count_tokens(now)
-        self._sync_residents(now if now is not None or not self._by_seconds else self.clock())
+            read = self.clock()
+            budget = self.step_budget
+            if budget is not None:
+                self._observe_step(budget, read)
+            if self._ranked:
+                now = read
+                self.ledger.measure(now, self._ran)
+                self._count_tokens(now)
+        at = now
+        if at is None and self._by_seconds:
+            at = self.clock() if read is None else read
+        self._sync_residents(at)
         self.starved_requests: list[tuple[Any, int]] = []
         ledger = self.ledger
         if ledger.count == 0:
@@ -416,6 +463,8 @@ class StepPlannerScheduler(_runtime.Scheduler):
         batch, full, tokens, reads = self._hand_back(plan, states, cache_budget)
         self.on_step(rows, states, plan, batch)
         self._ran = bool(batch)
+        if self.step_budget is not None:  # the next read times this plan if it runs whole
+            self._whole = self._ran and len(batch) == plan.num_prefill + plan.num_decode
         if now is not None and batch:
             # Applied once the batch ran (_count_tokens), before the rows move or plan again.
             self._unapplied = plan
@@ -438,6 +487,18 @@ class StepPlannerScheduler(_runtime.Scheduler):
         ``residents`` are overwritten by the next step)."""
 
     # --- the step -------------------------------------------------------------------------------
+
+    def _observe_step(self, budget: StepTimeBudget, now: float) -> None:
+        """The step-time budget's sample: the time since the last read, when the step it
+        planned was handed back whole (the plan ``observe`` reads is that step's)."""
+        last, self._last_read = self._last_read, now
+        if self._whole:
+            self._whole = False
+            seconds = now - last
+            # Neither a clock that went back or stood still nor one that jumped to inf is a
+            # sample (observe refuses them).
+            if 0 < seconds < math.inf:
+                budget.observe(seconds)
 
     def _count_relegated(self) -> None:
         if self._relegating:
@@ -646,6 +707,36 @@ def _check_per_request(field: str, value: object, returns: str) -> None:
         )
 
 
+def _check_step_budget(
+    max_step_seconds: object, step_model: object
+) -> tuple[float | None, dict[str, float] | None]:
+    """``register``'s ``max_step_seconds`` and ``step_model``, checked as ``StepTimeBudget``
+    checks them; returns the seconds and the model's coefficients (None, None: no budget)."""
+    if max_step_seconds is None:
+        if step_model is not None:
+            raise StepPlannerValueError(
+                "step_model is given but max_step_seconds is None, so no step is priced with "
+                "it; allowed: step_model=None, or a max_step_seconds"
+            )
+        return None, None
+    seconds = check_max_step_seconds(max_step_seconds)
+    if step_model is None:
+        raise StepPlannerValueError(
+            f"max_step_seconds={max_step_seconds!r} needs step_model, the step-time model it "
+            'prices a step with; allowed: its coefficients in seconds, {"a": .., "b": .., '
+            '"c": ..}, or a LatencyModel (stepplanner calibrate fits one)'
+        )
+    if not isinstance(step_model, Mapping) and not any(
+        hasattr(step_model, k) for k in COEFFICIENTS
+    ):
+        raise StepPlannerTypeError(
+            "step_model must be a mapping of the coefficients "
+            + ", ".join(COEFFICIENTS)
+            + f" (seconds) or a LatencyModel, got {type(step_model).__name__}"
+        )
+    return seconds, dict(zip(COEFFICIENTS, check_coefficients(step_model, "step_model")))
+
+
 def _answer_handed_back(processor: Any, scheduler: StepPlannerScheduler) -> None:
     handed, scheduler._handed_back = scheduler._handed_back, []
     router, offloading = processor.output_router, processor.offloading_manager
@@ -700,6 +791,8 @@ def register(
     admission: AdmissionOrder = AdmissionOrder.ARRIVAL,
     starvation_steps: int | None = None,
     starvation_seconds: float | None = None,
+    max_step_seconds: float | None = None,
+    step_model: Mapping[str, float] | LatencyModel | None = None,
 ) -> str:
     """Put a stepplanner scheduler into transformers' scheduler table under ``name``.
 
@@ -722,6 +815,13 @@ def register(
     (docs/scheduling.md, "Uncached work first"); under ``UNCACHED_FIRST`` a request's uncached
     work is its prompt less what the runtime's prefix cache holds of it when it arrives, and a
     bound in seconds counts from its ``created_time`` on the runtime's clock.
+    ``max_step_seconds``, ``step_model``: the step-time budget (docs/scheduling.md, "Step-time
+    budget"; MIXED only, checked when the runtime starts): each step with decode rows gets the
+    largest token budget whose time ``step_model`` predicts within ``max_step_seconds``;
+    ``step_model`` is the model's coefficients in seconds, ``{"a": .., "b": .., "c": ..}``
+    (``d``, ``e``, ``f`` too; a missing one is 0) or a ``LatencyModel`` (``stepplanner
+    calibrate`` fits one), and ``a``, ``b``, ``c`` are refitted online from the runtime's
+    measured step times. Both or neither.
     Returns ``name``, for ``ContinuousBatchingConfig(scheduler_type=name)``.
     """
     if not isinstance(options, SchedulingOptions):
@@ -750,6 +850,7 @@ def register(
     classes = check_slo_classes(slo_classes)
     check_relegation_args(relegated_wait, never_relegate_below)
     check_admission_args(admission, starvation_steps, starvation_seconds)
+    seconds, model = _check_step_budget(max_step_seconds, step_model)
     _wrap_prepare_next_batch()
     bound = type(
         f"StepPlannerScheduler_{name}",
@@ -766,6 +867,8 @@ def register(
             "admission": AdmissionOrder(admission),
             "starvation_steps": starvation_steps,
             "starvation_seconds": starvation_seconds,
+            "max_step_seconds": seconds,
+            "step_model": model,
             "__module__": __name__,
         },
     )

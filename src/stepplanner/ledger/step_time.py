@@ -52,7 +52,7 @@ else:
     _impl = implementation("stepplanner.ledger._step_time", "stepplanner.ledger._step_time_py")
     _Pricer, plan_features = _impl.StepPricer, _impl.plan_features
 
-__all__ = ["StepTimeBudget", "plan_features"]
+__all__ = ["StepTimeBudget", "check_coefficients", "check_max_step_seconds", "plan_features"]
 
 COEFFICIENTS = ("a", "b", "c", "d", "e", "f")
 
@@ -73,6 +73,29 @@ def _count(field: str, value: object, low: int, high: int) -> int:
     if not low <= value <= high:
         raise _errors.out_of_range(field, value, f"{low}..{high}")
     return value
+
+
+def check_coefficients(
+    coefficients: Mapping[str, float] | Any, field: str = "coefficients"
+) -> list[float]:
+    """The step model's ``a``..``f`` (seconds, each finite and >= 0) from a mapping (missing
+    keys 0, an unknown key refused) or an object with those attributes (a ``LatencyModel``);
+    a bad value is refused naming ``field[key]``."""
+    read = (
+        coefficients.get
+        if isinstance(coefficients, Mapping)
+        else lambda k, default: getattr(coefficients, k, default)
+    )
+    if isinstance(coefficients, Mapping):
+        unknown = sorted(set(coefficients) - set(COEFFICIENTS))
+        if unknown:
+            raise _errors.out_of_range(field, unknown[0], "the keys " + ", ".join(COEFFICIENTS))
+    return [_seconds(f"{field}[{k!r}]", read(k, 0.0), positive=False) for k in COEFFICIENTS]
+
+
+def check_max_step_seconds(value: object) -> float:
+    """``max_step_seconds``: a finite number of seconds > 0."""
+    return _seconds("max_step_seconds", value, positive=True)
 
 
 class StepTimeBudget(_Pricer):
@@ -99,21 +122,8 @@ class StepTimeBudget(_Pricer):
             raise _errors.out_of_range(
                 "policy.mode", policy.mode.name, "MIXED (a per-step budget is MIXED's, SPEC §9)"
             )
-        read = (
-            coefficients.get
-            if isinstance(coefficients, Mapping)
-            else lambda k, default: getattr(coefficients, k, default)
-        )
-        if isinstance(coefficients, Mapping):
-            unknown = sorted(set(coefficients) - set(COEFFICIENTS))
-            if unknown:
-                raise _errors.out_of_range(
-                    "coefficients", unknown[0], "the keys " + ", ".join(COEFFICIENTS)
-                )
-        prior = [
-            _seconds(f"coefficients[{k!r}]", read(k, 0.0), positive=False) for k in COEFFICIENTS
-        ]
-        target = _seconds("max_step_seconds", max_step_seconds, positive=True)
+        prior = check_coefficients(coefficients)
+        target = check_max_step_seconds(max_step_seconds)
         window = _count("window", window, 8, 1 << 20)
         refit_every = _count("refit_every", refit_every, 1, 1 << 20)
         huber = _seconds("huber", huber, positive=True)
