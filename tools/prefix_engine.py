@@ -3,6 +3,7 @@ cache on, judged by its own clock (docs/scheduling.md, "Measured: uncached work 
 running engine").
 
     python tools/prefix_engine.py OUT [--repeats 5] [--loads 1.0 1.3] [--requests 160]
+    python tools/prefix_engine.py OUT --deadline TTFT TPOT ...   # DEADLINE alone and with it
 
 The engine is ``stepplanner serve-trace``'s (``fidelity.harness``: a random-weight Llama of
 256 hidden units, B = 8, P = 16, 256 tokens a step, S_in 512) with ``allow_block_sharing`` on.
@@ -36,14 +37,30 @@ import time
 
 import numpy as np
 
-from stepplanner import AdmissionOrder, IfbSchedulingMode, SchedulingOptions
+from stepplanner import (
+    SLO,
+    AdmissionOrder,
+    IfbSchedulingMode,
+    PreemptionMode,
+    SchedulingOptions,
+    SchedulingPolicy,
+)
 from stepplanner.fidelity import harness
 from stepplanner.integrations.transformers import register
+from stepplanner.sim.goodput import attained_from_gaps
 from stepplanner.sim.workloads import Workload
 
 SYSTEM_PROMPTS = (96, 160, 224, 288)
 FIRST_ID = 3  # below it: the model's special tokens
 OPTIONS = SchedulingOptions(ifb_scheduling_mode=IfbSchedulingMode.MIXED, max_num_tokens=256)
+DEADLINE = SchedulingOptions(
+    scheduling_policy=SchedulingPolicy.DEADLINE,
+    preemption=PreemptionMode.PAUSE,
+    max_pause_steps=8,
+    ifb_scheduling_mode=IfbSchedulingMode.MIXED,
+    max_num_tokens=256,
+)
+SERVE_RELEGATED = 3600.0  # a relegated request is served last, not handed back: every TTFT counts
 
 
 def requests(n: int, seed: int, vocab: int) -> tuple[list[list[int]], np.ndarray]:
@@ -76,14 +93,28 @@ def workload(prompts: list[list[int]], outputs: np.ndarray, rate: float, seed: i
     )
 
 
-def serve(w: Workload, prompts: list[list[int]], scheduler: str) -> dict[str, float]:
+def serve(
+    w: Workload, prompts: list[list[int]], scheduler: str, slo: SLO | None = None
+) -> dict[str, float]:
     engine = harness.EngineSpec(prefix_sharing=True)
     t0 = time.perf_counter()
     run = harness.serve_trace(w, harness.ModelSpec(), engine, scheduler, prompts=prompts)
     data = run.results()
     ttft = np.array([t for t in data["ttfts"] if t is not None], dtype=float)
     computed = sum(int(step["prefill_tokens"]) for step in run.steps)
+    attained = float("nan")
+    if slo is not None:  # every token by its deadline, from the results' own stamps
+        first = np.array([np.nan if t is None else t for t in data["ttfts"]], dtype=float)
+        n = len(first)
+        hit = attained_from_gaps(
+            first,
+            [np.asarray(g, dtype=float) for g in data["itls"]],
+            np.full(n, slo.ttft),
+            np.full(n, slo.tpot if slo.tpot is not None else np.nan),
+        )
+        attained = float(hit.mean())
     return {
+        "attainment": attained,
         "completed": data["completed"],
         "duration_s": data["duration"],
         "mean_ttft_s": float(ttft.mean()),
@@ -105,18 +136,33 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--bound", type=float, default=10.0, help="starvation_seconds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--capacity", type=float, help="skip step 1")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        nargs=2,
+        metavar=("TTFT", "TPOT"),
+        help="instead: DEADLINE+PAUSE with these objectives (seconds) for every request, alone "
+        "and with uncached first (relegated requests served last, not handed back)",
+    )
     args = parser.parse_args(argv)
     prompts, outputs = requests(args.requests, args.seed, harness.ModelSpec().vocab_size)
-    rules = {
-        "fifo": "fifo",
-        "stepplanner fcfs": register(OPTIONS, name="sp-fcfs"),
-        "uncached first": register(
-            OPTIONS,
-            name="sp-uncached",
-            admission=AdmissionOrder.UNCACHED_FIRST,
-            starvation_seconds=args.bound,
-        ),
-    }
+    slo = None if args.deadline is None else SLO(*args.deadline)
+    uncached = {"admission": AdmissionOrder.UNCACHED_FIRST, "starvation_seconds": args.bound}
+    if slo is None:
+        rules = {
+            "fifo": "fifo",
+            "stepplanner fcfs": register(OPTIONS, name="sp-fcfs"),
+            "uncached first": register(OPTIONS, name="sp-uncached", **uncached),
+        }
+    else:
+        deadline = {"slo_classes": {0: slo}, "relegated_wait": SERVE_RELEGATED}
+        rules = {
+            "deadline": register(DEADLINE, name="sp-deadline", **deadline),
+            "deadline + uncached first": register(
+                DEADLINE, name="sp-deadline-uncached", **deadline, **uncached
+            ),
+        }
+    base_rule = next(iter(rules))
     capacity = args.capacity
     if capacity is None:
         burst = serve(workload(prompts, outputs, 0.0, args.seed), prompts, "fifo")
@@ -132,7 +178,7 @@ def main(argv: list[str]) -> None:
                         "repeat": repeat,
                         "load": load,
                         "rule": rule,
-                        **serve(w, prompts, scheduler),
+                        **serve(w, prompts, scheduler, slo),
                     }
                     runs.append(row)
                     out.write(json.dumps(row) + "\n")
@@ -141,17 +187,19 @@ def main(argv: list[str]) -> None:
                         f"repeat {repeat} load {load:g} {rule:>16}: mean TTFT "
                         f"{row['mean_ttft_s']:.3f} s, p99 {row['p99_ttft_s']:.3f} s, max "
                         f"{row['max_ttft_s']:.3f} s, computed {row['computed_prompt_tokens']}/"
-                        f"{row['prompt_tokens']} prompt tokens, {row['wall_s']:.0f} s",
+                        f"{row['prompt_tokens']} prompt tokens, attainment "
+                        f"{row['attainment']:.1%}, {row['wall_s']:.0f} s",
                         flush=True,
                     )
     print(f"\ncapacity {capacity:.2f} req/s, {args.repeats} repeats; medians over the repeats")
     print(
         "\n| load | rule | mean TTFT | P50 TTFT | P99 TTFT | largest TTFT |"
-        " mean TTFT / fifo's (per repeat: median, range) | prompt tokens computed |"
+        f" mean TTFT / {base_rule}'s (per repeat: median, range) | prompt tokens computed |"
+        " attainment |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for load in args.loads:
-        base = [r for r in runs if r["load"] == load and r["rule"] == "fifo"]
+        base = [r for r in runs if r["load"] == load and r["rule"] == base_rule]
         for rule in rules:
             mine = [r for r in runs if r["load"] == load and r["rule"] == rule]
             ratios = [m["mean_ttft_s"] / b["mean_ttft_s"] for m, b in zip(mine, base)]
@@ -164,6 +212,7 @@ def main(argv: list[str]) -> None:
                 f" {med('p99_ttft_s'):.3f} s | {med('max_ttft_s'):.3f} s |"
                 f" {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |"
                 f" {med('computed_prompt_tokens') / med('prompt_tokens'):.0%} |"
+                f" {med('attainment'):.1%} |"
             )
 
 
