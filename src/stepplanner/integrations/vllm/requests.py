@@ -43,6 +43,7 @@ class RequestRows(KVConnectors):
     _never_below: int  # never_relegate_below: the classes least-work spares while it can
     _uncached: bool  # "admission": "uncached-first" (uncached.py's order)
     _admitted_stamp: int  # uncached first: the latest admitted row's arrival
+    _reserved: int  # priority_reserved_slots
 
     def _running_with_work(self) -> list[Request]:
         """Running requests with a token left to schedule. Under async scheduling the step in
@@ -170,12 +171,18 @@ class RequestRows(KVConnectors):
         candidates so far)."""
         for queue in queues:
             for request in queue:
-                if request.priority >= 0 and free - len(out) <= self._reserved:
+                if self._held_for_urgent(request, free, out):
                     if self._priority_order:
                         break  # urgent requests sort first: none follows in this queue
                     continue
                 if self._admissible(request):
                     yield request
+
+    def _held_for_urgent(self, request: Request, free: int, out: list[Any]) -> bool:
+        """Whether ``priority_reserved_slots`` hold a waiting request back: a normal one
+        (``priority >= 0``) while no more than the reserved slots are free (``out``: the
+        candidates so far)."""
+        return request.priority >= 0 and free - len(out) <= self._reserved
 
     def _waiting_queues(self) -> tuple[Iterable[Request], ...]:
         """vLLM's waiting queues in the order its schedule() reads them: the requests holding KV

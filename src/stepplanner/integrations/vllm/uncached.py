@@ -55,10 +55,7 @@ class UncachedQueue(AsyncScheduler):
         if self._holds_kv_blocks(request):
             return
         hit = self._probe_prefix(request)[1] if self.kv_cache_manager.enable_caching else 0
-        work = request.num_tokens - hit
-        self._submitted += 1
-        seq = self._submitted
-        key = (request.priority, work, seq) if self._priority_order else (work, seq)
+        key = self._new_key(request, request.num_tokens - hit)
         self._work_keys[request.request_id] = key
         heapq.heappush(self._work_heap, (key, request))
         if self._starve_by_seconds:  # kept in submission order, as the ledgers keep it
@@ -73,15 +70,21 @@ class UncachedQueue(AsyncScheduler):
         ahead of every request of its class not starved, among them by submission."""
         key = self._work_keys.get(request.request_id)
         if key is None:  # it arrived holding KV blocks: numbered now
-            self._submitted += 1
-            key = (
-                (request.priority, 0, self._submitted)
-                if self._priority_order
-                else (0, self._submitted)
-            )
+            key = self._new_key(request, 0)
         starved = (*key[:-2], -1, key[-1])
         self._work_keys[request.request_id] = starved
         heapq.heappush(self._work_heap, (starved, request))
+
+    def _new_key(self, request: Request, work: int) -> _Key:
+        """The key of a request submitted now with ``work`` uncached tokens."""
+        self._submitted += 1
+        if self._priority_order:
+            return (request.priority, work, self._submitted)
+        return (work, self._submitted)
+
+    def _live(self, key: _Key, request: Request) -> bool:
+        """An entry still stands: its request waits and has not been given another key."""
+        return self._work_keys.get(request.request_id) == key and self._waits(request)
 
     def _starve_uncached(self) -> None:
         """One admission pass: every request that has waited past the bound goes back to
@@ -89,10 +92,9 @@ class UncachedQueue(AsyncScheduler):
         self._passes += 1
         clock = self.clock() if self._starve_by_seconds else float(self._passes)
         aging = self._aging
-        keys = self._work_keys
         while aging:
             since, key, request = aging[0]
-            if keys.get(request.request_id) != key or not self._waits(request):
+            if not self._live(key, request):
                 aging.popleft()  # admitted, gone, or already moved
                 continue
             if since + self._starve_after > clock:
@@ -104,14 +106,14 @@ class UncachedQueue(AsyncScheduler):
         """Waiting requests by key, taken off the heap one at a time (``out``: the candidates
         so far); ``priority >= 0`` only while more than the reserved slots are free, as in
         vLLM's queue order."""
-        heap, keys, taken = self._work_heap, self._work_keys, self._taken
+        heap, taken = self._work_heap, self._taken
         while heap:
             entry = heapq.heappop(heap)
-            key, request = entry
-            if keys.get(request.request_id) != key or not self._waits(request):
+            if not self._live(*entry):
                 continue
+            request = entry[1]
             taken.append(entry)
-            if request.priority >= 0 and free - len(out) <= self._reserved:
+            if self._held_for_urgent(request, free, out):
                 if self._priority_order:
                     return  # urgent requests sort first: none follows
                 continue
@@ -130,10 +132,5 @@ class UncachedQueue(AsyncScheduler):
         for request in admitted:
             self._admitted_stamp = max(self._admitted_stamp, rows[request.request_id].arrival)
         if len(self._work_heap) > 2 * len(self.requests) + 64:
-            keys = self._work_keys
-            self._work_heap = [
-                e
-                for e in self._work_heap
-                if keys.get(e[1].request_id) == e[0] and self._waits(e[1])
-            ]
+            self._work_heap = [e for e in self._work_heap if self._live(*e)]
             heapq.heapify(self._work_heap)
