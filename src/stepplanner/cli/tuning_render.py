@@ -127,8 +127,9 @@ def sweep_blocks(
     deadlines = any(r.get("attainment") for r in records)
     if deadlines:
         columns[4:4] = SWEEP_COLUMNS
+    ok = [r for r in records if r.get("error") is None]
     rows = []
-    for rank, r in enumerate((r for r in records if r.get("error") is None), start=1):
+    for rank, r in enumerate(ok, start=1):
         m = r["metrics"]
         rows.append(
             [
@@ -149,11 +150,9 @@ def sweep_blocks(
         )
     if any("recomputed_tokens" in r for r in records):  # --kv-preemption
         columns.append(Column("recomputed\ntokens", ","))
-        ok = [r for r in records if r.get("error") is None]
         rows = [[*row, r.get("recomputed_tokens")] for row, r in zip(rows, ok)]
     if any("prefix_cache" in r for r in records):  # --workload prefix-heavy
         columns.extend(PREFIX_COLUMNS)
-        ok = [r for r in records if r.get("error") is None]
         rows = [[*row, *prefix_cache_values(r)] for row, r in zip(rows, ok)]
     found = verdict(records, slos)
     return [
