@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import random
 import statistics
 import sys
@@ -28,28 +27,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read in this process
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_tiny_model import ENGINE_BASE, in_process_engine, make_tiny_llama, offline_engine  # noqa: E402
+
+in_process_engine()
 
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_tiny_model import make_tiny_llama, offline_engine  # noqa: E402
-
-P = 32
 ENGINE = {
-    "enforce_eager": True,
-    "dtype": "float32",
+    **ENGINE_BASE,
     "max_model_len": 256,
     "max_num_seqs": 8,
     "max_num_batched_tokens": 128,
-    "block_size": P,
     "enable_prefix_caching": False,
-    "enable_chunked_prefill": True,
-    "seed": 0,
 }
 
 
@@ -148,9 +140,9 @@ def main(argv: list[str]) -> int:
                         flush=True,
                     )
     print(
-        f"\n{len(batch)} requests, {args.blocks} blocks of {P}; medians over {args.repeats} "
-        "repeats\n\n| policy | scheduler | preemptions | tokens recomputed | recomputed vs "
-        "vLLM's own | run (s) | tokens equal |\n|---|---|---|---|---|---|---|"
+        f"\n{len(batch)} requests, {args.blocks} blocks of {ENGINE['block_size']}; medians over "
+        f"{args.repeats} repeats\n\n| policy | scheduler | preemptions | tokens recomputed | "
+        "recomputed vs vLLM's own | run (s) | tokens equal |\n|---|---|---|---|---|---|---|"
     )
     for policy in args.policies:
         own = statistics.median(r["recomputed"] for r in results[(policy, rules[0])])

@@ -34,31 +34,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_tiny_model import ENGINE_BASE, in_process_engine, make_tiny_llama, offline_engine  # noqa: E402
+
+in_process_engine()
 # One core for the engine: torch's threads spinning on a core another process holds make a step
 # several times slower at random, which would swamp the rules' differences.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "1")
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler is read in this process
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_tiny_model import make_tiny_llama, offline_engine  # noqa: E402
-
-P = 32
 ENGINE = {
-    "enforce_eager": True,
-    "dtype": "float32",
+    **ENGINE_BASE,
     "max_model_len": 512,
     "max_num_seqs": 8,
     "max_num_batched_tokens": 256,
-    "block_size": P,
     "enable_prefix_caching": True,
-    "enable_chunked_prefill": True,
     "disable_log_stats": False,
-    "seed": 0,
 }
 SP = "stepplanner.integrations.vllm.StepPlannerScheduler"
 RULES: dict[str, dict[str, Any] | None] = {

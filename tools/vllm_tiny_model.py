@@ -286,6 +286,25 @@ def make_tiny_lora(
     return out
 
 
+# An offline engine's settings every tool's engine shares: eager float32 on the CPU, KV blocks of
+# 32 tokens (vLLM's CPU attention takes multiples of 32), chunked prefill, seeded.
+ENGINE_BASE: dict[str, Any] = {
+    "enforce_eager": True,
+    "dtype": "float32",
+    "block_size": 32,
+    "enable_chunked_prefill": True,
+    "seed": 0,
+}
+
+
+def in_process_engine(kv_cache_gib: str = "1") -> None:
+    """Set the environment for an offline engine whose EngineCore runs in this process (so its
+    scheduler can be read), offline; call it before importing vLLM."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_cache_gib)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 @contextlib.contextmanager
 def offline_engine(model: str | os.PathLike[str], **kwargs: Any) -> Iterator[Any]:
     """An offline ``vllm.LLM`` over ``model``, its engine shut down and collected on exit (so
